@@ -1,0 +1,1 @@
+"""Concrete backends, loaded by name through the ``fiberexec.backends`` entry-point group."""

@@ -1,0 +1,240 @@
+"""The backend seam: how the executor asks for workers, and nothing more.
+
+A backend turns a `WorkerSpec` into a running job (a process, a container, a pod) that runs
+``python -m fiberexec.worker``, reports its status, stops it, and returns its logs. Backends
+never reach into the executor: everything they need is in the spec. Adapters translate their
+SDK's errors into `TransientBackendError` (worth retrying) or `PermanentBackendError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from fiberexec._errors import ConfigurationError
+
+#: Label present on every job fiberexec starts, so strays can be found and removed.
+LABEL_KEY = "fiberexec"
+EXECUTOR_LABEL = "fiberexec.executor"
+WORKER_LABEL = "fiberexec.worker"
+
+_MEMORY_UNITS = {
+    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+}
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
+
+
+def parse_memory(value: int | str | None) -> int | None:
+    """Return a memory amount in bytes from an int or a string such as ``"512Mi"``/``"2G"``."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value <= 0:
+            raise ConfigurationError(f"memory must be > 0 bytes, got {value}; pass e.g. '2Gi'")
+        return value
+    match = _MEMORY_RE.match(value)
+    if match is None:
+        raise ConfigurationError(
+            f"memory must be bytes or a quantity like '512Mi' or '2G', got {value!r}"
+        )
+    number, unit = match.groups()
+    return int(float(number) * _MEMORY_UNITS[(unit or "").lower()])
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one worker may use. ``None`` means the backend's default (no limit)."""
+
+    cpu: float | None = None
+    memory: int | None = None  # bytes
+    gpu: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cpu is not None and self.cpu <= 0:
+            raise ConfigurationError(f"cpu must be > 0, got {self.cpu}; pass e.g. cpu=1 or 0.5")
+        if self.memory is not None and self.memory <= 0:
+            raise ConfigurationError(f"memory must be > 0 bytes, got {self.memory}")
+        if self.gpu < 0:
+            raise ConfigurationError(f"gpu must be >= 0, got {self.gpu}")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a backend needs to start one worker.
+
+    ``env`` is plain configuration; ``secret_env`` holds values (the executor's secret) that a
+    backend must deliver without exposing them in a job description (a Kubernetes Secret, not a
+    literal in the pod spec). Both are environment variables inside the worker.
+    """
+
+    worker_id: str
+    executor_id: str
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
+    workdir: str | None = None
+    resources: Resources = Resources()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def all_labels(self) -> dict[str, str]:
+        """The spec's labels plus the ones that name the executor and the worker."""
+        return {
+            **self.labels,
+            LABEL_KEY: "worker",
+            EXECUTOR_LABEL: self.executor_id,
+            WORKER_LABEL: self.worker_id,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerHandle:
+    """A backend's reference to one started worker (``ref``: pid, container id, pod name)."""
+
+    worker_id: str
+    ref: str
+
+
+class WorkerState(enum.Enum):
+    PENDING = "pending"  # accepted but not running yet (pulling, scheduling)
+    RUNNING = "running"
+    EXITED = "exited"  # ran and stopped; exit_code says how
+    FAILED = "failed"  # never ran (image pull error, unschedulable): reason says why
+    UNKNOWN = "unknown"  # the backend has no record of it (removed)
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """A worker's state; ``exit_code`` is negative for a signal, as in `subprocess`."""
+
+    state: WorkerState
+    exit_code: int | None = None
+    reason: str | None = None  # the backend's own words: "OOMKilled", "Evicted", ...
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (WorkerState.EXITED, WorkerState.FAILED, WorkerState.UNKNOWN)
+
+    def describe(self) -> str:
+        """A phrase for error messages: ``exited with code 137 (OOMKilled)``."""
+        if self.exit_code is not None and self.exit_code < 0:
+            text = f"was killed by signal {-self.exit_code} ({_signal_name(-self.exit_code)})"
+        elif self.exit_code is not None:
+            text = f"exited with code {self.exit_code}"
+        else:
+            text = f"is {self.state.value}"
+        return f"{text} ({self.reason})" if self.reason else text
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+ExitListener = Callable[[WorkerHandle, WorkerStatus], None]
+
+
+class Backend(abc.ABC):
+    """Starts, inspects and stops job-backed workers. Subclass it to add a backend.
+
+    Subclasses call ``super().__init__()``.
+
+    The five abstract-ish operations are synchronous and may block on I/O; the executor calls
+    them from its launcher threads, never from its scheduling thread. ``watch`` reports workers
+    that finish; the default implementation checks `status` every ``poll_interval`` seconds,
+    and backends with an event stream (a Docker event stream, a Kubernetes watch) override it.
+    """
+
+    name: str = "backend"
+    #: Host the executor's sockets bind to, and the host workers are told to dial.
+    bind_host: str = "127.0.0.1"
+    advertise_host: str = "127.0.0.1"
+    poll_interval: float = 1.0
+
+    def __init__(self) -> None:
+        self._watch_stop = threading.Event()
+        self._watch_thread: threading.Thread | None = None
+        self._watched: dict[str, WorkerHandle] = {}
+        self._listeners: dict[str, ExitListener] = {}
+        self._watch_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        """Start one worker; raise `TransientBackendError` or `PermanentBackendError`."""
+
+    @abc.abstractmethod
+    def status(self, handle: WorkerHandle) -> WorkerStatus:
+        """Return the worker's current state (never raises for a worker that is gone)."""
+
+    @abc.abstractmethod
+    def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
+        """Stop the worker (SIGTERM, then SIGKILL after ``grace``) and remove its job."""
+
+    @abc.abstractmethod
+    def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
+        """Return the last ``tail`` lines the worker wrote, or ``""`` if none were kept."""
+
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        """Call ``listener(handle, status)`` once, from any thread, when the worker finishes."""
+        with self._watch_lock:
+            self._watched[handle.worker_id] = handle
+            self._listeners[handle.worker_id] = listener
+            if self._watch_thread is None:
+                self._watch_thread = threading.Thread(
+                    target=self._poll_loop, name=f"fiberexec-{self.name}-watch", daemon=True
+                )
+                self._watch_thread.start()
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        """Stop reporting on ``handle`` (it was stopped on purpose)."""
+        with self._watch_lock:
+            self._watched.pop(handle.worker_id, None)
+            self._listeners.pop(handle.worker_id, None)
+
+    def _poll_loop(self) -> None:
+        while not self._watch_stop.wait(self.poll_interval):
+            with self._watch_lock:
+                handles = list(self._watched.values())
+            for handle in handles:
+                status = self.status(handle)
+                if status.finished:
+                    self._report_exit(handle, status)
+
+    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        """Deliver one exit to its listener (once); for subclasses with their own watch."""
+        with self._watch_lock:
+            self._watched.pop(handle.worker_id, None)
+            listener = self._listeners.pop(handle.worker_id, None)
+        if listener is not None:
+            listener(handle, status)
+
+    def close(self) -> None:
+        """Stop watching and release clients. Workers still running are stopped."""
+        self._watch_stop.set()
+        with self._watch_lock:
+            handles = list(self._watched.values())
+            self._watched.clear()
+            self._listeners.clear()
+        for handle in handles:
+            self.stop(handle, grace=0.5)
+        if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
+            self._watch_thread.join(timeout=5)
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

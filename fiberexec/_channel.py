@@ -1,0 +1,89 @@
+"""One reliable, ordered connection between the executor and one worker, over pynng.
+
+Each worker gets its own Pair1 socket on the executor's side (Pair1's polyamorous mode drops
+messages when a peer's queue is full, so it cannot carry tasks). The executor's scheduling
+thread multiplexes many channels with a selector on their ``fileno()``; workers use blocking
+receives with timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynng
+
+from fiberexec._errors import ProtocolError
+
+SEND_QUEUE = 1024  # messages; credit keeps far fewer in flight, so a full queue means a hung peer
+PipeCallback = Callable[[Any], None]
+
+
+class Channel:
+    """A Pair1 socket with exactly one peer at a time."""
+
+    def __init__(self, socket: pynng.Pair1, address: str) -> None:
+        self._socket = socket
+        self.address = address
+
+    @classmethod
+    def listen(
+        cls,
+        host: str,
+        *,
+        max_message: int,
+        on_connect: PipeCallback,
+        on_remove: PipeCallback,
+    ) -> Channel:
+        """Listen on ``host`` at a free port (the executor's side)."""
+        sock = pynng.Pair1(
+            recv_max_size=max_message, send_buffer_size=SEND_QUEUE, recv_buffer_size=SEND_QUEUE
+        )
+        sock.add_post_pipe_connect_cb(on_connect)
+        sock.add_post_pipe_remove_cb(on_remove)
+        bracketed = f"[{host}]" if ":" in host else host
+        listener = sock.listen(f"tcp://{bracketed}:0")
+        port = str(listener.local_address).rsplit(":", 1)[1]
+        return cls(sock, f"tcp://{bracketed}:{port}")
+
+    @classmethod
+    def dial(cls, address: str, *, max_message: int, on_remove: PipeCallback) -> Channel:
+        """Dial the executor (the worker's side); connection happens in the background."""
+        sock = pynng.Pair1(recv_max_size=max_message, reconnect_time_max=500)
+        sock.add_post_pipe_remove_cb(on_remove)
+        sock.dial(address, block=False)
+        return cls(sock, address)
+
+    def fileno(self) -> int:
+        return int(self._socket.recv_fd)
+
+    def try_recv(self) -> pynng.Message | None:
+        """The next message, or None when none is waiting."""
+        try:
+            return self._socket.recv_msg(block=False)
+        except pynng.TryAgain:
+            return None
+        except pynng.Closed:
+            return None
+
+    def recv(self, timeout: float) -> pynng.Message | None:
+        """The next message, or None after ``timeout`` seconds."""
+        self._socket.recv_timeout = max(1, int(timeout * 1000))
+        try:
+            return self._socket.recv_msg()
+        except pynng.Timeout:
+            return None
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue ``frame``; raise `ProtocolError` if the peer has stopped reading."""
+        try:
+            self._socket.send(frame, block=False)
+        except pynng.TryAgain:
+            raise ProtocolError("peer is not reading: its send queue is full") from None
+
+    def send(self, frame: bytes, timeout: float) -> None:
+        self._socket.send_timeout = max(1, int(timeout * 1000))
+        self._socket.send(frame)
+
+    def close(self) -> None:
+        self._socket.close()

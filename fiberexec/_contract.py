@@ -1,0 +1,16 @@
+"""What every backend passes to ``python -m fiberexec.worker``: environment variable names.
+
+Backends copy `WorkerSpec.env` and `WorkerSpec.secret_env` into the worker's environment
+unchanged; they never need to interpret these values.
+"""
+
+from __future__ import annotations
+
+WORKER_COMMAND = ("python", "-m", "fiberexec.worker")
+
+ENV_ADDRESS = "FIBEREXEC_ADDRESS"  # nng URL the worker dials, e.g. tcp://127.0.0.1:40123
+ENV_WORKER_ID = "FIBEREXEC_WORKER_ID"
+ENV_EXECUTOR_ID = "FIBEREXEC_EXECUTOR_ID"
+ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # seconds between heartbeats; peers die after 3x silence
+ENV_CONNECT_TIMEOUT = "FIBEREXEC_CONNECT_TIMEOUT"  # give up dialing after this many seconds
+ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env only

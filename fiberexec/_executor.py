@@ -1,0 +1,209 @@
+"""`FiberExecutor`: the `concurrent.futures.Executor` contract over the sharded task pool."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+from fiberexec._backend import Backend
+from fiberexec._config import resolve
+from fiberexec._errors import ConfigurationError
+from fiberexec._pool import TaskPool
+from fiberexec._registry import load_backend
+from fiberexec._retry import RetryPolicy
+from fiberexec._stats import Stats
+from fiberexec._task import WorkItem
+
+T = TypeVar("T")
+_live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
+_global_shutdown = False
+
+
+def _python_exit() -> None:
+    """At interpreter exit, finish what was submitted, as the standard library does."""
+    global _global_shutdown
+    _global_shutdown = True
+    for pool in list(_live_pools):
+        pool.shutdown(wait=True, cancel_futures=False)
+
+
+threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
+
+
+class FiberExecutor(Executor):
+    """An executor whose workers are local processes, containers or pods.
+
+    It behaves like `concurrent.futures.ProcessPoolExecutor`: `submit`, `map`, `shutdown`,
+    stdlib `Future`s (so `wait` and `as_completed` work unchanged). A task's exception is
+    raised by its future with the worker's traceback in ``__cause__``; a worker that dies costs
+    only the tasks it held, which are sent again, up to ``max_task_retries`` times.
+
+    Args:
+        max_workers: most workers at once (default: this machine's CPU count).
+        backend: ``"local"`` (default), ``"docker"``, ``"kubernetes"``, any name registered
+            under the ``fiberexec.backends`` entry points, or a `Backend` instance;
+            ``FIBEREXEC_BACKEND`` sets it when not given.
+        initializer, initargs: called in each worker before its first task; if it raises,
+            the executor becomes broken (`BrokenFiberExecutor`).
+        max_tasks_per_child: replace a worker after it has run this many tasks.
+        min_workers: workers kept even when idle (default: ``max_workers``); more are
+            started while tasks wait, up to ``max_workers``.
+        idle_timeout: seconds after which an idle worker above ``min_workers`` is stopped.
+        max_task_retries: how many times a task whose worker died is sent again.
+        shards: scheduling threads, each serving its own share of the workers.
+        image, workdir, cpu, memory, gpu, labels: what each worker gets, where the backend
+            can honour it (``memory`` as bytes or ``"512Mi"``).
+        heartbeat: seconds between liveness messages; a peer silent for 3 is declared dead.
+        start_timeout: seconds a worker may take to connect after it was started.
+        start_retry: how starting a worker is retried on transient backend errors.
+        backend_options: keyword arguments for the backend named by ``backend``.
+        progress: called with `Stats` as tasks finish (at most 10 times a second).
+
+    Example:
+        >>> with FiberExecutor(max_workers=2) as ex:  # doctest: +SKIP
+        ...     list(ex.map(pow, [2, 3], [5, 2]))
+        [32, 9]
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        *,
+        backend: str | Backend | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_child: int | None = None,
+        min_workers: int | None = None,
+        idle_timeout: float | None = None,
+        max_task_retries: int = 2,
+        shards: int | None = None,
+        image: str | None = None,
+        workdir: str | None = None,
+        cpu: float | None = None,
+        memory: int | str | None = None,
+        gpu: int = 0,
+        labels: Mapping[str, str] | None = None,
+        heartbeat: float = 1.0,
+        start_timeout: float = 120.0,
+        start_retry: RetryPolicy | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+        progress: Callable[[Stats], None] | None = None,
+    ) -> None:
+        instance = backend if isinstance(backend, Backend) else None
+        if backend is not None and instance is None and not isinstance(backend, str):
+            raise ConfigurationError(
+                f"backend must be a name or a Backend instance, got {backend!r}"
+            )
+        self._config = resolve(
+            max_workers,
+            backend=instance.name if instance else backend,
+            min_workers=min_workers,
+            shards=shards,
+            memory=memory,
+            cpu=cpu,
+            gpu=gpu,
+            initializer=initializer,
+            initargs=tuple(initargs),
+            max_tasks_per_child=max_tasks_per_child,
+            max_task_retries=max_task_retries,
+            idle_timeout=idle_timeout,
+            image=image,
+            workdir=workdir,
+            labels=dict(labels or {}),
+            heartbeat=heartbeat,
+            start_timeout=start_timeout,
+            start_retry=start_retry or RetryPolicy(),
+            backend_options=dict(backend_options or {}),
+        )
+        self._backend = instance
+        self._progress = progress
+        self._pool: TaskPool | None = None
+        self._lock = threading.Lock()
+        self._shutdown = False
+        self._ids = itertools.count()
+
+    @property
+    def max_workers(self) -> int:
+        return self._config.max_workers
+
+    def _get_pool(self) -> TaskPool:
+        if self._pool is None:
+            owns = self._backend is None
+            backend = self._backend or load_backend(
+                self._config.backend, **self._config.backend_options
+            )
+            self._pool = TaskPool(self._config, backend, owns_backend=owns,
+                                  progress=self._progress)
+            _live_pools.add(self._pool)
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=False)
+        return self._pool
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""
+        with self._lock:
+            pool = self._get_pool()
+            if pool.broken is not None:
+                raise type(pool.broken)(*pool.broken.args) from pool.broken.__cause__
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if _global_shutdown:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            future: Future[T] = Future()
+            pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
+        return future
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[T]:
+        """Like the builtin `map`, in parallel; ``chunksize`` items travel as one task.
+
+        Raises:
+            TimeoutError: a result is not ready ``timeout`` seconds after this call.
+        """
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        if chunksize == 1:
+            return super().map(fn, *iterables, timeout=timeout)
+        chunks = super().map(
+            _run_chunk, itertools.repeat(fn), _chunks(iterables, chunksize), timeout=timeout
+        )
+        return itertools.chain.from_iterable(chunks)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting tasks; with ``wait``, return once workers are gone."""
+        with self._lock:
+            self._shutdown = True
+            pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        elif self._backend is None:
+            pass  # nothing was started
+
+    def stats(self) -> Stats:
+        """A snapshot of workers and tasks (see `Stats`)."""
+        with self._lock:
+            pool = self._pool
+        if pool is None:
+            return Stats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        return pool.stats()
+
+
+def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[tuple[Any, ...]]:
+    it = zip(*iterables, strict=False)
+    while chunk := tuple(itertools.islice(it, size)):
+        yield chunk
+
+
+def _run_chunk(fn: Callable[..., T], chunk: tuple[tuple[Any, ...], ...]) -> list[T]:
+    return [fn(*args) for args in chunk]
+
+
+__all__ = ["FiberExecutor"]

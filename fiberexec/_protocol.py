@@ -1,0 +1,401 @@
+"""The wire protocol between the executor and its workers.
+
+Every message is ``b"FX" | version:u8 | kind:u8 | body``. Bodies are explicit structs (below),
+never pickles, so a frame is checked whole before anything in it is unpickled, and
+`decode` on arbitrary bytes raises only `ProtocolError`.
+
+    worker                         executor
+      | -- Hello(worker_id, nonce) -->  |   the channel is fresh; nothing is trusted yet
+      | <-- Challenge(nonce, proof) --  |   proof = HMAC(secret, "executor" | both nonces)
+      | -- Auth(proof, shm_token) ---->  |   proof = HMAC(secret, "worker" | both nonces)
+      | <-- Setup(initializer, ...) --  |   from here on both sides are authenticated
+      | <-- Tasks(functions, tasks) --  |   as many tasks as the worker has credit for
+      | -- Results(results) ---------->  |   completions return credit
+      | <-> Heartbeat                   |   silence for 3 intervals means the peer is gone
+      | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
+
+A payload (pickle stream + out-of-band buffers) travels inline, or, between processes that
+share ``/dev/shm``, as the names of shared-memory files holding its large buffers.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fiberexec import _shm
+from fiberexec._errors import ProtocolError
+from fiberexec._serialize import Payload
+
+MAGIC = b"FX"
+VERSION = 1
+NONCE_SIZE = 16
+PROOF_SIZE = 32
+SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
+HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected unread
+
+_HEADER = struct.Struct("!2sBB")
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    SETUP = 4
+    TASKS = 5
+    RESULTS = 6
+    HEARTBEAT = 7
+    BYE = 8
+    INIT_FAILED = 9
+
+
+class Status(enum.IntEnum):
+    OK = 0  # payload is the result
+    RAISED = 1  # payload is (exception, remote traceback text)
+
+
+@dataclass(frozen=True)
+class Hello:
+    worker_id: str
+    nonce: bytes
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class Challenge:
+    nonce: bytes
+    proof: bytes
+    shm_probe: str  # "" when the executor offers no shared memory
+
+
+@dataclass(frozen=True)
+class Auth:
+    proof: bytes
+    shm_token: bytes  # what the worker read from the probe ("" if it could not)
+
+
+@dataclass(frozen=True)
+class Setup:
+    heartbeat: float
+    max_tasks: int  # 0: unlimited
+    initializer: Payload | None
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: int
+    function: int  # index into Tasks.functions
+    args: Payload  # pickled (args, kwargs)
+
+
+@dataclass(frozen=True)
+class Tasks:
+    functions: Sequence[Payload]
+    tasks: Sequence[Task]
+
+
+@dataclass(frozen=True)
+class Result:
+    task_id: int
+    status: Status
+    payload: Payload
+    runtime: float = 0.0  # seconds the task ran
+
+
+@dataclass(frozen=True)
+class Results:
+    results: Sequence[Result]
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True)
+class Bye:
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    error: Payload
+
+
+Message = Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
+
+
+@dataclass
+class ShmPolicy:
+    """How to move large buffers: through shared memory (``executor_id`` set) or inline."""
+
+    executor_id: str | None = None
+    threshold: int = SHM_THRESHOLD
+    created: list[str] = field(default_factory=list)  # names written by the last encode
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+class _Writer:
+    def __init__(self, kind: Kind, shm: ShmPolicy | None) -> None:
+        self.parts: list[bytes | memoryview] = [_HEADER.pack(MAGIC, VERSION, kind)]
+        self.shm = shm
+
+    def pack(self, fmt: str, *values: object) -> None:
+        self.parts.append(struct.pack(fmt, *values))
+
+    def blob(self, data: bytes | memoryview) -> None:
+        self.pack("!I", len(data))
+        self.parts.append(data)
+
+    def text(self, value: str) -> None:
+        data = value.encode()
+        self.pack("!H", len(data))
+        self.parts.append(data)
+
+    def payload(self, payload: Payload) -> None:
+        self.blob(payload.data)
+        self.pack("!H", len(payload.buffers))
+        for buffer in payload.buffers:
+            self._buffer(buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer)
+
+    def _buffer(self, view: memoryview) -> None:
+        shm = self.shm
+        if shm is not None and shm.executor_id is not None and view.nbytes >= shm.threshold:
+            name = _shm.write(shm.executor_id, view)
+            shm.created.append(name)
+            self.pack("!BQ", 1, view.nbytes)
+            self.text(name)
+        else:
+            self.pack("!BQ", 0, view.nbytes)
+            self.parts.append(view)
+
+    def frame(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def encode(message: Message, shm: ShmPolicy | None = None) -> bytes:
+    """Encode ``message`` into one frame."""
+    kind, write = _ENCODERS[type(message)]
+    writer = _Writer(kind, shm)
+    write(writer, message)
+    return writer.frame()
+
+
+def _enc_hello(w: _Writer, m: Hello) -> None:
+    w.text(m.worker_id)
+    w.parts.append(_fixed(m.nonce, NONCE_SIZE, "nonce"))
+    w.pack("!I", m.pid)
+    w.text(m.host)
+
+
+def _enc_challenge(w: _Writer, m: Challenge) -> None:
+    w.parts.append(_fixed(m.nonce, NONCE_SIZE, "nonce"))
+    w.parts.append(_fixed(m.proof, PROOF_SIZE, "proof"))
+    w.text(m.shm_probe)
+
+
+def _enc_auth(w: _Writer, m: Auth) -> None:
+    w.parts.append(_fixed(m.proof, PROOF_SIZE, "proof"))
+    w.blob(m.shm_token)
+
+
+def _enc_setup(w: _Writer, m: Setup) -> None:
+    w.pack("!dIB", m.heartbeat, m.max_tasks, m.initializer is not None)
+    if m.initializer is not None:
+        w.payload(m.initializer)
+
+
+def _enc_tasks(w: _Writer, m: Tasks) -> None:
+    w.pack("!I", len(m.functions))
+    for fn in m.functions:
+        w.payload(fn)
+    w.pack("!I", len(m.tasks))
+    for task in m.tasks:
+        w.pack("!QI", task.task_id, task.function)
+        w.payload(task.args)
+
+
+def _enc_results(w: _Writer, m: Results) -> None:
+    w.pack("!I", len(m.results))
+    for r in m.results:
+        w.pack("!QBd", r.task_id, r.status, r.runtime)
+        w.payload(r.payload)
+
+
+def _enc_empty(w: _Writer, m: Heartbeat) -> None:
+    pass
+
+
+def _enc_bye(w: _Writer, m: Bye) -> None:
+    w.text(m.reason)
+
+
+def _enc_init_failed(w: _Writer, m: InitFailed) -> None:
+    w.payload(m.error)
+
+
+def _fixed(value: bytes, size: int, what: str) -> bytes:
+    if len(value) != size:
+        raise ProtocolError(f"{what} must be {size} bytes, got {len(value)}")
+    return value
+
+
+_ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
+    Hello: (Kind.HELLO, _enc_hello),  # type: ignore[dict-item]
+    Challenge: (Kind.CHALLENGE, _enc_challenge),  # type: ignore[dict-item]
+    Auth: (Kind.AUTH, _enc_auth),  # type: ignore[dict-item]
+    Setup: (Kind.SETUP, _enc_setup),  # type: ignore[dict-item]
+    Tasks: (Kind.TASKS, _enc_tasks),  # type: ignore[dict-item]
+    Results: (Kind.RESULTS, _enc_results),  # type: ignore[dict-item]
+    Heartbeat: (Kind.HEARTBEAT, _enc_empty),  # type: ignore[dict-item]
+    Bye: (Kind.BYE, _enc_bye),  # type: ignore[dict-item]
+    InitFailed: (Kind.INIT_FAILED, _enc_init_failed),  # type: ignore[dict-item]
+}
+
+# ---------------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    def __init__(self, data: bytes, allow_shm: bool) -> None:
+        self.view = memoryview(data)
+        self.pos = 0
+        self.allow_shm = allow_shm
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.view):
+            raise ProtocolError(f"truncated frame: wanted {n} bytes at offset {self.pos}")
+        chunk = self.view[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def unpack(self, fmt: str) -> tuple[int | float, ...]:
+        size = struct.calcsize(fmt)
+        return struct.unpack(fmt, self.take(size))
+
+    def int(self, fmt: str) -> int:
+        (value,) = self.unpack(fmt)
+        return int(value)
+
+    def count(self, minimum_each: int) -> int:
+        n = self.int("!I")
+        if n * minimum_each > len(self.view) - self.pos:
+            raise ProtocolError(f"frame claims {n} items but is too short to hold them")
+        return n
+
+    def blob(self) -> bytes:
+        return bytes(self.take(self.int("!I")))
+
+    def text(self) -> str:
+        try:
+            return str(self.take(self.int("!H")), "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("text field is not UTF-8") from exc
+
+    def payload(self) -> Payload:
+        data = self.blob()
+        return Payload(data, [self._buffer() for _ in range(self.int("!H"))])
+
+    def _buffer(self) -> memoryview:
+        mode, size = self.unpack("!BQ")
+        if mode == 0:
+            return memoryview(bytearray(self.take(int(size))))
+        if mode == 1 and self.allow_shm:
+            name = self.text()
+            try:
+                return _shm.take(name, int(size))
+            except (OSError, ValueError) as exc:
+                raise ProtocolError(f"shared-memory buffer {name!r} unavailable: {exc}") from exc
+        raise ProtocolError(f"unknown buffer mode {mode}")
+
+    def end(self) -> None:
+        if self.pos != len(self.view):
+            raise ProtocolError(f"{len(self.view) - self.pos} stray bytes after the message")
+
+
+def peek_kind(frame: bytes) -> Kind:
+    """The kind of a frame, checking only its header."""
+    if len(frame) < _HEADER.size:
+        raise ProtocolError(f"frame of {len(frame)} bytes is shorter than the header")
+    magic, version, kind = _HEADER.unpack_from(frame)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}: not a fiberexec frame")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version} is not {VERSION}; upgrade both sides")
+    try:
+        return Kind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown message kind {kind}") from None
+
+
+def decode(frame: bytes, *, allow_shm: bool = False) -> Message:
+    """Decode one frame; raise `ProtocolError` for anything malformed."""
+    kind = peek_kind(frame)
+    reader = _Reader(frame, allow_shm)
+    reader.take(_HEADER.size)
+    try:
+        message = _DECODERS[kind](reader)
+    except struct.error as exc:
+        raise ProtocolError(f"malformed {kind.name} frame: {exc}") from exc
+    reader.end()
+    return message
+
+
+def _dec_hello(r: _Reader) -> Hello:
+    return Hello(r.text(), bytes(r.take(NONCE_SIZE)), r.int("!I"), r.text())
+
+
+def _dec_challenge(r: _Reader) -> Challenge:
+    return Challenge(bytes(r.take(NONCE_SIZE)), bytes(r.take(PROOF_SIZE)), r.text())
+
+
+def _dec_auth(r: _Reader) -> Auth:
+    return Auth(bytes(r.take(PROOF_SIZE)), r.blob())
+
+
+def _dec_setup(r: _Reader) -> Setup:
+    heartbeat, max_tasks, has_init = r.unpack("!dIB")
+    if has_init not in (0, 1):
+        raise ProtocolError(f"bad initializer flag {has_init}")
+    return Setup(float(heartbeat), int(max_tasks), r.payload() if has_init else None)
+
+
+def _dec_tasks(r: _Reader) -> Tasks:
+    functions = [r.payload() for _ in range(r.count(6))]
+    tasks = []
+    for _ in range(r.count(18)):
+        task_id, function = r.unpack("!QI")
+        if function >= len(functions):
+            raise ProtocolError(f"task refers to function {function} of {len(functions)}")
+        tasks.append(Task(int(task_id), int(function), r.payload()))
+    return Tasks(functions, tasks)
+
+
+def _dec_results(r: _Reader) -> Results:
+    results = []
+    for _ in range(r.count(23)):
+        task_id, status, runtime = r.unpack("!QBd")
+        try:
+            kind = Status(status)
+        except ValueError:
+            raise ProtocolError(f"unknown result status {status}") from None
+        results.append(Result(int(task_id), kind, r.payload(), float(runtime)))
+    return Results(results)
+
+
+_DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
+    Kind.HELLO: _dec_hello,
+    Kind.CHALLENGE: _dec_challenge,
+    Kind.AUTH: _dec_auth,
+    Kind.SETUP: _dec_setup,
+    Kind.TASKS: _dec_tasks,
+    Kind.RESULTS: _dec_results,
+    Kind.HEARTBEAT: lambda r: Heartbeat(),
+    Kind.BYE: lambda r: Bye(r.text()),
+    Kind.INIT_FAILED: lambda r: InitFailed(r.payload()),
+}

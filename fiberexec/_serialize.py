@@ -1,0 +1,101 @@
+"""Pickling for the wire: protocol 5 with out-of-band buffers, cloudpickle where needed.
+
+A `Payload` is the pickle stream plus its out-of-band buffers (numpy arrays, bytearrays), so
+large data is never copied into the stream. The fast path is the C pickler; cloudpickle takes
+over for what it cannot do by reference (lambdas, closures, anything from ``__main__``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from fiberexec._errors import SerializationError
+
+PROTOCOL = 5
+
+
+@dataclass
+class Payload:
+    data: bytes
+    buffers: list[memoryview] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(b.nbytes for b in self.buffers)
+
+
+def dumps(obj: Any, *, what: str = "object") -> Payload:
+    """Pickle ``obj``; raise `SerializationError` naming ``what`` when it cannot be."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+        if b"__main__" not in data:
+            return Payload(data, [b.raw() for b in buffers])
+    except Exception:  # noqa: S110 - the C pickler refused; cloudpickle decides below
+        pass
+    buffers.clear()
+    try:
+        data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
+            "tasks need picklable functions, arguments and results"
+        ) from exc
+    return Payload(data, [b.raw() for b in buffers])
+
+
+def dumps_function(fn: Any) -> Payload:
+    """Pickle a callable with cloudpickle (by reference when importable, by value otherwise)."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        data = cloudpickle.dumps(fn, protocol=PROTOCOL, buffer_callback=buffers.append)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot pickle the function {fn!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return Payload(data, [b.raw() for b in buffers])
+
+
+def loads(payload: Payload, *, what: str = "object") -> Any:
+    """Unpickle; raise `SerializationError` naming ``what`` when it cannot be."""
+    try:
+        return pickle.loads(payload.data, buffers=payload.buffers)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, attached as ``__cause__``."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+def dumps_exception(exc: BaseException) -> Payload:
+    """Pickle a task's exception with its formatted traceback; degrade, never fail."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = f'\n"""\n{tb}"""'
+    exc.__traceback__ = None
+    try:
+        return dumps((exc, text), what="exception")
+    except SerializationError as err:
+        fallback = SerializationError(f"the task raised an exception that {err}: {exc!r}")
+        return dumps((fallback, text), what="exception")
+
+
+def loads_exception(payload: Payload) -> BaseException:
+    """Rebuild a task's exception with the remote traceback in ``__cause__``."""
+    exc, text = loads(payload, what="exception raised by the task")
+    exc.__cause__ = RemoteTraceback(text)
+    return exc  # type: ignore[no-any-return]

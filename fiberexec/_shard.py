@@ -1,0 +1,486 @@
+"""A shard of the task pool: one thread that owns a queue, a pending table and its workers.
+
+Data flow (all of it on the shard's thread, except where noted)::
+
+    FiberExecutor.submit --put()--> incoming ---+
+    pool / backend / nng callbacks --post()--> events ---+--> wake fd
+                                                         |
+    run(): select(channels + wake fd, next deadline)
+             -> _receive: handshake | results -> futures | heartbeats
+             -> _handle_events: adopt, started, exited, disconnected, steal, shutdown, broken
+             -> _dispatch: queue --(credit)--> Tasks messages to workers
+             -> _housekeep: heartbeats, silent workers, start deadlines, idle scale-down
+
+Everything mutable here is touched only by the shard's thread; other threads hand it work
+through `put` and `post`, which append to a deque and wake the thread if it is asleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from fiberexec import _auth, _shm
+from fiberexec import _protocol as p
+from fiberexec._backend import WorkerHandle, WorkerStatus
+from fiberexec._conn import Conn, State
+from fiberexec._errors import (
+    AuthenticationError,
+    ProtocolError,
+    SerializationError,
+    WorkerLostError,
+)
+from fiberexec._serialize import Payload, dumps, dumps_function, loads_exception
+from fiberexec._task import WorkItem, settle
+
+if TYPE_CHECKING:
+    from fiberexec._pool import TaskPool
+
+log = logging.getLogger("fiberexec")
+STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
+STEAL_MIN = 8
+
+
+class Shard:
+    def __init__(self, pool: TaskPool, index: int) -> None:
+        self.pool = pool
+        self.config = pool.config
+        self.index = index
+        self.incoming: deque[WorkItem] = deque()
+        self.events: deque[tuple[Any, ...]] = deque()
+        self.queue: deque[WorkItem] = deque()
+        self.conns: dict[str, Conn] = {}
+        self.selector = selectors.DefaultSelector()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # closed with the shard object, never earlier: a late wake must not hit a reused fd
+        weakref.finalize(self, os.close, self._wake_fd)
+        self.selector.register(self._wake_fd, selectors.EVENT_READ, None)
+        self._sleeping = False
+        self.shutting_down = False
+        self.stealing = False
+        self.done = self.failed = self.retried = self.lost = self.rejected = 0
+        self.thread = threading.Thread(
+            target=self.run, name=f"fiberexec-shard-{index}", daemon=True
+        )
+
+    # ------------------------------------------------------------ other threads
+
+    def put(self, item: WorkItem) -> None:
+        self.incoming.append(item)
+        if self._sleeping:
+            self._wake()
+
+    def post(self, *event: Any) -> None:
+        self.events.append(event)
+        if self._sleeping:
+            self._wake()
+
+    def _wake(self) -> None:
+        os.eventfd_write(self._wake_fd, 1)
+
+    @property
+    def backlog(self) -> int:
+        return len(self.queue) + len(self.incoming)
+
+    @property
+    def running(self) -> int:
+        return sum(len(c.inflight) for c in list(self.conns.values()))
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        try:
+            while not self._finished():
+                self._wait()
+                self._handle_events()
+                self._take_incoming()
+                self._dispatch()
+                self._housekeep()
+        except BaseException as exc:  # a bug here must not leave futures hanging
+            log.exception("fiberexec shard %d crashed", self.index)
+            self.pool.break_executor(f"the scheduler thread crashed: {exc!r}", exc)
+            self._fail_everything(exc)
+        finally:
+            self._close()
+
+    def _wait(self) -> None:
+        self._sleeping = True
+        timeout = 0.0 if (self.incoming or self.events) else self._next_deadline()
+        ready = self.selector.select(timeout)
+        self._sleeping = False
+        for key, _ in ready:
+            if key.data is None:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
+            else:
+                self._receive(key.data)
+
+    def _next_deadline(self) -> float:
+        return self.config.heartbeat / 2
+
+    def _finished(self) -> bool:
+        if not self.shutting_down or self.queue or self.incoming or self.events:
+            return False
+        return not any(c.inflight for c in self.conns.values())
+
+    # ------------------------------------------------------------ receiving
+
+    def _receive(self, conn: Conn) -> None:
+        while (msg := conn.channel.try_recv()) is not None:
+            conn.last_recv = time.monotonic()
+            if conn.state in (State.READY, State.RETIRING) and msg.pipe.id == conn.pipe_id:
+                self._on_frame(conn, msg.bytes)
+            else:
+                self._handshake(conn, msg)
+
+    def _on_frame(self, conn: Conn, frame: bytes) -> None:
+        try:
+            message = p.decode(frame, allow_shm=conn.shm)
+        except ProtocolError as exc:
+            self._reject(conn, None, f"malformed message: {exc}")
+            return
+        if isinstance(message, p.Results):
+            self._on_results(conn, message.results)
+        elif isinstance(message, p.Bye):
+            conn.state = State.RETIRING
+        elif isinstance(message, p.InitFailed):
+            self._on_init_failed(conn, message.error)
+
+    def _on_results(self, conn: Conn, results: Iterable[p.Result]) -> None:
+        for result in results:
+            item = conn.inflight.pop(result.task_id, None)
+            if item is None:
+                self.rejected += 1
+                log.warning("worker %s sent a result for unknown task %d",
+                            conn.worker_id, result.task_id)
+                continue
+            conn.observe(result.runtime)
+            for name in item.shm_names:
+                _shm.discard(name)
+            if settle(item, result):
+                self.done += 1
+            else:
+                self.failed += 1
+        if not conn.inflight:
+            conn.idle_since = time.monotonic()
+        self.pool.report_progress()
+
+    def _on_init_failed(self, conn: Conn, error: Payload) -> None:
+        try:
+            cause: BaseException = loads_exception(error)
+        except SerializationError as exc:
+            cause = exc
+        conn.state = State.RETIRING
+        self.pool.break_executor(
+            "A worker initializer failed, the executor is not usable anymore", cause
+        )
+
+    # ------------------------------------------------------------ handshake
+
+    def _handshake(self, conn: Conn, msg: Any) -> None:
+        frame = msg.bytes
+        try:
+            if len(frame) > p.HANDSHAKE_MAX:
+                raise ProtocolError(f"{len(frame)}-byte message before authentication")
+            message = p.decode(frame)
+            if conn.state is State.AWAIT_HELLO and isinstance(message, p.Hello):
+                self._on_hello(conn, msg.pipe, message)
+            elif (
+                conn.state is State.AWAIT_AUTH
+                and isinstance(message, p.Auth)
+                and msg.pipe.id == conn.pipe_id
+            ):
+                self._on_auth(conn, message)
+            else:
+                raise ProtocolError(f"unexpected {type(message).__name__} in state {conn.state}")
+        except ProtocolError as exc:
+            self._reject(conn, msg.pipe, str(exc))
+
+    def _on_hello(self, conn: Conn, pipe: Any, hello: p.Hello) -> None:
+        if hello.worker_id != conn.worker_id:
+            raise ProtocolError(f"worker id {hello.worker_id!r} is not {conn.worker_id!r}")
+        conn.pipe, conn.nonce = pipe, _auth.new_nonce()
+        proof = _auth.proof(self.pool.secret, "executor", hello.nonce, conn.nonce)
+        conn.worker_nonce = hello.nonce
+        self._send(conn, p.Challenge(conn.nonce, proof, self.pool.shm_probe))
+        conn.state = State.AWAIT_AUTH
+
+    def _on_auth(self, conn: Conn, auth: p.Auth) -> None:
+        expected = _auth.proof(self.pool.secret, "worker", conn.worker_nonce, conn.nonce)
+        if not _auth.verify(expected, auth.proof):
+            raise AuthenticationError("wrong proof: the peer does not hold the secret")
+        conn.shm = bool(self.pool.shm_token) and _auth.verify(self.pool.shm_token, auth.shm_token)
+        conn.state = State.READY
+        conn.idle_since = time.monotonic()
+        self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.pool.initializer))
+        self.pool.worker_ready(conn.worker_id)
+        log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
+
+    def _reject(self, conn: Conn, pipe: Any, why: str) -> None:
+        self.rejected += 1
+        log.warning("rejected a message on worker %s's channel: %s", conn.worker_id, why)
+        if pipe is not None and pipe.id != conn.pipe_id or conn.state is not State.READY:
+            if conn.state is State.AWAIT_AUTH:
+                conn.state, conn.pipe = State.AWAIT_HELLO, None
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        else:
+            self._lose(conn, f"worker {conn.worker_id} sent a malformed message ({why})")
+
+    # ------------------------------------------------------------ events
+
+    def _handle_events(self) -> None:
+        while self.events:
+            kind, *args = self.events.popleft()
+            getattr(self, f"_ev_{kind}")(*args)
+
+    def _ev_adopt(self, conn: Conn) -> None:
+        self.conns[conn.worker_id] = conn
+        self.selector.register(conn.channel.fileno(), selectors.EVENT_READ, conn)
+
+    def _ev_started(self, worker_id: str, handle: WorkerHandle) -> None:
+        conn = self.conns.get(worker_id)
+        if conn is not None:
+            conn.handle = handle
+
+    def _ev_start_failed(self, worker_id: str) -> None:
+        conn = self.conns.get(worker_id)
+        if conn is not None:
+            self._forget(conn)
+
+    def _ev_pipe_down(self, worker_id: str, pipe_id: int) -> None:
+        conn = self.conns.get(worker_id)
+        if conn is None or pipe_id != conn.pipe_id:
+            return  # an unauthenticated peer hung up
+        if conn.state is State.RETIRING and not conn.inflight:
+            conn.state = State.DISCONNECTED
+            conn.deadline = time.monotonic() + STATUS_WAIT
+        elif conn.state in (State.READY, State.RETIRING, State.AWAIT_AUTH):
+            self._lose(conn, None)
+
+    def _ev_exited(self, worker_id: str, status: WorkerStatus) -> None:
+        conn = self.conns.get(worker_id)
+        if conn is None:
+            return
+        conn.status = status
+        if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+            self._forget(conn)
+            self.pool.worker_failed_to_start(conn.worker_id, status)
+        elif conn.state is State.DISCONNECTED:
+            self._finalize(conn)
+        else:
+            self._lose(conn, None)
+
+    def _ev_shutdown(self, cancel_futures: bool) -> None:
+        self.shutting_down = True
+        if cancel_futures:
+            self._take_incoming()
+            keep = deque(item for item in self.queue if item.started)
+            for item in self.queue:
+                if not item.started:
+                    item.future.cancel()
+            self.queue = keep
+
+    def _ev_broken(self, error: BaseException) -> None:
+        self.shutting_down = True
+        self._take_incoming()
+        self._fail_everything(error)
+
+    def _ev_steal(self, thief: Shard) -> None:
+        n = len(self.queue) // 2 if len(self.queue) >= STEAL_MIN else 0
+        thief.post("stolen", [self.queue.pop() for _ in range(n)][::-1])
+
+    def _ev_stolen(self, items: list[WorkItem]) -> None:
+        self.queue.extend(items)
+        self.stealing = False
+
+    # ------------------------------------------------------------ dispatch
+
+    def _take_incoming(self) -> None:
+        incoming, queue = self.incoming, self.queue
+        while incoming:
+            queue.append(incoming.popleft())
+
+    def _dispatch(self) -> None:
+        if not self.queue:
+            self._maybe_steal()
+            return
+        ready = [c for c in self.conns.values() if c.credit() > 0]
+        if not ready:
+            return
+        share = max(1, -(-len(self.queue) // len(ready)))
+        for conn in ready:
+            if not self.queue:
+                break
+            self._send_tasks(conn, min(conn.credit(), share))
+
+    def _maybe_steal(self) -> None:
+        if self.stealing or self.shutting_down or len(self.pool.shards) == 1:
+            return
+        if not any(c.credit() > 0 for c in self.conns.values()):
+            return
+        victim = max(self.pool.shards, key=lambda s: len(s.queue))
+        if victim is not self and len(victim.queue) >= STEAL_MIN:
+            self.stealing = True
+            victim.post("steal", self)
+
+    def _send_tasks(self, conn: Conn, n: int) -> None:
+        functions: list[Payload] = []
+        index: dict[int, int] = {}
+        tasks: list[p.Task] = []
+        items: list[WorkItem] = []
+        while len(items) < n and self.queue:
+            item = self.queue.popleft()
+            if not item.start():
+                continue  # cancelled while queued
+            try:
+                key = id(item.fn)
+                if key not in index:
+                    functions.append(dumps_function(item.fn))
+                    index[key] = len(functions) - 1
+                args = dumps((item.args, item.kwargs), what=f"arguments of task {item.task_id}")
+            except SerializationError as exc:
+                item.future.set_exception(exc)
+                self.failed += 1
+                continue
+            tasks.append(p.Task(item.task_id, index[key], args))
+            items.append(item)
+        if not tasks:
+            return
+        policy = p.ShmPolicy(self.pool.executor_id) if conn.shm else None
+        frame = p.encode(p.Tasks(functions, tasks), policy)
+        for item in items:
+            conn.inflight[item.task_id] = item
+            if policy is not None and policy.created:
+                item.shm_names = policy.created
+        conn.dispatched += len(items)
+        self._send(conn, frame)
+
+    def _send(self, conn: Conn, message: p.Message | bytes) -> None:
+        frame = message if isinstance(message, bytes) else p.encode(message)
+        try:
+            conn.channel.send_nowait(frame)
+        except ProtocolError:
+            self._lose(conn, f"worker {conn.worker_id} stopped reading its messages")
+            return
+        conn.last_sent = time.monotonic()
+
+    # ------------------------------------------------------------ housekeeping
+
+    def _housekeep(self) -> None:
+        now = time.monotonic()
+        beat = self.config.heartbeat
+        for conn in list(self.conns.values()):
+            if conn.state is State.READY:
+                if now - conn.last_recv > 3 * beat:
+                    self._lose(conn, f"worker {conn.worker_id} stopped responding "
+                                     f"(no heartbeat for {now - conn.last_recv:.1f}s)")
+                    continue
+                if now - conn.last_sent >= beat:
+                    self._send(conn, p.Heartbeat())
+                self._maybe_retire(conn, now)
+            elif conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+                if now - conn.created > self.config.start_timeout:
+                    self._forget(conn)
+                    self.pool.worker_failed_to_start(conn.worker_id, None)
+            elif conn.state is State.DISCONNECTED and now >= conn.deadline:
+                self._finalize(conn)
+
+    def _maybe_retire(self, conn: Conn, now: float) -> None:
+        idle = self.config.idle_timeout
+        if idle is None or conn.inflight or self.queue or now - conn.idle_since < idle:
+            return
+        if self.pool.may_retire():
+            conn.state = State.RETIRING
+            self._send(conn, p.Bye("idle"))
+
+    # ------------------------------------------------------------ losing workers
+
+    def _lose(self, conn: Conn, why: str | None) -> None:
+        """The worker is gone: requeue what it held; the task it was running is charged."""
+        items = list(conn.inflight.values())
+        conn.inflight.clear()
+        self._unregister(conn)
+        if items:
+            items[0].losses += 1
+        doomed = [i for i in items[:1] if i.losses > self.config.max_task_retries]
+        for item in reversed(items[len(doomed):]):
+            self.queue.appendleft(item)
+            self.retried += 1
+        self.lost += 1
+        conn.doomed, conn.why = doomed, why
+        conn.state = State.DISCONNECTED
+        conn.deadline = time.monotonic() + STATUS_WAIT
+        if conn.status is not None or not doomed:
+            self._finalize(conn)
+
+    def _finalize(self, conn: Conn) -> None:
+        """Fail the task that exhausted its retries (naming how the worker ended); replace."""
+        why = conn.why or conn.describe_exit()
+        for item in conn.doomed:
+            for name in item.shm_names:
+                _shm.discard(name)
+            item.future.set_exception(WorkerLostError(
+                f"task {item.task_id} was running on {item.losses} workers that died; "
+                f"the last one: {why}. Raise max_task_retries={self.config.max_task_retries} "
+                "if this is transient, or check the task's memory use"
+            ))
+            self.failed += 1
+        conn.doomed = []
+        self._forget(conn)
+        log.warning("%s", why)
+        self.pool.worker_gone(conn.worker_id, conn.handle, replace=not self._finished())
+
+    def _forget(self, conn: Conn) -> None:
+        self._unregister(conn)
+        conn.state = State.GONE
+        self.conns.pop(conn.worker_id, None)
+
+    def _unregister(self, conn: Conn) -> None:
+        if conn.state is not State.GONE:
+            try:
+                self.selector.unregister(conn.channel.fileno())
+            except (KeyError, ValueError):
+                pass
+            conn.channel.close()
+
+    # ------------------------------------------------------------ the end
+
+    def _fail_everything(self, error: BaseException) -> None:
+        items = list(self.queue) + list(self.incoming)
+        for conn in self.conns.values():
+            items.extend(conn.inflight.values())
+            conn.inflight.clear()
+        self.queue.clear()
+        self.incoming.clear()
+        for item in items:
+            if item.future.done():
+                continue
+            if not item.started and item.future.cancelled():
+                continue
+            try:
+                item.future.set_exception(error)
+            except Exception:  # noqa: BLE001 - InvalidStateError from a cancelled future
+                continue
+            self.failed += 1
+
+    def _close(self) -> None:
+        for conn in list(self.conns.values()):
+            if conn.state is State.READY:
+                self._send(conn, p.Bye("shutdown"))
+        for conn in list(self.conns.values()):
+            self._unregister(conn)
+            conn.state = State.GONE
+        self.selector.close()

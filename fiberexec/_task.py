@@ -1,0 +1,49 @@
+"""A task on its way through the pool, and how its outcome reaches its future."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from fiberexec import _protocol as p
+from fiberexec._errors import SerializationError
+from fiberexec._serialize import loads, loads_exception
+
+
+@dataclass(eq=False, slots=True)
+class WorkItem:
+    task_id: int
+    future: Future[Any]
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    started: bool = False  # set_running_or_notify_cancel() has been called
+    losses: int = 0  # workers that died while this task was running on them
+    shm_names: list[str] = field(default_factory=list)
+
+    def start(self) -> bool:
+        """Mark running before the first dispatch; False if the user cancelled it."""
+        if self.started:
+            return True
+        self.started = self.future.set_running_or_notify_cancel()
+        return self.started
+
+
+def settle(item: WorkItem, result: p.Result) -> bool:
+    """Give ``item``'s future the outcome in ``result``; True if the task succeeded."""
+    future = item.future
+    if result.status is p.Status.OK:
+        try:
+            value = loads(result.payload, what=f"result of task {item.task_id}")
+        except SerializationError as exc:
+            future.set_exception(exc)
+            return False
+        future.set_result(value)
+        return True
+    try:
+        future.set_exception(loads_exception(result.payload))
+    except SerializationError as exc:
+        future.set_exception(exc)
+    return False
