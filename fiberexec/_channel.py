@@ -25,6 +25,8 @@ class Channel:
     def __init__(self, socket: pynng.Pair1, address: str) -> None:
         self._socket = socket
         self.address = address
+        self._fd = int(socket.recv_fd)
+        self.closed = False
 
     @classmethod
     def listen(
@@ -55,7 +57,7 @@ class Channel:
         return cls(sock, address)
 
     def fileno(self) -> int:
-        return int(self._socket.recv_fd)
+        return self._fd
 
     def try_recv(self) -> pynng.Message | None:
         """The next message, or None when none is waiting."""
@@ -86,4 +88,5 @@ class Channel:
         self._socket.send(frame)
 
     def close(self) -> None:
+        self.closed = True
         self._socket.close()

@@ -28,11 +28,11 @@ class ExecutorConfig:
     shards: int = 1
     image: str | None = None
     workdir: str | None = None
-    resources: Resources = Resources()
+    resources: Resources = field(default_factory=Resources)
     labels: Mapping[str, str] = field(default_factory=dict)
     heartbeat: float = 1.0
     start_timeout: float = 120.0
-    start_retry: RetryPolicy = RetryPolicy()
+    start_retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_message_size: int = DEFAULT_MAX_MESSAGE
     backend_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -43,11 +43,9 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _positive_int(name: str, value: object) -> int:
-    _require(
-        isinstance(value, int) and not isinstance(value, bool),
-        f"{name} must be an int, got {value!r}",
-    )
-    return int(value)  # type: ignore[call-overload]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be an int, got {value!r}")
+    return value
 
 
 def resolve(

@@ -98,9 +98,11 @@ class FiberExecutor(Executor):
             raise ConfigurationError(
                 f"backend must be a name or a Backend instance, got {backend!r}"
             )
+        name = instance.name if instance is not None else backend
+        assert name is None or isinstance(name, str)
         self._config = resolve(
             max_workers,
-            backend=instance.name if instance else backend,
+            backend=name,
             min_workers=min_workers,
             shards=shards,
             memory=memory,

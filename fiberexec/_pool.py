@@ -60,7 +60,9 @@ class TaskPool:
         self._next_shard = itertools.count()
         self._submitted = 0
         self._launcher: ThreadPoolExecutor | None = None
-        self._closing = False
+        self._closing = False  # shutdown() was called: no new tasks
+        self._finished = False  # the shards are done: no new workers
+        self._closed = threading.Event()  # everything is stopped and cleaned up
         self._t0 = 0.0
         self._last_progress = 0.0
 
@@ -103,7 +105,7 @@ class TaskPool:
 
     def _launch(self) -> None:
         with self._lock:
-            if self._closing or self.broken is not None:
+            if self._finished or self.broken is not None:
                 return
             worker_id = f"w{next(self._ids)}"
             self._handles[worker_id] = None
@@ -163,11 +165,11 @@ class TaskPool:
             return
         with self._lock:
             self._handles[spec.worker_id] = handle
-            closing = self._closing
+            too_late = self._finished
         log.info("started worker %s (%s)", spec.worker_id, handle.ref)
         shard.post("started", spec.worker_id, handle)
         self.backend.watch(handle, lambda h, status: shard.post("exited", h.worker_id, status))
-        if closing:
+        if too_late:
             self._stop(handle)
 
     # ------------------------------------------------------------ called by shards
@@ -219,10 +221,14 @@ class TaskPool:
         else:
             self._launch()
 
-    def may_retire(self) -> bool:
+    def may_retire(self, worker_id: str) -> bool:
+        """Whether an idle worker may leave without going below ``min_workers``."""
         with self._lock:
             active = len(self._handles) - len(self._retiring)
-            return active > self.config.min_workers
+            if active <= self.config.min_workers:
+                return False
+            self._retiring.add(worker_id)
+            return True
 
     def break_executor(self, message: str, cause: BaseException | None) -> None:
         with self._lock:
@@ -247,7 +253,7 @@ class TaskPool:
     def _stop(self, handle: WorkerHandle) -> None:
         try:
             self.backend.stop(handle, grace=2.0)
-        except Exception as exc:  # noqa: BLE001 - logged; shutdown goes on
+        except Exception as exc:
             log.warning("could not stop worker %s: %s", handle.worker_id, exc)
 
     def _in_background(self, fn: Callable[..., None], *args: object) -> None:
@@ -267,16 +273,22 @@ class TaskPool:
         if not already:
             for shard in self.shards:
                 shard.post("shutdown", cancel_futures)
-        if wait:
-            self._finish()
-        else:
             threading.Thread(target=self._finish, name="fiberexec-shutdown", daemon=True).start()
+        if wait:
+            self._closed.wait()
 
     def _finish(self) -> None:
+        try:
+            self._stop_everything()
+        finally:
+            self._closed.set()
+
+    def _stop_everything(self) -> None:
         for shard in self.shards:
             if shard.thread.is_alive():
                 shard.thread.join()
         with self._lock:
+            self._finished = True
             handles = [h for h in self._handles.values() if h is not None]
             self._handles.clear()
         for handle in handles:
@@ -286,6 +298,7 @@ class TaskPool:
         if self.owns_backend:
             self.backend.close()
         _shm.remove_all(self.executor_id)
+        self._closed.set()
 
     # ------------------------------------------------------------ stats
 

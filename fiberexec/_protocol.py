@@ -278,28 +278,28 @@ class _Reader:
         size = struct.calcsize(fmt)
         return struct.unpack(fmt, self.take(size))
 
-    def int(self, fmt: str) -> int:
+    def uint(self, fmt: str) -> int:
         (value,) = self.unpack(fmt)
         return int(value)
 
     def count(self, minimum_each: int) -> int:
-        n = self.int("!I")
+        n = self.uint("!I")
         if n * minimum_each > len(self.view) - self.pos:
             raise ProtocolError(f"frame claims {n} items but is too short to hold them")
         return n
 
     def blob(self) -> bytes:
-        return bytes(self.take(self.int("!I")))
+        return bytes(self.take(self.uint("!I")))
 
     def text(self) -> str:
         try:
-            return str(self.take(self.int("!H")), "utf-8")
+            return str(self.take(self.uint("!H")), "utf-8")
         except UnicodeDecodeError as exc:
             raise ProtocolError("text field is not UTF-8") from exc
 
     def payload(self) -> Payload:
         data = self.blob()
-        return Payload(data, [self._buffer() for _ in range(self.int("!H"))])
+        return Payload(data, [self._buffer() for _ in range(self.uint("!H"))])
 
     def _buffer(self) -> memoryview:
         mode, size = self.unpack("!BQ")
@@ -347,7 +347,7 @@ def decode(frame: bytes, *, allow_shm: bool = False) -> Message:
 
 
 def _dec_hello(r: _Reader) -> Hello:
-    return Hello(r.text(), bytes(r.take(NONCE_SIZE)), r.int("!I"), r.text())
+    return Hello(r.text(), bytes(r.take(NONCE_SIZE)), r.uint("!I"), r.text())
 
 
 def _dec_challenge(r: _Reader) -> Challenge:
@@ -381,7 +381,7 @@ def _dec_results(r: _Reader) -> Results:
     for _ in range(r.count(23)):
         task_id, status, runtime = r.unpack("!QBd")
         try:
-            kind = Status(status)
+            kind = Status(int(status))
         except ValueError:
             raise ProtocolError(f"unknown result status {status}") from None
         results.append(Result(int(task_id), kind, r.payload(), float(runtime)))

@@ -51,11 +51,13 @@ class RetryPolicy:
         When it runs out, the last `TransientBackendError` is raised as it was.
         """
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.attempts) | tenacity.stop_after_delay(self.deadline),
+            stop=(
+                tenacity.stop_after_attempt(self.attempts)
+                | tenacity.stop_after_delay(self.deadline)
+            ),
             wait=_RetryAfterOr(
-                tenacity.wait_exponential_jitter(
-                    initial=self.initial, max=self.maximum, jitter=self.jitter
-                )
+                tenacity.wait_exponential(multiplier=self.initial, max=self.maximum)
+                + tenacity.wait_random(0, self.jitter)
             ),
             retry=tenacity.retry_if_exception_type(TransientBackendError),
             sleep=sleep,

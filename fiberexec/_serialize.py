@@ -36,7 +36,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
         if b"__main__" not in data:
             return Payload(data, [b.raw() for b in buffers])
-    except Exception:  # noqa: S110 - the C pickler refused; cloudpickle decides below
+    except Exception:
         pass
     buffers.clear()
     try:

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fiberexec import _auth, _shm
@@ -151,7 +151,7 @@ class Shard:
         if isinstance(message, p.Results):
             self._on_results(conn, message.results)
         elif isinstance(message, p.Bye):
-            conn.state = State.RETIRING
+            conn.state, conn.leaving = State.RETIRING, message.reason
         elif isinstance(message, p.InitFailed):
             self._on_init_failed(conn, message.error)
 
@@ -228,13 +228,13 @@ class Shard:
     def _reject(self, conn: Conn, pipe: Any, why: str) -> None:
         self.rejected += 1
         log.warning("rejected a message on worker %s's channel: %s", conn.worker_id, why)
-        if pipe is not None and pipe.id != conn.pipe_id or conn.state is not State.READY:
+        if (pipe is not None and pipe.id != conn.pipe_id) or conn.state is not State.READY:
             if conn.state is State.AWAIT_AUTH:
                 conn.state, conn.pipe = State.AWAIT_HELLO, None
             if pipe is not None:
                 try:
                     pipe.close()
-                except Exception:  # noqa: BLE001 - already gone
+                except Exception:
                     pass
         else:
             self._lose(conn, f"worker {conn.worker_id} sent a malformed message ({why})")
@@ -264,10 +264,12 @@ class Shard:
         conn = self.conns.get(worker_id)
         if conn is None or pipe_id != conn.pipe_id:
             return  # an unauthenticated peer hung up
-        if conn.state is State.RETIRING and not conn.inflight:
+        if conn.state is State.AWAIT_AUTH:  # never authenticated: wait for the real worker
+            conn.state, conn.pipe = State.AWAIT_HELLO, None
+        elif conn.state is State.RETIRING and not conn.inflight:
             conn.state = State.DISCONNECTED
             conn.deadline = time.monotonic() + STATUS_WAIT
-        elif conn.state in (State.READY, State.RETIRING, State.AWAIT_AUTH):
+        elif conn.state in (State.READY, State.RETIRING):
             self._lose(conn, None)
 
     def _ev_exited(self, worker_id: str, status: WorkerStatus) -> None:
@@ -297,6 +299,9 @@ class Shard:
         self.shutting_down = True
         self._take_incoming()
         self._fail_everything(error)
+
+    def _ev_call(self, fn: Callable[[], None]) -> None:
+        fn()  # run on this thread: how other threads read shard state consistently
 
     def _ev_steal(self, thief: Shard) -> None:
         n = len(self.queue) // 2 if len(self.queue) >= STEAL_MIN else 0
@@ -402,8 +407,8 @@ class Shard:
         idle = self.config.idle_timeout
         if idle is None or conn.inflight or self.queue or now - conn.idle_since < idle:
             return
-        if self.pool.may_retire():
-            conn.state = State.RETIRING
+        if self.pool.may_retire(conn.worker_id):
+            conn.state, conn.leaving = State.RETIRING, f"idle for {idle}s"
             self._send(conn, p.Bye("idle"))
 
     # ------------------------------------------------------------ losing workers
@@ -440,7 +445,10 @@ class Shard:
             self.failed += 1
         conn.doomed = []
         self._forget(conn)
-        log.warning("%s", why)
+        if conn.leaving and conn.why is None:
+            log.info("worker %s left: %s", conn.worker_id, conn.leaving)
+        else:
+            log.warning("%s", why)
         self.pool.worker_gone(conn.worker_id, conn.handle, replace=not self._finished())
 
     def _forget(self, conn: Conn) -> None:
@@ -449,11 +457,8 @@ class Shard:
         self.conns.pop(conn.worker_id, None)
 
     def _unregister(self, conn: Conn) -> None:
-        if conn.state is not State.GONE:
-            try:
-                self.selector.unregister(conn.channel.fileno())
-            except (KeyError, ValueError):
-                pass
+        if not conn.channel.closed:
+            self.selector.unregister(conn.channel.fileno())
             conn.channel.close()
 
     # ------------------------------------------------------------ the end
@@ -472,7 +477,7 @@ class Shard:
                 continue
             try:
                 item.future.set_exception(error)
-            except Exception:  # noqa: BLE001 - InvalidStateError from a cancelled future
+            except Exception:
                 continue
             self.failed += 1
 

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from fiberexec import _auth, _contract, _shm
 from fiberexec import _protocol as p
@@ -236,7 +236,7 @@ class _Batch:
         return results
 
 
-def _die(code: int, why: str) -> None:
+def _die(code: int, why: str) -> NoReturn:
     if code:
         print(f"fiberexec worker: {why}", file=sys.stderr, flush=True)
     with contextlib.suppress(Exception):

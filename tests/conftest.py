@@ -1,0 +1,104 @@
+"""Shared fixtures: the backend under test, executors that always shut down, a leak check.
+
+``FIBEREXEC_TEST_BACKEND`` (default ``local``) picks the backend; the same behaviour suite
+runs unchanged against each (see tests/support/README.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fiberexec import FiberExecutor
+from tests.support.kit import BackendKit
+
+BACKEND = os.environ.get("FIBEREXEC_TEST_BACKEND", "local")
+# A backend's own adapter tests are collected only in its tox env, so no env reports skips.
+collect_ignore = [d for d, name in (("k8s", "kubernetes"), ("docker", "docker")) if name != BACKEND]
+
+
+@pytest.fixture(scope="session")
+def kit() -> Iterator[BackendKit]:
+    module = importlib.import_module(f"tests.support.backend_{BACKEND}")
+    with module.backend_session() as session_kit:
+        yield session_kit
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail any test that leaves a worker, container or pod behind."""
+    yield
+    session_kit: BackendKit | None = (
+        request.getfixturevalue("kit") if "kit" in request.fixturenames else None
+    )
+    from tests.support.backend_local import _leaks
+
+    leaked = _leaks() + (session_kit.leaks() if session_kit and BACKEND != "local" else [])
+    assert not leaked, f"test left these running: {leaked}"
+
+
+ExecutorFactory = Callable[..., FiberExecutor]
+
+
+@pytest.fixture
+def make_executor(kit: BackendKit) -> Iterator[ExecutorFactory]:
+    """Build executors on the backend under test; all are shut down after the test."""
+    made: list[FiberExecutor] = []
+
+    def make(max_workers: int | None = 2, **kwargs: Any) -> FiberExecutor:
+        options = {**kit.executor_kwargs, **kwargs}
+        options.setdefault("backend", kit.make_backend())
+        options.setdefault("heartbeat", 0.5)
+        ex = FiberExecutor(max_workers, **options)
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def executor(make_executor: ExecutorFactory) -> FiberExecutor:
+    """A two-worker executor on the backend under test."""
+    return make_executor(2)
+
+
+class LogEvent(logging.Handler):
+    """Set an event once ``count`` records of the ``fiberexec`` logger contain ``needle``."""
+
+    def __init__(self, needle: str, count: int = 1) -> None:
+        super().__init__(logging.INFO)
+        self.needle, self.count, self.seen = needle, count, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.count -= 1
+            if self.count <= 0:
+                self.seen.set()
+
+
+@pytest.fixture
+def log_event() -> Iterator[Callable[[str, int], threading.Event]]:
+    """``log_event("connected", 2).wait(timeout)``: wait for log lines, not for time."""
+    logger = logging.getLogger("fiberexec")
+    handlers: list[LogEvent] = []
+    level = logger.level
+    logger.setLevel(logging.INFO)
+
+    def watch(needle: str, count: int = 1) -> threading.Event:
+        handler = LogEvent(needle, count)
+        handlers.append(handler)
+        logger.addHandler(handler)
+        return handler.seen
+
+    yield watch
+    for handler in handlers:
+        logger.removeHandler(handler)
+    logger.setLevel(level)

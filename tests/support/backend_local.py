@@ -1,0 +1,36 @@
+"""Test support for the local backend: nothing to start; leaks are worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psutil
+
+from fiberexec.backends.local import LocalBackend
+from tests.support.kit import BackendKit
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This process's descendants that run the worker program."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "fiberexec.worker" in " ".join(proc.cmdline()) and proc.status() != "zombie":
+                found.append(proc)
+    return found
+
+
+def _leaks() -> list[str]:
+    procs = worker_processes()
+    if procs:  # workers exit within moments of shutdown(wait=False); give them that, bounded
+        _, procs = psutil.wait_procs(procs, timeout=5)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return [f"worker process {p.pid}" for p in procs]
+
+
+@contextlib.contextmanager
+def backend_session() -> Iterator[BackendKit]:
+    yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks)

@@ -1,0 +1,100 @@
+"""Task functions the tests send to workers (importable, so every backend can load them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+def pid(_: object = None) -> int:
+    return os.getpid()
+
+
+def sleep_return(seconds: float, value: Any = None) -> Any:
+    time.sleep(seconds)
+    return value
+
+
+def raise_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def exit_now(code: int) -> None:
+    os._exit(code)
+
+
+def kill_self(_: object = None) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stop_self(_: object = None) -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def kill_self_once(marker: str, value: int) -> int:
+    """SIGKILL this worker the first time any worker runs it; return ``value`` after that."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return value
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return value
+
+
+def hang_once(marker: str, value: int) -> int:
+    """Stop (SIGSTOP) this worker the first time; a hung worker, as seen from outside."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return value
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return value
+
+
+class Unpicklable:
+    def __reduce__(self) -> Any:
+        raise TypeError("this object refuses to be pickled")
+
+
+def return_unpicklable(_: object = None) -> Unpicklable:
+    return Unpicklable()
+
+
+def record_init(path: str) -> None:
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def fail_init() -> None:
+    raise RuntimeError("initializer refused")
+
+
+def nbytes(array: Any) -> int:
+    return int(array.nbytes)
+
+
+def make_array(n: int) -> Any:
+    import numpy as np
+
+    return np.arange(n, dtype=np.int64)
+
+
+def negate_inplace(array: Any) -> Any:
+    array *= -1
+    return array

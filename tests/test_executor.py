@@ -1,0 +1,199 @@
+"""The executor contract: the standard library's semantics, on every backend."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fiberexec import BrokenFiberExecutor, ConfigurationError, FiberExecutor
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+
+def test_submit_returns_stdlib_future(executor: FiberExecutor) -> None:
+    future = executor.submit(tasks.add, 2, b=3)
+    assert isinstance(future, cf.Future)
+    assert future.result(timeout=30) == 5
+
+
+def test_as_completed_and_wait_work_unchanged(executor: FiberExecutor) -> None:
+    futures = [executor.submit(tasks.square, i) for i in range(50)]
+    assert sorted(f.result() for f in cf.as_completed(futures, timeout=30)) == [
+        i * i for i in range(50)
+    ]
+    done, not_done = cf.wait(futures, timeout=30, return_when=cf.ALL_COMPLETED)
+    assert len(done) == 50 and not not_done
+
+
+def test_map_preserves_order_with_chunks(executor: FiberExecutor) -> None:
+    for chunksize in (1, 3, 100):
+        assert list(executor.map(tasks.add, range(40), range(40), chunksize=chunksize)) == [
+            2 * i for i in range(40)
+        ]
+
+
+def test_map_over_uneven_iterables_stops_at_shortest(executor: FiberExecutor) -> None:
+    assert list(executor.map(tasks.add, [1, 2, 3], [10, 20])) == [11, 22]
+
+
+def test_map_rejects_bad_chunksize(executor: FiberExecutor) -> None:
+    with pytest.raises(ValueError, match="chunksize must be >= 1"):
+        executor.map(tasks.square, [1], chunksize=0)
+
+
+def test_map_timeout_raises_timeout_error(executor: FiberExecutor) -> None:
+    results = executor.map(tasks.sleep_return, [5.0], timeout=0.2)
+    with pytest.raises(TimeoutError):
+        list(results)
+
+
+def test_map_raises_the_first_task_exception_when_reached(executor: FiberExecutor) -> None:
+    results = executor.map(tasks.raise_value_error, ["first"], chunksize=2)
+    with pytest.raises(ValueError, match="first"):
+        list(results)
+
+
+def test_lambdas_and_closures_travel(executor: FiberExecutor) -> None:
+    offset = 10
+    assert executor.submit(lambda x: x + offset, 5).result(timeout=30) == 15
+
+
+def test_submit_after_shutdown_uses_stdlib_message(executor: FiberExecutor) -> None:
+    executor.shutdown()
+    with pytest.raises(RuntimeError, match="cannot schedule new futures after shutdown"):
+        executor.submit(tasks.square, 1)
+
+
+def test_shutdown_without_use_starts_nothing() -> None:
+    ex = FiberExecutor(2)
+    ex.shutdown()
+    assert ex.stats().workers == 0
+
+
+def test_context_manager_waits_for_work(make_executor: ExecutorFactory) -> None:
+    with make_executor(2) as ex:
+        futures = [ex.submit(tasks.sleep_return, 0.05, i) for i in range(6)]
+    assert [f.result(timeout=0) for f in futures] == list(range(6))
+
+
+def test_shutdown_cancel_futures_cancels_queued(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    futures = [ex.submit(tasks.sleep_return, 0.2, i) for i in range(20)]
+    futures[0].result(timeout=30)
+    ex.shutdown(wait=True, cancel_futures=True)
+    cancelled = [f for f in futures if f.cancelled()]
+    finished = [f for f in futures if not f.cancelled()]
+    assert cancelled, "queued futures should have been cancelled"
+    assert all(f.done() and f.exception() is None for f in finished)
+
+
+def test_shutdown_no_wait_still_finishes_submitted_work(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    futures = [ex.submit(tasks.sleep_return, 0.05, i) for i in range(4)]
+    ex.shutdown(wait=False)
+    assert [f.result(timeout=30) for f in futures] == list(range(4))
+
+
+def test_cancel_before_dispatch(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    blocker = ex.submit(tasks.sleep_return, 0.5, "done")
+    queued = [ex.submit(tasks.square, i) for i in range(200)]
+    assert queued[-1].cancel()
+    assert blocker.result(timeout=30) == "done"
+    assert queued[-1].cancelled()
+    assert [f.result(timeout=30) for f in queued[:-1]] == [i * i for i in range(199)]
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_workers_must_be_positive(bad: int) -> None:
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        FiberExecutor(bad)
+
+
+def test_bad_options_name_rule_and_value() -> None:
+    with pytest.raises(ConfigurationError, match="min_workers must be between 0 and max_workers=2"):
+        FiberExecutor(2, min_workers=5)
+    with pytest.raises(ConfigurationError, match="max_tasks_per_child must be >= 1"):
+        FiberExecutor(2, max_tasks_per_child=0)
+    with pytest.raises(ConfigurationError, match="memory must be bytes or a quantity"):
+        FiberExecutor(2, memory="lots")
+    with pytest.raises(ConfigurationError, match="unknown backend 'nope'; choose one of"):
+        FiberExecutor(2, backend="nope").submit(tasks.square, 1)
+
+
+def test_initializer_runs_once_per_worker(
+    make_executor: ExecutorFactory, tmp_path: Path, log_event: Callable[[str, int], threading.Event]
+) -> None:
+    record = tmp_path / "init.txt"
+    connected = log_event("connected", 2)
+    ex = make_executor(2, initializer=tasks.record_init, initargs=(str(record),))
+    ex.submit(tasks.square, 1).result(timeout=60)
+    assert connected.wait(timeout=60)
+    pids = {f.result(timeout=30) for f in [ex.submit(tasks.pid) for _ in range(40)]}
+    ex.shutdown()
+    started = set(map(int, record.read_text().split()))
+    assert pids <= started and len(started) == 2
+
+
+def test_failing_initializer_breaks_executor(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, initializer=tasks.fail_init)
+    future = ex.submit(tasks.square, 3)
+    with pytest.raises(BrokenFiberExecutor, match="initializer failed") as info:
+        future.result(timeout=30)
+    assert isinstance(info.value, cf.BrokenExecutor)
+    assert "initializer refused" in repr(info.value.__cause__)
+    with pytest.raises(BrokenFiberExecutor):
+        ex.submit(tasks.square, 3)
+
+
+def test_max_tasks_per_child_replaces_workers(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, max_tasks_per_child=3)
+    pids = [f.result(timeout=30) for f in [ex.submit(tasks.pid) for _ in range(9)]]
+    assert len(set(pids)) == 3
+    assert all(pids.count(p) == 3 for p in set(pids))
+
+
+def test_min_workers_scale_up_on_backlog(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, min_workers=0)
+    assert ex.stats().workers == 0
+    futures = [ex.submit(tasks.sleep_return, 0.2, i) for i in range(4)]
+    assert [f.result(timeout=60) for f in futures] == list(range(4))
+    assert ex.stats().workers + ex.stats().workers_starting == 2
+
+
+def test_idle_workers_scale_down_to_min(
+    make_executor: ExecutorFactory, log_event: Callable[[str, int], threading.Event]
+) -> None:
+    left = log_event("left: idle", 1)
+    ex = make_executor(2, min_workers=1, idle_timeout=0.3)
+    futures = [ex.submit(tasks.sleep_return, 0.3, i) for i in range(4)]
+    assert [f.result(timeout=60) for f in futures] == list(range(4))
+    assert left.wait(timeout=30), "no idle worker left"
+    stats = ex.stats()
+    assert stats.workers + stats.workers_starting == 1
+    assert ex.submit(tasks.square, 4).result(timeout=30) == 16
+
+
+def test_stats_count_tasks(executor: FiberExecutor) -> None:
+    for f in [executor.submit(tasks.square, i) for i in range(10)]:
+        f.result(timeout=30)
+    with pytest.raises(ValueError):
+        executor.submit(tasks.raise_value_error, "x").result(timeout=30)
+    stats = executor.stats()
+    assert stats.tasks_done == 10 and stats.tasks_failed == 1
+    assert stats.workers + stats.workers_starting == 2
+    assert stats.tasks_pending == 0 and stats.tasks_running == 0
+    assert stats.throughput > 0
+
+
+def test_progress_hook_sees_completion(make_executor: ExecutorFactory) -> None:
+    seen = []
+    ex = make_executor(2, progress=seen.append)
+    for f in [ex.submit(tasks.square, i) for i in range(20)]:
+        f.result(timeout=30)
+    ex.shutdown()
+    assert seen and seen[-1].tasks_done == 20

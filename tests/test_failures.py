@@ -1,0 +1,160 @@
+"""Failure semantics: nothing is lost, nothing hangs, every error says why."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fiberexec import (
+    FiberExecutor,
+    PermanentBackendError,
+    RemoteTraceback,
+    RetryPolicy,
+    SerializationError,
+    TransientBackendError,
+    WorkerLostError,
+)
+from fiberexec.backend import WorkerHandle, WorkerSpec
+from fiberexec.backends.local import LocalBackend
+from tests import tasks
+from tests.conftest import BACKEND, ExecutorFactory
+
+local_only = pytest.mark.skipif(BACKEND != "local", reason="drives local processes directly")
+
+
+def test_task_exception_carries_remote_traceback(executor: FiberExecutor) -> None:
+    with pytest.raises(ValueError, match="broken input") as info:
+        executor.submit(tasks.raise_value_error, "broken input").result(timeout=30)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "raise_value_error" in str(cause) and "broken input" in str(cause)
+    assert executor.submit(tasks.square, 3).result(timeout=30) == 9  # the worker lives on
+
+
+def test_unpicklable_argument_fails_only_its_future(executor: FiberExecutor) -> None:
+    bad = executor.submit(tasks.identity, threading.Lock())
+    good = executor.submit(tasks.square, 5)
+    with pytest.raises(SerializationError, match="cannot pickle the arguments"):
+        bad.result(timeout=30)
+    assert good.result(timeout=30) == 25
+
+
+def test_unpicklable_function_fails_only_its_future(executor: FiberExecutor) -> None:
+    lock = threading.Lock()
+    bad = executor.submit(lambda: lock)
+    with pytest.raises(SerializationError, match="cannot pickle the function"):
+        bad.result(timeout=30)
+    assert executor.submit(tasks.square, 6).result(timeout=30) == 36
+
+
+def test_unpicklable_result_fails_only_its_future(executor: FiberExecutor) -> None:
+    with pytest.raises(SerializationError, match="cannot pickle the result"):
+        executor.submit(tasks.return_unpicklable).result(timeout=30)
+    assert executor.submit(tasks.square, 7).result(timeout=30) == 49
+
+
+def test_task_calling_os_exit_fails_after_retries(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, max_task_retries=1)
+    with pytest.raises(WorkerLostError, match=r"2 workers that died.*exited with code 13"):
+        ex.submit(tasks.exit_now, 13).result(timeout=60)
+    assert ex.submit(tasks.square, 2).result(timeout=60) == 4
+    assert ex.stats().workers_lost == 2
+
+
+def test_killed_worker_names_the_signal(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, max_task_retries=0)
+    with pytest.raises(WorkerLostError, match="signal 9 .SIGKILL."):
+        ex.submit(tasks.kill_self).result(timeout=60)
+
+
+def test_worker_killed_mid_map_costs_nothing(
+    make_executor: ExecutorFactory, tmp_path: Path
+) -> None:
+    ex = make_executor(2)
+    marker = str(tmp_path / "killed")
+    values = list(range(60))
+    results = list(ex.map(tasks.kill_self_once, [marker] * 60, values, timeout=120))
+    assert results == values
+    assert Path(marker).exists()
+    stats = ex.stats()
+    assert stats.workers_lost == 1 and stats.tasks_retried >= 1
+
+
+@local_only
+def test_kill_dash_9_of_busy_worker_from_outside(make_executor: ExecutorFactory) -> None:
+    from tests.support.backend_local import worker_processes
+
+    ex = make_executor(2)
+    futures = [ex.submit(tasks.sleep_return, 0.1, i) for i in range(30)]
+    assert futures[0].result(timeout=30) == 0  # workers are busy now
+    os.kill(worker_processes()[0].pid, signal.SIGKILL)
+    assert [f.result(timeout=60) for f in futures] == list(range(30))
+    assert ex.stats().workers_lost == 1
+
+
+def test_hung_worker_is_replaced(make_executor: ExecutorFactory, tmp_path: Path) -> None:
+    ex = make_executor(2, heartbeat=0.3)
+    marker = str(tmp_path / "hung")
+    results = list(ex.map(tasks.hang_once, [marker] * 20, range(20), timeout=120))
+    assert results == list(range(20))
+    assert ex.stats().workers_lost == 1
+
+
+def test_large_arrays_round_trip_writable(executor: FiberExecutor) -> None:
+    array = np.arange(3 << 20, dtype=np.int64)  # 24 MiB: the shared-memory path locally
+    result = executor.submit(tasks.negate_inplace, array).result(timeout=60)
+    assert result.flags.writeable and np.array_equal(result, -array)
+    assert array[1] == 1  # the caller's array was not touched
+    small = np.arange(10)
+    assert np.array_equal(executor.submit(tasks.identity, small).result(timeout=30), small)
+
+
+class _FlakyBackend(LocalBackend):
+    """A real local backend whose first starts fail the way a busy daemon would."""
+
+    def __init__(self, failures: int, error: type[Exception]) -> None:
+        super().__init__()
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error(f"simulated failure {self.calls}")
+        return super().start_worker(spec)
+
+
+FAST_RETRY = RetryPolicy(attempts=4, deadline=10, initial=0.01, maximum=0.05, jitter=0.01)
+
+
+def test_transient_start_failures_are_retried(make_executor: ExecutorFactory) -> None:
+    backend = _FlakyBackend(2, TransientBackendError)
+    ex = make_executor(1, backend=backend, start_retry=FAST_RETRY)
+    assert ex.submit(tasks.square, 3).result(timeout=30) == 9
+    assert backend.calls == 3
+
+
+def test_permanent_start_failure_breaks_executor_at_once(make_executor: ExecutorFactory) -> None:
+    backend = _FlakyBackend(100, PermanentBackendError)
+    ex = make_executor(1, backend=backend, start_retry=FAST_RETRY)
+    with pytest.raises(Exception, match="could not start a worker.*simulated failure 1"):
+        ex.submit(tasks.square, 3).result(timeout=30)
+    assert backend.calls == 1
+
+
+def test_exhausted_transient_failures_break_executor(make_executor: ExecutorFactory) -> None:
+    backend = _FlakyBackend(100, TransientBackendError)
+    ex = make_executor(1, backend=backend, start_retry=FAST_RETRY)
+    with pytest.raises(Exception, match="could not start a worker.*simulated failure 4"):
+        ex.submit(tasks.square, 3).result(timeout=30)
+
+
+def test_worker_that_cannot_start_breaks_with_its_output(make_executor: ExecutorFactory) -> None:
+    backend = LocalBackend(python="/bin/false", capture_output=True)
+    ex = make_executor(1, backend=backend)
+    with pytest.raises(Exception, match="3 workers in a row failed to start.*exited with code 1"):
+        ex.submit(tasks.square, 3).result(timeout=60)

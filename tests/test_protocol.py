@@ -1,0 +1,97 @@
+"""The wire protocol: round trips, and arbitrary bytes give only ProtocolError."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fiberexec import ProtocolError
+from fiberexec import _protocol as p
+from fiberexec._serialize import Payload
+
+payloads = st.builds(
+    Payload,
+    st.binary(max_size=64),
+    st.lists(st.binary(max_size=64).map(lambda b: memoryview(bytearray(b))), max_size=3),
+)
+nonces = st.binary(min_size=16, max_size=16)
+proofs = st.binary(min_size=32, max_size=32)
+texts = st.text(max_size=20)
+ids = st.integers(0, 2**64 - 1)
+
+messages = st.one_of(
+    st.builds(p.Hello, texts, nonces, st.integers(0, 2**32 - 1), texts),
+    st.builds(p.Challenge, nonces, proofs, texts),
+    st.builds(p.Auth, proofs, st.binary(max_size=40)),
+    st.builds(p.Setup, st.floats(0.01, 100), st.integers(0, 2**32 - 1), st.none() | payloads),
+    payloads.flatmap(
+        lambda fn: st.builds(
+            p.Tasks,
+            st.just([fn]),
+            st.lists(st.builds(p.Task, ids, st.just(0), payloads), max_size=4),
+        )
+    ),
+    st.builds(
+        p.Results,
+        st.lists(st.builds(p.Result, ids, st.sampled_from(p.Status), payloads,
+                           st.floats(0, 10)), max_size=4),
+    ),
+    st.just(p.Heartbeat()),
+    st.builds(p.Bye, texts),
+    st.builds(p.InitFailed, payloads),
+)
+
+
+def _normal(message: p.Message) -> object:
+    """Compare payload buffers by content (memoryviews compare by identity in dataclasses)."""
+    if isinstance(message, Payload):
+        return (message.data, [bytes(b) for b in message.buffers])
+    if isinstance(message, list | tuple):
+        return [_normal(m) for m in message]
+    if hasattr(message, "__dataclass_fields__"):
+        return (type(message), [_normal(getattr(message, f)) for f in message.__dataclass_fields__])
+    return message
+
+
+@given(messages)
+def test_encode_decode_round_trip(message: p.Message) -> None:
+    assert _normal(p.decode(p.encode(message))) == _normal(message)
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=200))
+def test_random_bytes_give_only_protocol_errors(data: bytes) -> None:
+    try:
+        p.decode(data)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300)
+@given(messages, st.data())
+def test_corrupted_frames_give_only_protocol_errors(
+    message: p.Message, data: st.DataObject
+) -> None:
+    frame = bytearray(p.encode(message))
+    for _ in range(data.draw(st.integers(1, 4))):
+        index = data.draw(st.integers(0, len(frame) - 1))
+        frame[index] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(frame)))
+    try:
+        p.decode(bytes(frame[:cut]))
+    except ProtocolError:
+        pass
+
+
+def test_shared_memory_names_from_peers_are_confined() -> None:
+    frame = bytearray(p.encode(p.InitFailed(Payload(b"x", [memoryview(b"y" * 10)]))))
+    # rewrite the inline buffer as a shared-memory reference to a path outside /dev/shm
+    evil = p.encode(p.Bye("../../etc/passwd"))
+    assert b"passwd" in evil
+    header_and_data = bytes(frame[: 4 + 4 + 1 + 2])
+    forged = header_and_data + b"\x01" + (10).to_bytes(8, "big") + evil[4:]
+    try:
+        p.decode(forged, allow_shm=True)
+        raise AssertionError("a path outside /dev/shm was accepted")
+    except ProtocolError as exc:
+        assert "unavailable" in str(exc) or "stray" in str(exc)

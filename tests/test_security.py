@@ -1,0 +1,100 @@
+"""An unauthenticated peer never gets a byte unpickled, and the executor keeps working."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import pynng
+import pytest
+
+from fiberexec import FiberExecutor
+from fiberexec import _protocol as p
+from fiberexec.backend import WorkerHandle, WorkerSpec
+from fiberexec.backends.local import LocalBackend
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.mkdir, (str(self.marker),))
+
+
+class _GatedBackend(LocalBackend):
+    """The local backend, holding worker starts until the test has attacked every endpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.specs: list[WorkerSpec] = []
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        self.specs.append(spec)
+        assert self.gate.wait(timeout=60), "the test never opened the gate"
+        return super().start_worker(spec)
+
+
+def _attacks(marker: Path) -> list[bytes]:
+    evil = pickle.dumps(_Payload(marker))
+    hello = p.encode(p.Hello("w0", b"n" * 16, 1, "attacker"))
+    tasks_frame = b"FX\x01\x05" + evil
+    return [evil, hello, tasks_frame, b"FX\x01\x06" + evil, os.urandom(64), b"\x00" * 8192]
+
+
+def test_crafted_pickles_to_every_endpoint_are_never_run(
+    make_executor: ExecutorFactory, tmp_path: Path
+) -> None:
+    backend = _GatedBackend()
+    ex = make_executor(2, backend=backend)
+    futures = [ex.submit(tasks.square, i) for i in range(10)]
+    endpoints = [conn.channel.address for s in ex._pool.shards for conn in _conns(s)]  # type: ignore[union-attr]
+    assert len(endpoints) == 2
+    marker = tmp_path / "pwned"
+    for address in endpoints:
+        assert address.startswith("tcp://127.0.0.1:"), "the local backend listens on loopback only"
+        for frame in _attacks(marker):
+            with pynng.Pair1(send_timeout=2000) as attacker:
+                attacker.dial(address, block=True)
+                attacker.send(frame)
+                _settle(ex)
+    backend.gate.set()
+    assert [f.result(timeout=60) for f in futures] == [i * i for i in range(10)]
+    assert not marker.exists()
+    assert ex.stats().messages_rejected >= 2 * len(_attacks(marker)) - 2
+
+
+def _conns(shard: Any) -> list[Any]:
+    done = threading.Event()
+    shard.post("call", done.set)
+    assert done.wait(10)
+    return list(shard.conns.values())
+
+
+def _settle(ex: FiberExecutor) -> None:
+    """Wait until every shard has handled what it received so far (an event round trip)."""
+    for shard in ex._pool.shards:  # type: ignore[union-attr]
+        _conns(shard)
+
+
+def test_worker_with_wrong_secret_is_refused(tmp_path: Path) -> None:
+    ex = FiberExecutor(1, backend=_WrongSecretBackend(), start_timeout=5, heartbeat=0.5)
+    try:
+        with pytest.raises(Exception, match="failed to start"):
+            ex.submit(tasks.square, 2).result(timeout=60)
+    finally:
+        ex.shutdown()
+
+
+class _WrongSecretBackend(LocalBackend):
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        forged = {k: "00" * 32 for k in spec.secret_env}
+        return super().start_worker(
+            WorkerSpec(**{**spec.__dict__, "secret_env": forged})
+        )

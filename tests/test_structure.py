@@ -1,0 +1,34 @@
+"""The public surface is curated, and the core never imports a concrete backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fiberexec
+from fiberexec.backend import available_backends
+
+ROOT = Path(fiberexec.__file__).parent
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert fiberexec.__all__ == sorted(fiberexec.__all__)
+    public = {n for n in vars(fiberexec) if not n.startswith("_") and n[0].isupper()}
+    assert public == set(fiberexec.__all__)
+
+
+def test_core_never_imports_a_concrete_backend() -> None:
+    offenders = []
+    for path in ROOT.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("fiberexec.backends")]
+    assert not offenders
+
+
+def test_builtin_backends_are_registered_by_entry_point() -> None:
+    assert {"local", "docker", "kubernetes"} <= set(available_backends())
