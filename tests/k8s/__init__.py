@@ -1,0 +1,1 @@
+"""Kubernetes adapter tests and the API server emulator they run against."""

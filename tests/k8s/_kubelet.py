@@ -1,0 +1,282 @@
+"""The emulator's one node: schedules each pod, "pulls" its image, runs its first container.
+
+A container is a local process (the "image" is this host's Python environment: ``python``
+means ``sys.executable``) in its own session, with only the pod's environment (plus PATH and
+PYTHONPATH), stdout+stderr kept for pods/log. Pod status moves as a kubelet would report it:
+Pending (unschedulable / waiting: ErrImagePull, ImagePullBackOff, CreateContainerConfigError)
+-> Running -> Succeeded / Failed with the exit code (128+signal when killed) and reason.
+Simulated, not measured: OOMKilled and Evicted are faults the test asks for.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.k8s._store import Json, Store, now_iso
+
+NODE = "emulator-node"
+_KEEP_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "TMPDIR", "PYENV_VERSION")
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(text: str) -> float:
+    match = _QUANTITY.match(str(text))
+    if match is None:
+        raise ValueError(f"quantities must match the regular expression "
+                         f"'{_QUANTITY.pattern}', got {text!r}")
+    return float(match.group(1)) * _SCALE[match.group(2)]
+
+
+@dataclass
+class Faults:
+    """Node-side faults; the emulator's API sets them."""
+
+    schedule_delay: float = 0.0
+    unschedulable: str | None = None
+    pull_errors: set[str] = field(default_factory=set)
+    allocatable: dict[str, str] = field(default_factory=lambda: {
+        "cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "0"})
+
+
+@dataclass
+class _Run:
+    namespace: str
+    name: str
+    gone: threading.Event = field(default_factory=threading.Event)  # deleted before exit
+    exited: threading.Event = field(default_factory=threading.Event)
+    proc: subprocess.Popen[bytes] | None = None
+    override: str | None = None  # terminated reason forced by a fault (OOMKilled, Evicted)
+    remove_on_exit: bool = False
+
+
+class Kubelet:
+    def __init__(self, store: Store, faults: Faults, logdir: Path) -> None:
+        self.store, self.faults, self.logdir = store, faults, logdir
+        self._runs: dict[tuple[str, str], _Run] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    # -- API-side entry points -------------------------------------------------------------
+    def admit(self, namespace: str, name: str) -> None:
+        run = _Run(namespace, name)
+        thread = threading.Thread(target=self._lifecycle, args=(run,), daemon=True,
+                                  name=f"kubelet-{name}")
+        with self._lock:
+            self._runs[(namespace, name)] = run
+            self._threads.append(thread)
+        thread.start()
+
+    def delete(self, namespace: str, name: str, grace: float) -> Json | None:
+        """Delete a pod as the API server + kubelet do; returns the pod as deleted/terminating."""
+        with self._lock:
+            run = self._runs.get((namespace, name))
+        proc = run.proc if run is not None else None
+        if run is None or proc is None or run.exited.is_set() or grace <= 0:
+            if run is not None:
+                run.gone.set()
+                if proc is not None and not run.exited.is_set():
+                    _signal(proc, signal.SIGKILL)
+            return self.store.delete("pods", namespace, name)
+        run.remove_on_exit = True
+        pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
+            deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)))
+        threading.Thread(target=self._terminate, args=(run, proc, grace), daemon=True).start()
+        return pod
+
+    def kill(self, namespace: str, name: str, sig: int, override: str | None = None) -> None:
+        with self._lock:
+            run = self._runs[(namespace, name)]
+        if run.proc is None:
+            raise RuntimeError(f"pod {namespace}/{name} has no running process")
+        run.override = override
+        _signal(run.proc, sig)
+
+    def running(self) -> list[str]:
+        with self._lock:
+            runs = list(self._runs.values())
+        return [f"process {r.proc.pid} of pod {r.namespace}/{r.name}" for r in runs
+                if r.proc is not None and r.proc.poll() is None]
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            runs, threads = list(self._runs.values()), list(self._threads)
+        for run in runs:
+            run.gone.set()
+            if run.proc is not None and run.proc.poll() is None:
+                _signal(run.proc, signal.SIGKILL)
+        for thread in threads:
+            thread.join(timeout)
+
+    # -- the pod's life --------------------------------------------------------------------
+    def _lifecycle(self, run: _Run) -> None:
+        pod = self.store.get("pods", run.namespace, run.name)
+        if pod is None or not self._schedule(run, pod) or not self._pull(run, pod):
+            return
+        env = self._environment(run, pod)
+        if env is None:
+            return
+        container = pod["spec"]["containers"][0]
+        command = [*container.get("command", []), *container.get("args", [])]
+        if command[:1] == ["python"]:
+            command[0] = sys.executable
+        self._start(run, container, command, env)
+
+    def _schedule(self, run: _Run, pod: Json) -> bool:
+        if self.faults.schedule_delay and run.gone.wait(self.faults.schedule_delay):
+            return False
+        why = self.faults.unschedulable or self._no_fit(pod)
+        if why is not None:
+            self._set_status(run, {"conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": why, "lastTransitionTime": now_iso()}]})
+            return False  # stays Pending until deleted, as on a full cluster
+        self.store.update("pods", run.namespace, run.name, lambda p: p["spec"].update(
+            nodeName=NODE))
+        self._set_status(run, {
+            "conditions": [{"type": "PodScheduled", "status": "True",
+                            "lastTransitionTime": now_iso()}],
+            "hostIP": "127.0.0.1",
+            "containerStatuses": [_container_status(pod, {"waiting": {
+                "reason": "ContainerCreating"}})]})
+        return True
+
+    def _no_fit(self, pod: Json) -> str | None:
+        requests: dict[str, float] = {}
+        for container in pod["spec"]["containers"]:
+            resources = container.get("resources") or {}
+            for key, value in {**resources.get("limits", {}),
+                               **resources.get("requests", {})}.items():
+                requests[key] = requests.get(key, 0.0) + quantity(value)
+        short = [key for key, amount in sorted(requests.items())
+                 if amount > quantity(self.faults.allocatable.get(key, "0"))]
+        if not short:
+            return None
+        return ("0/1 nodes are available: " + ", ".join(f"1 Insufficient {k}" for k in short)
+                + ". preemption: 0/1 nodes are available: 1 No preemption victims found.")
+
+    def _pull(self, run: _Run, pod: Json) -> bool:
+        image = pod["spec"]["containers"][0].get("image", "")
+        if image not in self.faults.pull_errors:
+            return True
+        message = f'Failed to pull image "{image}": not found (emulated)'
+        self._waiting(run, pod, "ErrImagePull", message)
+        if not run.gone.wait(0.3):
+            self._waiting(run, pod, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        return False  # stays Pending until deleted
+
+    def _environment(self, run: _Run, pod: Json) -> dict[str, str] | None:
+        """The container's env, retried while a referenced Secret is missing (as kubelet)."""
+        for _ in range(600):  # bounded: ~2.5 min of 0.25 s retries, ends early on delete
+            env, missing = self._resolve_env(run, pod)
+            if missing is None:
+                return env
+            self._waiting(run, pod, "CreateContainerConfigError", missing)
+            if run.gone.wait(0.25):
+                return None
+        return None
+
+    def _resolve_env(self, run: _Run, pod: Json) -> tuple[dict[str, str], str | None]:
+        container = pod["spec"]["containers"][0]
+        env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
+        env["HOSTNAME"] = run.name
+        for source in container.get("envFrom") or []:
+            data = self._secret(run.namespace, source.get("secretRef", {}).get("name", ""))
+            if data is None:
+                return env, f'secret "{source["secretRef"]["name"]}" not found'
+            env.update(data)
+        for item in container.get("env") or []:
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                env[item["name"]] = item.get("value", "")
+                continue
+            data = self._secret(run.namespace, ref["name"])
+            if data is None or ref["key"] not in data:
+                return env, f'secret "{ref["name"]}" not found' if data is None else (
+                    f"couldn't find key {ref['key']} in Secret {run.namespace}/{ref['name']}")
+            env[item["name"]] = data[ref["key"]]
+        return env, None
+
+    def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        secret = self.store.get("secrets", namespace, name)
+        if secret is None:
+            return None
+        return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+    def _start(self, run: _Run, container: Json, command: list[str],
+               env: dict[str, str]) -> None:
+        log = (self.logdir / f"{run.namespace}_{run.name}.log").open("wb")
+        try:
+            with log:
+                run.proc = subprocess.Popen(
+                    command, env=env, cwd=container.get("workingDir") or self.logdir,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            run.exited.set()
+            self._terminated(run, 128, "StartError", f"exec: {exc}")
+            return
+        if run.gone.is_set():  # deleted while starting
+            _signal(run.proc, signal.SIGKILL)
+        self._set_status(run, {"phase": "Running", "podIP": "127.0.0.1",
+                               "startTime": now_iso(),
+                               "containerStatuses": [_container_status(
+                                   self.store.get("pods", run.namespace, run.name) or {},
+                                   {"running": {"startedAt": now_iso()}}, ready=True)]})
+        code = run.proc.wait()  # blocks until the process ends
+        run.exited.set()
+        code = code if code >= 0 else 128 - code  # a runtime reports 128+signal
+        reason = ("Completed" if code == 0 else "Error") if run.override in (
+            None, "Evicted") else run.override
+        self._terminated(run, code, reason, None)
+
+    def _terminated(self, run: _Run, code: int, reason: str, message: str | None) -> None:
+        state: Json = {"terminated": {"exitCode": code, "reason": reason,
+                                      "finishedAt": now_iso()}}
+        if message:
+            state["terminated"]["message"] = message
+        status: Json = {"phase": "Succeeded" if code == 0 and run.override is None else "Failed"}
+        if run.override == "Evicted":
+            status.update(reason="Evicted", message="The node was low on resource: memory. "
+                          "(emulated eviction)")
+        pod = self.store.get("pods", run.namespace, run.name) or {}
+        status["containerStatuses"] = [_container_status(pod, state)]
+        self._set_status(run, status)
+        if run.remove_on_exit:
+            self.store.delete("pods", run.namespace, run.name)
+
+    def _terminate(self, run: _Run, proc: subprocess.Popen[bytes], grace: float) -> None:
+        _signal(proc, signal.SIGTERM)
+        if not run.exited.wait(grace):
+            _signal(proc, signal.SIGKILL)
+
+    def _waiting(self, run: _Run, pod: Json, reason: str, message: str) -> None:
+        self._set_status(run, {"containerStatuses": [_container_status(pod, {"waiting": {
+            "reason": reason, "message": message}})]})
+
+    def _set_status(self, run: _Run, changes: Json) -> None:
+        self.store.update("pods", run.namespace, run.name,
+                          lambda p: p.setdefault("status", {}).update(changes))
+
+
+def _container_status(pod: Json, state: Json, ready: bool = False) -> Json:
+    container = (pod.get("spec", {}).get("containers") or [{}])[0]
+    return {"name": container.get("name", ""), "image": container.get("image", ""),
+            "imageID": "", "ready": ready, "restartCount": 0,
+            "started": "running" in state, "state": state}
+
+
+def _signal(proc: subprocess.Popen[Any], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

@@ -1,0 +1,41 @@
+"""Test support for the Kubernetes backend: the API emulator on loopback, pods as processes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from fiberexec.backend import Backend
+from tests.k8s.emulator import Emulator
+from tests.support.kit import BackendKit
+
+NAMESPACE = "fiberexec-test"
+IMAGE = "fiberexec-test:latest"
+
+
+@contextlib.contextmanager
+def backend_session() -> Iterator[BackendKit]:
+    """Serve the emulator for the whole session; stop it (killing every pod process) after."""
+    from fiberexec.backends.kubernetes import KubernetesBackend
+
+    with Emulator(namespaces=[NAMESPACE]) as emu:
+        client = emu.api_client()  # shared: backends never close a client they were given
+
+        def make_backend() -> Backend:
+            return KubernetesBackend(api_client=client, namespace=NAMESPACE, image=IMAGE,
+                                     advertise_host="127.0.0.1")
+
+        try:
+            yield BackendKit(name="kubernetes", make_backend=make_backend,
+                             leaks=lambda: leaks(emu), executor_kwargs={})
+        finally:
+            client.close()
+
+
+def leaks(emu: Emulator) -> list[str]:
+    """Pods and Secrets labelled ``fiberexec`` still stored, and pod processes still alive."""
+    found = [f"pod {p['metadata']['namespace']}/{p['metadata']['name']} "
+             f"({(p.get('status') or {}).get('phase')})" for p in emu.pods(selector="fiberexec")]
+    found += [f"secret {s['metadata']['namespace']}/{s['metadata']['name']}"
+              for s in emu.secrets(selector="fiberexec")]
+    return found + emu.running_processes()
