@@ -1,0 +1,1 @@
+"""fiberexec's benchmark suite: ``python -m benchmarks.run [--quick] [--plot]``."""

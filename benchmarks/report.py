@@ -1,0 +1,202 @@
+"""Turn medians into the markdown table, the JSON file and the plot.
+
+``results`` maps a row key to ``{system: metrics}``; a system's metrics may be
+``{"error": ...}`` when its measurement failed, which the table shows instead of a number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Metrics = dict[str, Any]
+Results = dict[str, dict[str, Metrics]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """How one workload is shown and judged."""
+
+    key: str
+    label: str
+    value: Callable[[Metrics], float]  # the headline number (ratios and the plot use it)
+    show: Callable[[Metrics], str]  # the cell text
+    target: str
+    holds: Callable[[dict[str, Metrics]], bool]  # given every system's metrics
+    higher_is_better: bool = True
+    plot_target: Callable[[dict[str, Metrics]], float] | None = None  # as speedup vs stdlib
+
+
+def _num(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _fx(by: dict[str, Metrics]) -> Metrics:
+    return by["fiberexec"]
+
+
+def _eff_row(key: str, label: str, target: float) -> Row:
+    return Row(
+        key, label, lambda m: m["efficiency"], lambda m: f"{m['efficiency']:.2f}",
+        f">= {target:.2f}", lambda by: _fx(by)["efficiency"] >= target,
+        plot_target=lambda by: target / by["stdlib"]["efficiency"],
+    )
+
+
+def _time_row(key: str, label: str, limit: float) -> Row:
+    return Row(
+        key, label, lambda m: m["seconds"], _time_cell,
+        f"<= {limit}", lambda by: _fx(by)["seconds"] <= limit, higher_is_better=False,
+        plot_target=lambda by: by["stdlib"]["seconds"] / limit,
+    )
+
+
+def _time_cell(m: Metrics) -> str:
+    text = f"{m['seconds']:.3f}"
+    method = m.get("start_method")
+    return f"{text} ({method.split(' ')[0]})" if method else text
+
+
+def _sim_row(shards: int) -> Row:
+    return Row(
+        f"simulated_{shards}",
+        f"1024 simulated workers, shards={shards}: dispatch tasks/s (connect s)",
+        lambda m: m["tasks_per_s"],
+        lambda m: f"{_num(m['tasks_per_s'])} ({m['connect_s']:.2f} s, {m['workers']} conn.)",
+        "1024 connected, >= 50k tasks/s",
+        lambda by: _fx(by)["workers"] >= 1024 and _fx(by)["tasks_per_s"] >= 50_000,
+    )
+
+
+ROWS: list[Row] = [
+    Row("submit", "no-op `submit`, tasks/s", lambda m: m["tasks_per_s"],
+        lambda m: _num(m["tasks_per_s"]), ">= 5x stdlib",
+        lambda by: _fx(by)["tasks_per_s"] >= 5 * by["stdlib"]["tasks_per_s"],
+        plot_target=lambda by: 5.0),
+    Row("map", "no-op `map`, chunked, tasks/s", lambda m: m["tasks_per_s"],
+        lambda m: _num(m["tasks_per_s"]), ">= 0.8x mp.Pool",
+        lambda by: _fx(by)["tasks_per_s"] >= 0.8 * by["mp.Pool"]["tasks_per_s"],
+        plot_target=lambda by: 0.8 * by["mp.Pool"]["tasks_per_s"] / by["stdlib"]["tasks_per_s"]),
+    _eff_row("barrier", "1 ms tasks, barrier rounds of 64, efficiency", 0.80),
+    _eff_row("burst", "1 ms tasks, all at once, efficiency", 0.90),
+    Row("latency", "single-task round trip p50 / p99, us", lambda m: m["p50_us"],
+        lambda m: f"{m['p50_us']:.0f} / {m['p99_us']:.0f}", "p50 <= stdlib's, p99 <= 2x p50",
+        lambda by: _fx(by)["p50_us"] <= by["stdlib"]["p50_us"]
+        and _fx(by)["p99_us"] <= 2 * _fx(by)["p50_us"],
+        higher_is_better=False, plot_target=lambda by: 1.0),
+    Row("array", "10 MiB array to / from a task, MiB/s", lambda m: m["to_mib_s"],
+        lambda m: f"{m['to_mib_s']:.0f} / {m['from_mib_s']:.0f}", ">= 1000 both ways",
+        lambda by: min(_fx(by)["to_mib_s"], _fx(by)["from_mib_s"]) >= 1000,
+        plot_target=lambda by: 1000 / by["stdlib"]["to_mib_s"]),
+    _time_row("first_result", "construct to first result, s", 0.15),
+    _time_row("shutdown", "shutdown, s", 0.1),
+    _eff_row("es", "ES generation (population x ~2 ms tasks), efficiency", 0.95),
+    _sim_row(1),
+    _sim_row(4),
+]
+
+
+def _ok(m: Metrics | None) -> bool:
+    return m is not None and "error" not in m
+
+
+def _ratio(row: Row, by: dict[str, Metrics], other: str) -> str:
+    a, b = by.get("fiberexec"), by.get(other)
+    if not (_ok(a) and _ok(b)):
+        return "-"
+    assert a is not None
+    assert b is not None
+    text = f"{row.value(a) / row.value(b):.2f}x"
+    if row.key == "array":
+        text += f" / {a['from_mib_s'] / b['from_mib_s']:.2f}x"
+    return text
+
+
+def _verdict(row: Row, by: dict[str, Metrics]) -> str:
+    needed = ("fiberexec",) if row.key.startswith("simulated") else tuple(by)
+    if not all(_ok(by.get(s)) for s in needed) or not _ok(by.get("fiberexec")):
+        return "not measured"
+    try:
+        return "holds" if row.holds(by) else "falls short"
+    except KeyError:
+        return "not measured"
+
+
+def _cell(row: Row, m: Metrics | None) -> str:
+    if m is None:
+        return "-"
+    if "error" in m:
+        return f"error: {m['error'][:60]}"
+    return row.show(m)
+
+
+def table(results: Results) -> str:
+    """The markdown table: every system's value, fiberexec's ratios, the target, a verdict."""
+    lines = [
+        "| workload | stdlib ProcessPool | mp.Pool | fiberexec | fiberexec/stdlib "
+        "| fiberexec/mp.Pool | target | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        by = results.get(row.key)
+        if not by:
+            continue
+        cells = [_cell(row, by.get(s)) for s in ("stdlib", "mp.Pool", "fiberexec")]
+        ratios = [_ratio(row, by, "stdlib"), _ratio(row, by, "mp.Pool")]
+        lines.append(f"| {row.label} | {' | '.join(cells)} | {' | '.join(ratios)} "
+                     f"| {row.target} | {_verdict(row, by)} |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, results: Results, meta: dict[str, Any]) -> None:
+    verdicts = {row.key: _verdict(row, results[row.key]) for row in ROWS if row.key in results}
+    path.write_text(json.dumps({"meta": meta, "results": results, "verdicts": verdicts},
+                               indent=2, sort_keys=True) + "\n")
+
+
+def plot(path: Path, results: Results) -> None:
+    """Bars: each system's speedup over the stdlib (higher is better), target as a red line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ROWS if r.plot_target is not None and r.key in results
+            and all(_ok(results[r.key].get(s)) for s in ("stdlib", "mp.Pool", "fiberexec"))]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.38
+    for i, row in enumerate(rows):
+        by = results[row.key]
+        for offset, system, color in ((-width / 2, "mp.Pool", "#9aa5b1"),
+                                      (width / 2, "fiberexec", "#2b6cb0")):
+            ax.bar(i + offset, _speedup(row, by[system], by["stdlib"]), width, color=color,
+                   label=system if i == 0 else "_nolegend_")
+        assert row.plot_target is not None
+        ax.hlines(row.plot_target(by), i - 0.45, i + 0.45, colors="#c53030", linewidth=2,
+                  label="fiberexec target" if i == 0 else "_nolegend_")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r.key for r in rows], rotation=20)
+    ax.set_ylabel("speedup over stdlib ProcessPoolExecutor (log; higher is better)")
+    ax.set_title("fiberexec benchmarks, 2 workers (time and latency rows inverted)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _speedup(row: Row, m: Metrics, stdlib: Metrics) -> float:
+    ratio = row.value(m) / row.value(stdlib)
+    return ratio if row.higher_is_better else 1 / ratio

@@ -1,0 +1,79 @@
+"""Task functions every system runs. They live in an importable module so that the standard
+library's pickler sends them by reference to all three kinds of worker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+ARRAY_BYTES = 10 * 1024 * 1024
+ES_DIM = 1000
+ES_ROWS = 64
+
+_cached_array: np.ndarray[Any, Any] | None = None
+_es_matrix: np.ndarray[Any, Any] | None = None
+
+
+def noop(*_args: object) -> None:
+    """Does nothing; what a no-op task costs is the executor's own overhead."""
+
+
+def sleep_1ms() -> None:
+    time.sleep(0.001)
+
+
+def array_nbytes(arr: np.ndarray[Any, Any]) -> int:
+    return int(arr.nbytes)
+
+
+def cached_array() -> np.ndarray[Any, Any]:
+    """A 10 MiB array created once per worker, so only its transfer is measured."""
+    global _cached_array
+    if _cached_array is None:
+        _cached_array = np.ones(ARRAY_BYTES, dtype=np.uint8)
+    return _cached_array
+
+
+def _matrix() -> np.ndarray[Any, Any]:
+    global _es_matrix
+    if _es_matrix is None:
+        rng = np.random.default_rng(1234)
+        _es_matrix = rng.standard_normal((ES_ROWS, ES_DIM)) / np.sqrt(ES_DIM)
+    return _es_matrix
+
+
+def es_fitness(params: np.ndarray[Any, Any], iters: int) -> float:
+    """A toy fitness: ``iters`` rounds of two matrix-vector products through a fixed layer."""
+    w = _matrix()
+    x = params
+    for _ in range(iters):
+        x = np.tanh(w.T @ np.tanh(w @ x))
+    return float(-np.square(x - 0.5).sum())
+
+
+def calibrate_es(target: float = 0.002, samples: int = 30) -> tuple[int, float]:
+    """Pick ``iters`` so one `es_fitness` call takes about ``target`` seconds on one core.
+
+    Returns ``(iters, seconds)``: the count and the median time of one call with it.
+    """
+    params = np.zeros(ES_DIM)
+    iters = 1
+    for _ in range(20):  # bounded doubling
+        if time_es(params, iters, 5) >= target / 4:
+            break
+        iters *= 2
+    per_iter = time_es(params, iters, samples) / iters
+    iters = max(1, round(target / per_iter))
+    return iters, time_es(params, iters, samples)
+
+
+def time_es(params: np.ndarray[Any, Any], iters: int, samples: int) -> float:
+    """The median wall time of one `es_fitness(params, iters)` call, in this process."""
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        es_fitness(params, iters)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,297 @@
+"""The workloads. Each takes a system's name and the run's sizes and returns its metrics.
+
+Every workload builds its own system, warms it up where the workload is about steady state,
+and bounds every wait with a timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks import systems, tasks
+
+WORKERS = 2
+TIMEOUT = 300.0  # seconds any single wait may take before the measurement is abandoned
+
+#: Sizes of the full run; ``--quick`` uses `QUICK` instead.
+FULL: dict[str, int] = {
+    "submit_n": 20_000,
+    "map_n": 200_000,
+    "barrier_n": 64,
+    "barrier_rounds": 20,
+    "burst_n": 2000,
+    "latency_n": 2000,
+    "latency_warmup": 200,
+    "array_n": 20,
+    "es_population": 256,
+    "es_generations": 5,
+    "sim_workers": 1024,
+    "sim_tasks": 200_000,
+}
+QUICK: dict[str, int] = {
+    **FULL,
+    "submit_n": 5000,
+    "map_n": 50_000,
+    "barrier_rounds": 5,
+    "burst_n": 500,
+    "latency_n": 500,
+    "latency_warmup": 50,
+    "array_n": 5,
+    "es_population": 64,
+    "es_generations": 2,
+    "sim_tasks": 50_000,
+}
+
+Metrics = dict[str, Any]
+System = systems.FuturesSystem | systems.PoolSystem
+
+
+def _warm(system: System) -> None:
+    system.wait_all([system.submit(tasks.noop) for _ in range(8 * WORKERS)], TIMEOUT)
+
+
+def _timed(system: System, body: Callable[[System], None]) -> float:
+    start = time.perf_counter()
+    body(system)
+    return time.perf_counter() - start
+
+
+def _with_warm_system(name: str, body: Callable[[System], Metrics]) -> Metrics:
+    system = systems.make(name, WORKERS)
+    try:
+        _warm(system)
+        return body(system)
+    finally:
+        system.close()
+
+
+def submit_throughput(name: str, sizes: dict[str, int]) -> Metrics:
+    n = sizes["submit_n"]
+
+    def body(system: System) -> Metrics:
+        elapsed = _timed(system, lambda s: s.wait_all([s.submit(tasks.noop) for _ in range(n)],
+                                                      TIMEOUT))
+        return {"tasks_per_s": n / elapsed, "n": n}
+
+    return _with_warm_system(name, body)
+
+
+def map_throughput(name: str, sizes: dict[str, int]) -> Metrics:
+    n = sizes["map_n"]
+    chunksize = math.ceil(n / (4 * WORKERS))
+
+    def body(system: System) -> Metrics:
+        count = 0
+
+        def run(s: System) -> None:
+            nonlocal count
+            count = s.map(tasks.noop, range(n), chunksize, TIMEOUT)
+
+        elapsed = _timed(system, run)
+        if count != n:
+            raise RuntimeError(f"map returned {count} results for {n} items")
+        return {"tasks_per_s": n / elapsed, "n": n, "chunksize": chunksize}
+
+    return _with_warm_system(name, body)
+
+
+def barrier_rounds(name: str, sizes: dict[str, int]) -> Metrics:
+    n, rounds = sizes["barrier_n"], sizes["barrier_rounds"]
+
+    def body(system: System) -> Metrics:
+        def run(s: System) -> None:
+            for _ in range(rounds):
+                s.wait_all([s.submit(tasks.sleep_1ms) for _ in range(n)], TIMEOUT)
+
+        elapsed = _timed(system, run)
+        ideal = rounds * n * 0.001 / WORKERS
+        return {"efficiency": ideal / elapsed, "elapsed_s": elapsed, "n": n, "rounds": rounds}
+
+    return _with_warm_system(name, body)
+
+
+def burst(name: str, sizes: dict[str, int]) -> Metrics:
+    n = sizes["burst_n"]
+
+    def body(system: System) -> Metrics:
+        elapsed = _timed(system, lambda s: s.wait_all([s.submit(tasks.sleep_1ms)
+                                                       for _ in range(n)], TIMEOUT))
+        ideal = n * 0.001 / WORKERS
+        return {"efficiency": ideal / elapsed, "elapsed_s": elapsed, "n": n}
+
+    return _with_warm_system(name, body)
+
+
+def latency(name: str, sizes: dict[str, int]) -> Metrics:
+    n, warmup = sizes["latency_n"], sizes["latency_warmup"]
+
+    def body(system: System) -> Metrics:
+        samples = []
+        for i in range(warmup + n):
+            start = time.perf_counter_ns()
+            system.result(system.submit(tasks.noop), TIMEOUT)
+            if i >= warmup:
+                samples.append((time.perf_counter_ns() - start) / 1000)
+        samples.sort()
+        return {"p50_us": _percentile(samples, 50), "p99_us": _percentile(samples, 99), "n": n}
+
+    return _with_warm_system(name, body)
+
+
+def _percentile(sorted_values: list[float], pct: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, math.ceil(pct / 100 * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def array_transfer(name: str, sizes: dict[str, int]) -> Metrics:
+    n = sizes["array_n"]
+    arr = np.ones(tasks.ARRAY_BYTES, dtype=np.uint8)
+    mib = tasks.ARRAY_BYTES / 2**20
+
+    def body(system: System) -> Metrics:
+        for _ in range(2):  # warm-up: each worker has built its cached array, paths are hot
+            system.result(system.submit(tasks.array_nbytes, arr), TIMEOUT)
+            system.wait_all([system.submit(tasks.cached_array) for _ in range(WORKERS)], TIMEOUT)
+
+        def send(s: System) -> None:
+            for _ in range(n):
+                if s.result(s.submit(tasks.array_nbytes, arr), TIMEOUT) != arr.nbytes:
+                    raise RuntimeError("the task saw a different array size")
+
+        def fetch(s: System) -> None:
+            for _ in range(n):
+                if s.result(s.submit(tasks.cached_array), TIMEOUT).nbytes != arr.nbytes:
+                    raise RuntimeError("the task returned a different array size")
+
+        to_s, from_s = _timed(system, send), _timed(system, fetch)
+        return {"to_mib_s": n * mib / to_s, "from_mib_s": n * mib / from_s, "n": n}
+
+    return _with_warm_system(name, body)
+
+
+def first_result(name: str, sizes: dict[str, int]) -> Metrics:
+    systems.preload(name)
+    start = time.perf_counter()
+    system = systems.make(name, WORKERS)
+    try:
+        system.result(system.submit(tasks.noop), TIMEOUT)
+        elapsed = time.perf_counter() - start
+    finally:
+        system.close()
+    return {"seconds": elapsed, "start_method": systems.start_method(name)}
+
+
+def shutdown_time(name: str, sizes: dict[str, int]) -> Metrics:
+    system = systems.make(name, WORKERS)
+    try:
+        _warm(system)
+        system.wait_all([system.submit(tasks.noop) for _ in range(100)], TIMEOUT)
+    except BaseException:
+        system.close()
+        raise
+    return {"seconds": _timed(system, lambda s: s.close())}
+
+
+def es_generation(name: str, sizes: dict[str, int], iters: int) -> Metrics:
+    """Evolution strategies: evaluate a population of perturbations, update, repeat."""
+    population, generations = sizes["es_population"], sizes["es_generations"]
+    rng = np.random.default_rng(0)
+    theta = np.zeros(tasks.ES_DIM)
+    single = tasks.time_es(theta, iters, 30)  # this core, this moment: the ideal's unit
+
+    def body(system: System) -> Metrics:
+        nonlocal theta
+
+        system.wait_all([system.submit(tasks.es_fitness, theta, iters)
+                         for _ in range(2 * WORKERS)], TIMEOUT)  # workers build the matrix
+
+        def run(s: System) -> None:
+            nonlocal theta
+            for _ in range(generations):
+                noise = rng.standard_normal((population, tasks.ES_DIM))
+                handles = [s.submit(tasks.es_fitness, theta + 0.1 * eps, iters) for eps in noise]
+                fitness = np.array([s.result(h, TIMEOUT) for h in handles])
+                ranks = (fitness - fitness.mean()) / (fitness.std() + 1e-8)
+                theta = theta + 0.01 / (population * 0.1) * noise.T @ ranks
+
+        elapsed = _timed(system, run)
+        ideal = generations * population * single / WORKERS
+        return {"efficiency": ideal / elapsed, "elapsed_s": elapsed, "task_s": single,
+                "iters": iters, "population": population, "generations": generations}
+
+    return _with_warm_system(name, body)
+
+
+WORKLOADS: dict[str, Callable[..., Metrics]] = {
+    "submit": submit_throughput,
+    "map": map_throughput,
+    "barrier": barrier_rounds,
+    "burst": burst,
+    "latency": latency,
+    "array": array_transfer,
+    "first_result": first_result,
+    "shutdown": shutdown_time,
+    "es": es_generation,
+}
+
+
+def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics:
+    """fiberexec only: connect many simulated workers, then time a flood of no-op tasks."""
+    from concurrent.futures import wait as wait_futures
+
+    from benchmarks.simulated import SimulatedBackend, raise_nofile_limit
+    from fiberexec import FiberExecutor
+
+    if name != "fiberexec":
+        raise ValueError("the simulated-workers workload runs on fiberexec only")
+    raise_nofile_limit()
+    workers, n = sizes["sim_workers"], sizes["sim_tasks"]
+    backend = SimulatedBackend()
+    with backend:
+        start = time.perf_counter()
+        ex = FiberExecutor(max_workers=workers, backend=backend, shards=shards, heartbeat=5)
+        try:
+            ex.submit(tasks.noop).result(timeout=120)  # the first submit starts every worker
+            if not backend.wait_ready(workers, timeout=120):
+                raise TimeoutError(f"only {backend.ready_count} of {workers} simulated workers "
+                                   "connected within 120s")
+            connected = _await_workers(ex, workers, timeout=10)
+            connect_s = time.perf_counter() - start
+            sim_cpu, own_cpu = backend.simulator_cpu(), time.process_time()
+            begin = time.perf_counter()
+            futures = [ex.submit(tasks.noop) for _ in range(n)]
+            submitted = time.perf_counter() - begin
+            _, pending = wait_futures(futures, timeout=TIMEOUT)
+            elapsed = time.perf_counter() - begin
+            if pending:
+                raise TimeoutError(f"{len(pending)} of {n} tasks unfinished after {TIMEOUT}s")
+            sim_cpu = backend.simulator_cpu() - sim_cpu
+            own_cpu = time.process_time() - own_cpu
+            stats = ex.stats()
+        finally:
+            ex.shutdown(wait=True)
+    return {"tasks_per_s": n / elapsed, "connect_s": connect_s, "workers": connected,
+            "submit_s": submitted, "n": n, "shards": shards, "tasks_done": stats.tasks_done,
+            "dispatch_s": elapsed,
+            # CPU seconds per second of dispatch: near 1.0 means that process was the limit
+            "simulator_busy": sim_cpu / elapsed, "executor_busy": own_cpu / elapsed}
+
+
+def _await_workers(ex: Any, workers: int, timeout: float) -> int:
+    """``ex.stats().workers`` once it reaches ``workers`` (bounded: ``timeout`` seconds)."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    seen = ex.stats().workers
+    while seen < workers and time.monotonic() < deadline:
+        tick.wait(0.01)  # stats() has no change notification; a bounded, short re-check
+        seen = ex.stats().workers
+    if seen < workers:
+        raise TimeoutError(f"stats().workers is {seen}, not {workers}, after {timeout}s")
+    return int(seen)
