@@ -12,9 +12,21 @@ ROOT = Path(fiberexec.__file__).parent
 
 
 def test_all_is_sorted_and_complete() -> None:
-    assert fiberexec.__all__ == sorted(fiberexec.__all__)
-    public = {n for n in vars(fiberexec) if not n.startswith("_") and n[0].isupper()}
+    assert fiberexec.__all__ == sorted(fiberexec.__all__) == sorted(fiberexec._EXPORTS)
+    for name in fiberexec.__all__:
+        assert getattr(fiberexec, name).__name__ == name
+    public = {n for n in dir(fiberexec) if not n.startswith("_") and n[0].isupper()}
     assert public == set(fiberexec.__all__)
+
+
+def test_worker_program_does_not_load_the_executor() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, fiberexec.worker; print(sorted(m for m in sys.modules if 'fiberexec' in m))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+    assert "fiberexec._executor" not in loaded and "tenacity" not in loaded
 
 
 def test_core_never_imports_a_concrete_backend() -> None:
