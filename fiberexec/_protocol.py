@@ -24,6 +24,7 @@ import enum
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fiberexec import _shm
 from fiberexec._errors import ProtocolError
@@ -37,6 +38,11 @@ SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the 
 HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected unread
 
 _HEADER = struct.Struct("!2sBB")
+_U32 = struct.Struct("!I")
+_PAYLOAD = struct.Struct("!IH")  # pickle length, number of out-of-band buffers
+_BUFFER = struct.Struct("!BQ")  # mode (0 inline, 1 shared memory), size
+_TASK = struct.Struct("!QIIH")  # task id, function index, then a payload head
+_RESULT = struct.Struct("!QBdIH")  # task id, status, runtime, then a payload head
 
 
 class Kind(enum.IntEnum):
@@ -84,7 +90,7 @@ class Setup:
     initializer: Payload | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Task:
     task_id: int
     function: int  # index into Tasks.functions
@@ -97,7 +103,7 @@ class Tasks:
     tasks: Sequence[Task]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Result:
     task_id: int
     status: Status
@@ -158,8 +164,11 @@ class _Writer:
         self.parts.append(data)
 
     def payload(self, payload: Payload) -> None:
-        self.blob(payload.data)
-        self.pack("!H", len(payload.buffers))
+        self.parts.append(_PAYLOAD.pack(len(payload.data), len(payload.buffers)))
+        self.payload_body(payload)
+
+    def payload_body(self, payload: Payload) -> None:
+        self.parts.append(payload.data)
         for buffer in payload.buffers:
             self._buffer(buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer)
 
@@ -215,16 +224,26 @@ def _enc_tasks(w: _Writer, m: Tasks) -> None:
     for fn in m.functions:
         w.payload(fn)
     w.pack("!I", len(m.tasks))
+    parts, head = w.parts, _TASK.pack
     for task in m.tasks:
-        w.pack("!QI", task.task_id, task.function)
-        w.payload(task.args)
+        args = task.args
+        parts.append(head(task.task_id, task.function, len(args.data), len(args.buffers)))
+        if args.buffers:
+            w.payload_body(args)
+        else:
+            parts.append(args.data)
 
 
 def _enc_results(w: _Writer, m: Results) -> None:
     w.pack("!I", len(m.results))
+    parts, head = w.parts, _RESULT.pack
     for r in m.results:
-        w.pack("!QBd", r.task_id, r.status, r.runtime)
-        w.payload(r.payload)
+        data = r.payload
+        parts.append(head(r.task_id, r.status, r.runtime, len(data.data), len(data.buffers)))
+        if data.buffers:
+            w.payload_body(data)
+        else:
+            parts.append(data.data)
 
 
 def _enc_empty(w: _Writer, m: Heartbeat) -> None:
@@ -298,11 +317,25 @@ class _Reader:
             raise ProtocolError("text field is not UTF-8") from exc
 
     def payload(self) -> Payload:
-        data = self.blob()
-        return Payload(data, [self._buffer() for _ in range(self.uint("!H"))])
+        size, nbuffers = self.unpack_struct(_PAYLOAD)
+        return self.payload_body(size, nbuffers)
+
+    def payload_body(self, size: int, nbuffers: int) -> Payload:
+        data = bytes(self.take(size))
+        if not nbuffers:
+            return Payload(data)
+        return Payload(data, [self._buffer() for _ in range(nbuffers)])
+
+    def unpack_struct(self, st: struct.Struct) -> tuple[Any, ...]:
+        end = self.pos + st.size
+        if end > len(self.view):
+            raise ProtocolError(f"truncated frame: wanted {st.size} bytes at offset {self.pos}")
+        values = st.unpack_from(self.view, self.pos)
+        self.pos = end
+        return values
 
     def _buffer(self) -> memoryview:
-        mode, size = self.unpack("!BQ")
+        mode, size = self.unpack_struct(_BUFFER)
         if mode == 0:
             return memoryview(bytearray(self.take(int(size))))
         if mode == 1 and self.allow_shm:
@@ -366,26 +399,29 @@ def _dec_setup(r: _Reader) -> Setup:
 
 
 def _dec_tasks(r: _Reader) -> Tasks:
-    functions = [r.payload() for _ in range(r.count(6))]
+    functions = [r.payload() for _ in range(r.count(_PAYLOAD.size))]
     tasks = []
-    for _ in range(r.count(18)):
-        task_id, function = r.unpack("!QI")
+    for _ in range(r.count(_TASK.size)):
+        task_id, function, size, nbuffers = r.unpack_struct(_TASK)
         if function >= len(functions):
             raise ProtocolError(f"task refers to function {function} of {len(functions)}")
-        tasks.append(Task(int(task_id), int(function), r.payload()))
+        tasks.append(Task(task_id, function, r.payload_body(size, nbuffers)))
     return Tasks(functions, tasks)
 
 
 def _dec_results(r: _Reader) -> Results:
     results = []
-    for _ in range(r.count(23)):
-        task_id, status, runtime = r.unpack("!QBd")
-        try:
-            kind = Status(int(status))
-        except ValueError:
-            raise ProtocolError(f"unknown result status {status}") from None
-        results.append(Result(int(task_id), kind, r.payload(), float(runtime)))
+    statuses = _STATUSES
+    for _ in range(r.count(_RESULT.size)):
+        task_id, status, runtime, size, nbuffers = r.unpack_struct(_RESULT)
+        kind = statuses.get(status)
+        if kind is None:
+            raise ProtocolError(f"unknown result status {status}")
+        results.append(Result(task_id, kind, r.payload_body(size, nbuffers), runtime))
     return Results(results)
+
+
+_STATUSES = {int(s): s for s in Status}
 
 
 _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {

@@ -57,6 +57,8 @@ class Shard:
         self.events: deque[tuple[Any, ...]] = deque()
         self.queue: deque[WorkItem] = deque()
         self.conns: dict[str, Conn] = {}
+        self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
+        self._next_housekeeping = 0.0
         self.selector = selectors.DefaultSelector()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # closed with the shard object, never earlier: a late wake must not hit a reused fd
@@ -102,7 +104,8 @@ class Shard:
                 self._handle_events()
                 self._take_incoming()
                 self._dispatch()
-                self._housekeep()
+                if time.monotonic() >= self._next_housekeeping:
+                    self._housekeep()
         except BaseException as exc:  # a bug here must not leave futures hanging
             log.exception("fiberexec shard %d crashed", self.index)
             self.pool.break_executor(f"the scheduler thread crashed: {exc!r}", exc)
@@ -125,7 +128,7 @@ class Shard:
                 self._receive(key.data)
 
     def _next_deadline(self) -> float:
-        return self.config.heartbeat / 2
+        return max(0.0, self._next_housekeeping - time.monotonic())
 
     def _finished(self) -> bool:
         if not self.shutting_down or self.queue or self.incoming or self.events:
@@ -172,6 +175,8 @@ class Shard:
                 self.failed += 1
         if not conn.inflight:
             conn.idle_since = time.monotonic()
+        if conn.state is State.READY:
+            self.hungry[conn.worker_id] = conn
         self.pool.report_progress()
 
     def _on_init_failed(self, conn: Conn, error: Payload) -> None:
@@ -221,6 +226,7 @@ class Shard:
         conn.shm = bool(self.pool.shm_token) and _auth.verify(self.pool.shm_token, auth.shm_token)
         conn.state = State.READY
         conn.idle_since = time.monotonic()
+        self.hungry[conn.worker_id] = conn
         self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.pool.initializer))
         self.pool.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
@@ -322,19 +328,21 @@ class Shard:
         if not self.queue:
             self._maybe_steal()
             return
-        ready = [c for c in self.conns.values() if c.credit() > 0]
-        if not ready:
-            return
-        share = max(1, -(-len(self.queue) // len(ready)))
-        for conn in ready:
+        hungry = self.hungry
+        share = max(1, -(-len(self.queue) // max(1, len(hungry))))
+        for worker_id, conn in list(hungry.items()):
             if not self.queue:
                 break
-            self._send_tasks(conn, min(conn.credit(), share))
+            credit = conn.credit()
+            if credit > 0:
+                self._send_tasks(conn, min(credit, share))
+            if conn.credit() <= 0:
+                del hungry[worker_id]
 
     def _maybe_steal(self) -> None:
         if self.stealing or self.shutting_down or len(self.pool.shards) == 1:
             return
-        if not any(c.credit() > 0 for c in self.conns.values()):
+        if not self.hungry:
             return
         victim = max(self.pool.shards, key=lambda s: len(s.queue))
         if victim is not self and len(victim.queue) >= STEAL_MIN:
@@ -387,6 +395,7 @@ class Shard:
     def _housekeep(self) -> None:
         now = time.monotonic()
         beat = self.config.heartbeat
+        self._next_housekeeping = now + beat / 4
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 if now - conn.last_recv > 3 * beat:
@@ -457,6 +466,7 @@ class Shard:
         self.conns.pop(conn.worker_id, None)
 
     def _unregister(self, conn: Conn) -> None:
+        self.hungry.pop(conn.worker_id, None)
         if not conn.channel.closed:
             self.selector.unregister(conn.channel.fileno())
             conn.channel.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fiberexec import _protocol as p
@@ -21,7 +21,7 @@ class WorkItem:
     kwargs: dict[str, Any]
     started: bool = False  # set_running_or_notify_cancel() has been called
     losses: int = 0  # workers that died while this task was running on them
-    shm_names: list[str] = field(default_factory=list)
+    shm_names: list[str] | tuple[()] = ()
 
     def start(self) -> bool:
         """Mark running before the first dispatch; False if the user cancelled it."""

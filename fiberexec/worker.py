@@ -5,8 +5,9 @@ runs tasks in the order they arrive, and sends results back in batches. It exits
 executor says goodbye, when the connection drops, or when the executor falls silent for three
 heartbeats, so a worker never outlives its executor.
 
-Two threads: the main thread runs tasks; the link thread receives tasks into a local queue
-(prefetch), sends heartbeats, and ends the process when the executor is gone.
+The main thread receives and runs tasks; tasks sent ahead (prefetch) wait in nng's receive
+queue, so no thread hop sits between a task's arrival and its start. A small thread sends
+heartbeats while a long task runs. The connection's removal ends the process at once.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class Worker:
         self.heartbeat = 1.0
         self.max_tasks = 0
         self.tasks: deque[tuple[p.Task, _Functions]] = deque()
-        self.ready = threading.Condition()
         self.stopping = False
+        self.last_heard = time.monotonic()
         self.last_sent = time.monotonic()
         self.send_lock = threading.Lock()
 
@@ -107,32 +108,32 @@ class Worker:
             self.send(p.InitFailed(dumps_exception(exc)))
             _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
 
-    # ---------------------------------------------------------------- link thread
+    # ---------------------------------------------------------------- receiving
 
-    def link_loop(self) -> None:
-        """Receive tasks, answer silence with heartbeats, end the process if the executor goes."""
-        last_heard = time.monotonic()
-        while True:
-            msg = self.channel.recv(self.heartbeat)
-            now = time.monotonic()
-            if msg is not None:
-                last_heard = now
-                self._on_message(p.decode(msg.bytes, allow_shm=self.allow_shm))
-            elif now - last_heard > 3 * self.heartbeat:
-                self._executor_gone("the executor fell silent")
-            if now - self.last_sent >= self.heartbeat:
-                self.send(p.Heartbeat())
+    def receive(self, *, block: bool) -> None:
+        """Take in what the executor sent; with ``block``, wait until something arrives."""
+        channel = self.channel
+        msg = channel.recv(self.heartbeat) if block else channel.try_recv()
+        while msg is not None:
+            self.last_heard = time.monotonic()
+            self._on_message(p.decode(msg.bytes, allow_shm=self.allow_shm))
+            msg = channel.try_recv()
+        if block and time.monotonic() - self.last_heard > 3 * self.heartbeat:
+            self._executor_gone("the executor fell silent")
 
     def _on_message(self, message: p.Message) -> None:
         if isinstance(message, p.Tasks):
             functions = _Functions(message.functions)
-            with self.ready:
-                self.tasks.extend((t, functions) for t in message.tasks)
-                self.ready.notify()
+            self.tasks.extend((t, functions) for t in message.tasks)
         elif isinstance(message, p.Bye):
-            with self.ready:
-                self.stopping = True
-                self.ready.notify()
+            self.stopping = True
+
+    def heartbeat_loop(self) -> None:
+        """Tell the executor we are alive while the main thread is busy with a long task."""
+        stop = threading.Event()
+        while not stop.wait(self.heartbeat):
+            if time.monotonic() - self.last_sent >= self.heartbeat:
+                self.send(p.Heartbeat())
 
     def _on_disconnect(self, _pipe: object) -> None:
         self._executor_gone("the connection to the executor closed")
@@ -147,25 +148,23 @@ class Worker:
     def serve(self) -> None:
         done = 0
         batch = _Batch()
-        while (item := self._next_task()) is not None:
-            result = self._run(*item)
+        while not self.stopping or self.tasks:
+            if not self.tasks:
+                self.flush(batch)
+                self.receive(block=True)
+                continue
+            result = self._run(*self.tasks.popleft())
             batch.add(result)
             done += 1
             if self.max_tasks and done >= self.max_tasks:
                 self.flush(batch)
                 self.send(p.Bye("max_tasks_per_child reached"))
                 return
+            if not self.tasks:
+                self.receive(block=False)
             if not self.tasks or batch.due(result.runtime):
                 self.flush(batch)
         self.flush(batch)
-
-    def _next_task(self) -> tuple[p.Task, _Functions] | None:
-        with self.ready:
-            while not self.tasks:
-                if self.stopping:
-                    return None
-                self.ready.wait(timeout=self.heartbeat)
-            return self.tasks.popleft()
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
         start = time.perf_counter()
@@ -249,7 +248,7 @@ def _guard(loop: Callable[[], None]) -> Callable[[], None]:
         try:
             loop()
         except BaseException as exc:  # the link is this worker's lifeline: no link, no worker
-            _die(EXIT_NO_EXECUTOR, f"link to the executor failed: {exc!r}")
+            _die(EXIT_NO_EXECUTOR, f"heartbeats to the executor failed: {exc!r}")
 
     return run
 
@@ -267,7 +266,9 @@ def main() -> None:
         _die(EXIT_AUTH_FAILED, f"handshake failed: {exc}")
         return
     worker.run_initializer(setup)
-    threading.Thread(target=_guard(worker.link_loop), name="fiberexec-link", daemon=True).start()
+    threading.Thread(
+        target=_guard(worker.heartbeat_loop), name="fiberexec-heartbeat", daemon=True
+    ).start()
     worker.serve()
     _die(0, "done")
 
