@@ -194,7 +194,7 @@ class FiberExecutor(Executor):
         with self._lock:
             pool = self._pool
         if pool is None:
-            return Stats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+            return Stats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
         return pool.stats()
 
 

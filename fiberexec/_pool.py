@@ -317,6 +317,7 @@ class TaskPool:
             tasks_done=done,
             tasks_failed=failed,
             tasks_retried=sum(s.retried for s in shards),
+            tasks_stolen=sum(s.stolen for s in shards),
             workers_lost=sum(s.lost for s in shards),
             messages_rejected=sum(s.rejected for s in shards),
             throughput=(done + failed) / elapsed if elapsed > 0 else 0.0,

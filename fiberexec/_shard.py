@@ -67,7 +67,7 @@ class Shard:
         self._sleeping = False
         self.shutting_down = False
         self.stealing = False
-        self.done = self.failed = self.retried = self.lost = self.rejected = 0
+        self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
         )
@@ -315,6 +315,7 @@ class Shard:
 
     def _ev_stolen(self, items: list[WorkItem]) -> None:
         self.queue.extend(items)
+        self.stolen += len(items)
         self.stealing = False
 
     # ------------------------------------------------------------ dispatch

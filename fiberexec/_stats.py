@@ -19,6 +19,7 @@ class Stats:
     tasks_done: int  # finished with a result
     tasks_failed: int  # finished with an exception (raised, unpicklable, worker lost)
     tasks_retried: int  # re-sent after their worker died
+    tasks_stolen: int  # moved from a busy shard's queue to an idle shard's
     workers_lost: int
     messages_rejected: int  # unauthenticated, malformed or oversized
     throughput: float

@@ -197,3 +197,12 @@ def test_progress_hook_sees_completion(make_executor: ExecutorFactory) -> None:
         f.result(timeout=30)
     ex.shutdown()
     assert seen and seen[-1].tasks_done == 20
+
+
+def test_idle_shard_steals_from_busy_shard(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, shards=2)  # one worker per shard; tasks alternate between shards
+    seconds = [0.05 if i % 2 == 0 else 0.0 for i in range(60)]
+    assert list(ex.map(tasks.sleep_return, seconds, range(60), timeout=120)) == list(range(60))
+    stats = ex.stats()
+    assert stats.tasks_stolen > 0, "the idle shard never took work from the busy one"
+    assert stats.tasks_done == 60
