@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fiberexec import FiberExecutor
+from fiberexec.backend import Backend
 from tests.support.kit import BackendKit
 
 BACKEND = os.environ.get("FIBEREXEC_TEST_BACKEND", "local")
@@ -50,10 +51,13 @@ ExecutorFactory = Callable[..., FiberExecutor]
 def make_executor(kit: BackendKit) -> Iterator[ExecutorFactory]:
     """Build executors on the backend under test; all are shut down after the test."""
     made: list[FiberExecutor] = []
+    backends: list[Backend] = []
 
     def make(max_workers: int | None = 2, **kwargs: Any) -> FiberExecutor:
         options = {**kit.executor_kwargs, **kwargs}
-        options.setdefault("backend", kit.make_backend())
+        if "backend" not in options:
+            backends.append(kit.make_backend())
+            options["backend"] = backends[-1]
         options.setdefault("heartbeat", 0.5)
         ex = FiberExecutor(max_workers, **options)
         made.append(ex)
@@ -62,6 +66,8 @@ def make_executor(kit: BackendKit) -> Iterator[ExecutorFactory]:
     yield make
     for ex in made:
         ex.shutdown(wait=True, cancel_futures=True)
+    for backend in backends:  # an executor closes only backends it made itself
+        backend.close()
 
 
 @pytest.fixture

@@ -24,6 +24,11 @@ def pid(_: object = None) -> int:
     return os.getpid()
 
 
+def worker_id(_: object = None) -> str:
+    """Which worker ran this (pids repeat across containers, worker ids do not)."""
+    return os.environ["FIBEREXEC_WORKER_ID"]
+
+
 def sleep_return(seconds: float, value: Any = None) -> Any:
     time.sleep(seconds)
     return value
@@ -78,7 +83,7 @@ def return_unpicklable(_: object = None) -> Unpicklable:
 
 def record_init(path: str) -> None:
     with open(path, "a") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{worker_id()}\n")
 
 
 def fail_init() -> None:

@@ -133,10 +133,10 @@ def test_initializer_runs_once_per_worker(
     ex = make_executor(2, initializer=tasks.record_init, initargs=(str(record),))
     ex.submit(tasks.square, 1).result(timeout=60)
     assert connected.wait(timeout=60)
-    pids = {f.result(timeout=30) for f in [ex.submit(tasks.pid) for _ in range(40)]}
+    workers = {f.result(timeout=30) for f in [ex.submit(tasks.worker_id) for _ in range(40)]}
     ex.shutdown()
-    started = set(map(int, record.read_text().split()))
-    assert pids <= started and len(started) == 2
+    started = set(record.read_text().split())
+    assert workers <= started and len(started) == 2
 
 
 def test_failing_initializer_breaks_executor(make_executor: ExecutorFactory) -> None:
@@ -152,9 +152,9 @@ def test_failing_initializer_breaks_executor(make_executor: ExecutorFactory) -> 
 
 def test_max_tasks_per_child_replaces_workers(make_executor: ExecutorFactory) -> None:
     ex = make_executor(1, max_tasks_per_child=3)
-    pids = [f.result(timeout=30) for f in [ex.submit(tasks.pid) for _ in range(9)]]
-    assert len(set(pids)) == 3
-    assert all(pids.count(p) == 3 for p in set(pids))
+    ids = [f.result(timeout=60) for f in [ex.submit(tasks.worker_id) for _ in range(9)]]
+    assert len(set(ids)) == 3
+    assert all(ids.count(i) == 3 for i in set(ids))
 
 
 def test_min_workers_scale_up_on_backlog(make_executor: ExecutorFactory) -> None:

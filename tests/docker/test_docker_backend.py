@@ -1,0 +1,252 @@
+"""The Docker adapter against a real engine, without the executor.
+
+Workers here run plain commands; every container uses host networking.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fiberexec.backend import (
+    EXECUTOR_LABEL,
+    PermanentBackendError,
+    Resources,
+    TransientBackendError,
+    WorkerHandle,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+)
+from fiberexec.backends.docker import DockerBackend, _exit_code, container_name, remove_stray
+
+SpecFactory = Callable[..., WorkerSpec]
+SLEEP = ("python", "-c", "import time; time.sleep(120)")
+WAIT = 30.0  # seconds any single expected event may take
+
+
+class ExitRecorder:
+    """A watch listener that lets a test block until the exit arrives."""
+
+    def __init__(self) -> None:
+        self.statuses: list[WorkerStatus] = []
+        self.done = threading.Event()
+
+    def __call__(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        self.statuses.append(status)
+        self.done.set()
+
+    def wait(self) -> WorkerStatus:
+        assert self.done.wait(WAIT), f"no exit reported within {WAIT}s"
+        return self.statuses[0]
+
+
+def watch(backend: DockerBackend, handle: WorkerHandle) -> ExitRecorder:
+    recorder = ExitRecorder()
+    backend.watch(handle, recorder)
+    return recorder
+
+
+@pytest.fixture
+def ready_port() -> Iterator[tuple[int, Callable[[], None]]]:
+    """A loopback port a container dials to say "ready", and a bounded wait for that call."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(WAIT)
+
+        def wait_ready() -> None:
+            conn, _ = server.accept()
+            conn.close()
+
+        yield server.getsockname()[1], wait_ready
+
+
+def test_exit_code_reaches_watch_and_status(backend: DockerBackend, make_spec: SpecFactory) -> None:
+    handle = backend.start_worker(make_spec("python", "-c", "import sys; sys.exit(3)"))
+    status = watch(backend, handle).wait()
+    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, 3, None)
+    assert backend.status(handle) == status
+
+
+def test_watch_after_exit_still_reports_once(
+    backend: DockerBackend, make_spec: SpecFactory
+) -> None:
+    handle = backend.start_worker(make_spec("true"))
+    first = watch(backend, handle).wait()  # the exit is now recorded
+    late = watch(backend, handle)
+    assert late.wait() == first
+    assert len(late.statuses) == 1
+
+
+def test_memory_limit_is_reported_as_oom(backend: DockerBackend, make_spec: SpecFactory) -> None:
+    hog = "b = bytearray(512 * 2**20); print('survived')"
+    spec = make_spec("python", "-c", hog, resources=Resources(memory=64 * 2**20))
+    status = watch(backend, backend.start_worker(spec)).wait()
+    assert (status.exit_code, status.reason) == (-9, "OOMKilled")
+    assert "OOMKilled" in status.describe()
+
+
+def test_signal_exit_is_negative(
+    backend: DockerBackend, make_spec: SpecFactory, client: Any
+) -> None:
+    handle = backend.start_worker(make_spec(*SLEEP))
+    recorder = watch(backend, handle)
+    client.api.kill(handle.ref, signal="SIGKILL")
+    assert recorder.wait().exit_code == -9
+
+
+def test_container_settings(
+    backend: DockerBackend, make_spec: SpecFactory, client: Any, tmp_path: Any
+) -> None:
+    spec = make_spec(
+        *SLEEP,
+        env={"PLAIN": "1"},
+        secret_env={"FIBEREXEC_SECRET": "s3cret"},
+        labels={"team": "es"},
+        workdir=str(tmp_path),
+        resources=Resources(cpu=0.5, memory=256 * 2**20),
+    )
+    handle = backend.start_worker(spec)
+    info = client.api.inspect_container(handle.ref)
+    config, host = info["Config"], info["HostConfig"]
+    assert info["Name"] == f"/{container_name(spec)}"
+    assert config["Labels"].items() >= spec.all_labels().items()
+    assert config["Labels"]["team"] == "es"
+    assert {"PLAIN=1", "FIBEREXEC_SECRET=s3cret"} <= set(config["Env"])
+    assert config["WorkingDir"] == str(tmp_path)
+    assert f"{tmp_path}:{tmp_path}:rw" in host["Binds"]
+    assert (host["NetworkMode"], host["IpcMode"], host["AutoRemove"]) == ("host", "host", True)
+    assert (host["NanoCpus"], host["Memory"]) == (500_000_000, 256 * 2**20)
+    assert backend.status(handle).state is WorkerState.RUNNING
+
+
+def test_logs_while_running_and_after_exit(
+    backend: DockerBackend, make_spec: SpecFactory, ready_port: tuple[int, Callable[[], None]]
+) -> None:
+    port, wait_ready = ready_port
+    script = (
+        "import socket, time; print('one'); print('two', flush=True); "
+        f"socket.create_connection(('127.0.0.1', {port})); time.sleep(120)"
+    )
+    handle = backend.start_worker(make_spec("python", "-c", script))
+    wait_ready()
+    assert backend.logs(handle, tail=1) == "two\n"
+    recorder = watch(backend, handle)
+    backend.stop(handle, grace=0)
+    assert backend.logs(handle) == "" or "two" in backend.logs(handle)
+    exited = backend.start_worker(make_spec("python", "-c", "print('last words')"))
+    watch(backend, exited).wait()
+    # Kept from the die event; this races with auto-removal (see DockerBackend._keep_logs).
+    assert backend.logs(exited) in ("last words\n", "")
+    assert not recorder.statuses  # stop() unwatches: a deliberate stop is not reported
+
+
+def test_stop_removes_the_container(
+    backend: DockerBackend, make_spec: SpecFactory, client: Any
+) -> None:
+    handle = backend.start_worker(make_spec(*SLEEP))
+    started = time.monotonic()
+    backend.stop(handle, grace=5)
+    assert time.monotonic() - started < 5, "docker-init should pass SIGTERM on at once"
+    assert not client.api.containers(all=True, filters={"id": handle.ref})
+    assert backend.status(handle).finished
+    backend.stop(handle)  # stopping again is a no-op
+
+
+def test_close_removes_everything_and_stops_the_event_thread(
+    image: str, make_spec: SpecFactory, client: Any, executor_id: str
+) -> None:
+    backend = DockerBackend(image=image)
+    for _ in range(3):
+        backend.start_worker(make_spec(*SLEEP))
+    backend.close()
+    assert not client.api.containers(all=True, filters={"label": f"{EXECUTOR_LABEL}={executor_id}"})
+    events = backend._events
+    assert events is not None
+    assert not events._thread.is_alive()
+
+
+def test_missing_image_is_permanent_and_quick(
+    backend: DockerBackend, make_spec: SpecFactory
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(PermanentBackendError, match="fiberexec-no-such-image:0"):
+        backend.start_worker(make_spec("true", image="fiberexec-no-such-image:0"))
+    assert time.monotonic() - started < 5
+
+
+def test_unreachable_engine_is_transient(make_spec: SpecFactory) -> None:
+    url = "unix:///tmp/fiberexec-no-such-docker.sock"
+    with (
+        DockerBackend(image="any", base_url=url) as backend,
+        pytest.raises(TransientBackendError, match="unreachable") as caught,
+    ):
+        backend.start_worker(make_spec("true"))
+    assert url in str(caught.value)
+    # docker-py's unix connection leaks the socket whose connect() failed; finalize it here.
+    del caught
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
+def test_name_conflict_is_transient(backend: DockerBackend, make_spec: SpecFactory) -> None:
+    spec = make_spec(*SLEEP)
+    backend.start_worker(spec)
+    with pytest.raises(TransientBackendError, match="409") as caught:
+        backend.start_worker(spec)
+    assert "remove_stray" in str(caught.value)
+
+
+def test_bad_setting_is_permanent(backend: DockerBackend, make_spec: SpecFactory) -> None:
+    with pytest.raises(PermanentBackendError, match="400"):
+        backend.start_worker(make_spec("true", resources=Resources(cpu=1000)))
+
+
+def test_status_of_a_removed_container_is_unknown(backend: DockerBackend) -> None:
+    status = backend.status(WorkerHandle("w", "0" * 64))
+    assert status.state is WorkerState.UNKNOWN
+    assert backend.logs(WorkerHandle("w", "0" * 64)) == ""
+
+
+@pytest.fixture
+def strays(client: Any, image: str, executor_id: str) -> Iterator[str]:
+    """Two containers of another executor (created, never started: no auto-removal)."""
+    other = f"{executor_id}-other"
+    for n in range(2):
+        client.api.create_container(
+            image,
+            ["true"],
+            labels={EXECUTOR_LABEL: other, "fiberexec": "worker"},
+            name=f"fiberexec-{other}-{n}",
+        )
+    yield other
+    remove_stray(client, executor_id=other)
+
+
+def test_remove_stray_removes_one_executors_containers(
+    client: Any, strays: str, executor_id: str, backend: DockerBackend, make_spec: SpecFactory
+) -> None:
+    mine = backend.start_worker(make_spec(*SLEEP))
+    assert remove_stray(client, executor_id=strays) == 2
+    assert not client.api.containers(all=True, filters={"label": f"{EXECUTOR_LABEL}={strays}"})
+    assert backend.status(mine).state is WorkerState.RUNNING
+    assert remove_stray(executor_id=executor_id) == 1  # with its own client
+
+
+@pytest.mark.parametrize(
+    ("docker_code", "code"), [(0, 0), (3, 3), (128, 128), (137, -9), (143, -15), (255, 255)]
+)
+def test_exit_code_mapping(docker_code: int, code: int) -> None:
+    assert _exit_code(docker_code) == code
+
+
+def test_container_name_is_sanitized() -> None:
+    spec = WorkerSpec("w/1 2", "ex:é", ("true",))
+    assert container_name(spec) == "fiberexec-ex--w-1-2"
