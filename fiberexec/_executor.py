@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -188,6 +189,20 @@ class FiberExecutor(Executor):
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
         elif self._backend is None:
             pass  # nothing was started
+
+    def terminate(self) -> None:
+        """Stop every worker now, even mid-task, and fail what has not finished.
+
+        Unlike `shutdown`, nothing is waited for: futures not yet done raise
+        `BrokenFiberExecutor`, and running tasks are killed with their workers. This is what
+        `multiprocessing.Pool.terminate` needs, and what a timed-out caller can use.
+        """
+        with self._lock:
+            self._shutdown = True
+            pool = self._pool
+        if pool is not None:
+            pool.break_executor("the executor was terminated", None, level=logging.INFO)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def stats(self) -> Stats:
         """A snapshot of workers and tasks (see `Stats`)."""

@@ -230,13 +230,15 @@ class TaskPool:
             self._retiring.add(worker_id)
             return True
 
-    def break_executor(self, message: str, cause: BaseException | None) -> None:
+    def break_executor(
+        self, message: str, cause: BaseException | None, *, level: int = logging.ERROR
+    ) -> None:
         with self._lock:
             if self.broken is not None:
                 return
             self.broken = BrokenFiberExecutor(message)
             self.broken.__cause__ = cause
-        log.error("%s", message)
+        log.log(level, "%s", message)
         for shard in self.shards:
             shard.post("broken", self.broken)
 

@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from fiberexec import _auth, _contract, _shm
 from fiberexec import _protocol as p
@@ -195,7 +195,16 @@ class Worker:
 
 
 class _Functions:
-    """The functions one Tasks message carries, unpickled once, on first use."""
+    """The functions one Tasks message carries, unpickled once, on first use.
+
+    Functions pickled by value (lambdas, ``__main__``) cost tens of microseconds to unpickle,
+    so recent ones are kept by their exact pickle bytes: the same bytes are the same code and
+    the same captured globals. (The executor cannot cache the other way round: a global the
+    function reads may change between submits.)
+    """
+
+    recent: ClassVar[OrderedDict[bytes, Any]] = OrderedDict()
+    RECENT_MAX: ClassVar[int] = 64
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         self.payloads = payloads
@@ -204,7 +213,21 @@ class _Functions:
     def get(self, index: int) -> Any:
         fn = self.cache[index]
         if fn is None:
-            fn = self.cache[index] = loads(self.payloads[index], what="function")
+            fn = self.cache[index] = self._load(self.payloads[index])
+        return fn
+
+    @classmethod
+    def _load(cls, payload: Payload) -> Any:
+        if payload.buffers:  # large captured data: not worth keeping
+            return loads(payload, what="function")
+        fn = cls.recent.get(payload.data)
+        if fn is None:
+            fn = loads(payload, what="function")
+            cls.recent[payload.data] = fn
+            if len(cls.recent) > cls.RECENT_MAX:
+                cls.recent.popitem(last=False)
+        else:
+            cls.recent.move_to_end(payload.data)
         return fn
 
 

@@ -206,3 +206,19 @@ def test_idle_shard_steals_from_busy_shard(make_executor: ExecutorFactory) -> No
     stats = ex.stats()
     assert stats.tasks_stolen > 0, "the idle shard never took work from the busy one"
     assert stats.tasks_done == 60
+
+
+def test_terminate_kills_running_tasks_and_fails_the_rest(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    running = [ex.submit(tasks.sleep_return, 60, i) for i in range(2)]
+    queued = [ex.submit(tasks.square, i) for i in range(5)]
+    assert ex.submit(tasks.square, 0)  # still accepting before terminate
+    for f in running:
+        with pytest.raises(TimeoutError):
+            f.result(timeout=0.5)  # they are really running
+    ex.terminate()
+    for f in running + queued:
+        assert f.done()
+        assert f.cancelled() or isinstance(f.exception(), BrokenFiberExecutor)
+    with pytest.raises(BrokenFiberExecutor, match="terminated"):
+        ex.submit(tasks.square, 1)
