@@ -17,7 +17,7 @@
 # Environment:
 #   FIBEREXEC_IMAGE_CACHE  cache directory     (default ~/.cache/fiberexec-image)
 #   FIBEREXEC_DEBIAN_MIRROR                    (default http://deb.debian.org/debian)
-#   FIBEREXEC_TEST_EXTRA   extra requirements  (default numpy)
+#   FIBEREXEC_TEST_EXTRA   extra requirements  (default "numpy joblib")
 set -euo pipefail
 
 TAG=${1:-fiberexec-test:latest}
@@ -26,7 +26,7 @@ CACHE=${FIBEREXEC_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fiberexec-image}
 MIRROR=${FIBEREXEC_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
 PACKAGES=python3,python3-venv
-EXTRA=${FIBEREXEC_TEST_EXTRA:-numpy}
+EXTRA=${FIBEREXEC_TEST_EXTRA:-numpy joblib}
 PYTHON=${PYTHON:-python3}
 
 log() { echo "build-test-image: $*" >&2; }

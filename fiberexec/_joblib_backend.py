@@ -1,0 +1,368 @@
+"""The joblib backend ``"fiber"``: `joblib.Parallel` batches run as `FiberExecutor` tasks.
+
+Data flow::
+
+    Parallel --submit(BatchedCalls)--> FiberBackend --executor.submit(operator.call, batch)-->
+    FiberExecutor (warm, one per option set) --> workers
+    future done (shard thread) --> _CallbackRelay thread --> joblib's completion callback
+                                   (records the result, dispatches the next batch)
+
+Completion callbacks run on a relay thread of their own, never on the executor's scheduling
+thread: joblib's callback consumes the caller's iterator to dispatch more work, and user code
+must not stall scheduling.
+
+Executors are kept warm across `Parallel` calls (as joblib's loky backend reuses its workers),
+one per set of executor options; `shutdown_executors()` stops them, and so does interpreter exit.
+Warm executors default to ``min_workers=0, idle_timeout=300`` so idle workers go away, as loky's
+do after ``idle_worker_timeout=300``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import BrokenExecutor, Future
+from typing import Any
+
+from joblib.parallel import (
+    AutoBatchingMixin,
+    FallbackToBackend,
+    ParallelBackendBase,
+    SequentialBackend,
+    ThreadingBackend,
+    cpu_count,
+)
+
+from fiberexec._contract import ENV_ADDRESS
+from fiberexec._errors import ConfigurationError
+from fiberexec._executor import FiberExecutor
+
+log = logging.getLogger("fiberexec")
+
+# What joblib itself passes to configure(); meaningful for its loky/multiprocessing backends only.
+_JOBLIB_KWARGS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbose", "context"})
+_EXECUTOR_OPTIONS = frozenset(inspect.signature(FiberExecutor).parameters) - {"max_workers"}
+_WARM_DEFAULTS: Mapping[str, Any] = {"min_workers": 0, "idle_timeout": 300.0}
+MAX_WARM = 4  # distinct option sets kept warm at once; the least recently used goes first
+_STOP = object()
+
+
+def in_worker() -> bool:
+    """Whether this process is a fiberexec worker (or was started by one)."""
+    return ENV_ADDRESS in os.environ
+
+
+# ---------------------------------------------------------------- options
+
+
+def executor_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate options meant for `FiberExecutor`; ``executor_backend`` names its backend.
+
+    ``parallel_config(backend="fiber", ...)`` already uses ``backend``, so the executor's
+    backend travels as ``executor_backend="docker"``.
+    """
+    opts = dict(options)
+    if "executor_backend" in opts:
+        if "backend" in opts:
+            raise ConfigurationError(
+                "give the executor's backend once: executor_backend= or backend=, not both"
+            )
+        opts["backend"] = opts.pop("executor_backend")
+    unknown = sorted(set(opts) - _EXECUTOR_OPTIONS - {"max_workers"})
+    if unknown:
+        raise ConfigurationError(
+            f"the fiber joblib backend got unknown option(s) {unknown}; it accepts "
+            f"FiberExecutor's options {sorted(_EXECUTOR_OPTIONS | {'executor_backend'})}"
+        )
+    return opts
+
+
+def _freeze(value: Any) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(_freeze(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return value  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------- callback relay
+
+
+class _CallbackRelay:
+    """One thread that runs joblib's completion callbacks in completion order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def deliver(self, callback: Callable[[Future[Any]], object]) -> Callable[[Future[Any]], None]:
+        """A done-callback for a future that hands ``callback`` to the relay thread."""
+        self._ensure_running()
+        return lambda future: self._queue.put((callback, future))
+
+    def _ensure_running(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="fiberexec-joblib-callbacks", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            callback, future = item
+            try:
+                callback(future)
+            except BaseException:  # joblib records task errors itself; this is a bug
+                log.exception("a joblib completion callback raised")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            self._queue.put(_STOP)
+            thread.join(timeout)
+
+
+# ---------------------------------------------------------------- warm executors
+
+
+class _WarmExecutors:
+    """Executors kept across `Parallel` calls, one per option set, least recently used last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, FiberExecutor] = OrderedDict()
+
+    def get(self, n_jobs: int, options: Mapping[str, Any]) -> FiberExecutor:
+        key = (n_jobs, _freeze(options))
+        evicted: list[FiberExecutor] = []
+        with self._lock:
+            executor = self._entries.get(key)
+            if executor is None:
+                executor = FiberExecutor(n_jobs, **{**_WARM_DEFAULTS, **options})
+                self._entries[key] = executor
+                while len(self._entries) > MAX_WARM:
+                    evicted.append(self._entries.popitem(last=False)[1])
+            self._entries.move_to_end(key)
+        for old in evicted:
+            old.shutdown(wait=False)  # submitted tasks still finish
+        return executor
+
+    def discard(self, executor: FiberExecutor) -> None:
+        with self._lock:
+            for key, value in list(self._entries.items()):
+                if value is executor:
+                    del self._entries[key]
+
+    def shutdown_all(self, wait: bool) -> None:
+        with self._lock:
+            executors = list(self._entries.values())
+            self._entries.clear()
+        for executor in executors:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if wait:
+            for executor in executors:
+                executor.shutdown(wait=True)
+
+
+_relay = _CallbackRelay()
+_warm = _WarmExecutors()
+
+
+def shutdown_executors(wait: bool = True) -> None:
+    """Stop every executor the ``"fiber"`` backend keeps warm between `Parallel` calls.
+
+    Queued tasks are cancelled; with ``wait``, return once their workers are gone. The next
+    `Parallel` call starts a fresh executor. Interpreter exit does this on its own.
+    """
+    _warm.shutdown_all(wait)
+    _relay.stop()
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
+    """joblib backend running each batch of `Parallel` tasks as a `FiberExecutor` task.
+
+    Select it with ``parallel_config(backend="fiber", n_jobs=N, **options)`` or
+    ``Parallel(backend="fiber")`` after ``import fiberexec.joblib``. ``options`` are
+    `FiberExecutor` arguments (``image=``, ``max_task_retries=``, ``cpu=``, ...), with the
+    executor's backend given as ``executor_backend="docker"``.
+
+    Args:
+        reuse: keep the executor warm for later calls with the same options (default), or
+            start one per `Parallel` call and shut it down when the call ends.
+        max_workers: the worker count ``n_jobs=-1`` means (default: this machine's CPUs);
+            ``n_jobs=-2`` is one fewer, and so on.
+
+    Inside a fiberexec worker, ``"fiber"`` falls back to threads: workers do not start workers.
+    Nested `Parallel` calls inside tasks run on threads (then sequentially), as with loky.
+
+    Raises:
+        ConfigurationError: an option `FiberExecutor` does not accept.
+    """
+
+    supports_retrieve_callback = True
+    supports_inner_max_num_threads = False
+    supports_sharedmem = False
+    uses_threads = False
+    default_n_jobs = 1
+
+    def __init__(
+        self,
+        nesting_level: int | None = None,
+        inner_max_num_threads: int | None = None,
+        *,
+        reuse: bool = True,
+        **options: Any,
+    ) -> None:
+        super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
+        self.reuse = reuse
+        self.options = executor_options(options)
+        self.parallel: Any = None
+        self._call_options = self.options
+        self._n_jobs = 1
+        self._executor: FiberExecutor | None = None
+        self._futures: set[Future[Any]] = set()
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable as its settings: a live executor, locks and futures stay behind.
+        return (_rebuild, (self.nesting_level, self.reuse, self.options))
+
+    # ------------------------------------------------------------ sizing
+
+    def effective_n_jobs(self, n_jobs: int | None) -> int:
+        """joblib's rule: ``None`` is 1, ``-1`` all CPUs, ``-k`` all but ``k - 1``; 0 errs."""
+        if n_jobs == 0:
+            raise ValueError(
+                "n_jobs == 0 in Parallel has no meaning; use n_jobs >= 1, or -1 for all CPUs"
+            )
+        if n_jobs is None:
+            return 1
+        if n_jobs < 0:
+            capacity = self.options.get("max_workers") or cpu_count()
+            return max(int(capacity) + 1 + n_jobs, 1)
+        return int(n_jobs)
+
+    def configure(
+        self,
+        n_jobs: int | None = 1,
+        parallel: Any = None,
+        prefer: str | None = None,
+        require: str | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """Settle this call's worker count and options; 1 job runs sequentially, as joblib does."""
+        n = self.effective_n_jobs(n_jobs)
+        if in_worker():
+            raise FallbackToBackend(ThreadingBackend(nesting_level=self._level()))
+        if n == 1:
+            raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        extra = {k: v for k, v in kwargs.items() if k not in _JOBLIB_KWARGS}
+        self._call_options = {**self.options, **executor_options(extra)}
+        self._call_options.pop("max_workers", None)
+        self._n_jobs = n
+        self.parallel = parallel
+        return n
+
+    def _level(self) -> int:
+        return (self.nesting_level or 0) + 1
+
+    # ------------------------------------------------------------ running
+
+    def _get_executor(self) -> FiberExecutor:
+        if self._executor is None:
+            if self.reuse:
+                self._executor = _warm.get(self._n_jobs, self._call_options)
+            else:
+                self._executor = FiberExecutor(self._n_jobs, **self._call_options)
+        return self._executor
+
+    def submit(self, func: Callable[[], Any], callback: Any = None) -> Future[Any]:
+        """Send one batch; joblib's ``callback`` runs on the relay thread once it is done."""
+        future = self._submit_once(func)
+        with self._lock:
+            self._futures.add(future)
+        future.add_done_callback(self._forget)
+        if callback is not None:
+            future.add_done_callback(_relay.deliver(callback))
+        return future
+
+    def _submit_once(self, func: Callable[[], Any]) -> Future[Any]:
+        executor = self._get_executor()
+        try:
+            return executor.submit(operator.call, func)
+        except (BrokenExecutor, RuntimeError):
+            # A warm executor that broke, or that shutdown_executors() stopped: try a fresh one.
+            _warm.discard(executor)
+            self._executor = None
+            if not self.reuse:
+                raise
+            return self._get_executor().submit(operator.call, func)
+
+    def _forget(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def retrieve_result_callback(self, out: Future[Any]) -> Any:
+        """The batch's results, or the exception its task raised (traceback in ``__cause__``)."""
+        return out.result()
+
+    # ------------------------------------------------------------ ending a call
+
+    def terminate(self) -> None:
+        """End of a `Parallel` call: keep a warm executor, shut down a per-call one."""
+        executor, self._executor = self._executor, None
+        if executor is not None and not self.reuse:
+            executor.shutdown(wait=True)
+        self.reset_batch_stats()
+
+    def abort_everything(self, ensure_ready: bool = True) -> None:
+        """First error or timeout: cancel queued batches; stop workers that may hang.
+
+        Batches already running on a warm executor finish and are ignored, unless the call had
+        a ``timeout``: then a task may never return, so that executor's workers are stopped.
+        """
+        with self._lock:
+            futures, self._futures = list(self._futures), set()
+        for future in futures:
+            future.cancel()
+        running = any(not f.done() for f in futures)
+        executor, self._executor = self._executor, None
+        timeout = getattr(self.parallel, "timeout", None)
+        if executor is not None and (not self.reuse or (running and timeout is not None)):
+            _warm.discard(executor)
+            if running and timeout is not None:
+                executor.terminate()  # a timed-out task may never return: kill its worker
+            else:
+                executor.shutdown(wait=False, cancel_futures=True)
+        self.reset_batch_stats()
+        # ensure_ready: the next submit gets a (warm or fresh) executor on demand.
+
+    def get_nested_backend(self) -> tuple[ParallelBackendBase, int | None]:
+        """Nested calls inside a task use threads; deeper ones run sequentially (as loky)."""
+        level = self._level()
+        if level > 1:
+            return SequentialBackend(nesting_level=level), None
+        return ThreadingBackend(nesting_level=level), None
+
+
+def _rebuild(nesting_level: int | None, reuse: bool, options: dict[str, Any]) -> FiberBackend:
+    return FiberBackend(nesting_level=nesting_level, reuse=reuse, **options)
+
+
+__all__ = ["FiberBackend", "in_worker", "shutdown_executors"]

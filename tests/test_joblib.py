@@ -1,0 +1,278 @@
+"""The joblib backend "fiber": joblib's documented backend behaviour, on every fiberexec backend."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import cloudpickle
+import pytest
+from joblib import Parallel, delayed, effective_n_jobs, parallel_config
+from joblib.parallel import BACKENDS, cpu_count
+
+import fiberexec.joblib as fj
+from fiberexec import ConfigurationError
+from tests import joblib_tasks as jt
+from tests.support.kit import BackendKit
+
+Options = dict[str, Any]
+
+
+@pytest.fixture
+def opts(kit: BackendKit) -> Iterator[Options]:
+    """Executor options for the backend under test; warm executors are stopped afterwards."""
+    yield {"executor_backend": kit.make_backend(), "heartbeat": 0.5, **kit.executor_kwargs}
+    fj.shutdown_executors(wait=True)
+
+
+# ---------------------------------------------------------------- registration and options
+
+
+def test_import_registers_fiber_and_register_adds_names() -> None:
+    assert BACKENDS["fiber"] is fj.FiberBackend
+    fj.register("fiber-test")
+    try:
+        assert BACKENDS["fiber-test"] is fj.FiberBackend
+    finally:
+        del BACKENDS["fiber-test"]
+
+
+def test_unknown_option_names_the_accepted_ones() -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown option\(s\) \['imgae'\].*'image'"):
+        fj.FiberBackend(imgae="me/app:1")
+    with pytest.raises(ConfigurationError, match="not both"):
+        fj.FiberBackend(executor_backend="local", backend="local")
+
+
+def test_unknown_option_through_parallel_kwargs_is_rejected(opts: Options) -> None:
+    with pytest.raises(ConfigurationError, match="nope"):
+        Parallel(n_jobs=2, backend="fiber", nope=1)(delayed(jt.square)(i) for i in range(2))
+
+
+def test_parallel_config_passes_executor_options(opts: Options) -> None:
+    with parallel_config(
+        backend="fiber", n_jobs=2, initializer=jt.set_marker, initargs=("hello",),
+        max_task_retries=1, **opts,
+    ):
+        markers = Parallel()(delayed(jt.read_marker)(i) for i in range(6))
+    assert markers == ["hello"] * 6
+
+
+# ---------------------------------------------------------------- n_jobs
+
+
+def test_n_jobs_follows_joblib_rules() -> None:
+    backend = fj.FiberBackend()
+    assert backend.effective_n_jobs(None) == 1
+    assert backend.effective_n_jobs(3) == 3
+    assert backend.effective_n_jobs(-1) == cpu_count()
+    assert backend.effective_n_jobs(-cpu_count() - 5) == 1
+    with pytest.raises(ValueError, match="n_jobs == 0"):
+        backend.effective_n_jobs(0)
+    assert fj.FiberBackend(max_workers=64).effective_n_jobs(-2) == 63
+
+
+def test_effective_n_jobs_under_parallel_config() -> None:
+    with parallel_config(backend="fiber", n_jobs=3):
+        assert effective_n_jobs(None) == 3
+    with parallel_config(backend="fiber", max_workers=10):
+        assert effective_n_jobs(-1) == 10
+
+
+def test_n_jobs_none_is_one_unless_parallel_config_sets_it(opts: Options) -> None:
+    with parallel_config(backend="fiber", **opts):
+        assert set(Parallel()(delayed(jt.pid)(i) for i in range(4))) == {os.getpid()}
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        assert os.getpid() not in set(Parallel()(delayed(jt.pid)(i) for i in range(4)))
+
+
+def test_n_jobs_one_runs_in_this_process(opts: Options) -> None:
+    pids = Parallel(n_jobs=1, backend=fj.FiberBackend(**opts))(delayed(jt.pid)(i) for i in range(3))
+    assert set(pids) == {os.getpid()}
+
+
+# ---------------------------------------------------------------- results
+
+
+def test_smoke_plain_pipeline(opts: Options) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        squares = Parallel()(delayed(jt.square)(i) for i in range(200))
+        assert squares == [i * i for i in range(200)]
+        assert sum(Parallel()(delayed(jt.square)(x) for x in squares[:10])) == sum(
+            i**4 for i in range(10)
+        )
+
+
+def test_lambdas_and_closures_travel(opts: Options) -> None:
+    offset = 7
+
+    def shifted(x: int) -> int:
+        return x + offset
+
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        assert Parallel()(delayed(lambda x: x * 3)(i) for i in range(5)) == [0, 3, 6, 9, 12]
+        assert Parallel()(delayed(shifted)(i) for i in range(3)) == [7, 8, 9]
+
+
+@pytest.mark.parametrize("return_as", ["generator", "generator_unordered"])
+def test_return_as_generators(opts: Options, return_as: str) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        out = Parallel(return_as=return_as)(
+            delayed(jt.sleep_return)(0.05 * (4 - i), i) for i in range(4)
+        )
+        assert not isinstance(out, list)
+        got = list(out)
+    assert got == [0, 1, 2, 3] if return_as == "generator" else sorted(got) == [0, 1, 2, 3]
+
+
+def test_auto_batching_grows_batches_for_tiny_tasks(opts: Options) -> None:
+    backend = fj.FiberBackend(**opts)
+    assert Parallel(n_jobs=2, backend=backend)(delayed(jt.square)(i) for i in range(20000)) == [
+        i * i for i in range(20000)
+    ]
+    with Parallel(n_jobs=2, backend=backend) as parallel:
+        parallel(delayed(jt.square)(i) for i in range(20000))
+        assert backend.compute_batch_size() > 1
+
+
+def test_large_numpy_arguments_and_results(opts: Options) -> None:
+    np = pytest.importorskip("numpy")
+    arrays = [np.full(3 << 20, float(i)) for i in range(3)]  # 24 MiB each
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        stats = Parallel()(delayed(jt.array_stats)(a) for a in arrays)
+        made = Parallel()(delayed(jt.make_array)(3 << 20, i) for i in range(2))
+    assert stats == [(24 << 20, float(i * (3 << 20))) for i in range(3)]
+    assert [float(m[-1]) for m in made] == [0.0, 1.0]
+
+
+# ---------------------------------------------------------------- reuse
+
+
+def test_warm_executor_is_reused_across_calls(opts: Options) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        a = set(Parallel(batch_size=1)(delayed(jt.pid)(i) for i in range(20)))
+        b = set(Parallel(batch_size=1)(delayed(jt.pid)(i) for i in range(20)))
+    assert a == b
+
+
+def test_reuse_false_leaves_nothing_running(kit: BackendKit, opts: Options) -> None:
+    backend = fj.FiberBackend(reuse=False, **opts)
+    assert Parallel(n_jobs=2, backend=backend)(delayed(jt.square)(i) for i in range(5)) == [
+        0, 1, 4, 9, 16,
+    ]
+    assert backend._executor is None
+    assert kit.leaks() == []
+
+
+def test_managed_parallel_reuses_backend_across_calls(opts: Options) -> None:
+    with Parallel(n_jobs=2, backend=fj.FiberBackend(**opts)) as parallel:
+        assert parallel(delayed(jt.square)(i) for i in range(4)) == [0, 1, 4, 9]
+        with pytest.raises(ValueError, match="task 2 refuses"):
+            parallel(delayed(jt.fail_on)(i, 2) for i in range(4))
+        assert parallel(delayed(jt.square)(i) for i in range(4)) == [0, 1, 4, 9]
+
+
+# ---------------------------------------------------------------- errors, abort, timeout
+
+
+class _Recording(fj.FiberBackend):
+    """Keeps every future it hands to joblib, to see what abort_everything did to them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.handed_out: list[Future[Any]] = []
+
+    def submit(self, func: Any, callback: Any = None) -> Future[Any]:
+        future = super().submit(func, callback)
+        self.handed_out.append(future)
+        return future
+
+
+def test_first_error_raises_with_remote_traceback_and_cancels_the_rest(opts: Options) -> None:
+    backend = _Recording(**opts)
+    tasks = [delayed(jt.fail_on)(0, 0)] + [delayed(jt.sleep_return)(0.3, i) for i in range(30)]
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="task 0 refuses") as info:
+        Parallel(n_jobs=2, backend=backend, batch_size=1, pre_dispatch="all")(tasks)
+    assert time.monotonic() - start < 5.0
+    assert "fail_on" in str(info.value.__cause__)
+    assert any(f.cancelled() for f in backend.handed_out)
+
+
+def test_timeout_raises_and_stops_hung_workers(opts: Options) -> None:
+    start = time.monotonic()
+    with pytest.raises(multiprocessing.TimeoutError):  # what joblib raises for every backend
+        Parallel(n_jobs=2, backend=fj.FiberBackend(**opts), timeout=0.5)(
+            delayed(jt.sleep_return)(60, i) for i in range(2)
+        )
+    assert time.monotonic() - start < 10.0
+    # the leak fixture checks the workers running the 60 s tasks are gone
+
+
+def test_dropped_generator_aborts_and_backend_still_works(opts: Options) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        gen = Parallel(return_as="generator")(delayed(jt.sleep_return)(0.2, i) for i in range(10))
+        assert next(gen) == 0
+        with pytest.warns(UserWarning, match="have been cancelled"):  # joblib's own notice
+            del gen
+        assert Parallel()(delayed(jt.square)(i) for i in range(3)) == [0, 1, 4]
+
+
+# ---------------------------------------------------------------- nesting and pickling
+
+
+def test_nested_parallel_runs_on_threads_inside_workers(opts: Options) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        out = Parallel()(delayed(jt.nested_sum)(n) for n in (3, 4))
+    assert out == [(5, "ThreadingBackend"), (14, "ThreadingBackend")]
+
+
+def test_explicit_fiber_inside_a_worker_falls_back_to_threads(opts: Options) -> None:
+    with parallel_config(backend="fiber", n_jobs=2, **opts):
+        (distinct_pids, _threads), = Parallel()(delayed(jt.nested_explicit_fiber)(4) for _ in [0])
+    assert distinct_pids == 1  # ran in the worker itself, not in workers of workers
+
+
+def test_backend_and_its_nested_backend_are_picklable() -> None:
+    backend = fj.FiberBackend(nesting_level=0, image="me/app:1", reuse=False)
+    clone = pickle.loads(cloudpickle.dumps(backend))
+    assert (clone.options, clone.reuse, clone.nesting_level) == ({"image": "me/app:1"}, False, 0)
+    nested, n_jobs = backend.get_nested_backend()
+    assert pickle.loads(pickle.dumps(nested)).nesting_level == 1 and n_jobs is None
+
+
+# ---------------------------------------------------------------- scikit-learn
+
+
+def test_sklearn_grid_search_matches_sequential(opts: Options) -> None:
+    datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.svm import SVC
+
+    X, y = datasets.load_iris(return_X_y=True)
+    grid = {"C": [0.1, 1.0, 10.0], "gamma": ["scale", 0.1]}
+    sequential = GridSearchCV(SVC(), grid, cv=3, n_jobs=None).fit(X, y)
+    with parallel_config(backend="fiber", **opts):
+        parallel = GridSearchCV(SVC(), grid, cv=3, n_jobs=2).fit(X, y)
+    assert parallel.best_params_ == sequential.best_params_
+    assert list(parallel.cv_results_["mean_test_score"]) == list(
+        sequential.cv_results_["mean_test_score"]
+    )
+
+
+def test_sklearn_cross_val_score_matches_sequential(opts: Options) -> None:
+    datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn.model_selection import cross_val_score
+    from sklearn.tree import DecisionTreeClassifier
+
+    X, y = datasets.load_wine(return_X_y=True)
+    model = DecisionTreeClassifier(random_state=0)
+    sequential = cross_val_score(model, X, y, cv=5)
+    with parallel_config(backend="fiber", **opts):
+        parallel = cross_val_score(model, X, y, cv=5, n_jobs=2)
+    assert list(parallel) == list(sequential)
