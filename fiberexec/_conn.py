@@ -41,6 +41,7 @@ class Conn:
         self.doomed: list[WorkItem] = []  # out of retries; failed once the exit status is known
         self.why: str | None = None  # how the connection was lost, when we know better
         self.leaving: str | None = None  # why an orderly exit was agreed ("idle", ...)
+        self.counted = False  # included in the shard's ready_workers
         self.shm = False
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
         self.dispatched = 0

@@ -53,6 +53,7 @@ class TaskPool:
         self.broken: BrokenFiberExecutor | None = None
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}
+        self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
         self._retiring: set[str] = set()
         self._ready: set[str] = set()
         self._start_failures = 0
@@ -109,7 +110,11 @@ class TaskPool:
                 return
             worker_id = f"w{next(self._ids)}"
             self._handles[worker_id] = None
-            shard = min(self.shards, key=lambda s: len(s.conns))
+            load = {id(s): 0 for s in self.shards}
+            for placed in self._placement.values():
+                load[id(placed)] += 1
+            shard = min(self.shards, key=lambda s: load[id(s)])
+            self._placement[worker_id] = shard
         channel = Channel.listen(
             self.backend.bind_host,
             max_message=self.config.max_message_size,
@@ -159,6 +164,7 @@ class TaskPool:
             shard.post("start_failed", spec.worker_id)
             with self._lock:
                 self._handles.pop(spec.worker_id, None)
+                self._placement.pop(spec.worker_id, None)
             self.break_executor(
                 f"could not start a worker on the {self.backend.name!r} backend: {exc}", exc
             )
@@ -182,6 +188,7 @@ class TaskPool:
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
         with self._lock:
             self._handles.pop(worker_id, None)
+            self._placement.pop(worker_id, None)
             self._ready.discard(worker_id)
             retired = worker_id in self._retiring
             self._retiring.discard(worker_id)
@@ -197,6 +204,7 @@ class TaskPool:
     def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
         with self._lock:
             handle = self._handles.pop(worker_id, None)
+            self._placement.pop(worker_id, None)
             self._start_failures += 1
             give_up = self._start_failures >= MAX_START_FAILURES
         self._in_background(self._diagnose_start_failure, worker_id, handle, status, give_up)

@@ -58,6 +58,7 @@ class Shard:
         self.queue: deque[WorkItem] = deque()
         self.conns: dict[str, Conn] = {}
         self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
+        self.ready_workers = 0  # read by other shards deciding whether to steal
         self._next_housekeeping = 0.0
         self.selector = selectors.DefaultSelector()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -66,6 +67,7 @@ class Shard:
         self.selector.register(self._wake_fd, selectors.EVENT_READ, None)
         self._sleeping = False
         self.shutting_down = False
+        self.broken: BaseException | None = None  # once set, every task that arrives fails
         self.stealing = False
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.thread = threading.Thread(
@@ -227,6 +229,8 @@ class Shard:
         conn.state = State.READY
         conn.idle_since = time.monotonic()
         self.hungry[conn.worker_id] = conn
+        conn.counted = True
+        self.ready_workers += 1
         self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.pool.initializer))
         self.pool.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
@@ -302,15 +306,18 @@ class Shard:
             self.queue = keep
 
     def _ev_broken(self, error: BaseException) -> None:
-        self.shutting_down = True
+        # Keep running until shutdown(): a task submitted as we broke may still arrive.
+        self.broken = error
         self._take_incoming()
-        self._fail_everything(error)
 
     def _ev_call(self, fn: Callable[[], None]) -> None:
         fn()  # run on this thread: how other threads read shard state consistently
 
     def _ev_steal(self, thief: Shard) -> None:
-        n = len(self.queue) // 2 if len(self.queue) >= STEAL_MIN else 0
+        if not self.ready_workers:
+            n = len(self.queue)  # no worker of ours can run them: hand over everything
+        else:
+            n = len(self.queue) // 2 if len(self.queue) >= STEAL_MIN else 0
         thief.post("stolen", [self.queue.pop() for _ in range(n)][::-1])
 
     def _ev_stolen(self, items: list[WorkItem]) -> None:
@@ -324,6 +331,8 @@ class Shard:
         incoming, queue = self.incoming, self.queue
         while incoming:
             queue.append(incoming.popleft())
+        if self.broken is not None:  # tasks submitted as the executor broke fail too
+            self._fail_everything(self.broken)
 
     def _dispatch(self) -> None:
         if not self.queue:
@@ -346,7 +355,8 @@ class Shard:
         if not self.hungry:
             return
         victim = max(self.pool.shards, key=lambda s: len(s.queue))
-        if victim is not self and len(victim.queue) >= STEAL_MIN:
+        worth_it = len(victim.queue) >= STEAL_MIN or (victim.queue and not victim.ready_workers)
+        if victim is not self and worth_it:
             self.stealing = True
             victim.post("steal", self)
 
@@ -468,6 +478,9 @@ class Shard:
 
     def _unregister(self, conn: Conn) -> None:
         self.hungry.pop(conn.worker_id, None)
+        if conn.counted:
+            conn.counted = False
+            self.ready_workers -= 1
         if not conn.channel.closed:
             self.selector.unregister(conn.channel.fileno())
             conn.channel.close()

@@ -159,3 +159,12 @@ def test_worker_that_cannot_start_breaks_with_its_output(make_executor: Executor
     ex = make_executor(1, backend=backend)
     with pytest.raises(Exception, match="3 workers in a row failed to start.*exited with code 1"):
         ex.submit(tasks.square, 3).result(timeout=60)
+
+
+def test_task_arriving_as_the_executor_breaks_still_fails(make_executor: ExecutorFactory) -> None:
+    """The first start fails at once, possibly before the task reaches its shard."""
+    for _ in range(20):
+        backend = _FlakyBackend(100, PermanentBackendError)
+        ex = make_executor(1, backend=backend, start_retry=FAST_RETRY)
+        with pytest.raises(Exception, match="could not start a worker"):
+            ex.submit(tasks.square, 3).result(timeout=30)
