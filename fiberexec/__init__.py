@@ -28,6 +28,8 @@ if _typing.TYPE_CHECKING:
     from fiberexec._executor import (
         FiberExecutor,
     )
+    from fiberexec._logging import enable_logging
+    from fiberexec._progress import ProgressBar, progress_bar
     from fiberexec._retry import (
         RetryPolicy,
     )
@@ -37,6 +39,22 @@ if _typing.TYPE_CHECKING:
     from fiberexec._stats import (
         Stats,
     )
+    from fiberexec.multiprocessing import (
+        BufferTooShort,
+        JoinableQueue,
+        Manager,
+        Pipe,
+        Pool,
+        Process,
+        ProcessError,
+        Queue,
+        SimpleQueue,
+        TimeoutError,
+        active_children,
+        cpu_count,
+        current_process,
+        meta,
+    )
 
 __version__ = "0.1.0"
 
@@ -45,34 +63,68 @@ _EXPORTS: dict[str, str] = {
     "AuthenticationError": "fiberexec._errors",
     "BackendError": "fiberexec._errors",
     "BrokenFiberExecutor": "fiberexec._errors",
+    "BufferTooShort": "fiberexec.multiprocessing",
     "ConfigurationError": "fiberexec._errors",
     "FiberExecError": "fiberexec._errors",
     "FiberExecutor": "fiberexec._executor",
+    "JoinableQueue": "fiberexec.multiprocessing",
+    "Manager": "fiberexec.multiprocessing",
     "PermanentBackendError": "fiberexec._errors",
+    "Pipe": "fiberexec.multiprocessing",
+    "Pool": "fiberexec.multiprocessing",
+    "Process": "fiberexec.multiprocessing",
+    "ProcessError": "fiberexec.multiprocessing",
     "ProtocolError": "fiberexec._errors",
+    "Queue": "fiberexec.multiprocessing",
     "RemoteTraceback": "fiberexec._serialize",
     "RetryPolicy": "fiberexec._retry",
     "SerializationError": "fiberexec._errors",
+    "SimpleQueue": "fiberexec.multiprocessing",
     "Stats": "fiberexec._stats",
+    "TimeoutError": "fiberexec.multiprocessing",
     "TransientBackendError": "fiberexec._errors",
     "WorkerLostError": "fiberexec._errors",
+    "ProgressBar": "fiberexec._progress",
+    "progress_bar": "fiberexec._progress",
+    "enable_logging": "fiberexec._logging",
+    "active_children": "fiberexec.multiprocessing",
+    "cpu_count": "fiberexec.multiprocessing",
+    "current_process": "fiberexec.multiprocessing",
+    "meta": "fiberexec.multiprocessing",
 }
 
 __all__ = [
     "AuthenticationError",
     "BackendError",
     "BrokenFiberExecutor",
+    "BufferTooShort",
     "ConfigurationError",
     "FiberExecError",
     "FiberExecutor",
+    "JoinableQueue",
+    "Manager",
     "PermanentBackendError",
+    "Pipe",
+    "Pool",
+    "Process",
+    "ProcessError",
+    "ProgressBar",
     "ProtocolError",
+    "Queue",
     "RemoteTraceback",
     "RetryPolicy",
     "SerializationError",
+    "SimpleQueue",
     "Stats",
+    "TimeoutError",
     "TransientBackendError",
     "WorkerLostError",
+    "active_children",
+    "cpu_count",
+    "current_process",
+    "enable_logging",
+    "meta",
+    "progress_bar",
 ]
 
 

@@ -1,0 +1,139 @@
+"""Which backend `Process`, `Pool`, `Manager` and the broker use, and resource hints.
+
+The default is ``FIBEREXEC_BACKEND`` (else ``"local"``); `set_default_backend` changes it
+for this process, like `multiprocessing.set_start_method`. `Pool` gets a fresh backend
+instance each (a backend's worker ids are per executor); processes share one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fiberexec._backend import (
+    Backend,
+    Resources,
+    WorkerHandle,
+    parse_memory,
+)
+from fiberexec._errors import ConfigurationError
+
+log = logging.getLogger("fiberexec.multiprocessing")
+BackendLike = str | Backend | Callable[[], Backend]
+_default: BackendLike | None = None
+_shared: Backend | None = None
+_lock = threading.Lock()
+
+
+def set_default_backend(backend: BackendLike | None) -> None:
+    """Run new processes, pools and managers on ``backend`` (a name or a factory).
+
+    Pass a name (``"docker"``), a zero-argument callable returning a `Backend`, or None for
+    ``FIBEREXEC_BACKEND``. A `Backend` instance is used for processes only (pools need
+    their own). Call it before the first queue or process is created: the broker binds to
+    the host this backend's workers can reach.
+    """
+    global _default, _shared
+    if backend is not None and not (isinstance(backend, str | Backend) or callable(backend)):
+        raise ConfigurationError(
+            f"backend must be a name, a Backend or a factory, got {backend!r}"
+        )
+    with _lock:
+        _default, old, _shared = backend, _shared, None
+    if old is not None:
+        old.close()
+
+
+def new_backend(choice: BackendLike | None = None) -> Backend:
+    """A new backend instance for ``choice`` (default: the default backend)."""
+    from fiberexec._registry import load_backend
+
+    choice = _default if choice is None else choice
+    if choice is None:
+        choice = os.environ.get("FIBEREXEC_BACKEND") or "local"
+    if isinstance(choice, str):
+        return load_backend(choice)
+    if isinstance(choice, Backend):
+        return choice
+    backend = choice()
+    if not isinstance(backend, Backend):
+        raise ConfigurationError(f"backend factory returned {backend!r}, not a Backend")
+    return backend
+
+
+def shared_backend() -> Backend:
+    """The backend processes run on (one instance per process, closed at exit)."""
+    global _shared
+    with _lock:
+        if _shared is None:
+            _shared = new_backend()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def broker_hosts() -> tuple[str, str]:
+    backend = shared_backend()
+    return backend.bind_host, backend.advertise_host
+
+
+@dataclass(frozen=True)
+class Meta:
+    cpu: float | None = None
+    memory: int | None = None
+    gpu: int = 0
+
+    def resources(self) -> Resources:
+        return Resources(cpu=self.cpu, memory=self.memory, gpu=self.gpu)
+
+
+def meta(*, cpu: float | None = None, memory: int | str | None = None,
+         gpu: int = 0) -> Callable[[Any], Any]:
+    """Attach the resources a function needs; `Process` and `Pool` pass them to the backend.
+
+    Backends that cannot enforce them (local) run the function anyway and log a note.
+
+    Example:
+        >>> @meta(cpu=2, memory="1Gi")
+        ... def simulate(seed): ...
+    """
+    hint = Meta(cpu=cpu, memory=parse_memory(memory), gpu=gpu)
+    hint.resources()  # validate now, name the bad value
+
+    def attach(fn: Any) -> Any:
+        fn.__fiberexec_meta__ = hint
+        return fn
+
+    return attach
+
+
+def meta_of(fn: object) -> Meta | None:
+    hint = getattr(fn, "__fiberexec_meta__", None)
+    return hint if isinstance(hint, Meta) else None
+
+
+def note_unenforced(backend: Backend, resources: Resources) -> None:
+    if backend.name == "local" and resources != Resources():
+        log.info("the local backend does not enforce %s; the work runs without limits",
+                 resources)
+
+
+def kill(backend: Backend, handle: WorkerHandle, sig: int) -> bool:
+    """Signal a worker so its watcher still reports the exit; True if it was signalled.
+
+    A local worker gets ``sig`` itself (its exit code says so); elsewhere the backend stops
+    the job (SIGTERM, then SIGKILL after a grace period) and this returns False.
+    """
+    if backend.name == "local" and handle.ref.isdigit():
+        try:
+            os.kill(int(handle.ref), sig)
+        except ProcessLookupError:
+            pass
+        return True
+    backend.stop(handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
+    return False

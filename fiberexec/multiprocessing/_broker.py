@@ -1,0 +1,217 @@
+"""The broker: this process's queues, pipe channels and process payloads, served over `_rpc`.
+
+Every `Queue`, `Pipe` and `Process` created here lives in one broker per process, started on
+first use. Items are stored as the bytes their sender pickled; the broker never unpickles
+them. Blocking operations wait on a condition for at most the time the request asks
+(clients wait longer in slices, so a vanished client holds a server thread for one slice).
+
+Trust model: the broker's secret reaches only processes we start (through
+`WorkerSpec.secret_env`) and pickled handles sent to our own workers over the executor's
+authenticated channel. Whoever holds a handle's pickle holds the secret: do not store one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fiberexec import _auth
+from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
+
+OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
+
+
+@dataclass
+class Chan:
+    """One FIFO of pickled items (a queue, or one direction of a pipe)."""
+
+    maxsize: int = 0
+    items: deque[bytes] = field(default_factory=deque)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    unfinished: int = 0  # JoinableQueue: put() minus task_done()
+    writers: int = -1  # pipe ends that may still send here; 0 means EOF (-1: not counted)
+    tickets: dict[str, bool] = field(default_factory=dict)  # pickled ends: ticket -> claimed
+
+
+class Broker:
+    def __init__(self, host: str, advertise: str) -> None:
+        self.secret = _auth.new_secret()
+        self.chans: dict[int, Chan] = {}
+        self.processes: dict[int, bytes] = {}
+        self.pids: dict[int, int] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.server = RpcServer(self.secret, self.handle, host)
+        self.address = self.server.advertised(advertise)
+        self.endpoint = Endpoint(self.address, self.secret)
+        _alias(self.server, self.address)
+        self.ops: dict[str, Callable[..., tuple[Any, bytes]]] = {
+            "new": self._new, "put": self._put, "get": self._get, "qsize": self._qsize,
+            "task_done": self._task_done, "join": self._join, "poll": self._poll,
+            "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
+        }
+
+    def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
+            Any, bytes]:
+        fn = self.ops.get(op)
+        if fn is None:
+            raise ValueError(f"unknown broker operation {op!r}")
+        return fn(body, *args)
+
+    def chan(self, cid: int) -> Chan:
+        chan = self.chans.get(cid)
+        if chan is None:
+            raise ValueError(f"queue {cid} does not exist on this broker (was it closed?)")
+        return chan
+
+    def _new(self, _body: bytes, maxsize: int, writers: int) -> tuple[Any, bytes]:
+        with self.lock:
+            cid = next(self.ids)
+            self.chans[cid] = Chan(maxsize=max(0, maxsize), writers=writers)
+        return cid, b""
+
+    def _put(self, body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.maxsize and not chan.cond.wait_for(
+                    lambda: len(chan.items) < chan.maxsize, timeout=wait):
+                return FULL, b""
+            chan.items.append(body)
+            chan.unfinished += 1
+            chan.cond.notify_all()
+        return OK, b""
+
+    def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            if not chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout=wait):
+                return EMPTY, b""
+            if not chan.items:
+                return EOF, b""
+            item = chan.items.popleft()
+            chan.cond.notify_all()
+        return OK, item
+
+    def _poll(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            ready = chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout=wait)
+        return bool(ready), b""
+
+    def _qsize(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            return (len(chan.items), chan.maxsize), b""
+
+    def _task_done(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.unfinished <= 0:
+                raise ValueError("task_done() called too many times")
+            chan.unfinished -= 1
+            chan.cond.notify_all()
+        return None, b""
+
+    def _join(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            return chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=wait), b""
+
+    def _ref(self, _body: bytes, cid: int, ticket: str) -> tuple[Any, bytes]:
+        """A pipe end is being pickled: hold a count for the copy until it is unpickled.
+
+        Pickling the same end twice with the same unclaimed ticket (cloudpickle's second
+        pass) holds one count; False asks for a fresh ticket (the old one was claimed).
+        """
+        chan = self.chan(cid)
+        with chan.cond:
+            if ticket in chan.tickets:
+                return not chan.tickets[ticket], b""
+            chan.tickets[ticket] = False
+            if chan.writers > 0:
+                chan.writers += 1
+        return True, b""
+
+    def _claim(self, _body: bytes, cid: int, ticket: str) -> tuple[Any, bytes]:
+        """A copy was unpickled: it owns the ticket's count (a second copy takes another)."""
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.tickets.get(ticket) is False:
+                chan.tickets[ticket] = True
+            elif chan.writers > 0:
+                chan.writers += 1
+        return None, b""
+
+    def _unref(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.writers > 0:
+                chan.writers -= 1
+                chan.cond.notify_all()
+        return None, b""
+
+    def add_process(self, payload: bytes) -> int:
+        with self.lock:
+            pid = next(self.ids)
+            self.processes[pid] = payload
+        return pid
+
+    def _fetch(self, _body: bytes, proc_id: int, os_pid: int) -> tuple[Any, bytes]:
+        with self.lock:
+            payload = self.processes.pop(proc_id, None)
+            self.pids[proc_id] = os_pid
+        if payload is None:
+            raise ValueError(f"process {proc_id} was already fetched or never existed")
+        return None, payload
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _alias(server: RpcServer, address: str) -> None:
+    from fiberexec.multiprocessing import _rpc
+
+    _rpc._local_servers[address] = server
+
+
+_broker: Broker | None = None
+_broker_lock = threading.Lock()
+
+
+def get_broker() -> Broker:
+    """This process's broker, started on first use on the default backend's hosts."""
+    global _broker
+    with _broker_lock:
+        if _broker is None or _broker.server.port == 0:
+            from fiberexec.multiprocessing._backends import broker_hosts
+
+            _broker = Broker(*broker_hosts())
+            atexit.register(_close_at_exit, _broker, os.getpid())
+        return _broker
+
+
+def _close_at_exit(broker: Broker, pid: int) -> None:
+    if os.getpid() == pid:
+        broker.close()
+
+
+def wait_slices(timeout: float | None, slice_: float, attempt: Callable[[float], bool]) -> bool:
+    """Call ``attempt(wait)`` until it succeeds or ``timeout`` passes (None: forever).
+
+    Each attempt blocks server-side for at most ``slice_`` seconds, so a client that vanishes
+    mid-wait costs the server one slice, not a thread forever.
+    """
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    while True:
+        left = slice_ if deadline is None else min(slice_, deadline - time.monotonic())
+        if attempt(max(0.0, left)):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False

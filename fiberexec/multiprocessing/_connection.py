@@ -1,0 +1,170 @@
+"""`Pipe` and `Connection`: two broker queues, one per direction, with end-of-file.
+
+Each direction counts the open `Connection` objects that may send into it (a pickled copy
+holds its own count, taken when it is pickled); when the last is closed or collected, the
+other end's ``recv`` raises `EOFError` once the data already sent is read.
+"""
+
+from __future__ import annotations
+
+import secrets
+import weakref
+from typing import Any
+
+from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing._errors import BufferTooShort
+from fiberexec.multiprocessing._queues import SLICE
+from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._wire import dumps, loads
+
+
+class Connection:
+    """One end of a `Pipe` (`multiprocessing.connection.Connection`)."""
+
+    def __init__(self, endpoint: Endpoint, recv_id: int | None, send_id: int | None) -> None:
+        self._endpoint = endpoint
+        self._recv_id, self._send_id = recv_id, send_id
+        self._closer: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._ticket = secrets.token_hex(8)
+        if send_id is not None:
+            self._closer = weakref.finalize(self, _release, endpoint, send_id)
+            _open.add(self)
+
+    readable = property(lambda self: self._recv_id is not None)
+    writable = property(lambda self: self._send_id is not None)
+
+    @property
+    def closed(self) -> bool:
+        return self._recv_id is None and self._send_id is None
+
+    def __repr__(self) -> str:
+        return f"<Connection recv={self._recv_id} send={self._send_id}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        ticket = ""
+        if self._send_id is not None:  # the copy holds its own count on our direction
+            ticket = self._ticket
+            while not self._endpoint.call("ref", (self._send_id, ticket))[0]:
+                ticket = self._ticket = secrets.token_hex(8)
+        ep = self._endpoint
+        return (_rebuild, (ep.address, ep.secret, self._recv_id, self._send_id, ticket))
+
+    def _check(self, readable: bool) -> int:
+        cid = self._recv_id if readable else self._send_id
+        if self.closed:
+            raise OSError("handle is closed")
+        if cid is None:
+            raise OSError(f"connection is {'write' if readable else 'read'}-only")
+        return cid
+
+    def send(self, obj: Any) -> None:
+        """Send a picklable object to the other end."""
+        self.send_bytes(dumps(obj, what="object sent through the pipe"))
+
+    def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        """Send bytes from a bytes-like object (``offset``/``size`` select a slice)."""
+        cid = self._check(readable=False)
+        view = memoryview(buf).cast("B")
+        if offset < 0:
+            raise ValueError("offset is negative")
+        if len(view) < offset:
+            raise ValueError("buffer length < offset")
+        size = len(view) - offset if size is None else size
+        if size < 0:
+            raise ValueError("size is negative")
+        if offset + size > len(view):
+            raise ValueError("buffer length < offset + size")
+        self._endpoint.call("put", (cid, 0.0), bytes(view[offset:offset + size]))
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        """Receive one message as bytes; `EOFError` when the other end is closed."""
+        if maxlength is not None and maxlength < 0:
+            raise ValueError("negative maxlength")
+        data = self._receive()
+        if maxlength is not None and len(data) > maxlength:
+            self.close()
+            raise OSError("bad message length")
+        return data
+
+    def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
+        """Receive into ``buf`` at ``offset``; `BufferTooShort` (with the message) if small."""
+        view = memoryview(buf).cast("B")
+        if offset < 0 or offset > len(view):
+            raise ValueError("offset out of bounds" if offset >= 0 else "negative offset")
+        data = self._receive()
+        if len(data) > len(view) - offset:
+            raise BufferTooShort(data)
+        view[offset:offset + len(data)] = data
+        return len(data)
+
+    def recv(self) -> Any:
+        """Receive one object sent with `send`; `EOFError` when the other end is closed."""
+        return loads(self._receive(), what="object received from the pipe")
+
+    def _receive(self) -> bytes:
+        cid = self._check(readable=True)
+        found: list[tuple[str, bytes]] = []
+
+        def attempt(wait: float) -> bool:
+            status, body = self._endpoint.call("get", (cid, wait), timeout=wait + CALL_TIMEOUT)
+            found.append((status, body))
+            return bool(status != b.EMPTY)
+
+        b.wait_slices(None, SLICE, attempt)
+        status, body = found[-1]
+        if status == b.EOF:
+            raise EOFError
+        return body
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        """Whether data (or end-of-file) is waiting; wait up to ``timeout`` (None: forever)."""
+        cid = self._check(readable=True)
+        return b.wait_slices(timeout, SLICE, lambda w: bool(
+            self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
+
+    def close(self) -> None:
+        """Close this end; once every copy of it is closed, the other end sees EOF."""
+        if self._closer is not None:
+            self._closer()
+        self._recv_id = self._send_id = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_open: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def release_all() -> None:
+    """Close every connection end still open here (a `Process` child does it on exit)."""
+    for conn in list(_open):
+        conn.close()
+
+
+def _release(endpoint: Endpoint, cid: int) -> None:
+    try:
+        endpoint.call("unref", (cid,), timeout=5.0)
+    except Exception:  # the broker is gone: nobody is left to tell
+        pass
+
+
+def _rebuild(address: str, secret: bytes, recv_id: int | None, send_id: int | None,
+             ticket: str) -> Connection:
+    endpoint = Endpoint(address, secret)
+    if send_id is not None:
+        endpoint.call("claim", (send_id, ticket))
+    return Connection(endpoint, recv_id, send_id)
+
+
+def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:  # stdlib name
+    """Two connected `Connection` objects; with ``duplex=False``, (reader, writer)."""
+    broker = b.get_broker()
+    ep = broker.endpoint
+    forward = ep.call("new", (0, 1))[0]
+    if not duplex:
+        return Connection(ep, forward, None), Connection(ep, None, forward)
+    backward = ep.call("new", (0, 1))[0]
+    return Connection(ep, backward, forward), Connection(ep, forward, backward)

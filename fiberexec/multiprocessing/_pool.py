@@ -1,0 +1,428 @@
+"""`Pool`: the `multiprocessing.Pool` API as a thin layer over `FiberExecutor`.
+
+    Pool.apply_async / map_async / imap ...      chunks of work become executor tasks
+            |  submit(_mapstar, fn, chunk)
+    FiberExecutor (the only scheduler)           Futures complete on the executor's threads
+            |  add_done_callback
+    ApplyResult / MapResult / IMapIterator       callbacks run, then the result is ready
+
+A worker that dies or a result that cannot be unpickled fails its future (the executor's
+`WorkerLostError` / `SerializationError`), so the result raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+from fiberexec._backend import Backend, Resources, parse_memory
+from fiberexec._executor import FiberExecutor
+from fiberexec.multiprocessing._backends import (
+    BackendLike,
+    meta_of,
+    new_backend,
+    note_unenforced,
+)
+from fiberexec.multiprocessing._errors import ProcessError, TimeoutError
+
+log = logging.getLogger("fiberexec.multiprocessing")
+RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
+Callback = Callable[[Any], object] | None
+
+
+def _mapstar(fn: Callable[..., Any], chunk: tuple[Any, ...]) -> list[Any]:
+    return [fn(x) for x in chunk]
+
+
+def _starmapstar(fn: Callable[..., Any], chunk: tuple[tuple[Any, ...], ...]) -> list[Any]:
+    return [fn(*args) for args in chunk]
+
+
+def _chunks(iterable: Iterable[Any], size: int) -> Iterator[tuple[Any, ...]]:
+    it = iter(iterable)
+    while chunk := tuple(itertools.islice(it, size)):
+        yield chunk
+
+
+def _outcome(future: Future[Any]) -> tuple[bool, Any]:
+    if future.cancelled():
+        return False, ProcessError("the pool was terminated before this task finished")
+    exc = future.exception()
+    return (True, future.result()) if exc is None else (False, exc)
+
+
+class ApplyResult:
+    """The result of `Pool.apply_async` (``AsyncResult`` in the standard library)."""
+
+    def __init__(self, callback: Callback = None, error_callback: Callback = None) -> None:
+        self._event = threading.Event()
+        self._callback, self._error_callback = callback, error_callback
+        self._success = False
+        self._value: Any = None
+
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        """Whether the call returned without raising; ValueError if it is not ready yet."""
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._success
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._event.wait(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The return value, or raise what the call raised; `TimeoutError` after ``timeout``."""
+        self.wait(timeout)
+        if not self.ready():
+            raise TimeoutError
+        if self._success:
+            return self._value
+        raise self._value
+
+    def _set(self, success: bool, value: Any) -> None:
+        self._success, self._value = success, value
+        callback = self._callback if success else self._error_callback
+        if callback is not None:
+            try:
+                callback(value)
+            except Exception:
+                log.exception("a Pool callback raised")
+        self._event.set()
+
+    def _on_done(self, future: Future[Any]) -> None:
+        self._set(*_outcome(future))
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult):
+    """The result of `Pool.map_async` / `starmap_async`: a list once every chunk is back."""
+
+    def __init__(self, sizes: list[int], callback: Callback, error_callback: Callback) -> None:
+        super().__init__(callback, error_callback)
+        self._parts: list[list[Any]] = [[] for _ in sizes]
+        self._left = len(sizes)
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        if not sizes:
+            self._set(True, [])
+
+    def _chunk_done(self, index: int, future: Future[Any]) -> None:
+        success, value = _outcome(future)
+        with self._lock:
+            if success:
+                self._parts[index] = value
+            elif self._error is None:
+                self._error = value  # the first failure wins, as in the standard library
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            if self._error is None:
+                self._set(True, list(itertools.chain.from_iterable(self._parts)))
+            else:
+                self._set(False, self._error)
+
+
+class IMapIterator:
+    """Results of `Pool.imap` / `imap_unordered`, pulling the input lazily.
+
+    At most ``window`` chunks are in flight; more are taken from the input as results are
+    consumed, so an endless generator works with a bounded consumer.
+    """
+
+    def __init__(self, submit: Callable[[tuple[Any, ...]], Future[list[Any]]],
+                 source: Iterator[tuple[Any, ...]], window: int, ordered: bool) -> None:
+        self._submit, self._source = submit, source
+        self._window, self._ordered = window, ordered
+        self._inflight: deque[Future[list[Any]]] = deque()
+        self._ready: deque[Any] = deque()
+        self._exhausted = False
+        self._lock = threading.Lock()
+        self._fill()
+
+    def _fill(self, limit: int | None = None) -> None:
+        limit = self._window if limit is None else limit
+        while not self._exhausted and len(self._inflight) < limit:
+            try:
+                chunk = next(self._source)
+            except StopIteration:
+                self._exhausted = True
+                return
+            except Exception as exc:  # the input raised: that position raises it
+                failed: Future[list[Any]] = Future()
+                failed.set_exception(exc)
+                self._inflight.append(failed)
+                self._exhausted = True
+                return
+            self._inflight.append(self._submit(chunk))
+
+    def _drain(self) -> None:
+        """Submit everything left (`Pool.join` promises every task runs)."""
+        with self._lock:
+            self._fill(limit=1 << 62)
+
+    def __iter__(self) -> IMapIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self.next()
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next result; `TimeoutError` if none arrives within ``timeout`` seconds."""
+        with self._lock:
+            while not self._ready:
+                if not self._inflight:
+                    raise StopIteration
+                future = self._take(timeout)
+                self._fill()
+                success, value = _outcome(future)
+                if not success:
+                    raise value
+                self._ready.extend(value)
+            return self._ready.popleft()
+
+    def _take(self, timeout: float | None) -> Future[list[Any]]:
+        if self._ordered:
+            done, _ = wait_futures([self._inflight[0]], timeout)
+        else:
+            done, _ = wait_futures(self._inflight, timeout, return_when=FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError
+        future = self._inflight[0] if self._ordered else next(iter(done))
+        self._inflight.remove(future)
+        return future
+
+
+class Pool:
+    """A pool of job-backed workers with the `multiprocessing.Pool` API.
+
+    Args:
+        processes: most workers at once (default: `cpu_count()`); `FiberExecutor`'s
+            ``max_workers``.
+        initializer, initargs: called in each worker before its first task.
+        maxtasksperchild: replace a worker after this many tasks (chunks count as one).
+        context: accepted for compatibility and ignored.
+        backend: a backend name, instance or factory (default: the default backend).
+        **options: any other `FiberExecutor` keyword (``image=``, ``cpu=``, ...).
+
+    A function decorated with `meta` sets ``cpu``/``memory``/``gpu`` for the pool's workers
+    when it is the first one submitted and the pool was not given them.
+
+    Example:
+        >>> with Pool(2) as pool:  # doctest: +SKIP
+        ...     pool.map(abs, [-1, -2])
+        [1, 2]
+    """
+
+    def __init__(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+        context: object = None,
+        *,
+        backend: BackendLike | None = None,
+        **options: Any,
+    ) -> None:
+        if processes is not None and (not isinstance(processes, int) or processes < 1):
+            raise ValueError(f"Number of processes must be at least 1, got {processes!r}")
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError(
+                f"maxtasksperchild must be a positive int or None, got {maxtasksperchild!r}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        from fiberexec.multiprocessing._meta import cpu_count
+
+        self._processes = processes or cpu_count()
+        self._options: dict[str, Any] = dict(
+            options, initializer=initializer, initargs=tuple(initargs),
+            max_tasks_per_child=maxtasksperchild,
+        )
+        self._backend_choice = backend
+        self._state = RUN
+        self._lock = threading.Lock()
+        self._executor: FiberExecutor | None = None
+        self._backend: Backend | None = None
+        self._owns_backend = False
+        self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
+
+    # ------------------------------------------------------------ the executor
+
+    def _get_executor(self, fn: Callable[..., Any]) -> FiberExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = self._make_executor(fn)
+            return self._executor
+
+    def _make_executor(self, fn: Callable[..., Any]) -> FiberExecutor:
+        options = dict(self._options)
+        hint = meta_of(fn)
+        if hint is not None and not {"cpu", "memory", "gpu"} & options.keys():
+            options.update(cpu=hint.cpu, memory=hint.memory, gpu=hint.gpu)
+        backend_options = options.pop("backend_options", None) or {}
+        choice = self._backend_choice
+        if isinstance(choice, str):
+            from fiberexec._registry import load_backend
+
+            inner = load_backend(choice, **backend_options)
+        else:
+            inner = new_backend(choice)
+        self._backend, self._owns_backend = inner, not isinstance(choice, Backend)
+        executor = FiberExecutor(self._processes, backend=inner, **options)
+        note_unenforced(inner, Resources(options.get("cpu"), parse_memory(options.get("memory")),
+                                         options.get("gpu") or 0))
+        weakref.finalize(self, _finalize, executor, inner if self._owns_backend else None)
+        return executor
+
+    def _check_running(self) -> None:
+        if self._state != RUN:
+            raise ValueError("Pool not running")
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        return self._get_executor(args[0] if fn in (_mapstar, _starmapstar) else fn).submit(
+            fn, *args, **kwargs)
+
+    # ------------------------------------------------------------ apply
+
+    def apply(self, func: Callable[..., Any], args: Iterable[Any] = (),
+              kwds: Mapping[str, Any] | None = None) -> Any:
+        """Call ``func(*args, **kwds)`` in a worker and return its result."""
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(self, func: Callable[..., Any], args: Iterable[Any] = (),
+                    kwds: Mapping[str, Any] | None = None, callback: Callback = None,
+                    error_callback: Callback = None) -> ApplyResult:
+        """Like `apply`, returning an `AsyncResult`; callbacks get the value or the error."""
+        self._check_running()
+        result = ApplyResult(callback, error_callback)
+        self._submit(func, *args, **(kwds or {})).add_done_callback(result._on_done)
+        return result
+
+    # ------------------------------------------------------------ map
+
+    def _default_chunksize(self, n: int) -> int:
+        chunksize, extra = divmod(n, self._processes * 4)
+        return chunksize + 1 if extra else chunksize
+
+    def _map_async(  # noqa: PLR0917  # positional like the public map_async it backs
+        self, star: Callable[..., Any], func: Callable[..., Any], iterable: Iterable[Any],
+        chunksize: int | None, callback: Callback, error_callback: Callback,
+    ) -> MapResult:
+        self._check_running()
+        items = iterable if isinstance(iterable, list | tuple | range) else list(iterable)
+        if chunksize is None:
+            chunksize = self._default_chunksize(len(items)) or 1
+        elif chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        chunks = list(_chunks(items, chunksize))
+        result = MapResult([len(c) for c in chunks], callback, error_callback)
+        for index, chunk in enumerate(chunks):
+            future = self._submit(star, func, chunk)
+            future.add_done_callback(functools.partial(result._chunk_done, index))
+        return result
+
+    def map(self, func: Callable[..., Any], iterable: Iterable[Any],
+            chunksize: int | None = None) -> list[Any]:
+        """``list(map(func, iterable))`` in parallel, in chunks of ``chunksize`` items."""
+        values: list[Any] = self._map_async(_mapstar, func, iterable, chunksize, None,
+                                            None).get()
+        return values
+
+    def map_async(self, func: Callable[..., Any], iterable: Iterable[Any],
+                  chunksize: int | None = None, callback: Callback = None,
+                  error_callback: Callback = None) -> MapResult:
+        return self._map_async(_mapstar, func, iterable, chunksize, callback, error_callback)
+
+    def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
+                chunksize: int | None = None) -> list[Any]:
+        """Like `map`, calling ``func(*args)`` for each ``args`` in ``iterable``."""
+        values: list[Any] = self._map_async(_starmapstar, func, iterable, chunksize, None,
+                                            None).get()
+        return values
+
+    def starmap_async(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
+                      chunksize: int | None = None, callback: Callback = None,
+                      error_callback: Callback = None) -> MapResult:
+        return self._map_async(_starmapstar, func, iterable, chunksize, callback,
+                               error_callback)
+
+    def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
+              ordered: bool) -> IMapIterator:
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        iterator = IMapIterator(
+            lambda chunk: self._submit(_mapstar, func, chunk),
+            _chunks(iterable, chunksize), window=2 * self._processes, ordered=ordered,
+        )
+        self._iterators.add(iterator)
+        return iterator
+
+    def imap(self, func: Callable[..., Any], iterable: Iterable[Any],
+             chunksize: int = 1) -> IMapIterator:
+        """Lazy `map`: results in order; the input is read only as results are consumed."""
+        return self._imap(func, iterable, chunksize, ordered=True)
+
+    def imap_unordered(self, func: Callable[..., Any], iterable: Iterable[Any],
+                       chunksize: int = 1) -> IMapIterator:
+        """Like `imap`, yielding results as they finish."""
+        return self._imap(func, iterable, chunksize, ordered=False)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Accept no more work; what was submitted still runs."""
+        if self._state == RUN:
+            self._state = CLOSE
+
+    def terminate(self) -> None:
+        """Stop the workers now; results not finished raise instead of arriving."""
+        self._state = TERMINATE
+        with self._lock:
+            executor, backend = self._executor, self._backend
+        if executor is not None:
+            executor.terminate()  # running tasks are killed with their workers
+        if backend is not None and self._owns_backend:
+            backend.close()
+
+    def join(self) -> None:
+        """Wait for the workers to finish; call `close` or `terminate` first."""
+        if self._state == RUN:
+            raise ValueError("Pool is still running")
+        for iterator in list(self._iterators):
+            iterator._drain()
+        with self._lock:
+            executor, backend = self._executor, self._backend
+        if executor is not None:
+            executor.shutdown(wait=True)
+        if backend is not None and self._owns_backend:
+            backend.close()
+
+    def __enter__(self) -> Pool:
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.terminate()
+
+
+def _finalize(executor: FiberExecutor, backend: Backend | None) -> None:
+    executor.shutdown(wait=False, cancel_futures=True)
+    if backend is not None:
+        backend.close()

@@ -1,0 +1,333 @@
+"""`Process`: a job on any backend that runs ``run()`` (`multiprocessing.Process`).
+
+    start()  -> broker keeps the pickled Process -> backend.start_worker(spec)
+    child    -> python -m fiberexec.multiprocessing._process_main: dials the broker, proves
+                it holds the secret (secret_env), fetches and unpickles the Process, runs it,
+                exits 0, 1 (an exception, traceback on stderr) or the SystemExit code
+    backend.watch -> exitcode set, sentinel readable, join() returns
+
+A child exits when its parent's broker goes away, so no process outlives its parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from fiberexec._backend import Backend, Resources, WorkerHandle, WorkerSpec, WorkerStatus
+from fiberexec.multiprocessing import _backends
+from fiberexec.multiprocessing._broker import get_broker
+from fiberexec.multiprocessing._wire import dumps
+
+ENV_ADDRESS = "FIBEREXEC_MP_ADDRESS"
+ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
+ENV_SECRET = "FIBEREXEC_MP_SECRET"
+COMMAND = ("python", "-m", "fiberexec.multiprocessing._process_main")
+_counter = itertools.count(1)
+_children: set[Process] = set()
+_children_lock = threading.Lock()
+_exit_hook = False
+
+
+class _Runtime:
+    """Parent-side state of a started process (never pickled)."""
+
+    def __init__(self, backend: Backend, proc_id: int) -> None:
+        self.backend = backend
+        self.proc_id = proc_id
+        self.handle: WorkerHandle | None = None
+        self.exitcode: int | None = None
+        self.done = threading.Event()
+        self.sentinel_r, self.sentinel_w = os.pipe()
+        self.signalled: int | None = None
+
+    def finish(self, code: int | None) -> None:
+        if self.done.is_set():
+            return
+        self.exitcode = code
+        self.done.set()
+        os.close(self.sentinel_w)
+
+
+class Process:
+    """A process started on a backend (default: local), with `multiprocessing.Process`'s API.
+
+    Args:
+        group: must be None (as in the standard library).
+        target, args, kwargs: what `run` calls; subclasses may override `run` instead.
+        name: default ``Process-N``.
+        daemon: a daemon is terminated when its parent exits; others are joined first.
+        backend: where to run (a name, `Backend` or factory; default: the default backend).
+
+    The target's `meta` resources go into the job's spec. The process object is pickled
+    (cloudpickle) into the child, so its attributes must be picklable.
+    """
+
+    def __init__(
+        self,
+        group: None = None,
+        target: Callable[..., object] | None = None,
+        name: str | None = None,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        daemon: bool | None = None,
+        backend: _backends.BackendLike | None = None,
+    ) -> None:
+        if group is not None:
+            raise AssertionError("group argument must be None for now")
+        self._target = target
+        self._args = tuple(args)
+        self._kwargs = dict(kwargs or {})
+        self._name = name or f"{type(self).__name__}-{next(_counter)}"
+        self._daemon = bool(daemon) if daemon is not None else current_process().daemon
+        self._backend_choice = backend
+        self._fx: _Runtime | None = None
+        self._closed = False
+        self._child_pid: int | None = None  # set in the child
+
+    # ------------------------------------------------------------ what the child runs
+
+    def run(self) -> None:
+        """Call the target; override in subclasses."""
+        if self._target is not None:
+            self._target(*self._args, **self._kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fx"] = None
+        state["_backend_choice"] = None
+        return state
+
+    # ------------------------------------------------------------ parent side
+
+    def start(self) -> None:
+        """Start the process on its backend."""
+        if self._closed:
+            raise ValueError("process object is closed")
+        if self._fx is not None:
+            raise AssertionError("cannot start a process twice")
+        if self._child_pid is not None:
+            raise AssertionError("can only start a process object created by current process")
+        choice = self._backend_choice
+        backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
+        broker = get_broker()
+        _install_exit_hook()
+        runtime = _Runtime(backend, broker.add_process(dumps(self, what="process")))
+        spec = self._spec(broker.address, broker.secret, runtime.proc_id)
+        _backends.note_unenforced(backend, spec.resources)
+        runtime.handle = backend.start_worker(spec)
+        self._fx = runtime
+        with _children_lock:
+            _children.add(self)
+        backend.watch(runtime.handle, self._on_exit)
+
+    def _spec(self, address: str, secret: bytes, proc_id: int) -> WorkerSpec:
+        hint = _backends.meta_of(self._target) or _backends.meta_of(type(self).run)
+        resources = hint.resources() if hint else Resources()
+        return WorkerSpec(
+            worker_id=f"mp-{os.getpid()}-{proc_id}",
+            executor_id=f"mp{os.getpid()}",
+            command=COMMAND,
+            env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id)},
+            secret_env={ENV_SECRET: secret.hex()},
+            workdir=os.getcwd(),
+            resources=resources,
+            labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
+        )
+
+    def _on_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        runtime = self._fx
+        if runtime is None:
+            return
+        code = status.exit_code
+        if code is None:
+            code = -(runtime.signalled or signal.SIGKILL)
+        elif runtime.signalled and code == 128 + runtime.signalled:
+            code = -runtime.signalled  # a container runtime's way of saying "killed by"
+        # Not on this (the backend's watch) thread: stopping may wait for that very watch.
+        threading.Thread(target=_clean_up, args=(runtime, handle, code), daemon=True).start()
+
+    def _runtime(self) -> _Runtime:
+        if self._closed:
+            raise ValueError("process object is closed")
+        if self._fx is None:
+            raise AssertionError("can only use a started process")
+        return self._fx
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the process ends, or ``timeout`` seconds pass."""
+        if self._closed:
+            raise ValueError("process object is closed")
+        if self._fx is None:
+            raise AssertionError("can only join a started process")
+        if self._fx.done.wait(timeout):
+            with _children_lock:
+                _children.discard(self)
+
+    def is_alive(self) -> bool:
+        if self._child_pid is not None and self._child_pid == os.getpid():
+            return True
+        if self._closed:
+            raise ValueError("process object is closed")
+        return self._fx is not None and not self._fx.done.is_set()
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while running; the exit code, or minus the signal that ended it."""
+        if self._closed:
+            raise ValueError("process object is closed")
+        return None if self._fx is None else self._fx.exitcode
+
+    def _signal(self, sig: int) -> None:
+        runtime = self._runtime()
+        if runtime.done.is_set() or runtime.handle is None:
+            return
+        runtime.signalled = sig
+        if not _backends.kill(runtime.backend, runtime.handle, sig):
+            runtime.finish(-sig)
+
+    def terminate(self) -> None:
+        """SIGTERM (on a local backend; elsewhere the backend stops the job)."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL (on a local backend; elsewhere the backend stops the job)."""
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Release the process object's resources; ValueError if it still runs."""
+        if self._closed:
+            return
+        if self._fx is not None:
+            if not self._fx.done.is_set():
+                raise ValueError("Cannot close a process while it is still running. "
+                                 "You should first call join() or terminate().")
+            os.close(self._fx.sentinel_r)
+        self._closed = True
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the process ends."""
+        return self._runtime().sentinel_r
+
+    @property
+    def pid(self) -> int | None:
+        if self._child_pid is not None:
+            return self._child_pid
+        runtime = self._fx
+        if runtime is None or runtime.handle is None:
+            return None
+        if runtime.handle.ref.isdigit():
+            return int(runtime.handle.ref)
+        return get_broker().pids.get(runtime.proc_id)
+
+    ident = pid
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError("name must be a string")
+        self._name = value
+
+    @property
+    def daemon(self) -> bool:
+        return self._daemon
+
+    @daemon.setter
+    def daemon(self, value: bool) -> None:
+        if self._fx is not None:
+            raise AssertionError("process has already started")
+        self._daemon = bool(value)
+
+    def __repr__(self) -> str:
+        if self._fx is None:
+            state = "initial"
+        elif self._fx.done.is_set():
+            state = f"stopped exitcode={self._fx.exitcode}"
+        else:
+            state = "started"
+        daemon = " daemon" if self._daemon else ""
+        return f"<{type(self).__name__} name={self._name!r} {state}{daemon}>"
+
+
+class _MainProcess(Process):
+    def __init__(self) -> None:
+        self._name, self._daemon, self._fx, self._closed = "MainProcess", False, None, False
+        self._child_pid = os.getpid()
+        self._target, self._args, self._kwargs, self._backend_choice = None, (), {}, None
+
+
+_current: Process | None = None
+_parent: Process | None = None
+
+
+def current_process() -> Process:
+    """The `Process` object of this process (``MainProcess`` where no Process started it)."""
+    global _current
+    if _current is None:
+        _current = _MainProcess()
+    return _current
+
+
+def parent_process() -> Process | None:
+    """None in the main process (the parent's object is not available in children)."""
+    return _parent
+
+
+def active_children() -> list[Process]:
+    """Children started here that are still running (finished ones are forgotten)."""
+    with _children_lock:
+        for child in list(_children):
+            if child._fx is not None and child._fx.done.is_set():
+                _children.discard(child)
+        return list(_children)
+
+
+def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
+    """Remove the ended job, then report the exit: join() returns with nothing left behind.
+
+    A failed child's output is forwarded to our stderr first when it ran elsewhere (a local
+    child writes to our stderr itself); removing a pod or container discards its logs.
+    """
+    backend = runtime.backend
+    try:
+        if code != 0 and backend.name != "local":
+            text = backend.logs(handle, tail=200)
+            if text:
+                sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        backend.stop(handle, grace=0.5)
+    except Exception as exc:
+        print(f"fiberexec: could not clean up {handle.ref}: {exc}", file=sys.stderr)
+    finally:
+        runtime.finish(code)
+
+
+def _install_exit_hook() -> None:
+    global _exit_hook
+    with _children_lock:
+        if _exit_hook:
+            return
+        _exit_hook = True
+    atexit.register(_exit_function, os.getpid())
+
+
+def _exit_function(pid: int) -> None:
+    """At exit, terminate daemonic children and join the others, as the stdlib does."""
+    if os.getpid() != pid:
+        return
+    for child in active_children():
+        if child.daemon:
+            child.terminate()
+    for child in active_children():
+        child.join()

@@ -1,0 +1,142 @@
+"""`Queue`, `SimpleQueue`, `JoinableQueue`: handles on a queue held by a broker.
+
+The queue lives in the broker of the process that created it; handles pickle to the
+broker's address, secret and the queue's id, so they can be passed to `Process`es and `Pool`
+tasks on any backend. Items are pickled by the sender and unpickled by the receiver only.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._wire import dumps, loads
+
+SLICE = 5.0  # seconds one blocking request may wait in the broker
+
+
+class Queue:
+    """A FIFO shared by processes (`multiprocessing.Queue`).
+
+    ``put``/``get`` take ``block`` and ``timeout`` and raise `queue.Full` / `queue.Empty`;
+    ``qsize``, ``empty`` and ``full`` are exact (the broker owns the queue).
+    """
+
+    def __init__(self, maxsize: int = 0, *, ctx: object = None) -> None:
+        if not isinstance(maxsize, int):
+            raise TypeError(f"maxsize must be an int, got {maxsize!r}")
+        self._maxsize = maxsize if maxsize > 0 else 0
+        self._endpoint: Endpoint | None = None
+        self._cid = 0
+        self._closed = False
+
+    def _ep(self) -> Endpoint:
+        if self._endpoint is None:
+            broker = b.get_broker()
+            self._cid = broker.endpoint.call("new", (self._maxsize, -1))[0]
+            self._endpoint = broker.endpoint
+        return self._endpoint
+
+    def _call(self, op: str, *args: Any, body: bytes = b"", wait: float = 0.0) -> tuple[
+            Any, bytes]:
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+        return self._ep().call(op, (self._cid, *args), body, timeout=wait + CALL_TIMEOUT)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        ep = self._ep()
+        return (_rebuild, (type(self), ep.address, ep.secret, self._cid, self._maxsize))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self._cid} maxsize={self._maxsize}>"
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Put ``obj``; with a full bounded queue wait up to ``timeout``, then `queue.Full`."""
+        data = dumps(obj, what="queue item")
+
+        def attempt(wait: float) -> bool:
+            status, _ = self._call("put", wait, body=data, wait=wait)
+            return bool(status == b.OK)
+
+        if not _blocking(block, timeout, attempt):
+            raise queue.Full
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
+        found: list[bytes] = []
+
+        def attempt(wait: float) -> bool:
+            status, body = self._call("get", wait, wait=wait)
+            if status == b.OK:
+                found.append(body)
+            return bool(status == b.OK)
+
+        if not _blocking(block, timeout, attempt):
+            raise queue.Empty
+        return loads(found[0], what="queue item")
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, block=False)
+
+    def get_nowait(self) -> Any:
+        return self.get(block=False)
+
+    def qsize(self) -> int:
+        size, _maxsize = self._call("qsize")[0]
+        return int(size)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        return bool(self._maxsize) and self.qsize() >= self._maxsize
+
+    def close(self) -> None:
+        """This handle sends no more; other handles keep working."""
+        self._closed = True
+
+    def join_thread(self) -> None:
+        """Nothing to join: ``put`` delivers before it returns (no feeder thread)."""
+
+    def cancel_join_thread(self) -> None:
+        """Nothing to cancel (no feeder thread)."""
+
+
+class SimpleQueue(Queue):
+    """An unbounded queue with ``get``, ``put``, ``empty`` and ``close``."""
+
+    def __init__(self, *, ctx: object = None) -> None:
+        super().__init__(0)
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(obj)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return super().get()
+
+
+class JoinableQueue(Queue):
+    """A `Queue` with ``task_done`` and ``join`` (`multiprocessing.JoinableQueue`)."""
+
+    def task_done(self) -> None:
+        """Mark one item as processed; ValueError if called more times than items put."""
+        self._call("task_done")
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until every item put has been marked done (``timeout``: an extension)."""
+        return _blocking(True, timeout, lambda w: bool(self._call("join", w, wait=w)[0]))
+
+
+def _blocking(block: bool, timeout: float | None, attempt: Any) -> bool:
+    if not block:
+        return bool(attempt(0.0))
+    return b.wait_slices(timeout, SLICE, attempt)
+
+
+def _rebuild(cls: type[Queue], address: str, secret: bytes, cid: int, maxsize: int) -> Queue:
+    q = cls.__new__(cls)
+    q._maxsize, q._cid, q._closed = maxsize, cid, False
+    q._endpoint = Endpoint(address, secret)
+    return q

@@ -1,0 +1,37 @@
+"""Run the multiprocessing layer on the backend under test; fail tests that leak children."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+import fiberexec.multiprocessing as mp
+from tests.support.kit import BackendKit
+
+
+def _process_children() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "_process_main" in " ".join(proc.cmdline()) and proc.status() != "zombie":
+                found.append(proc)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def mp_backend(kit: BackendKit) -> Iterator[BackendKit]:
+    """Processes, pools, managers and the broker use the backend under test."""
+    mp.set_default_backend(kit.make_backend)
+    yield kit
+    for child in mp.active_children():
+        child.kill()
+        child.join(10)
+    procs = _process_children()
+    if procs:
+        _, procs = psutil.wait_procs(procs, timeout=5)
+    for proc in procs:
+        proc.kill()
+    assert not procs, f"test left these Process children running: {procs}"

@@ -1,0 +1,99 @@
+"""Functions the tests run in workers and processes (importable by reference)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def fail(x: Any) -> None:
+    raise ValueError(f"bad {x}")
+
+
+def unpicklable() -> threading.Lock:
+    return threading.Lock()
+
+
+def kill_self_on(x: int, victim: int) -> int:
+    if x == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def exit_with(code: Any) -> None:
+    sys.exit(code)
+
+
+def sleep_forever() -> None:
+    threading.Event().wait(600)
+
+
+def put_pid(q: Any) -> None:
+    q.put(os.getpid())
+
+
+def echo_pipe(conn: Any) -> None:
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except EOFError:
+            return
+        conn.send_bytes(msg)
+
+
+def queue_roundtrip(inq: Any, outq: Any) -> int:
+    item = inq.get(timeout=30)
+    outq.put(item)
+    return len(item) if hasattr(item, "__len__") else 0
+
+
+def big_through_pipe(conn: Any, size: int) -> None:
+    data = conn.recv()
+    conn.send(len(data) == size and data[-1:] == b"\x07")
+
+
+def consume(q: Any, results: Any) -> None:
+    while (item := q.get(timeout=30)) is not None:
+        results.put(item * 2)
+        q.task_done()
+    q.task_done()
+
+
+def count_init(marker: Any) -> None:
+    os.environ["FIBEREXEC_TEST_INIT"] = str(marker)
+
+
+def read_init(_: Any) -> str | None:
+    return os.environ.get("FIBEREXEC_TEST_INIT")
+
+
+def manager_work(d: Any, lst: Any, lock: Any, ns: Any, value: Any) -> None:
+    with lock:
+        d["n"] = d.get("n", 0) + 1
+        value.value = value.value + 1
+    lst.append(os.getpid())
+    ns.seen = True
+
+
+class SlowEnv:
+    """A simulated environment whose step takes about 15 ms (waiting on a simulator)."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed
+
+    def step(self, action: int) -> int:
+        time.sleep(0.015)
+        self.state += action
+        return self.state
