@@ -1,18 +1,35 @@
-"""Executor configuration: validated once into an immutable value that is passed down."""
+"""Executor configuration: resolved once into an immutable value that is passed down.
+
+Each setting comes from the first of these that gives it::
+
+    explicit argument  >  FIBEREXEC_<KEY> environment variable  >  config file  >  default
+
+The config file is the one ``FIBEREXEC_CONFIG`` names, else ``.fiberexec.toml`` (top-level
+keys), else the ``[tool.fiberexec]`` table of ``pyproject.toml``, all in the current directory.
+Every value is validated where it enters; an error names the key, where the value came from,
+the value and what is allowed. Nothing below reads the environment after `resolve` returns.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fiberexec._backend import Resources, parse_memory
 from fiberexec._errors import ConfigurationError
 from fiberexec._retry import RetryPolicy
 
+ENV_PREFIX = "FIBEREXEC_"
 ENV_BACKEND = "FIBEREXEC_BACKEND"
+ENV_CONFIG = "FIBEREXEC_CONFIG"
+FILE_NAME = ".fiberexec.toml"
 DEFAULT_MAX_MESSAGE = 1 << 31
+ARGUMENT, DEFAULT = "argument", "default"
 
 
 @dataclass(frozen=True)
@@ -35,17 +52,250 @@ class ExecutorConfig:
     start_retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_message_size: int = DEFAULT_MAX_MESSAGE
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    #: setting -> where its value came from ("argument", "default", an env var, a file)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    config_file: str | None = field(default=None, compare=False)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigurationError(message)
+class _Invalid(Exception):
+    """A value broke a rule; ``rule`` says what is allowed."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(rule)
+        self.rule = rule
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be an int, got {value!r}")
-    return value
+Parser = Callable[[object], Any]
+
+
+def _int(minimum: int, rule: str | None = None) -> Parser:
+    def parse(value: object) -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise _Invalid(f"an integer {rule or f'>= {minimum}'}") from None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Invalid(f"an integer {rule or f'>= {minimum}'}")
+        if value < minimum:
+            raise _Invalid(rule or f">= {minimum}")
+        return value
+
+    return parse
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise _Invalid("a number of seconds > 0") from None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise _Invalid("a number of seconds > 0")
+    return float(value)
+
+
+def _cpu(value: object) -> float:
+    try:
+        return _seconds(value)
+    except _Invalid:
+        raise _Invalid("a number of CPUs > 0, e.g. 1 or 0.5") from None
+
+
+def _memory(value: object) -> int | None:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int | str) or isinstance(value, bool):
+        raise _Invalid("bytes or a quantity like '512Mi' or '2G'")
+    try:
+        return parse_memory(value)
+    except ConfigurationError:
+        raise _Invalid("bytes > 0 or a quantity like '512Mi' or '2G'") from None
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("a non-empty string")
+    return value.strip()
+
+
+def _labels(value: object) -> dict[str, str]:
+    if isinstance(value, str):  # from the environment: "team=ml,run=7"
+        pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+        if any(not sep or not k.strip() for k, sep, _ in pairs):
+            raise _Invalid("comma-separated key=value pairs, e.g. 'team=ml,run=7'")
+        return {k.strip(): v.strip() for k, _, v in pairs}
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: str(v) for k, v in value.items()}
+    raise _Invalid("a table of strings (file) or 'key=value,...' (environment)")
+
+
+def _options(value: object) -> dict[str, Any]:
+    if isinstance(value, str):  # from the environment: a JSON object
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _Invalid("a JSON object, e.g. '{\"namespace\": \"ml\"}'") from None
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    raise _Invalid("a table (file) or a JSON object (environment)")
+
+
+def _retry(value: object) -> RetryPolicy:
+    if isinstance(value, RetryPolicy):
+        return value
+    options = _options(value)
+    try:
+        return RetryPolicy(**options)
+    except (TypeError, ConfigurationError) as exc:
+        raise _Invalid(f"a table of RetryPolicy fields (attempts, deadline, ...): {exc}") from None
+
+
+def _optional(parse: Parser) -> Parser:
+    def parse_optional(value: object) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return parse(value)
+
+    return parse_optional
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key that arguments, the environment and the config file may set."""
+
+    key: str
+    parse: Parser
+    default: Any
+    # What an explicit argument equal to this means "not given" (the executor's own default).
+    unset: tuple[Any, ...] = (None,)
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("backend", _text, "local"),
+    Setting("max_workers", _int(1, "greater than 0"), None),
+    Setting("min_workers", _int(0), None),
+    Setting("shards", _int(1), None),
+    Setting("max_task_retries", _int(0), 2, unset=(None,)),
+    Setting("max_tasks_per_child", _optional(_int(1)), None),
+    Setting("idle_timeout", _optional(_seconds), None),
+    Setting("heartbeat", _seconds, 1.0, unset=(None,)),
+    Setting("start_timeout", _seconds, 120.0, unset=(None,)),
+    Setting("image", _optional(_text), None),
+    Setting("workdir", _optional(_text), None),
+    Setting("cpu", _optional(_cpu), None),
+    Setting("memory", _optional(_memory), None),
+    Setting("gpu", _int(0), 0, unset=(None,)),
+    Setting("labels", _labels, {}, unset=(None, {})),
+    Setting("backend_options", _options, {}, unset=(None, {})),
+    Setting("start_retry", _retry, RetryPolicy(), unset=(None, RetryPolicy())),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+
+
+def _bad(key: str, source: str, value: object, rule: str) -> ConfigurationError:
+    return ConfigurationError(f"{key} must be {rule}, got {value!r} (from {source})")
+
+
+def _parse(setting: Setting, value: object, source: str) -> Any:
+    try:
+        return setting.parse(value)
+    except _Invalid as exc:
+        raise _bad(setting.key, source, value, exc.rule) from None
+
+
+# ------------------------------------------------------------------ where values come from
+
+
+def find_config_file(environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] | None:
+    """The config file in use and the name of its table, or None."""
+    named = environ.get(ENV_CONFIG)
+    if named:
+        path = cwd / named
+        if not path.is_file():
+            raise ConfigurationError(
+                f"{ENV_CONFIG} must name an existing TOML file, got {named!r} "
+                f"(from environment variable {ENV_CONFIG})"
+            )
+        return path, "[tool.fiberexec]" if path.name == "pyproject.toml" else "top level"
+    if (cwd / FILE_NAME).is_file():
+        return cwd / FILE_NAME, "top level"
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file() and "fiberexec" in _read_toml(pyproject).get("tool", {}):
+        return pyproject, "[tool.fiberexec]"
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"cannot read config file {path}: {exc}") from exc
+
+
+def file_values(path: Path, table: str) -> dict[str, Any]:
+    """The settings a config file gives; an unknown key is an error that lists the known."""
+    data = _read_toml(path)
+    if table != "top level":
+        data = data.get("tool", {}).get("fiberexec", {})
+    unknown = sorted(set(data) - set(BY_KEY))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown key(s) {unknown} in {path} {table}; allowed: {sorted(BY_KEY)}"
+        )
+    return data
+
+
+def gather(
+    explicit: Mapping[str, Any], environ: Mapping[str, str], cwd: Path
+) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """Each setting's parsed value and its source, by precedence; and the config file used."""
+    found = find_config_file(environ, cwd)
+    from_file = file_values(*found) if found else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for s in SETTINGS:
+        given = explicit.get(s.key)
+        if not any(given is u or (given == u and type(given) is type(u)) for u in s.unset):
+            values[s.key], sources[s.key] = given, ARGUMENT
+        elif s.env in environ:
+            source = f"environment variable {s.env}"
+            values[s.key], sources[s.key] = _parse(s, environ[s.env], source), source
+        elif found and s.key in from_file:
+            source = f"{found[0]} {found[1]}"
+            values[s.key], sources[s.key] = _parse(s, from_file[s.key], source), source
+        else:
+            values[s.key], sources[s.key] = s.default, DEFAULT
+    return values, sources, str(found[0]) if found else None
+
+
+# ------------------------------------------------------------------ resolution
+
+
+def _check_arguments(values: dict[str, Any], sources: Mapping[str, str]) -> None:
+    for key in ("max_workers", "min_workers", "shards", "max_task_retries",
+                "max_tasks_per_child", "idle_timeout", "heartbeat", "start_timeout"):
+        if sources[key] == ARGUMENT:
+            values[key] = _parse(BY_KEY[key], values[key], f"the {key}= argument")
+
+
+def _between(key: str, low: int, top: int, values: Mapping[str, Any],
+             sources: Mapping[str, str]) -> None:
+    if not low <= values[key] <= top:
+        raise ConfigurationError(
+            f"{key} must be between {low} and max_workers={top}, "
+            f"got {values[key]} (from {_describe(key, sources)})"
+        )
+
+
+def _describe(key: str, sources: Mapping[str, str]) -> str:
+    source = sources[key]
+    return f"the {key}= argument" if source == ARGUMENT else source
 
 
 def resolve(
@@ -56,55 +306,85 @@ def resolve(
     shards: int | None,
     memory: int | str | None,
     cpu: float | None,
-    gpu: int,
+    gpu: int | None,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ExecutorConfig:
-    """Explicit arguments, then ``FIBEREXEC_*`` environment variables, then defaults."""
-    if max_workers is None:
-        max_workers = os.cpu_count() or 1
-    else:
-        max_workers = _positive_int("max_workers", max_workers)
-        if max_workers <= 0:
-            raise ValueError("max_workers must be greater than 0")
-    if min_workers is None:
-        min_workers = max_workers
-    _require(
-        0 <= _positive_int("min_workers", min_workers) <= max_workers,
-        f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}",
+    """Explicit arguments, then ``FIBEREXEC_*`` environment variables, then the config file,
+    then defaults; validated into one `ExecutorConfig`.
+
+    Args:
+        environ, cwd: where to look instead of ``os.environ`` and the current directory.
+
+    Raises:
+        ConfigurationError: a value breaks a rule; the message names the key, its source, the
+            value and what is allowed.
+    """
+    explicit = {"max_workers": max_workers, "backend": backend, "min_workers": min_workers,
+                "shards": shards, "memory": memory, "cpu": cpu, "gpu": gpu, **options}
+    environ = os.environ if environ is None else environ
+    values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()))
+    _check_arguments(values, sources)
+    if values["max_workers"] is None:
+        values["max_workers"] = os.cpu_count() or 1
+    top = values["max_workers"]
+    if values["min_workers"] is None:
+        values["min_workers"] = top
+    _between("min_workers", 0, top, values, sources)
+    if values["shards"] is None:
+        values["shards"] = max(1, min(16, -(-top // 256)))
+    _between("shards", 1, top, values, sources)
+    _check_rest(values, sources, options)
+    resources = Resources(
+        cpu=values.pop("cpu"), memory=parse_memory(values.pop("memory")), gpu=values.pop("gpu")
     )
-    if shards is None:
-        shards = max(1, min(16, -(-max_workers // 256)))
-    _require(
-        1 <= _positive_int("shards", shards) <= max_workers,
-        f"shards must be between 1 and max_workers={max_workers}, got {shards}",
-    )
-    mtpc = options.get("max_tasks_per_child")
-    if mtpc is not None:
-        _require(isinstance(mtpc, int) and mtpc >= 1, "max_tasks_per_child must be >= 1")
-    retries = options.get("max_task_retries", 2)
-    _require(
-        isinstance(retries, int) and retries >= 0,
-        f"max_task_retries must be an int >= 0, got {retries!r}",
-    )
-    for name in ("heartbeat", "start_timeout"):
-        if name in options:
-            value = options[name]
-            _require(
-                isinstance(value, int | float) and value > 0,
-                f"{name} must be a number of seconds > 0, got {value!r}",
-            )
-    idle = options.get("idle_timeout")
-    _require(
-        idle is None or (isinstance(idle, int | float) and idle > 0),
-        f"idle_timeout must be None or seconds > 0, got {idle!r}",
-    )
-    init = options.get("initializer")
-    _require(init is None or callable(init), f"initializer must be callable, got {init!r}")
     return ExecutorConfig(
-        max_workers=max_workers,
-        min_workers=min_workers,
-        backend=backend or os.environ.get(ENV_BACKEND) or "local",
-        shards=shards,
-        resources=Resources(cpu=cpu, memory=parse_memory(memory), gpu=gpu),
-        **options,
+        **values,
+        initializer=options.get("initializer"),
+        initargs=tuple(options.get("initargs", ())),
+        resources=resources,
+        sources=sources,
+        config_file=config_file,
+        **{k: v for k, v in options.items()
+           if k not in BY_KEY and k not in ("initializer", "initargs")},
     )
+
+
+def _check_rest(
+    values: dict[str, Any], sources: Mapping[str, str], options: Mapping[str, Any]
+) -> None:
+    init = options.get("initializer")
+    if init is not None and not callable(init):
+        raise ConfigurationError(f"initializer must be callable, got {init!r}")
+    if sources["labels"] == ARGUMENT:
+        values["labels"] = _parse(BY_KEY["labels"], values["labels"], "the labels= argument")
+    if sources["backend"] != ARGUMENT:
+        _check_backend_name(values["backend"], sources["backend"])
+
+
+def _check_backend_name(name: str, source: str) -> None:
+    from fiberexec._registry import available_backends
+
+    names = available_backends()
+    if name not in names:
+        raise _bad("backend", source, name, f"one of {names}")
+
+
+def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:
+    """``(key, value, source)`` rows for every setting, as ``fiberexec info`` prints them."""
+    rows = []
+    for s in SETTINGS:
+        if s.key in ("cpu", "memory", "gpu"):
+            value: Any = getattr(config.resources, s.key)
+        else:
+            value = getattr(config, s.key)
+        source = config.sources.get(s.key, DEFAULT)
+        rows.append((s.key, "none" if value is None else _show(value), source))
+    return rows
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "{}"
+    return str(value)

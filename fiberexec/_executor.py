@@ -54,12 +54,16 @@ class FiberExecutor(Executor):
         min_workers: workers kept even when idle (default: ``max_workers``); more are
             started while tasks wait, up to ``max_workers``.
         idle_timeout: seconds after which an idle worker above ``min_workers`` is stopped.
-        max_task_retries: how many times a task whose worker died is sent again.
+        max_task_retries: how many times a task whose worker died is sent again (default 2).
         shards: scheduling threads, each serving its own share of the workers.
         image, workdir, cpu, memory, gpu, labels: what each worker gets, where the backend
             can honour it (``memory`` as bytes or ``"512Mi"``).
-        heartbeat: seconds between liveness messages; a peer silent for 3 is declared dead.
-        start_timeout: seconds a worker may take to connect after it was started.
+        heartbeat: seconds between liveness messages (default 1); a peer silent for 3 is
+            declared dead.
+        start_timeout: seconds a worker may take to connect after it was started (default 120).
+
+    Options left as ``None`` come from ``FIBEREXEC_*`` environment variables, then from
+    ``.fiberexec.toml`` or ``[tool.fiberexec]`` in ``pyproject.toml``, then the defaults.
         start_retry: how starting a worker is retried on transient backend errors.
         backend_options: keyword arguments for the backend named by ``backend``.
         progress: called with `Stats` as tasks finish (at most 10 times a second).
@@ -80,16 +84,16 @@ class FiberExecutor(Executor):
         max_tasks_per_child: int | None = None,
         min_workers: int | None = None,
         idle_timeout: float | None = None,
-        max_task_retries: int = 2,
+        max_task_retries: int | None = None,
         shards: int | None = None,
         image: str | None = None,
         workdir: str | None = None,
         cpu: float | None = None,
         memory: int | str | None = None,
-        gpu: int = 0,
+        gpu: int | None = None,
         labels: Mapping[str, str] | None = None,
-        heartbeat: float = 1.0,
-        start_timeout: float = 120.0,
+        heartbeat: float | None = None,
+        start_timeout: float | None = None,
         start_retry: RetryPolicy | None = None,
         backend_options: Mapping[str, Any] | None = None,
         progress: Callable[[Stats], None] | None = None,

@@ -1,0 +1,175 @@
+"""The ``fiberexec`` command: ``info``, ``run``, ``cleanup`` and ``bench``.
+
+Installed as ``fiberexec`` (``[project.scripts]``) and runnable as ``python -m fiberexec``.
+Errors in what the user asked for (`ConfigurationError`) print one line and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fiberexec import __version__
+from fiberexec._config import ExecutorConfig, resolve
+from fiberexec._errors import ConfigurationError
+
+EXIT_USAGE = 2
+BENCH_HINT = (
+    "the benchmark suite ships with the source tree, not the wheel: "
+    "git clone the fiberexec repository, cd into it and run `fiberexec bench` there "
+    "(it needs pip install 'fiberexec[bench]')"
+)
+
+
+def _config(backend: str | None = None, image: str | None = None) -> ExecutorConfig:
+    return resolve(None, backend=backend, min_workers=None, shards=None, memory=None,
+                   cpu=None, gpu=0, image=image)
+
+
+def _targets() -> dict[str, str]:
+    from fiberexec._registry import _targets as targets
+
+    return targets()
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from fiberexec import _cli_info as info
+
+    config = _config()
+    usable = info.probe_all(sorted(_targets()))
+    if args.json:
+        print(json.dumps(info.as_json(config, usable), indent=2))
+    else:
+        print(info.report(config, usable, __version__))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fiberexec import _cli_run as launch
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    config = _config(backend=args.backend, image=args.image)
+    request = launch.RunRequest(
+        command=tuple(command),
+        backend=config.backend,
+        image=config.image,
+        env=launch.parse_env(args.env),
+        namespace=args.namespace,
+        service_account=args.service_account,
+        start_timeout=args.start_timeout,
+        keep=args.keep,
+    )
+    return launch.run(request)
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from fiberexec import _cli_cleanup as cleanup
+
+    targets = _targets()
+    names = [args.backend] if args.backend else sorted(targets)
+    if args.backend and args.backend not in targets:
+        raise ConfigurationError(
+            f"--backend must be one of {sorted(targets)}, got {args.backend!r}")
+    lines: list[str] = []
+    for name in names:
+        if name == "local":
+            lines += cleanup.cleanup_local(args.executor)
+        else:
+            module = targets[name].partition(":")[0]
+            lines += cleanup.cleanup_remote(name, module, args.executor, args.namespace)
+    print("\n".join(lines))
+    return 0
+
+
+def find_benchmarks(cwd: Path) -> Path | None:
+    """The folder holding ``benchmarks/run.py``: here, or the source tree fiberexec runs from."""
+    for root in (cwd, Path(__file__).resolve().parent.parent):
+        if (root / "benchmarks" / "run.py").is_file():
+            return root
+    return None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    root = find_benchmarks(Path.cwd())
+    if root is None:
+        print(f"fiberexec bench: {BENCH_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    extra = [a for a in args.extra if a != "--"]
+    command = [sys.executable, "-m", "benchmarks.run", *(["--quick"] if args.quick else []),
+               *extra]
+    return subprocess.run(command, cwd=root, check=False).returncode
+
+
+# ------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fiberexec",
+        description="Run Python work across processes, containers and clusters.",
+    )
+    parser.add_argument("--version", action="version", version=f"fiberexec {__version__}")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    info = sub.add_parser("info", help="the resolved configuration and the usable backends")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=cmd_info)
+
+    run = sub.add_parser(
+        "run", help="run a program as the master job (process, container or pod)",
+        description="Run PROGRAM as the master job on a backend; its FiberExecutor starts "
+                    "workers on the same backend. Example: fiberexec run --backend docker "
+                    "--image me/app:1 -- python train.py --epochs 3")
+    run.add_argument("--backend", help="local, docker or kubernetes "
+                                       "(default: FIBEREXEC_BACKEND, the config file, local)")
+    run.add_argument("--image", help="image for the master and the workers "
+                                     "(default: FIBEREXEC_IMAGE or the config file)")
+    run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra environment variable for the program (repeatable)")
+    run.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
+    run.add_argument("--service-account", default="fiberexec-executor",
+                     help="kubernetes: service account of the master pod "
+                          "(default: fiberexec-executor, see docs/kubernetes-rbac.yaml)")
+    run.add_argument("--start-timeout", type=float, default=300.0,
+                     help="kubernetes: seconds the pod may stay Pending (default: 300)")
+    run.add_argument("--keep", action="store_true",
+                     help="docker, kubernetes: keep the container or pod after it exits")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]")
+    run.set_defaults(func=cmd_run)
+
+    clean = sub.add_parser(
+        "cleanup", help="remove stray workers, containers, pods and secrets",
+        description="Remove workers whose executor is gone: local worker processes, and "
+                    "containers, pods and Secrets labelled 'fiberexec'.")
+    clean.add_argument("--backend", help="only this backend (default: every backend)")
+    clean.add_argument("--executor", metavar="ID", help="only this executor's workers")
+    clean.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
+    clean.set_defaults(func=cmd_cleanup)
+
+    bench = sub.add_parser(
+        "bench", help="run the benchmark suite and print its table",
+        description="Run `python -m benchmarks.run` from the source tree; arguments after "
+                    "-- go to it (e.g. -- --workloads submit,latency).")
+    bench.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    bench.add_argument("extra", nargs=argparse.REMAINDER, metavar="-- ARGS")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigurationError as exc:
+        print(f"fiberexec {args.command_name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code

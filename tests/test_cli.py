@@ -1,0 +1,244 @@
+"""The ``fiberexec`` command, run as ``python -m fiberexec`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fiberexec import FiberExecutor, _cli_cleanup, _cli_run
+from fiberexec._cli import find_benchmarks
+from fiberexec._cli_run import RunRequest
+from fiberexec.backends.local import LocalBackend
+
+ROOT = Path(__file__).resolve().parents[1]
+# no engine, no cluster: probes must answer fast and say why
+OFFLINE = {"DOCKER_HOST": "tcp://127.0.0.1:9", "KUBECONFIG": "/nonexistent/kubeconfig"}
+
+
+def fiberexec(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+              timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FIBEREXEC_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "fiberexec", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# ------------------------------------------------------------------ info
+
+
+def test_info_shows_configuration_sources_and_backends(tmp_path: Path) -> None:
+    (tmp_path / ".fiberexec.toml").write_text('image = "me/app:1"\n')
+    result = fiberexec("info", cwd=tmp_path, env={**OFFLINE, "FIBEREXEC_MAX_WORKERS": "3"})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "max_workers          3" in out and "(environment variable FIBEREXEC_MAX_WORKERS)" in out
+    assert f"config file: {tmp_path / '.fiberexec.toml'}" in out
+    assert "docker      unusable" in out and "kubernetes  unusable" in out
+    assert "local       usable" in out
+
+
+def test_info_json_and_a_kube_context(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: lab, context: {cluster: c, user: u, namespace: ml}}]\n"
+    )
+    result = fiberexec("info", "--json", cwd=tmp_path,
+                       env={**OFFLINE, "KUBECONFIG": str(kubeconfig)})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["configuration"]["backend"] == {"value": "local", "source": "default"}
+    assert data["backends"]["local"]["usable"] is True
+    assert data["backends"]["docker"]["usable"] is False
+    if "missing" not in data["backends"]["kubernetes"]["detail"]:
+        assert data["backends"]["kubernetes"] == {
+            "usable": True,
+            "detail": "context 'lab', namespace 'ml' (the API server was not contacted)",
+        }
+
+
+def test_info_reports_a_bad_setting_and_exits_2(tmp_path: Path) -> None:
+    result = fiberexec("info", cwd=tmp_path, env={"FIBEREXEC_HEARTBEAT": "soon"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "fiberexec info: heartbeat must be a number of seconds > 0, got 'soon' "
+        "(from environment variable FIBEREXEC_HEARTBEAT)"
+    )
+
+
+# ------------------------------------------------------------------ run
+
+
+def test_run_local_passes_environment_output_and_exit_code(tmp_path: Path) -> None:
+    program = ("import os, sys; print(os.environ['FIBEREXEC_BACKEND'], "
+               "os.environ['FIBEREXEC_MAX_WORKERS'], os.environ['EXTRA']); sys.exit(3)")
+    result = fiberexec("run", "--backend", "local", "--env", "EXTRA=yes", "--",
+                       sys.executable, "-c", program, cwd=tmp_path,
+                       env={"FIBEREXEC_MAX_WORKERS": "1"})
+    assert (result.returncode, result.stdout.split()) == (3, ["local", "1", "yes"])
+
+
+def test_run_local_program_uses_the_executor(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(
+        "from fiberexec import FiberExecutor\n"
+        "with FiberExecutor() as ex:\n"
+        "    print(ex.max_workers, sum(ex.map(abs, range(-5, 0))))\n"
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.fiberexec]\nmax_workers = 1\n")
+    result = fiberexec("run", "--", sys.executable, "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "15"]
+
+
+def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
+    program = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    result = fiberexec("run", "--", sys.executable, "-c", program, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "docker", "--", "python", "x.py"], "the docker backend needs an image"),
+        (["--backend", "slurm", "--", "python", "x.py"], "--backend must be one of"),
+        (["--"], "fiberexec run needs a program"),
+        (["--env", "NOEQUALS", "--", "python"], "--env must be KEY=VALUE, got 'NOEQUALS'"),
+    ],
+)
+def test_run_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    result = fiberexec("run", *args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_docker_master_container_arguments() -> None:
+    request = RunRequest(("python", "train.py"), "docker", image="me/app:1", env={"A": "1"})
+    environ = {"FIBEREXEC_MAX_WORKERS": "8", "HOME": "/root", "FIBEREXEC_BACKEND": "local"}
+    kwargs = _cli_run.docker_run_kwargs(request, "/src/proj", environ, local_engine=True)
+    assert kwargs["image"] == "me/app:1" and kwargs["command"] == ["python", "train.py"]
+    assert kwargs["environment"] == {"FIBEREXEC_MAX_WORKERS": "8", "FIBEREXEC_BACKEND": "docker",
+                                     "FIBEREXEC_IMAGE": "me/app:1", "A": "1"}
+    assert kwargs["network_mode"] == "host" and kwargs["working_dir"] == "/src/proj"
+    assert kwargs["volumes"]["/src/proj"] == {"bind": "/src/proj", "mode": "rw"}
+    assert _cli_run.DOCKER_SOCKET in kwargs["volumes"]
+    assert kwargs["labels"]["fiberexec"] == "master"
+    remote = _cli_run.docker_run_kwargs(request, "/src/proj", {}, local_engine=False)
+    assert _cli_run.DOCKER_SOCKET not in remote["volumes"]
+
+
+def test_kubernetes_master_pod_manifest() -> None:
+    request = RunRequest(("python", "es.py", "--gens", "3"), "kubernetes", image="me/es:1")
+    pod = _cli_run.master_pod(request, {"FIBEREXEC_MAX_WORKERS": "64", "PATH": "/bin"}, "m-1")
+    assert (pod["apiVersion"], pod["kind"], pod["metadata"]["name"]) == ("v1", "Pod", "m-1")
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["serviceAccountName"] == "fiberexec-executor"
+    (container,) = spec["containers"]
+    assert container["image"] == "me/es:1"
+    assert container["command"] == ["python", "es.py", "--gens", "3"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FIBEREXEC_BACKEND"]["value"] == "kubernetes"
+    assert env["FIBEREXEC_IMAGE"]["value"] == "me/es:1"
+    assert env["FIBEREXEC_MAX_WORKERS"]["value"] == "64" and "PATH" not in env
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_exit_status() -> None:
+    assert [_cli_run.exit_status(c) for c in (0, 3, -9)] == [0, 3, 137]
+
+
+# ------------------------------------------------------------------ cleanup
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening: nothing will accept on it
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def stray_worker() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A real worker process whose executor is gone (nothing listens where it dials)."""
+    executor_id = f"gone{secrets.token_hex(3)}"
+    env = {**os.environ, "FIBEREXEC_ADDRESS": f"tcp://127.0.0.1:{_closed_port()}",
+           "FIBEREXEC_SECRET": secrets.token_hex(32), "FIBEREXEC_EXECUTOR_ID": executor_id,
+           "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "fiberexec.worker"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield proc, executor_id
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_cleanup_local_stops_a_stray_worker(
+    stray_worker: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    proc, executor_id = stray_worker
+    result = fiberexec("cleanup", "--backend", "local", "--executor", executor_id)
+    assert result.returncode == 0, result.stderr
+    assert f"local: stopped worker w0 of executor {executor_id} (pid {proc.pid}" in result.stdout
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_cleanup_local_spares_live_executors_and_other_programs() -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with FiberExecutor(1, backend=LocalBackend()) as ex:
+            assert ex.submit(abs, -1).result(timeout=60) == 1
+            mine = [w for w in _cli_cleanup.local_workers() if w.pid in _children()]
+            assert len(mine) == 1
+            assert not _cli_cleanup.is_stray(mine[0], _cli_cleanup.listening_ports())
+            result = fiberexec("cleanup", "--backend", "local", "--executor", mine[0].executor_id)
+            assert result.stdout.strip() == "local: no stray workers"
+            assert ex.submit(abs, -2).result(timeout=60) == 2
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=10)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_worker_command_line_is_recognised_exactly() -> None:
+    assert _cli_cleanup.is_worker_cmdline(["/usr/bin/python3.11", "-m", "fiberexec.worker"])
+    assert not _cli_cleanup.is_worker_cmdline(["python", "-m", "fiberexec.worker", "x"])
+    assert not _cli_cleanup.is_worker_cmdline(["vim", "-m", "fiberexec.worker"])
+    assert not _cli_cleanup.is_worker_cmdline(["python", "-c", "fiberexec.worker"])
+
+
+def test_cleanup_unknown_backend_and_unreachable_ones() -> None:
+    result = fiberexec("cleanup", "--backend", "nope")
+    assert result.returncode == 2 and "--backend must be one of" in result.stderr
+    result = fiberexec("cleanup", "--backend", "docker", env=OFFLINE)
+    assert result.returncode == 0 and result.stdout.startswith("docker: skipped (")
+
+
+# ------------------------------------------------------------------ bench
+
+
+def test_bench_help_and_where_it_finds_the_suite(tmp_path: Path) -> None:
+    result = fiberexec("bench", "--help")
+    assert result.returncode == 0 and "--quick" in result.stdout
+    assert find_benchmarks(tmp_path) == ROOT  # not here: the source tree fiberexec runs from
+
+
+def test_version_and_help() -> None:
+    result = fiberexec("--help")
+    assert result.returncode == 0
+    assert all(cmd in result.stdout for cmd in ("info", "run", "cleanup", "bench"))

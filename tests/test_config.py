@@ -1,0 +1,161 @@
+"""Configuration: arguments > FIBEREXEC_* environment > config file > defaults, validated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fiberexec import ConfigurationError, FiberExecutor, RetryPolicy
+from fiberexec._config import ExecutorConfig, describe, resolve
+
+
+def _resolve(
+    tmp_path: Path, environ: dict[str, str] | None = None, **kwargs: Any
+) -> ExecutorConfig:
+    args: dict[str, Any] = {"backend": None, "min_workers": None, "shards": None,
+                            "memory": None, "cpu": None, "gpu": None, **kwargs}
+    max_workers = args.pop("max_workers", None)
+    return resolve(max_workers, environ=environ or {}, cwd=tmp_path, **args)
+
+
+def test_defaults_without_environment_or_file(tmp_path: Path) -> None:
+    config = _resolve(tmp_path)
+    assert config.backend == "local"
+    assert config.max_workers == (os.cpu_count() or 1) == config.min_workers
+    assert config.heartbeat == 1.0 and config.max_task_retries == 2 and config.image is None
+    assert config.config_file is None
+    assert set(config.sources.values()) == {"default"}
+
+
+def test_environment_sets_what_arguments_leave_open(tmp_path: Path) -> None:
+    env = {"FIBEREXEC_BACKEND": "docker", "FIBEREXEC_MAX_WORKERS": "3",
+           "FIBEREXEC_IMAGE": "me/app:1", "FIBEREXEC_HEARTBEAT": "0.5",
+           "FIBEREXEC_MEMORY": "512Mi", "FIBEREXEC_CPU": "0.5", "FIBEREXEC_GPU": "1",
+           "FIBEREXEC_LABELS": "team=ml, run=7", "FIBEREXEC_IDLE_TIMEOUT": "none",
+           "FIBEREXEC_BACKEND_OPTIONS": '{"ipc_host": false}',
+           "FIBEREXEC_ADDRESS": "tcp://ignored:1"}  # the worker contract's: not a setting
+    config = _resolve(tmp_path, env)
+    assert (config.backend, config.max_workers, config.min_workers) == ("docker", 3, 3)
+    assert config.image == "me/app:1" and config.heartbeat == 0.5 and config.idle_timeout is None
+    assert (config.resources.memory, config.resources.cpu, config.resources.gpu) == (2**29, 0.5, 1)
+    assert config.labels == {"team": "ml", "run": "7"}
+    assert config.backend_options == {"ipc_host": False}
+    assert config.sources["backend"] == "environment variable FIBEREXEC_BACKEND"
+
+
+def test_arguments_beat_environment(tmp_path: Path) -> None:
+    env = {"FIBEREXEC_BACKEND": "docker", "FIBEREXEC_MAX_WORKERS": "3",
+           "FIBEREXEC_MAX_TASK_RETRIES": "5", "FIBEREXEC_HEARTBEAT": "0.5"}
+    config = _resolve(tmp_path, env, backend="local", max_workers=2, max_task_retries=0,
+                      heartbeat=3.0)
+    assert (config.backend, config.max_workers, config.max_task_retries) == ("local", 2, 0)
+    assert config.heartbeat == 3.0
+    assert config.sources["max_workers"] == "argument"
+
+
+def test_pyproject_table_is_read(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.fiberexec]\nmax_workers = 4\nimage = "me/es:2"\n'
+        'labels = { team = "rl" }\nstart_retry = { attempts = 3, deadline = 10.0 }\n'
+    )
+    config = _resolve(tmp_path, {"FIBEREXEC_IMAGE": "from-env"})
+    assert config.max_workers == 4 and config.image == "from-env"
+    assert config.labels == {"team": "rl"}
+    assert config.start_retry == RetryPolicy(attempts=3, deadline=10.0)
+    assert config.sources["max_workers"] == f"{tmp_path / 'pyproject.toml'} [tool.fiberexec]"
+    assert config.config_file == str(tmp_path / "pyproject.toml")
+
+
+def test_pyproject_without_table_is_no_config_file(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert _resolve(tmp_path).config_file is None
+
+
+def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.fiberexec]\nmax_workers = 4\n")
+    (tmp_path / ".fiberexec.toml").write_text("max_workers = 5\nbackend = 'kubernetes'\n")
+    config = _resolve(tmp_path)
+    assert (config.max_workers, config.backend) == (5, "kubernetes")
+    (tmp_path / "other.toml").write_text("max_workers = 6\n")
+    assert _resolve(tmp_path, {"FIBEREXEC_CONFIG": "other.toml"}).max_workers == 6
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FIBEREXEC_MAX_WORKERS": "lots"},
+         "max_workers must be an integer greater than 0, got 'lots' "
+         "(from environment variable FIBEREXEC_MAX_WORKERS)"),
+        ({"FIBEREXEC_MAX_WORKERS": "0"}, "max_workers must be greater than 0, got '0'"),
+        ({"FIBEREXEC_HEARTBEAT": "-1"},
+         "heartbeat must be a number of seconds > 0, got '-1' (from environment variable"),
+        ({"FIBEREXEC_MEMORY": "heaps"}, "memory must be bytes > 0 or a quantity like '512Mi'"),
+        ({"FIBEREXEC_LABELS": "team"}, "labels must be comma-separated key=value pairs"),
+        ({"FIBEREXEC_BACKEND_OPTIONS": "{"}, "backend_options must be a JSON object"),
+        ({"FIBEREXEC_BACKEND": "dokcer"}, "backend must be one of ["),
+        ({"FIBEREXEC_MAX_WORKERS": "2", "FIBEREXEC_MIN_WORKERS": "3"},
+         "min_workers must be between 0 and max_workers=2, got 3 "
+         "(from environment variable FIBEREXEC_MIN_WORKERS)"),
+        ({"FIBEREXEC_CONFIG": "missing.toml"}, "FIBEREXEC_CONFIG must name an existing TOML file"),
+    ],
+)
+def test_bad_environment_names_key_source_value_and_rule(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _resolve(tmp_path, env)
+    assert message in str(info.value)
+
+
+def test_bad_file_values_and_unknown_keys(tmp_path: Path) -> None:
+    (tmp_path / ".fiberexec.toml").write_text("max_workers = 'four'\n")
+    with pytest.raises(ConfigurationError, match=r"max_workers must be an integer greater than 0, "
+                       r"got 'four' \(from .*\.fiberexec\.toml top level\)"):
+        _resolve(tmp_path)
+    (tmp_path / ".fiberexec.toml").write_text("max_wrokers = 4\n")
+    with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['max_wrokers'\] in .*"
+                       r"allowed: \['backend', 'backend_options'"):
+        _resolve(tmp_path)
+    (tmp_path / ".fiberexec.toml").write_text("max_workers = \n")
+    with pytest.raises(ConfigurationError, match="cannot read config file"):
+        _resolve(tmp_path)
+
+
+def test_bad_arguments_keep_the_stdlib_wording(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        _resolve(tmp_path, max_workers=0)
+    with pytest.raises(ConfigurationError, match="shards must be between 1 and max_workers=2"):
+        _resolve(tmp_path, max_workers=2, shards=3)
+
+
+def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
+    rows = {k: (v, s) for k, v, s in describe(_resolve(tmp_path, {"FIBEREXEC_GPU": "2"}))}
+    assert rows["gpu"] == ("2", "environment variable FIBEREXEC_GPU")
+    assert rows["image"] == ("none", "default")
+
+
+def test_executor_reads_environment_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FIBEREXEC_MAX_WORKERS", "3")
+    monkeypatch.setenv("FIBEREXEC_BACKEND", "kubernetes")
+    ex = FiberExecutor()  # no I/O before the first submit, so no cluster is needed
+    monkeypatch.setenv("FIBEREXEC_MAX_WORKERS", "5")
+    assert ex.max_workers == 3 and ex._config.backend == "kubernetes"
+    ex.shutdown()
+
+
+def test_backend_switches_by_environment_with_no_code_change(tmp_path: Path) -> None:
+    program = (
+        "from fiberexec import FiberExecutor\n"
+        "with FiberExecutor() as ex:\n"
+        "    print(ex._config.backend, ex.max_workers, ex.submit(abs, -7).result())\n"
+    )
+    env = {**os.environ, "FIBEREXEC_BACKEND": "local", "FIBEREXEC_MAX_WORKERS": "1"}
+    out = subprocess.run([sys.executable, "-c", program], env=env, cwd=tmp_path, text=True,
+                         capture_output=True, timeout=60, check=True).stdout
+    assert out.split() == ["local", "1", "7"]
