@@ -21,10 +21,15 @@ from tests.support.kit import BackendKit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _worker_containers(executor_id: str | None = None) -> list[object]:
-    """Containers of one executor (or any), running or stopped."""
+def _worker_containers(executor_id: str | None = None) -> list[str]:
+    """Ids of one executor's containers (or anyone's), running or stopped.
+
+    The low-level listing: the high-level one inspects each container after listing, which
+    races with auto-removal, the very thing these tests provoke.
+    """
     label = f"{EXECUTOR_LABEL}={executor_id}" if executor_id else LABEL_KEY
-    return list(engine_client().containers.list(all=True, filters={"label": label}))
+    found = engine_client().api.containers(all=True, filters={"label": label})
+    return [str(c["Id"]) for c in found]
 
 
 def test_docker_kill_of_busy_container_mid_map(make_executor: ExecutorFactory) -> None:
@@ -32,7 +37,7 @@ def test_docker_kill_of_busy_container_mid_map(make_executor: ExecutorFactory) -
     results = ex.map(tasks.sleep_return, [0.05] * 60, range(60), timeout=120)
     assert next(results) == 0  # both containers are up and busy
     victim = _worker_containers(ex._pool.executor_id)[0]  # type: ignore[union-attr]
-    victim.kill()  # type: ignore[attr-defined]  # docker kill: SIGKILL from the engine
+    engine_client().api.kill(victim)  # docker kill: SIGKILL from the engine
     assert list(results) == list(range(1, 60)), "results must be complete and in order"
     stats = ex.stats()
     assert stats.workers_lost >= 1 and stats.tasks_failed == 0
@@ -94,7 +99,7 @@ def test_executor_killed_leaves_no_container(kit: BackendKit) -> None:
 
     for container in _worker_containers(executor_id):
         try:  # the engine tells us when the container is removed; 10 s at most
-            container.wait(condition="removed", timeout=10)  # type: ignore[attr-defined]
+            engine_client().api.wait(container, condition="removed", timeout=10)
         except docker.errors.NotFound:
             pass  # already removed
     assert _worker_containers(executor_id) == []
