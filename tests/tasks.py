@@ -50,26 +50,25 @@ def stop_self(_: object = None) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def kill_self_once(marker: str, value: int) -> int:
-    """SIGKILL this worker the first time any worker runs it; return ``value`` after that."""
+def _signal_once(marker: str, value: int, sig: signal.Signals) -> int:
+    """Send ``sig`` to this worker the first time any worker runs this; then return ``value``."""
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return value
     os.close(fd)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), sig)
     return value
+
+
+def kill_self_once(marker: str, value: int) -> int:
+    """SIGKILL this worker the first time; a worker dying mid-task."""
+    return _signal_once(marker, value, signal.SIGKILL)
 
 
 def hang_once(marker: str, value: int) -> int:
-    """Stop (SIGSTOP) this worker the first time; a hung worker, as seen from outside."""
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return value
-    os.close(fd)
-    os.kill(os.getpid(), signal.SIGSTOP)
-    return value
+    """SIGSTOP this worker the first time; a hung worker, as seen from outside."""
+    return _signal_once(marker, value, signal.SIGSTOP)
 
 
 class Unpicklable:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
 import fiberexec.multiprocessing as mp
+from tests.support.backend_local import descendants_running
 from tests.support.kit import BackendKit
 
 
 def _process_children() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "_process_main" in " ".join(proc.cmdline()) and proc.status() != "zombie":
-                found.append(proc)
-    return found
+    return descendants_running("_process_main")
 
 
 @pytest.fixture(autouse=True)

@@ -11,14 +11,19 @@ from fiberexec.backends.local import LocalBackend
 from tests.support.kit import BackendKit
 
 
-def worker_processes() -> list[psutil.Process]:
-    """This process's descendants that run the worker program."""
+def descendants_running(program: str) -> list[psutil.Process]:
+    """This process's live descendants whose command line mentions ``program``."""
     found = []
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "fiberexec.worker" in " ".join(proc.cmdline()) and proc.status() != "zombie":
+            if program in " ".join(proc.cmdline()) and proc.status() != "zombie":
                 found.append(proc)
     return found
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This process's descendants that run the worker program."""
+    return descendants_running("fiberexec.worker")
 
 
 def _leaks() -> list[str]:
