@@ -50,15 +50,8 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
 
 
 def dumps_function(fn: Any) -> Payload:
-    """Pickle a callable with cloudpickle (by reference when importable, by value otherwise)."""
-    buffers: list[pickle.PickleBuffer] = []
-    try:
-        data = cloudpickle.dumps(fn, protocol=PROTOCOL, buffer_callback=buffers.append)
-    except Exception as exc:
-        raise SerializationError(
-            f"cannot pickle the function {fn!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return Payload(data, [b.raw() for b in buffers])
+    """Pickle a callable: by reference when importable, by value (cloudpickle) otherwise."""
+    return dumps(fn, what=f"function {fn!r}")
 
 
 def loads(payload: Payload, *, what: str = "object") -> Any:
