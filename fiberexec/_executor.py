@@ -179,8 +179,12 @@ class FiberExecutor(Executor):
             raise ValueError("chunksize must be >= 1.")
         if chunksize == 1:
             return super().map(fn, *iterables, timeout=timeout)
+        if len(iterables) == 1:  # chunks of plain items, run by the builtin map (C speed)
+            runner, items = _map_chunk, iter(iterables[0])
+        else:
+            runner, items = _starmap_chunk, zip(*iterables, strict=False)
         chunks = super().map(
-            _run_chunk, itertools.repeat(fn), _chunks(iterables, chunksize), timeout=timeout
+            runner, itertools.repeat(fn), _chunks(items, chunksize), timeout=timeout
         )
         return itertools.chain.from_iterable(chunks)
 
@@ -217,14 +221,17 @@ class FiberExecutor(Executor):
         return pool.stats()
 
 
-def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[tuple[Any, ...]]:
-    it = zip(*iterables, strict=False)
-    while chunk := tuple(itertools.islice(it, size)):
+def _chunks(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
+    while chunk := tuple(itertools.islice(items, size)):
         yield chunk
 
 
-def _run_chunk(fn: Callable[..., T], chunk: tuple[tuple[Any, ...], ...]) -> list[T]:
-    return [fn(*args) for args in chunk]
+def _map_chunk(fn: Callable[[Any], T], chunk: tuple[Any, ...]) -> list[T]:
+    return list(map(fn, chunk))
+
+
+def _starmap_chunk(fn: Callable[..., T], chunk: tuple[tuple[Any, ...], ...]) -> list[T]:
+    return list(itertools.starmap(fn, chunk))
 
 
 __all__ = ["FiberExecutor"]
