@@ -81,8 +81,11 @@ def start_method(system: str) -> str:
 
 def preload(system: str) -> None:
     """Import what `make` needs, so that a timed `make` does not count imports."""
-    if system == "fiberexec":
-        import fiberexec  # noqa: F401
+    if system == "fiberexec":  # the package is lazy: load the executor and local backend
+        import fiberexec
+        import fiberexec.backends.local  # noqa: F401
+
+        assert fiberexec.FiberExecutor is not None
 
 
 def make(system: str, workers: int) -> FuturesSystem | PoolSystem:

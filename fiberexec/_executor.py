@@ -11,6 +11,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from fiberexec._backend import Backend
+from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec._pool import TaskPool
@@ -180,9 +181,9 @@ class FiberExecutor(Executor):
         if chunksize == 1:
             return super().map(fn, *iterables, timeout=timeout)
         if len(iterables) == 1:  # chunks of plain items, run by the builtin map (C speed)
-            runner, items = _map_chunk, iter(iterables[0])
+            runner, items = map_chunk, iter(iterables[0])
         else:
-            runner, items = _starmap_chunk, zip(*iterables, strict=False)
+            runner, items = starmap_chunk, zip(*iterables, strict=False)
         chunks = super().map(
             runner, itertools.repeat(fn), _chunks(items, chunksize), timeout=timeout
         )
@@ -226,12 +227,7 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
         yield chunk
 
 
-def _map_chunk(fn: Callable[[Any], T], chunk: tuple[Any, ...]) -> list[T]:
-    return list(map(fn, chunk))
 
-
-def _starmap_chunk(fn: Callable[..., T], chunk: tuple[tuple[Any, ...], ...]) -> list[T]:
-    return list(itertools.starmap(fn, chunk))
 
 
 __all__ = ["FiberExecutor"]

@@ -44,3 +44,14 @@ def test_core_never_imports_a_concrete_backend() -> None:
 
 def test_builtin_backends_are_registered_by_entry_point() -> None:
     assert {"local", "docker", "kubernetes"} <= set(available_backends())
+
+
+def test_chunk_runners_do_not_load_the_executor() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fiberexec.worker, fiberexec._chunks; "
+            "print(sorted(m for m in sys.modules if 'fiberexec' in m or m == 'tenacity'))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+    assert "fiberexec._executor" not in loaded and "tenacity" not in loaded

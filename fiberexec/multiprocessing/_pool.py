@@ -24,6 +24,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
+from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._executor import FiberExecutor
 from fiberexec.multiprocessing._backends import (
     BackendLike,
@@ -38,12 +39,8 @@ RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
 Callback = Callable[[Any], object] | None
 
 
-def _mapstar(fn: Callable[..., Any], chunk: tuple[Any, ...]) -> list[Any]:
-    return [fn(x) for x in chunk]
-
-
-def _starmapstar(fn: Callable[..., Any], chunk: tuple[tuple[Any, ...], ...]) -> list[Any]:
-    return [fn(*args) for args in chunk]
+# Chunk runners live in a module workers can import without the executor's machinery.
+_mapstar, _starmapstar = map_chunk, starmap_chunk
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[tuple[Any, ...]]:
