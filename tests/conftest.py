@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +32,14 @@ def kit() -> Iterator[BackendKit]:
         yield session_kit
 
 
+def _shm_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("fiberexec-*")}
+
+
 @pytest.fixture(autouse=True)
 def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail any test that leaves a worker, container or pod behind."""
+    """Fail any test that leaves a worker, container, pod or shared-memory file behind."""
+    shm_before = _shm_files()
     yield
     session_kit: BackendKit | None = (
         request.getfixturevalue("kit") if "kit" in request.fixturenames else None
@@ -42,6 +48,8 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
     leaked = _leaks() + (session_kit.leaks() if session_kit and BACKEND != "local" else [])
     assert not leaked, f"test left these running: {leaked}"
+    stray = _shm_files() - shm_before
+    assert not stray, f"test left shared-memory files in /dev/shm: {sorted(stray)}"
 
 
 ExecutorFactory = Callable[..., FiberExecutor]
