@@ -9,7 +9,7 @@ import time
 import pytest
 
 import fiberexec.multiprocessing as mp
-from fiberexec import SerializationError, WorkerLostError
+from fiberexec import BrokenFiberExecutor, SerializationError, WorkerLostError
 from tests.mp import tasks
 
 
@@ -120,13 +120,15 @@ def test_close_join_and_state_errors() -> None:
 def test_terminate_stops_running_tasks_quickly() -> None:
     pool = mp.Pool(1)
     stuck = pool.apply_async(tasks.sleep_forever)
-    assert pool.apply_async(tasks.square, (1,)) is not None
-    time.sleep(0)  # let submission happen; no timing needed
+    queued = pool.apply_async(tasks.square, (1,))
+    stuck.wait(0.5)  # it has had time to start; it never finishes by itself
+    assert not stuck.ready()
     start = time.monotonic()
     pool.terminate()
     assert time.monotonic() - start < 30
-    with pytest.raises(Exception):  # noqa: B017  # cancelled or broken: it never hangs
-        stuck.get(timeout=30)
+    for result in (stuck, queued):  # neither hangs: both raise
+        with pytest.raises((BrokenFiberExecutor, mp.ProcessError)):
+            result.get(timeout=30)
 
 
 def test_bad_arguments_name_the_rule() -> None:
