@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+import fiberexec.multiprocessing as mp
+
 
 def square(x: int) -> int:
     return x * x
@@ -97,3 +99,20 @@ class SlowEnv:
         time.sleep(0.015)
         self.state += action
         return self.state
+
+
+class Subclass(mp.Process):
+    """A Process subclass overriding run(); here so workers can import it by reference."""
+
+    def __init__(self, q: mp.Queue) -> None:
+        super().__init__()
+        self.q = q
+
+    def run(self) -> None:
+        self.q.put((mp.current_process().name, os.getpid()))
+
+
+@mp.meta(cpu=0.5, memory="256Mi", gpu=1)
+def heavy(x: int) -> int:
+    """A function that declares the resources it needs."""
+    return x + 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import select
 import signal
@@ -13,15 +12,6 @@ import fiberexec.multiprocessing as mp
 from tests.mp import tasks
 
 BIG = 100 << 20
-
-
-class Subclass(mp.Process):
-    def __init__(self, q: mp.Queue) -> None:
-        super().__init__()
-        self.q = q
-
-    def run(self) -> None:
-        self.q.put((mp.current_process().name, os.getpid()))
 
 
 def test_process_runs_target_and_reports_pid() -> None:
@@ -40,7 +30,7 @@ def test_process_runs_target_and_reports_pid() -> None:
 
 def test_subclass_run_and_name() -> None:
     q = mp.Queue()
-    p = Subclass(q)
+    p = tasks.Subclass(q)
     p.name = "worker-a"
     p.start()
     assert q.get(timeout=60)[0] == "worker-a"
