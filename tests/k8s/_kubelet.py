@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,9 +62,21 @@ class _Run:
     remove_on_exit: bool = False
 
 
+RUNTIMES = ("process", "docker")
+
+
 class Kubelet:
-    def __init__(self, store: Store, faults: Faults, logdir: Path) -> None:
-        self.store, self.faults, self.logdir = store, faults, logdir
+    """Runs admitted pods: as local processes, or as Docker containers on the host network.
+
+    ``runtime="docker"`` needs a reachable engine: pods then run their real image (a missing
+    image is a real ErrImagePull), with host networking and IPC, the working directory mounted.
+    """
+
+    def __init__(self, store: Store, faults: Faults, logdir: Path,
+                 runtime: str = "process") -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+        self.store, self.faults, self.logdir, self.runtime = store, faults, logdir, runtime
         self._runs: dict[tuple[str, str], _Run] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -87,7 +100,7 @@ class Kubelet:
             if run is not None:
                 run.gone.set()
                 if proc is not None and not run.exited.is_set():
-                    _signal(proc, signal.SIGKILL)
+                    self._signal(run, signal.SIGKILL)
             return self.store.delete("pods", namespace, name)
         run.remove_on_exit = True
         pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
@@ -101,7 +114,7 @@ class Kubelet:
         if run.proc is None:
             raise RuntimeError(f"pod {namespace}/{name} has no running process")
         run.override = override
-        _signal(run.proc, sig)
+        self._signal(run, sig)
 
     def running(self) -> list[str]:
         with self._lock:
@@ -115,7 +128,7 @@ class Kubelet:
         for run in runs:
             run.gone.set()
             if run.proc is not None and run.proc.poll() is None:
-                _signal(run.proc, signal.SIGKILL)
+                self._signal(run, signal.SIGKILL)
         for thread in threads:
             thread.join(timeout)
 
@@ -129,7 +142,7 @@ class Kubelet:
             return
         container = pod["spec"]["containers"][0]
         command = [*container.get("command", []), *container.get("args", [])]
-        if command[:1] == ["python"]:
+        if command[:1] == ["python"] and self.runtime == "process":
             command[0] = sys.executable
         self._start(run, container, command, env)
 
@@ -168,9 +181,12 @@ class Kubelet:
 
     def _pull(self, run: _Run, pod: Json) -> bool:
         image = pod["spec"]["containers"][0].get("image", "")
-        if image not in self.faults.pull_errors:
+        if image in self.faults.pull_errors:
+            message = f'Failed to pull image "{image}": not found (emulated)'
+        elif self.runtime == "docker" and not _image_present(image):
+            message = f'Failed to pull image "{image}": not present on the Docker engine'
+        else:
             return True
-        message = f'Failed to pull image "{image}": not found (emulated)'
         self._waiting(run, pod, "ErrImagePull", message)
         if not run.gone.wait(0.3):
             self._waiting(run, pod, "ImagePullBackOff", f'Back-off pulling image "{image}"')
@@ -219,8 +235,11 @@ class Kubelet:
         log = (self.logdir / f"{run.namespace}_{run.name}.log").open("wb")
         try:
             with log:
+                argv, proc_env = command, env
+                if self.runtime == "docker":
+                    argv, proc_env = self._docker_run(run, container, command, env)
                 run.proc = subprocess.Popen(
-                    command, env=env, cwd=container.get("workingDir") or self.logdir,
+                    argv, env=proc_env, cwd=container.get("workingDir") or self.logdir,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True)
         except OSError as exc:
@@ -228,7 +247,7 @@ class Kubelet:
             self._terminated(run, 128, "StartError", f"exec: {exc}")
             return
         if run.gone.is_set():  # deleted while starting
-            _signal(run.proc, signal.SIGKILL)
+            self._signal(run, signal.SIGKILL)
         self._set_status(run, {"phase": "Running", "podIP": "127.0.0.1",
                                "startTime": now_iso(),
                                "containerStatuses": [_container_status(
@@ -240,6 +259,21 @@ class Kubelet:
         reason = ("Completed" if code == 0 else "Error") if run.override in (
             None, "Evicted") else run.override
         self._terminated(run, code, reason, None)
+
+    def _docker_run(self, run: _Run, container: Json, command: list[str],
+                    env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``docker run`` for the pod's container; values travel in the CLI's environment
+        (``-e KEY``), so no secret appears on a command line."""
+        workdir = container.get("workingDir") or str(self.logdir)
+        argv = ["docker", "run", "--rm", "--name", _container_name(run), "--network", "host",
+                "--ipc", "host", "--init", "--label", "fiberexec-emulator=1",
+                "-v", f"{workdir}:{workdir}", "-w", workdir,
+                # tests hand workers paths in the temporary directory, as to a node's /tmp
+                "-v", f"{tempfile.gettempdir()}:{tempfile.gettempdir()}"]
+        for key in env:
+            if key not in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "PYENV_VERSION"):
+                argv += ["-e", key]
+        return [*argv, container.get("image", ""), *command], {**os.environ, **env}
 
     def _terminated(self, run: _Run, code: int, reason: str, message: str | None) -> None:
         state: Json = {"terminated": {"exitCode": code, "reason": reason,
@@ -257,9 +291,18 @@ class Kubelet:
             self.store.delete("pods", run.namespace, run.name)
 
     def _terminate(self, run: _Run, proc: subprocess.Popen[bytes], grace: float) -> None:
-        _signal(proc, signal.SIGTERM)
+        self._signal(run, signal.SIGTERM)
         if not run.exited.wait(grace):
-            _signal(proc, signal.SIGKILL)
+            self._signal(run, signal.SIGKILL)
+
+    def _signal(self, run: _Run, sig: int) -> None:
+        if run.proc is None:
+            return
+        if self.runtime == "docker":  # the CLI cannot forward SIGKILL: ask the engine
+            subprocess.run(["docker", "kill", f"--signal={int(sig)}", _container_name(run)],
+                           capture_output=True, timeout=30, check=False)
+        else:
+            _signal(run.proc, sig)
 
     def _waiting(self, run: _Run, pod: Json, reason: str, message: str) -> None:
         self._set_status(run, {"containerStatuses": [_container_status(pod, {"waiting": {
@@ -275,6 +318,16 @@ def _container_status(pod: Json, state: Json, ready: bool = False) -> Json:
     return {"name": container.get("name", ""), "image": container.get("image", ""),
             "imageID": "", "ready": ready, "restartCount": 0,
             "started": "running" in state, "state": state}
+
+
+def _container_name(run: _Run) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"k8s-emu-{run.namespace}-{run.name}")
+
+
+def _image_present(image: str) -> bool:
+    done = subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                          timeout=30, check=False)
+    return done.returncode == 0
 
 
 def _signal(proc: subprocess.Popen[Any], sig: int) -> None:

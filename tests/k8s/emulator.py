@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import shutil
 import signal
 import socket
@@ -60,12 +61,15 @@ class Emulator:
     `oom_kill`, `evict`, `delete_pod`, `expire_watches`.
     """
 
-    def __init__(self, namespaces: tuple[str, ...] | list[str] = ("default",)) -> None:
+    def __init__(self, namespaces: tuple[str, ...] | list[str] = ("default",),
+                 runtime: str | None = None) -> None:
         self.store = Store()
         self.store.namespaces.update(namespaces)
         self.faults = Faults()
         self._logdir = Path(tempfile.mkdtemp(prefix="k8s-emulator-"))
-        self.kubelet = Kubelet(self.store, self.faults, self._logdir)
+        # pods run as local processes, or (FIBEREXEC_K8S_RUNTIME=docker) as containers
+        self.runtime = runtime or os.environ.get("FIBEREXEC_K8S_RUNTIME", "process")
+        self.kubelet = Kubelet(self.store, self.faults, self._logdir, self.runtime)
         self.requests: list[Request] = []
         self._bursts: list[_Burst] = []
         self._forbidden: set[tuple[str, str]] = set()
