@@ -82,10 +82,10 @@ def start_method(system: str) -> str:
 def preload(system: str) -> None:
     """Import what `make` needs, so that a timed `make` does not count imports."""
     if system == "fiberexec":  # the package is lazy: load the executor and local backend
-        import fiberexec
-        import fiberexec.backends.local  # noqa: F401
+        import importlib
 
-        assert fiberexec.FiberExecutor is not None
+        importlib.import_module("fiberexec._executor")
+        importlib.import_module("fiberexec.backends.local")
 
 
 def make(system: str, workers: int) -> FuturesSystem | PoolSystem:
