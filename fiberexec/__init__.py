@@ -39,6 +39,7 @@ if _typing.TYPE_CHECKING:
     from fiberexec._stats import (
         Stats,
     )
+    from fiberexec._tls import TLSOptions
     from fiberexec.multiprocessing import (
         BufferTooShort,
         JoinableQueue,
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "SerializationError": "fiberexec._errors",
     "SimpleQueue": "fiberexec.multiprocessing",
     "Stats": "fiberexec._stats",
+    "TLSOptions": "fiberexec._tls",
     "TimeoutError": "fiberexec.multiprocessing",
     "TransientBackendError": "fiberexec._errors",
     "WorkerLostError": "fiberexec._errors",
@@ -116,6 +118,7 @@ __all__ = [
     "SerializationError",
     "SimpleQueue",
     "Stats",
+    "TLSOptions",
     "TimeoutError",
     "TransientBackendError",
     "WorkerLostError",

@@ -36,22 +36,30 @@ class Channel:
         max_message: int,
         on_connect: PipeCallback,
         on_remove: PipeCallback,
+        tls: Any = None,
     ) -> Channel:
-        """Listen on ``host`` at a free port (the executor's side)."""
+        """Listen on ``host`` at a free port (the executor's side); ``tls``: a server config."""
         sock = pynng.Pair1(
             recv_max_size=max_message, send_buffer_size=SEND_QUEUE, recv_buffer_size=SEND_QUEUE
         )
+        if tls is not None:
+            sock.tls_config = tls
         sock.add_post_pipe_connect_cb(on_connect)
         sock.add_post_pipe_remove_cb(on_remove)
         bracketed = f"[{host}]" if ":" in host else host
-        listener = sock.listen(f"tcp://{bracketed}:0")
+        scheme = "tls+tcp" if tls is not None else "tcp"
+        listener = sock.listen(f"{scheme}://{bracketed}:0")
         port = str(listener.local_address).rsplit(":", 1)[1]
-        return cls(sock, f"tcp://{bracketed}:{port}")
+        return cls(sock, f"{scheme}://{bracketed}:{port}")
 
     @classmethod
-    def dial(cls, address: str, *, max_message: int, on_remove: PipeCallback) -> Channel:
+    def dial(
+        cls, address: str, *, max_message: int, on_remove: PipeCallback, tls: Any = None
+    ) -> Channel:
         """Dial the executor (the worker's side); connection happens in the background."""
         sock = pynng.Pair1(recv_max_size=max_message, reconnect_time_max=500)
+        if tls is not None:
+            sock.tls_config = tls
         sock.add_post_pipe_remove_cb(on_remove)
         sock.dial(address, block=False)
         return cls(sock, address)

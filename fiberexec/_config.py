@@ -23,6 +23,7 @@ from typing import Any
 from fiberexec._backend import Resources, parse_memory
 from fiberexec._errors import ConfigurationError
 from fiberexec._retry import RetryPolicy
+from fiberexec._tls import TLSOptions
 
 ENV_PREFIX = "FIBEREXEC_"
 ENV_BACKEND = "FIBEREXEC_BACKEND"
@@ -52,6 +53,7 @@ class ExecutorConfig:
     start_retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_message_size: int = DEFAULT_MAX_MESSAGE
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    tls: TLSOptions | None = None
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)

@@ -19,6 +19,7 @@ from fiberexec._registry import load_backend
 from fiberexec._retry import RetryPolicy
 from fiberexec._stats import Stats
 from fiberexec._task import WorkItem
+from fiberexec._tls import TLSOptions
 
 T = TypeVar("T")
 _live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
@@ -68,6 +69,7 @@ class FiberExecutor(Executor):
         start_retry: how starting a worker is retried on transient backend errors.
         backend_options: keyword arguments for the backend named by ``backend``.
         progress: called with `Stats` as tasks finish (at most 10 times a second).
+        tls: `TLSOptions` to encrypt every connection to the workers (untrusted networks).
 
     Example:
         >>> with FiberExecutor(max_workers=2) as ex:  # doctest: +SKIP
@@ -98,6 +100,7 @@ class FiberExecutor(Executor):
         start_retry: RetryPolicy | None = None,
         backend_options: Mapping[str, Any] | None = None,
         progress: Callable[[Stats], None] | None = None,
+        tls: TLSOptions | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):
@@ -126,6 +129,7 @@ class FiberExecutor(Executor):
             start_timeout=start_timeout,
             start_retry=start_retry or RetryPolicy(),
             backend_options=dict(backend_options or {}),
+            tls=tls,
         )
         self._backend = instance
         self._progress = progress

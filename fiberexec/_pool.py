@@ -26,6 +26,7 @@ from fiberexec._serialize import Payload, dumps
 from fiberexec._shard import Shard
 from fiberexec._stats import Stats
 from fiberexec._task import WorkItem
+from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME
 
 log = logging.getLogger("fiberexec")
 MAX_START_FAILURES = 3  # workers in a row that die before connecting break the executor
@@ -65,6 +66,7 @@ class TaskPool:
         self._finished = False  # the shards are done: no new workers
         self._closed = threading.Event()  # everything is stopped and cleaned up
         self._t0 = 0.0
+        self._tls_server: object | None = None
         self._last_progress = 0.0
 
     # ------------------------------------------------------------ submitting
@@ -80,6 +82,8 @@ class TaskPool:
     def _start(self) -> None:
         self._t0 = time.monotonic()
         self._launcher = ThreadPoolExecutor(4, thread_name_prefix="fiberexec-launcher")
+        if self.config.tls is not None:
+            self._tls_server = self.config.tls.server_config()
         if self.config.initializer is not None:
             self.initializer = dumps(
                 (self.config.initializer, self.config.initargs), what="initializer"
@@ -120,16 +124,23 @@ class TaskPool:
             max_message=self.config.max_message_size,
             on_connect=lambda pipe: None,
             on_remove=lambda pipe: shard.post("pipe_down", worker_id, pipe.id),
+            tls=self._tls_server,
         )
         shard.post("adopt", Conn(worker_id, channel, self.config.max_tasks_per_child or 0))
-        port = channel.address.rsplit(":", 1)[1]
+        scheme, rest = channel.address.split("://", 1)
         host = self.backend.advertise_host
-        address = f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
+        address = f"{scheme}://{f'[{host}]' if ':' in host else host}:{rest.rsplit(':', 1)[1]}"
         assert self._launcher is not None
         self._launcher.submit(self._start_worker, shard, self._spec(worker_id, address))
 
     def _spec(self, worker_id: str, address: str) -> WorkerSpec:
         cfg = self.config
+        tls_env = {}
+        if cfg.tls is not None:
+            tls_env = {
+                ENV_TLS_CERT: cfg.tls.cert,
+                ENV_TLS_SERVER_NAME: cfg.tls.server_name or self.backend.advertise_host,
+            }
         return WorkerSpec(
             worker_id=worker_id,
             executor_id=self.executor_id,
@@ -140,6 +151,7 @@ class TaskPool:
                 _contract.ENV_EXECUTOR_ID: self.executor_id,
                 _contract.ENV_HEARTBEAT: str(cfg.heartbeat),
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
+                **tls_env,
             },
             secret_env={_contract.ENV_SECRET: self.secret.hex()},
             image=cfg.image,

@@ -27,6 +27,7 @@ from fiberexec import _protocol as p
 from fiberexec._channel import Channel
 from fiberexec._errors import ProtocolError, SerializationError
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
+from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
 
 EXIT_AUTH_FAILED = 3
 EXIT_NO_EXECUTOR = 4
@@ -46,6 +47,8 @@ class _Config:
         self.executor_id = environ.get(_contract.ENV_EXECUTOR_ID, "")
         self.secret = _auth.secret_from_hex(environ[_contract.ENV_SECRET])
         self.connect_timeout = float(environ.get(_contract.ENV_CONNECT_TIMEOUT, "60"))
+        self.tls_cert = environ.get(ENV_TLS_CERT)
+        self.tls_server_name = environ.get(ENV_TLS_SERVER_NAME, "")
 
 
 class Worker:
@@ -53,8 +56,11 @@ class Worker:
 
     def __init__(self, config: _Config) -> None:
         self.config = config
+        tls = None
+        if config.tls_cert:
+            tls = client_config(config.tls_cert, config.tls_server_name)
         self.channel = Channel.dial(
-            config.address, max_message=MAX_MESSAGE, on_remove=self._on_disconnect
+            config.address, max_message=MAX_MESSAGE, on_remove=self._on_disconnect, tls=tls
         )
         self.shm = p.ShmPolicy()
         self.allow_shm = False

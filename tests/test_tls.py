@@ -1,0 +1,74 @@
+"""TLS: workers connect over tls+tcp, pin the executor's certificate, and plaintext is refused."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pynng
+import pytest
+
+from fiberexec import ConfigurationError, TLSOptions
+from fiberexec._channel import Channel
+from fiberexec._tls import client_config
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+
+def _certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make test certificates")
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=fiberexec",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+def test_tasks_run_over_tls(make_executor: ExecutorFactory, tmp_path: Path) -> None:
+    cert, key = _certificate(tmp_path, "executor")
+    ex = make_executor(2, tls=TLSOptions(cert, key))
+    assert list(ex.map(tasks.square, range(50), chunksize=5, timeout=60)) == [
+        i * i for i in range(50)
+    ]
+    addresses = [c.channel.address for s in ex._pool.shards for c in s.conns.values()]  # type: ignore[union-attr]
+    assert addresses and all(a.startswith("tls+tcp://") for a in addresses)
+
+
+def test_plaintext_and_foreign_certificates_are_refused(tmp_path: Path) -> None:
+    """On a channel with no peer yet, only a client that pins our certificate gets in."""
+    cert, key = _certificate(tmp_path, "executor")
+    other_cert, _ = _certificate(tmp_path, "other")
+    connected: list[object] = []
+    channel = Channel.listen("127.0.0.1", max_message=1 << 20, on_connect=connected.append,
+                             on_remove=lambda pipe: None,
+                             tls=TLSOptions(cert, key).server_config())
+    try:
+        plain = channel.address.replace("tls+tcp://", "tcp://")
+        with pynng.Pair1(send_timeout=1000) as attacker, pytest.raises(pynng.NNGException):
+            attacker.dial(plain, block=True)  # no TLS handshake: refused
+        foreign = client_config(other_cert.read_text(), "127.0.0.1")
+        with pynng.Pair1(tls_config=foreign) as impostor, pytest.raises(pynng.NNGException):
+            impostor.dial(channel.address, block=True)  # does not trust our certificate
+        assert connected == []
+        with pynng.Pair1(tls_config=client_config(cert.read_text(), "127.0.0.1")) as worker:
+            worker.dial(channel.address, block=True)  # the pinned certificate: accepted
+            worker.send(b"hello")
+            received = channel.recv(timeout=10)
+            assert received is not None and received.bytes == b"hello"
+    finally:
+        channel.close()
+
+
+def test_bad_tls_files_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cert_file .* cannot be read"):
+        TLSOptions(tmp_path / "missing.crt", tmp_path / "missing.key")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(ConfigurationError, match="is not a PEM certificate"):
+        TLSOptions(junk, junk)
