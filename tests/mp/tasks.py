@@ -116,3 +116,8 @@ class Subclass(mp.Process):
 def heavy(x: int) -> int:
     """A function that declares the resources it needs."""
     return x + 1
+
+
+def worker_id() -> str:
+    """Which worker ran this (pids repeat across containers; worker ids do not)."""
+    return os.environ["FIBEREXEC_WORKER_ID"]
