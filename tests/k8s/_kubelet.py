@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,18 @@ class Kubelet:
             raise RuntimeError(f"pod {namespace}/{name} has no running process")
         run.override = override
         self._signal(run, sig)
+
+    def settle(self, timeout: float) -> None:
+        """Wait (on each pod's exit event) for pods still terminating, ``timeout`` at most.
+
+        Deleting a pod is asynchronous, as in Kubernetes: its grace period runs after the
+        API call returns.
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            runs = [r for r in self._runs.values() if r.proc is not None]
+        for run in runs:
+            run.exited.wait(max(0.0, deadline - time.monotonic()))
 
     def running(self) -> list[str]:
         with self._lock:
@@ -242,7 +255,7 @@ class Kubelet:
                     argv, env=proc_env, cwd=container.get("workingDir") or self.logdir,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             run.exited.set()
             self._terminated(run, 128, "StartError", f"exec: {exc}")
             return
@@ -262,18 +275,23 @@ class Kubelet:
 
     def _docker_run(self, run: _Run, container: Json, command: list[str],
                     env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        """``docker run`` for the pod's container; values travel in the CLI's environment
+        """Create the pod's container now (so a delete can always find it), and return the
+        command that starts and attaches to it. Values travel in the CLI's environment
         (``-e KEY``), so no secret appears on a command line."""
         workdir = container.get("workingDir") or str(self.logdir)
-        argv = ["docker", "run", "--rm", "--name", _container_name(run), "--network", "host",
-                "--ipc", "host", "--init", "--label", "fiberexec-emulator=1",
-                "-v", f"{workdir}:{workdir}", "-w", workdir,
+        tmp = tempfile.gettempdir()
+        argv = ["docker", "create", "--rm", "--name", _container_name(run),
+                "--network", "host", "--ipc", "host", "--init",
+                "--label", "fiberexec-emulator=1", "-v", f"{workdir}:{workdir}", "-w", workdir,
                 # tests hand workers paths in the temporary directory, as to a node's /tmp
-                "-v", f"{tempfile.gettempdir()}:{tempfile.gettempdir()}"]
+                "-v", f"{tmp}:{tmp}"]
         for key in env:
             if key not in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "PYENV_VERSION"):
                 argv += ["-e", key]
-        return [*argv, container.get("image", ""), *command], {**os.environ, **env}
+        cli_env = {**os.environ, **env}
+        subprocess.run([*argv, container.get("image", ""), *command], env=cli_env,
+                       capture_output=True, timeout=60, check=True)
+        return ["docker", "start", "--attach", _container_name(run)], cli_env
 
     def _terminated(self, run: _Run, code: int, reason: str, message: str | None) -> None:
         state: Json = {"terminated": {"exitCode": code, "reason": reason,
@@ -299,7 +317,9 @@ class Kubelet:
         if run.proc is None:
             return
         if self.runtime == "docker":  # the CLI cannot forward SIGKILL: ask the engine
-            subprocess.run(["docker", "kill", f"--signal={int(sig)}", _container_name(run)],
+            action = (["rm", "--force"] if sig == signal.SIGKILL  # any state: kill and remove
+                      else ["kill", f"--signal={int(sig)}"])
+            subprocess.run(["docker", *action, _container_name(run)],
                            capture_output=True, timeout=30, check=False)
         else:
             _signal(run.proc, sig)

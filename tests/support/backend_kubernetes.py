@@ -38,4 +38,5 @@ def leaks(emu: Emulator) -> list[str]:
              f"({(p.get('status') or {}).get('phase')})" for p in emu.pods(selector="fiberexec")]
     found += [f"secret {s['metadata']['namespace']}/{s['metadata']['name']}"
               for s in emu.secrets(selector="fiberexec")]
+    emu.kubelet.settle(timeout=10)  # pods deleted a moment ago may still be terminating
     return found + emu.running_processes()
