@@ -42,6 +42,7 @@ class Conn:
         self.why: str | None = None  # how the connection was lost, when we know better
         self.leaving: str | None = None  # why an orderly exit was agreed ("idle", ...)
         self.counted = False  # included in the shard's ready_workers
+        self.probe = ""  # this handshake's shared-memory probe file, removed when it ends
         self.shm = False
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
         self.dispatched = 0

@@ -50,7 +50,7 @@ class TaskPool:
         self.secret = _auth.new_secret()
         self.shards = [Shard(self, i) for i in range(config.shards)]
         self.initializer: Payload | None = None
-        self.shm_probe, self.shm_token = "", b""
+        self.shm_token = b""  # what a worker must read from a handshake's probe file
         self.broken: BrokenFiberExecutor | None = None
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}
@@ -90,7 +90,6 @@ class TaskPool:
             )
         if _shm.available():
             self.shm_token = secrets.token_bytes(32)
-            self.shm_probe = _shm.write_probe(self.executor_id, self.shm_token)
         for shard in self.shards:
             shard.thread.start()
         for _ in range(self.config.min_workers):

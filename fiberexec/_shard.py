@@ -218,14 +218,18 @@ class Shard:
         conn.pipe, conn.nonce = pipe, _auth.new_nonce()
         proof = _auth.proof(self.pool.secret, "executor", hello.nonce, conn.nonce)
         conn.worker_nonce = hello.nonce
-        self._send(conn, p.Challenge(conn.nonce, proof, self.pool.shm_probe))
+        self._drop_probe(conn)
+        if self.pool.shm_token:  # lives only for this handshake: a crash leaves nothing long
+            conn.probe = _shm.write_probe(self.pool.executor_id, self.pool.shm_token)
+        self._send(conn, p.Challenge(conn.nonce, proof, conn.probe))
         conn.state = State.AWAIT_AUTH
 
     def _on_auth(self, conn: Conn, auth: p.Auth) -> None:
         expected = _auth.proof(self.pool.secret, "worker", conn.worker_nonce, conn.nonce)
         if not _auth.verify(expected, auth.proof):
             raise AuthenticationError("wrong proof: the peer does not hold the secret")
-        conn.shm = bool(self.pool.shm_token) and _auth.verify(self.pool.shm_token, auth.shm_token)
+        conn.shm = bool(conn.probe) and _auth.verify(self.pool.shm_token, auth.shm_token)
+        self._drop_probe(conn)
         conn.state = State.READY
         conn.idle_since = time.monotonic()
         self.hungry[conn.worker_id] = conn
@@ -476,7 +480,13 @@ class Shard:
         conn.state = State.GONE
         self.conns.pop(conn.worker_id, None)
 
+    def _drop_probe(self, conn: Conn) -> None:
+        if conn.probe:
+            _shm.discard(conn.probe)
+            conn.probe = ""
+
     def _unregister(self, conn: Conn) -> None:
+        self._drop_probe(conn)
         self.hungry.pop(conn.worker_id, None)
         if conn.counted:
             conn.counted = False
