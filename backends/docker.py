@@ -427,9 +427,7 @@ class DockerBackend(Backend):
         if not ours:
             super().watch(handle, listener)  # not started here: fall back to polling status
             return
-        with self._watch_lock:
-            self._watched[handle.worker_id] = handle
-            self._listeners[handle.worker_id] = listener
+        self._register(handle, listener)
         with self._lock:  # the exit may have been recorded while we registered
             recorded = recorded or self._exits.get(handle.ref)
         if recorded is not None:

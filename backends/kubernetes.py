@@ -175,15 +175,11 @@ class KubernetesBackend(Backend):
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Report ``handle``'s end from the shared pod watch (no thread or request per pod)."""
-        with self._watch_lock:
-            self._watched[handle.ref] = handle
-            self._listeners[handle.ref] = listener
+        self._register(handle, listener)
         self._check([handle.ref])  # it may have finished before we were asked
 
-    def unwatch(self, handle: WorkerHandle) -> None:
-        with self._watch_lock:
-            self._watched.pop(handle.ref, None)
-            self._listeners.pop(handle.ref, None)
+    def _watch_key(self, handle: WorkerHandle) -> str:
+        return handle.ref  # the shared watch reports pods by name
 
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
         """Delete the pod (``grace`` rounded up to whole seconds, at least 1) and forget it.
@@ -332,13 +328,6 @@ class KubernetesBackend(Backend):
                 self._deadlines.cancel(name)
             if status.finished:
                 self._report_exit(handle, status)
-
-    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
-        with self._watch_lock:
-            self._watched.pop(handle.ref, None)
-            listener = self._listeners.pop(handle.ref, None)
-        if listener is not None:
-            listener(handle, status)
 
     def _deadline_passed(self, name: str) -> None:
         self._check([name])

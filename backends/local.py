@@ -125,9 +125,7 @@ class LocalBackend(Backend):
         if proc is None:
             listener(handle, self.status(handle))
             return
-        with self._watch_lock:
-            self._listeners[handle.worker_id] = listener
-            self._watched[handle.worker_id] = handle
+        self._register(handle, listener)
         threading.Thread(
             target=self._wait_one, args=(handle, proc), name="fiberexec-local-wait", daemon=True
         ).start()

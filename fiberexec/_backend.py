@@ -184,9 +184,8 @@ class Backend(abc.ABC):
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Call ``listener(handle, status)`` once, from any thread, when the worker finishes."""
+        self._register(handle, listener)
         with self._watch_lock:
-            self._watched[handle.worker_id] = handle
-            self._listeners[handle.worker_id] = listener
             if self._watch_thread is None:
                 self._watch_thread = threading.Thread(
                     target=self._poll_loop, name=f"fiberexec-{self.name}-watch", daemon=True
@@ -195,9 +194,22 @@ class Backend(abc.ABC):
 
     def unwatch(self, handle: WorkerHandle) -> None:
         """Stop reporting on ``handle`` (it was stopped on purpose)."""
+        key = self._watch_key(handle)
         with self._watch_lock:
-            self._watched.pop(handle.worker_id, None)
-            self._listeners.pop(handle.worker_id, None)
+            self._watched.pop(key, None)
+            self._listeners.pop(key, None)
+
+    def _watch_key(self, handle: WorkerHandle) -> str:
+        """What the watch tables are keyed by; a backend whose events name jobs differently
+        (Kubernetes: the pod name) returns that instead."""
+        return handle.worker_id
+
+    def _register(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        """Remember ``listener`` for ``handle``; for subclasses with their own watch."""
+        key = self._watch_key(handle)
+        with self._watch_lock:
+            self._watched[key] = handle
+            self._listeners[key] = listener
 
     def _poll_loop(self) -> None:
         while not self._watch_stop.wait(self.poll_interval):
@@ -210,9 +222,10 @@ class Backend(abc.ABC):
 
     def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
         """Deliver one exit to its listener (once); for subclasses with their own watch."""
+        key = self._watch_key(handle)
         with self._watch_lock:
-            self._watched.pop(handle.worker_id, None)
-            listener = self._listeners.pop(handle.worker_id, None)
+            self._watched.pop(key, None)
+            listener = self._listeners.pop(key, None)
         if listener is not None:
             listener(handle, status)
 

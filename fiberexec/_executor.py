@@ -200,8 +200,6 @@ class FiberExecutor(Executor):
             pool = self._pool
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
-        elif self._backend is None:
-            pass  # nothing was started
 
     def terminate(self) -> None:
         """Stop every worker now, even mid-task, and fail what has not finished.
