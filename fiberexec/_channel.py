@@ -27,6 +27,7 @@ class Channel:
         self.address = address
         self._fd = int(socket.recv_fd)
         self.closed = False
+        self._timeouts = {"recv_timeout": -2, "send_timeout": -2}  # ms; set only on change
 
     @classmethod
     def listen(
@@ -78,7 +79,7 @@ class Channel:
 
     def recv(self, timeout: float) -> pynng.Message | None:
         """The next message, or None after ``timeout`` seconds."""
-        self._socket.recv_timeout = max(1, int(timeout * 1000))
+        self._set_timeout("recv_timeout", timeout)
         try:
             return self._socket.recv_msg()
         except pynng.Timeout:
@@ -92,8 +93,14 @@ class Channel:
             raise ProtocolError("peer is not reading: its send queue is full") from None
 
     def send(self, frame: bytes, timeout: float) -> None:
-        self._socket.send_timeout = max(1, int(timeout * 1000))
+        self._set_timeout("send_timeout", timeout)
         self._socket.send(frame)
+
+    def _set_timeout(self, option: str, seconds: float) -> None:
+        ms = max(1, int(seconds * 1000))
+        if self._timeouts[option] != ms:  # a socket option costs a call into nng
+            setattr(self._socket, option, ms)
+            self._timeouts[option] = ms
 
     def close(self) -> None:
         self.closed = True

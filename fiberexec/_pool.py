@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 import secrets
 import threading
@@ -68,6 +69,7 @@ class TaskPool:
         self._t0 = 0.0
         self._tls_server: object | None = None
         self._last_progress = 0.0
+        self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
 
     # ------------------------------------------------------------ submitting
 
@@ -152,7 +154,11 @@ class TaskPool:
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
                 **tls_env,
             },
-            secret_env={_contract.ENV_SECRET: self.secret.hex()},
+            secret_env={
+                _contract.ENV_SECRET: self.secret.hex(),
+                # stdlib Manager proxies passed to tasks authenticate with it, as in a child
+                _contract.ENV_MP_AUTHKEY: bytes(multiprocessing.current_process().authkey).hex(),
+            },
             image=cfg.image,
             workdir=cfg.workdir or os.getcwd(),
             resources=cfg.resources,
@@ -240,6 +246,10 @@ class TaskPool:
         else:
             self._launch()
 
+    def ready_count(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
     def may_retire(self, worker_id: str) -> bool:
         """Whether an idle worker may leave without going below ``min_workers``."""
         with self._lock:
@@ -273,7 +283,7 @@ class TaskPool:
 
     def _stop(self, handle: WorkerHandle) -> None:
         try:
-            self.backend.stop(handle, grace=2.0)
+            self.backend.stop(handle, grace=self.stop_grace)
         except Exception as exc:
             log.warning("could not stop worker %s: %s", handle.worker_id, exc)
 
@@ -286,6 +296,17 @@ class TaskPool:
         except RuntimeError:  # the launcher is shutting down: do it here
             pass
         fn(*args)
+
+    def interpreter_exiting(self) -> None:
+        """The interpreter is exiting: tasks still run, but no worker is awaited for long."""
+        for shard in self.shards:
+            shard.post("exiting")
+
+    def force_stop(self, message: str, *, grace: float) -> None:
+        """Cancel what has not started, fail what runs, stop every worker (no waiting)."""
+        self.stop_grace = grace
+        self.shutdown(wait=False, cancel_futures=True)
+        self.break_executor(message, None, level=logging.INFO)
 
     def shutdown(self, *, wait: bool, cancel_futures: bool) -> None:
         with self._lock:
