@@ -209,16 +209,17 @@ class Outbox:
         self.last_sent = time.monotonic()
 
     def add(self, result: p.Result, *, urgent: bool) -> None:
+        """Hold ``result``; an urgent one is sent by the timer thread right away."""
         now = time.monotonic()
         with self._cond:
             self._results.append(result)
             self._nbytes += result.payload.nbytes
             if self._since is None:
-                self._since = now
-                if not urgent:
-                    self._cond.notify()  # arm the timer
-            if urgent or self._due(now):
-                self._flush_locked()
+                self._since = now - FLUSH_AGE if urgent else now
+                self._cond.notify()  # the timer thread sends it while the next task runs
+            elif urgent or self._due(now):
+                self._since = now - FLUSH_AGE
+                self._cond.notify()
 
     def _due(self, now: float) -> bool:
         assert self._since is not None
