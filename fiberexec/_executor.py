@@ -74,6 +74,8 @@ class FiberExecutor(Executor):
         backend_options: keyword arguments for the backend named by ``backend``.
         progress: called with `Stats` as tasks finish (at most 10 times a second).
         tls: `TLSOptions` to encrypt every connection to the workers (untrusted networks).
+        ports: the port, or range ``"40000-40999"``, the executor listens in for its workers
+            (one port per worker; default: any free port), for firewalls and Services.
         mp_context: accepted for compatibility with `ProcessPoolExecutor`; workers are always
             fresh programs, whatever the start method (``max_tasks_per_child`` with a
             ``"fork"`` context is refused, as the standard library does).
@@ -112,6 +114,7 @@ class FiberExecutor(Executor):
         backend_options: Mapping[str, Any] | None = None,
         progress: Callable[[Stats], None] | None = None,
         tls: TLSOptions | None = None,
+        ports: str | int | tuple[int, int] | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):
@@ -141,6 +144,7 @@ class FiberExecutor(Executor):
             start_retry=start_retry or RetryPolicy(),
             backend_options=dict(backend_options or {}),
             tls=tls,
+            ports=ports,
         )
         self._mp_context = _check_mp_context(mp_context, self._config.max_tasks_per_child)
         self._backend = instance

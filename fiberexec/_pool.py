@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from fiberexec import _auth, _contract, _shm
+from fiberexec import _auth, _contract, _fdlimit, _shm
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._channel import Channel
 from fiberexec._config import ExecutorConfig
@@ -70,6 +70,7 @@ class TaskPool:
         self._tls_server: object | None = None
         self._last_progress = 0.0
         self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
+        self._next_port = 0  # where the search for a free port in config.ports starts
 
     # ------------------------------------------------------------ submitting
 
@@ -82,6 +83,7 @@ class TaskPool:
             self._scale_up()
 
     def _start(self) -> None:
+        _fdlimit.ensure(self.config.max_workers)
         self._t0 = time.monotonic()
         self._launcher = ThreadPoolExecutor(4, thread_name_prefix="fiberexec-launcher")
         if self.config.tls is not None:
@@ -120,13 +122,23 @@ class TaskPool:
                 load[id(placed)] += 1
             shard = min(self.shards, key=lambda s: load[id(s)])
             self._placement[worker_id] = shard
-        channel = Channel.listen(
-            self.backend.bind_host,
-            max_message=self.config.max_message_size,
-            on_connect=lambda pipe: None,
-            on_remove=lambda pipe: shard.post("pipe_down", worker_id, pipe.id),
-            tls=self._tls_server,
-        )
+        try:
+            channel = Channel.listen(
+                self.backend.bind_host,
+                max_message=self.config.max_message_size,
+                on_connect=lambda pipe: None,
+                on_remove=lambda pipe: shard.post("pipe_down", worker_id, pipe.id),
+                tls=self._tls_server,
+                ports=self.config.ports,
+                first=self._next_port,
+            )
+        except Exception as exc:  # no port: say why, do not leave the tasks waiting
+            with self._lock:
+                self._handles.pop(worker_id, None)
+                self._placement.pop(worker_id, None)
+            self.break_executor(f"could not listen for worker {worker_id}: {exc}", exc)
+            return
+        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
         shard.post("adopt", Conn(worker_id, channel, self.config.max_tasks_per_child or 0))
         scheme, rest = channel.address.split("://", 1)
         host = self.backend.advertise_host
