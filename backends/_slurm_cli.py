@@ -88,7 +88,7 @@ def cancel(job_ids: Sequence[str], *, timeout: float, signal: str | None = None)
 
 
 def submit(argv: Sequence[str], script: str, *, what: str, timeout: float) -> int:
-    """sbatch a script given on stdin; return the job id (``--parsable`` prints ``id[;cluster]``)."""
+    """sbatch a script given on stdin; return the job id (``--parsable``: ``id[;cluster]``)."""
     out = run(argv, what=what, timeout=timeout, stdin=script).strip()
     head = out.split(";", 1)[0].strip()
     if not head.isdigit():
