@@ -87,9 +87,10 @@ def cancel(job_ids: Sequence[str], *, timeout: float, signal: str | None = None)
             raise
 
 
-def submit(argv: Sequence[str], script: str, *, what: str, timeout: float) -> int:
+def submit(argv: Sequence[str], script: str, *, what: str, timeout: float,
+           env: Mapping[str, str] | None = None) -> int:
     """sbatch a script given on stdin; return the job id (``--parsable``: ``id[;cluster]``)."""
-    out = run(argv, what=what, timeout=timeout, stdin=script).strip()
+    out = run(argv, what=what, timeout=timeout, stdin=script, env=env).strip()
     head = out.split(";", 1)[0].strip()
     if not head.isdigit():
         raise PermanentBackendError(f"cannot {what}: sbatch printed {out!r}, not a job id")

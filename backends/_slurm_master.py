@@ -49,7 +49,9 @@ def run_master(command: Sequence[str], env: Mapping[str, str], *,
     """Submit ``command`` as a batch job, copy its output to ``out``, return its exit status.
 
     Ctrl-C cancels the job. The exit status is the program's, or 128 + N when a signal
-    ended it (a time limit, scancel), as a shell reports it.
+    ended it (a time limit, scancel), as a shell reports it. sbatch's own input variables
+    (``SBATCH_PARTITION``, ``SBATCH_ACCOUNT``, ``SBATCH_TIMELIMIT``...) set the master
+    job's partition, account and limits.
     """
     out = out or sys.stdout.buffer
     root = Path(staging_dir or "~/.fiberexec/slurm").expanduser()
@@ -59,7 +61,7 @@ def run_master(command: Sequence[str], env: Mapping[str, str], *,
     text = master_script(command, os.getcwd(), output, options or script.SubmitOptions())
     try:
         job = cli.submit(["sbatch", "--parsable"], text, what="submit the master job",
-                         timeout=command_timeout)
+                         timeout=command_timeout, env={**os.environ, **env})
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
