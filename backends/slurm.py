@@ -36,7 +36,6 @@ Slurm; the backend names it OUT_OF_MEMORY from slurmstepd's message in the job's
 from __future__ import annotations
 
 import contextlib
-import getpass
 import ipaddress
 import logging
 import os
@@ -77,11 +76,11 @@ from fiberexec.backends._slurm_jobs import (
     worker_status,
 )
 from fiberexec.backends._slurm_master import run_master
+from fiberexec.backends._slurm_stray import DEFAULT_STAGING, remove_stray
 
 __all__ = ["SlurmBackend", "remove_stray", "run_master"]
 
 log = logging.getLogger("fiberexec.backends.slurm")
-DEFAULT_STAGING = Path("~/.fiberexec/slurm")
 _TAIL_BYTES = 64 * 1024
 _SACCT_FIELDS = "JobID,JobName,State,Reason,ExitCode,Start"
 
@@ -459,38 +458,7 @@ class SlurmBackend(Backend):
             guard.wait(timeout=10)
 
 
-def remove_stray(executor_id: str | None = None, staging_dir: str | None = None,
-                 command_timeout: float = 30.0) -> int:
-    """Cancel this user's queued or running fiberexec jobs (of one executor, if given).
-
-    Jobs are recognised by their name (``fiberexec-<executor id>``) and comment; the staging
-    directories of the executors they belonged to are removed too.
-
-    Returns:
-        how many jobs (array tasks count one each) were cancelled.
-    """
-    document = cli.run_json(["squeue", "--json"], what="list Slurm jobs",
-                            timeout=command_timeout)
-    user = getpass.getuser()
-    name = script.job_name(executor_id) if executor_id else None
-    found = [r for r in parse_squeue(document).values()
-             if r.active and r.user in ("", user) and _is_ours(r, name)]
-    cli.cancel(sorted({str(r.key[0]) for r in found}), timeout=command_timeout)
-    root = Path(staging_dir or DEFAULT_STAGING).expanduser()
-    for executor in {r.name.removeprefix(script.JOB_PREFIX) for r in found}:
-        for path in root.glob(f"{executor}-*"):
-            shutil.rmtree(path, ignore_errors=True)
-    return len(found)
-
-
 # -- helpers ---------------------------------------------------------------------------------
-def _is_ours(record: JobRecord, name: str | None) -> bool:
-    if name is not None:
-        return record.name == name
-    return record.name.startswith(script.JOB_PREFIX) or record.comment.startswith(
-        script.COMMENT_PREFIX + ",")
-
-
 def _job_id(key: TaskKey) -> str:
     return f"{key[0]}_{key[1]}" if key[1] >= 0 else str(key[0])
 

@@ -102,7 +102,8 @@ def test_secret_reaches_the_worker_but_no_job_description(kit: BackendKit) -> No
                  ["scontrol", "show", "job", "-dd", job],
                  ["scontrol", "write", "batch_script", job, "-"]]
         for argv in views:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                                 check=True).stdout
             assert out.strip(), argv
             assert token not in out, f"{' '.join(argv)} shows the secret"
         staging = next(Path(backend.staging_root).glob(f"{executor}-*"))
@@ -136,7 +137,7 @@ def test_resources_and_options_reach_slurm(kit: BackendKit) -> None:
             executor, "w0", resources=Resources(cpu=2, memory=300 * 2**20)))
         assert wait_for(lambda: backend.status(handle).reason == "JobHeldUser", 30)
         shown = subprocess.run(["scontrol", "show", "job", _job_id(executor, 0)],
-                               capture_output=True, text=True, timeout=30).stdout
+                               capture_output=True, text=True, timeout=30, check=True).stdout
         for expected in ("NumCPUs=2", "mem=300M", "TimeLimit=00:05:00", "Partition=debug",
                          f"Comment=fiberexec,executor={executor}"):
             assert expected in shown, expected
@@ -195,8 +196,8 @@ def test_job_pending_for_a_hopeless_reason_fails_fast(kit: BackendKit) -> None:
     backend = kit.make_backend(partition="short", time_limit=10)  # type: ignore[call-arg]
     ex = FiberExecutor(1, backend=backend, start_timeout=300)
     try:
-        with pytest.raises(BrokenFiberExecutor,
-                           match=r"PENDING \((PartitionTimeLimit|PartitionConfig)\) and cannot start"):
+        hopeless = r"PENDING \((PartitionTimeLimit|PartitionConfig)\) and cannot start"
+        with pytest.raises(BrokenFiberExecutor, match=hopeless):
             ex.submit(tasks.square, 2).result(timeout=60)
     finally:
         ex.shutdown()
@@ -254,7 +255,7 @@ def test_cleanup_command_cancels_stray_jobs(kit: BackendKit) -> None:
         _running(backend, handle)
         done = subprocess.run(
             [sys.executable, "-m", "fiberexec", "cleanup", "--backend", "slurm", "--executor",
-             executor], capture_output=True, text=True, timeout=60, cwd=ROOT)
+             executor], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
         assert done.returncode == 0, done.stderr
         assert "slurm: removed 1 stray object(s)" in done.stdout
         assert wait_for(lambda: not active_fiberexec_jobs(f"fiberexec-{executor}"), 30)
