@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -19,6 +20,7 @@ from fiberexec import BrokenFiberExecutor, FiberExecutor
 from fiberexec.backend import (
     PermanentBackendError,
     Resources,
+    RetryPolicy,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
@@ -215,6 +217,46 @@ def test_pending_workers_wait_while_the_executor_works(make_executor: ExecutorFa
     assert states.count(("RUNNING", "None")) == 2, states
     assert ("PENDING", "Resources") in states, states
     assert ex.stats().workers == 2
+
+
+SHIM = """#!/bin/bash
+# sbatch as a busy controller answers it once: {mode}
+marker={marker}
+if [ ! -e "$marker" ]; then
+    touch "$marker"
+    {first}
+    echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
+    exit 1
+fi
+exec {sbatch} "$@"
+"""
+
+
+@pytest.mark.parametrize("mode", ["refused", "accepted"])
+def test_submission_timeout_is_retried_without_a_duplicate_array(
+        kit: BackendKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # "accepted": the controller took the job but the answer was lost, as after a timeout.
+    real = shutil.which("sbatch")
+    assert real is not None
+    first = f'{real} "$@" >/dev/null' if mode == "accepted" else ":"
+    shim = tmp_path / "bin" / "sbatch"
+    shim.parent.mkdir()
+    shim.write_text(SHIM.format(mode=mode, marker=tmp_path / "failed-once", first=first,
+                                sbatch=real))
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    backend: SlurmBackend = kit.make_backend(  # type: ignore[call-arg]
+        retry=RetryPolicy(attempts=3, deadline=30, initial=0.05))
+    executor, exits = secrets.token_hex(4), Exits()
+    try:
+        handle = backend.start_worker(_spec(executor, "w0", ("python", "-c", "print('ran')")))
+        backend.watch(handle, exits)
+        assert exits.wait("w0", 60).exit_code == 0
+        assert (tmp_path / "failed-once").exists(), "the shim never answered 'timed out'"
+        ours = [j for j in jobs() if j["name"] == f"fiberexec-{executor}"]
+        assert len(ours) == 1, f"one worker must be one job, got {len(ours)}"
+    finally:
+        backend.close()
 
 
 GUARDED = textwrap.dedent("""
