@@ -92,6 +92,7 @@ class _Worker:
     key: TaskKey | None = None  # (array job id, task index) once submitted
     batch_dir: Path | None = None
     failure: WorkerStatus | None = None  # never submitted, or can never start
+    submitted_at: float = 0.0
 
 
 class SlurmBackend(Backend):
@@ -165,7 +166,7 @@ class SlurmBackend(Backend):
         self._workers: dict[str, _Worker] = {}
         self._arrays: set[int] = set()  # every array job submitted, for close()
         self._records: dict[TaskKey, JobRecord] = {}
-        self._refreshed = -float("inf")
+        self._refreshed = -float("inf")  # when the last squeue snapshot was taken
         self._refresh_lock = threading.Lock()
         self._executor_id: str | None = None
         self._staging: Path | None = None
@@ -320,8 +321,9 @@ class SlurmBackend(Backend):
         stale = []
         with self._lock:
             self._arrays.add(job)
+            now = self._clock()
             for index, worker in enumerate(workers):
-                worker.key, worker.batch_dir = (job, index), batch_dir
+                worker.key, worker.batch_dir, worker.submitted_at = (job, index), batch_dir, now
                 if self._workers.get(worker.spec.worker_id) is not worker:
                     stale.append(_job_id(worker.key))  # stopped while being submitted
             self._refreshed = -float("inf")
@@ -378,13 +380,11 @@ class SlurmBackend(Backend):
         with self._refresh_lock:
             if self._clock() - self._refreshed < self.poll_interval / 2:
                 return
+            taken = self._clock()
             records = self._query()
             with self._lock:
-                arrays = set(self._arrays)
-            ours = {k: r for k, r in records.items() if k[0] in arrays}
-            with self._lock:
-                self._records = ours
-                self._refreshed = self._clock()
+                self._records = {k: r for k, r in records.items() if k[0] in self._arrays}
+                self._refreshed = taken
 
     def _status(self, worker: _Worker, *, refresh: bool) -> WorkerStatus:
         if worker.failure is not None:
@@ -396,6 +396,9 @@ class SlurmBackend(Backend):
             self._refresh()
         with self._lock:
             record = self._records.get(worker.key)
+            unseen = worker.submitted_at >= self._refreshed  # submitted after the snapshot
+        if record is None and unseen:
+            return WorkerStatus(WorkerState.PENDING, reason="submitted")
         if record is None:
             record = self._accounting(worker.key)
         if record is None:
