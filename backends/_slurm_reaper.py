@@ -11,10 +11,12 @@ directory with the secrets of tasks that never started.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 DONE = b"done"
 SCANCEL_TIMEOUT = 60.0
@@ -30,6 +32,27 @@ def guard(job_name: str, staging_dir: str) -> int:
     finally:
         shutil.rmtree(staging_dir, ignore_errors=True)
     return 0
+
+
+def start_guard(job_name: str, staging: Path) -> subprocess.Popen[bytes]:
+    """Start the guard for a backend's jobs; it lives until `stop_guard` or the owner's end."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fiberexec.backends._slurm_reaper", job_name, str(staging)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True)
+
+
+def stop_guard(guard: subprocess.Popen[bytes]) -> None:
+    """Tell the guard all is cleaned up, and wait (bounded) for it to exit."""
+    if guard.stdin is not None:
+        with contextlib.suppress(OSError):
+            guard.stdin.write(DONE)
+            guard.stdin.close()
+    try:
+        guard.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+        guard.wait(timeout=10)
 
 
 if __name__ == "__main__":

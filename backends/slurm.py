@@ -76,6 +76,7 @@ from fiberexec.backends._slurm_jobs import (
     worker_status,
 )
 from fiberexec.backends._slurm_master import run_master
+from fiberexec.backends._slurm_reaper import start_guard, stop_guard
 from fiberexec.backends._slurm_stray import DEFAULT_STAGING, remove_stray
 
 __all__ = ["SlurmBackend", "remove_stray", "run_master"]
@@ -253,7 +254,8 @@ class SlurmBackend(Backend):
         finally:
             if self._monitor is not None:
                 self._monitor.join(timeout=self.command_timeout)
-            self._stop_guard()
+            if self._guard is not None:
+                stop_guard(self._guard)
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
             super().close()
@@ -265,7 +267,7 @@ class SlurmBackend(Backend):
             self._executor_id = executor_id
             self._staging = self.staging_root / f"{executor_id}-{secrets.token_hex(3)}"
             self._staging.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._guard = _start_guard(script.job_name(executor_id), self._staging)
+            self._guard = start_guard(script.job_name(executor_id), self._staging)
         elif executor_id != self._executor_id:
             raise ConfigurationError(
                 f"one SlurmBackend serves one executor, got executor id {executor_id!r} "
@@ -447,19 +449,6 @@ class SlurmBackend(Backend):
                 return
             threading.Event().wait(min(0.2, self.poll_interval))
 
-    def _stop_guard(self) -> None:
-        guard = self._guard
-        if guard is None or guard.stdin is None:
-            return
-        with contextlib.suppress(OSError):
-            guard.stdin.write(b"done")
-            guard.stdin.close()
-        try:
-            guard.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            guard.kill()
-            guard.wait(timeout=10)
-
 
 # -- helpers ---------------------------------------------------------------------------------
 def _job_id(key: TaskKey) -> str:
@@ -490,13 +479,6 @@ def _hosts(advertise: str | None) -> tuple[str, str]:
             f"advertise_host {advertise!r} does not resolve ({exc}); pass the address "
             "compute nodes reach this machine at, e.g. advertise_host='10.0.0.5'") from exc
     return advertise, address if ipaddress.ip_address(address).is_loopback else "0.0.0.0"
-
-
-def _start_guard(job_name: str, staging: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fiberexec.backends._slurm_reaper", job_name, str(staging)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True)
 
 
 def _check_positive(**values: float) -> None:
