@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run PROGRAM as the master job on a backend; its FiberExecutor starts "
                     "workers on the same backend. Example: fiberexec run --backend docker "
                     "--image me/app:1 -- python train.py --epochs 3")
-    run.add_argument("--backend", help="local, docker or kubernetes "
+    run.add_argument("--backend", help="local, docker, kubernetes or slurm "
                                        "(default: FIBEREXEC_BACKEND, the config file, local)")
     run.add_argument("--image", help="image for the master and the workers "
                                      "(default: FIBEREXEC_IMAGE or the config file)")
@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--start-timeout", type=float, default=300.0,
                      help="kubernetes: seconds the pod may stay Pending (default: 300)")
     run.add_argument("--keep", action="store_true",
-                     help="docker, kubernetes: keep the container or pod after it exits")
+                     help="docker, kubernetes: keep the container or pod after it exits; "
+                          "slurm: keep the job's output file")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]")
     run.set_defaults(func=cmd_run)
 

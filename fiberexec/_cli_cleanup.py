@@ -1,11 +1,12 @@
 """``fiberexec cleanup``: remove workers whose executor is gone.
 
-Docker and Kubernetes: the backend module's ``remove_stray`` removes containers, pods and
-Secrets by label. Local: a process is a stray worker when it runs ``python -m
-fiberexec.worker`` in this PID namespace, dials a loopback address (the local backend never
-uses another), and nothing in this network namespace listens on that address any more, i.e.
-its executor is gone. Only such processes are signalled, through a pidfd so a recycled pid is
-never hit: SIGTERM, then SIGKILL if it has not exited within a grace period.
+Docker, Kubernetes and Slurm: the backend module's ``remove_stray`` removes containers, pods
+and Secrets by label, or cancels Slurm worker jobs by name and comment. Local: a process is a
+stray worker when it runs ``python -m fiberexec.worker`` in this PID namespace, dials a
+loopback address (the local backend never uses another), and nothing in this network
+namespace listens on that address any more, i.e. its executor is gone. Only such processes
+are signalled, through a pidfd so a recycled pid is never hit: SIGTERM, then SIGKILL if it
+has not exited within a grace period.
 """
 
 from __future__ import annotations

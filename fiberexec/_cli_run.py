@@ -248,7 +248,19 @@ def _pod_exit_code(core: Any, w: Any, namespace: str, name: str) -> int:
     return 1
 
 
-LAUNCHERS = {"local": run_local, "docker": run_docker, "kubernetes": run_kubernetes}
+# ------------------------------------------------------------------ slurm
+
+
+def run_slurm(request: RunRequest) -> int:
+    """Submit the program as a batch job; the Slurm backend module does the work."""
+    slurm: Any = importlib.import_module("fiberexec.backends.slurm")
+    return int(slurm.run_master(request.command, master_env(request, os.environ),
+                                keep=request.keep))
+
+
+LAUNCHERS = {"local": run_local, "docker": run_docker, "kubernetes": run_kubernetes,
+             "slurm": run_slurm}
+NO_IMAGE = ("local", "slurm")  # backends whose jobs run on the host's own filesystem
 
 
 def run(request: RunRequest) -> int:
@@ -259,7 +271,7 @@ def run(request: RunRequest) -> int:
         raise ConfigurationError(
             f"--backend must be one of {sorted(LAUNCHERS)} for fiberexec run, "
             f"got {request.backend!r}")
-    if request.backend != "local":
+    if request.backend not in NO_IMAGE:
         _require_image(request)
     return launcher(request)
 

@@ -18,6 +18,7 @@ _BUILTIN = {
     "local": "fiberexec.backends.local:LocalBackend",
     "docker": "fiberexec.backends.docker:DockerBackend",
     "kubernetes": "fiberexec.backends.kubernetes:KubernetesBackend",
+    "slurm": "fiberexec.backends.slurm:SlurmBackend",
 }
 
 
