@@ -21,6 +21,7 @@ from fiberexec.backend import (
     TransientBackendError,
     WorkerState,
 )
+from tests.k8s._kubelet import pull_error_message
 from tests.k8s.conftest import Exits, make_spec
 from tests.k8s.emulator import Emulator
 from tests.support.backend_kubernetes import NAMESPACE
@@ -39,6 +40,13 @@ def running(pod: dict[str, Any] | None) -> bool:
 
 def wait_running(emu: Emulator, name: str) -> None:
     emu.wait_for_pod(NAMESPACE, name, running)
+
+
+def _waiting(pod: dict[str, Any] | None) -> str | None:
+    """The worker container's waiting reason (ErrImagePull, ImagePullBackOff...)."""
+    for container in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        return ((container.get("state") or {}).get("waiting") or {}).get("reason")
+    return None
 
 
 # -- exit codes and status ---------------------------------------------------------------------
@@ -257,19 +265,47 @@ def test_options_are_validated_without_io() -> None:
 
 
 # -- pods that never run -------------------------------------------------------------------
-def test_image_pull_error_fails_at_the_deadline(make_backend: Any, emu: Emulator,
-                                                exits: Exits) -> None:
-    emu.fail_image_pull("nope:1")
-    backend = make_backend(pending_deadline=1.0)
+@pytest.mark.parametrize("kind", ["timeout", "rate-limit"])
+def test_transient_pull_error_keeps_the_deadline(make_backend: Any, emu: Emulator,
+                                                 exits: Exits, kind: str) -> None:
+    emu.fail_image_pull("registry.example.com/ml/es:1", kind, backoff_detail=True)
+    backend = make_backend(pending_deadline=2.0)
     started = time.monotonic()
-    handle = backend.start_worker(make_spec(*SLEEP, image="nope:1"))
+    handle = backend.start_worker(make_spec(*SLEEP, image="registry.example.com/ml/es:1"))
     backend.watch(handle, exits)
+    # the kubelet retries: ErrImagePull, ImagePullBackOff, ErrImagePull again
+    for reason in ("ErrImagePull", "ImagePullBackOff", "ErrImagePull"):
+        emu.wait_for_pod(NAMESPACE, handle.ref, lambda p, r=reason: _waiting(p) == r)
+    assert exits.empty()
+    assert backend.status(handle).state is WorkerState.PENDING
     status = exits.next()
-    assert time.monotonic() - started >= 1.0
+    assert time.monotonic() - started >= 2.0
     assert status.state is WorkerState.FAILED
     assert status.reason is not None
     assert status.reason.startswith(("ImagePullBackOff: ", "ErrImagePull: "))
-    assert "nope:1" in status.reason
+    assert "registry.example.com/ml/es:1" in status.reason
+
+
+@pytest.mark.parametrize(("kind", "words"), [
+    ("not-found", 'docker.io/library/nope:1": docker.io/library/nope:1: not found'),
+    ("no-repository", "pull access denied, repository does not exist"),
+    ("unauthorized", "401 Unauthorized"),
+])
+@pytest.mark.parametrize("backoff_detail", [False, True], ids=["kubelet<1.32", "kubelet>=1.32"])
+def test_image_that_does_not_exist_fails_at_once(make_backend: Any, emu: Emulator,
+                                                 exits: Exits, kind: str, words: str,
+                                                 backoff_detail: bool) -> None:
+    emu.fail_image_pull("nope:1", kind, backoff_detail=backoff_detail)
+    backend = make_backend()  # pending_deadline: the default 300 s
+    started = time.monotonic()
+    handle = backend.start_worker(make_spec(*SLEEP, image="nope:1"))
+    backend.watch(handle, exits)
+    status = exits.next(timeout=30)
+    assert time.monotonic() - started < 30
+    assert status.state is WorkerState.FAILED
+    assert status.reason == f"ErrImagePull: {pull_error_message(kind, 'nope:1')}"
+    assert words in status.reason
+    assert backend.status(handle) == status
 
 
 def test_unschedulable_fails_at_the_deadline(make_backend: Any, emu: Emulator,
