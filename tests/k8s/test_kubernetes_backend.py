@@ -286,14 +286,17 @@ def test_transient_pull_error_keeps_the_deadline(make_backend: Any, emu: Emulato
     assert "registry.example.com/ml/es:1" in status.reason
 
 
-@pytest.mark.parametrize(("kind", "words"), [
-    ("not-found", 'docker.io/library/nope:1": docker.io/library/nope:1: not found'),
-    ("no-repository", "pull access denied, repository does not exist"),
-    ("unauthorized", "401 Unauthorized"),
-])
+REFUSALS = {  # what the kubelet's message says, per kind of refusal
+    "not-found": 'docker.io/library/nope:1": docker.io/library/nope:1: not found',
+    "no-repository": "pull access denied, repository does not exist",
+    "unauthorized": "401 Unauthorized",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
 @pytest.mark.parametrize("backoff_detail", [False, True], ids=["kubelet<1.32", "kubelet>=1.32"])
 def test_image_that_does_not_exist_fails_at_once(make_backend: Any, emu: Emulator,
-                                                 exits: Exits, kind: str, words: str,
+                                                 exits: Exits, kind: str,
                                                  backoff_detail: bool) -> None:
     emu.fail_image_pull("nope:1", kind, backoff_detail=backoff_detail)
     backend = make_backend()  # pending_deadline: the default 300 s
@@ -304,7 +307,7 @@ def test_image_that_does_not_exist_fails_at_once(make_backend: Any, emu: Emulato
     assert time.monotonic() - started < 30
     assert status.state is WorkerState.FAILED
     assert status.reason == f"ErrImagePull: {pull_error_message(kind, 'nope:1')}"
-    assert words in status.reason
+    assert REFUSALS[kind] in status.reason
     assert backend.status(handle) == status
 
 
