@@ -12,8 +12,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
-from fiberexec.backend import LABEL_KEY, WorkerSpec, WorkerState, WorkerStatus
+from fiberexec.backend import (
+    LABEL_KEY,
+    ConfigurationError,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+)
 
 CONTAINER = "worker"
 GPU_RESOURCE = "nvidia.com/gpu"

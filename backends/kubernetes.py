@@ -26,19 +26,22 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
 from fiberexec.backend import (
     EXECUTOR_LABEL,
     LABEL_KEY,
     Backend,
+    ConfigurationError,
     ExitListener,
+    MasterRequest,
     PermanentBackendError,
+    Probe,
     RetryPolicy,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
     WorkerStatus,
 )
+from fiberexec.backends import _k8s_master
 from fiberexec.backends._k8s_config import (
     default_namespace,
     in_cluster,
@@ -236,6 +239,23 @@ class KubernetesBackend(Backend):
         super().close()
         if self._owns_client and self._client is not None:
             self._client.close()
+
+    # -- capabilities of the ``fiberexec`` command -------------------------------------------
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Run the program as a Pod (``_k8s_master``); stream its logs; its exit code."""
+        return _k8s_master.launch_master(request)
+
+    @classmethod
+    def probe(cls) -> Probe:
+        return _k8s_master.probe()
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Delete pods and Secrets labelled ``fiberexec`` (this module's `remove_stray`)."""
+        count = remove_stray(namespace=namespace, executor_id=executor_id)  # module-level
+        return [f"removed {count} stray object(s)"]
 
     # -- pods ------------------------------------------------------------------------------
     def _create_pod(self, core: Any, pod: Json, executor_id: str) -> Json:
