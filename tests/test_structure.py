@@ -180,3 +180,19 @@ def test_setup_check_runs_the_readme_commands_in_ci() -> None:
     assert "commands = bash scripts/check-setup.sh" in tox
     script = (REPO / "scripts" / "check-setup.sh").read_text()
     assert "## Quick start" in script and "--base-only" in script
+
+
+def test_readme_comparison_has_one_row_per_workload_matching_the_results() -> None:
+    import json
+
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## How it compares"):text.index("## Benchmarks")]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| workload")]
+    repeated = sorted({r for r in rows if rows.count(r) > 1})
+    assert not repeated, f"the comparison table repeats rows: {repeated}"
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text())
+    [serves] = [line for line in table.splitlines() if line.startswith("| workers one executor")]
+    for shards in (1, 4):
+        rate = results["results"][f"simulated_{shards}"]["fiberexec"]["tasks_per_s"]
+        assert f"{rate / 1000:.1f}k tasks/s with {shards} shard" in serves, serves
