@@ -39,6 +39,7 @@ _PULL_TRANSIENT = re.compile(
     re.IGNORECASE)
 _BACKOFF_DETAIL = ": ErrImagePull: "  # kubelet >= 1.32 repeats the pull error while backing off
 _GENERIC_REASONS = frozenset({"Error", "Completed"})
+_SIGNAL_BASE = 128  # container runtimes report death by signal N as exit code 128 + N
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 Json = dict[str, Any]
@@ -231,8 +232,16 @@ def _finished(status: Mapping[str, Any], terminated: Mapping[str, Any] | None,
     reason = terminated.get("reason")
     if reason in _GENERIC_REASONS:
         reason = None
-    return WorkerStatus(WorkerState.EXITED, exit_code=terminated.get("exitCode"),
+    return WorkerStatus(WorkerState.EXITED, exit_code=_exit_code(terminated.get("exitCode")),
                         reason=pod_reason or reason or default)
+
+
+def _exit_code(code: Any) -> int | None:
+    """The runtime's exit code, with ``128 + N`` (killed by signal N) turned into ``-N``, as
+    `WorkerStatus` has it. A worker that calls ``sys.exit(137)`` itself looks the same."""
+    if not isinstance(code, int):
+        return None
+    return -(code - _SIGNAL_BASE) if _SIGNAL_BASE < code <= _SIGNAL_BASE + 64 else code
 
 
 def pending_reason(status: Mapping[str, Any]) -> tuple[str | None, str | None]:

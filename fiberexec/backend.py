@@ -32,7 +32,9 @@ from fiberexec._capabilities import (
 )
 from fiberexec._contract import (
     ENV_ADDRESS,
+    ENV_CONNECT_TIMEOUT,
     ENV_EXECUTOR_ID,
+    ENV_SECRET,
     ENV_WORKER_ID,
     WORKER_COMMAND,
 )
@@ -49,7 +51,9 @@ from fiberexec._retry import RetryPolicy
 __all__ = [
     "DEFAULT_SERVICE_ACCOUNT",
     "ENV_ADDRESS",
+    "ENV_CONNECT_TIMEOUT",
     "ENV_EXECUTOR_ID",
+    "ENV_SECRET",
     "ENV_WORKER_ID",
     "EXECUTOR_LABEL",
     "LABEL_KEY",

@@ -365,7 +365,7 @@ def test_graceful_delete_behind_our_back_reports_the_exit(make_backend: Any, emu
     wait_running(emu, handle.ref)
     emu.delete_pod(NAMESPACE, handle.ref, grace=5)
     status = exits.next()
-    assert (status.state, status.exit_code) == (WorkerState.EXITED, 128 + signal.SIGTERM)
+    assert (status.state, status.exit_code) == (WorkerState.EXITED, -signal.SIGTERM)
 
 
 def test_killed_process_reports_the_signal_exit_code(make_backend: Any, emu: Emulator,
@@ -376,7 +376,7 @@ def test_killed_process_reports_the_signal_exit_code(make_backend: Any, emu: Emu
     wait_running(emu, handle.ref)
     emu.kill_pod(NAMESPACE, handle.ref, signal.SIGKILL)
     status = exits.next()
-    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, 137, None)
+    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, -9, None)
 
 
 def test_oom_killed_is_reported(make_backend: Any, emu: Emulator, exits: Exits) -> None:
@@ -386,9 +386,9 @@ def test_oom_killed_is_reported(make_backend: Any, emu: Emulator, exits: Exits) 
     wait_running(emu, handle.ref)
     emu.oom_kill(NAMESPACE, handle.ref)
     status = exits.next()
-    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, 137,
+    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, -9,
                                                                "OOMKilled")
-    assert status.describe() == "exited with code 137 (OOMKilled)"
+    assert status.describe() == "was killed by signal 9 (SIGKILL) (OOMKilled)"
 
 
 def test_evicted_is_reported(make_backend: Any, emu: Emulator, exits: Exits) -> None:
