@@ -196,3 +196,19 @@ def test_readme_comparison_has_one_row_per_workload_matching_the_results() -> No
     for shards in (1, 4):
         rate = results["results"][f"simulated_{shards}"]["fiberexec"]["tasks_per_s"]
         assert f"{rate / 1000:.1f}k tasks/s with {shards} shard" in serves, serves
+
+
+def test_backend_envs_run_whole_folders() -> None:
+    """Each backend env runs tests/behaviour, tests/mp and tests/conformance whole: a new
+    behaviour test cannot end up running on the local backend only."""
+    import configparser
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(REPO / "tox.ini")
+    for env in ("k8s", "docker"):
+        commands = tox[f"testenv:{env}"]["commands"]
+        assert "tests/behaviour tests/mp tests/conformance" in commands, env
+        assert not re.search(r"tests/(behaviour|mp|conformance)/\S", commands), (
+            f"{env} lists single files of a folder every backend runs whole")
+    behaviour = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert not behaviour & {"test_executor.py", "test_failures.py", "test_tls.py"}

@@ -158,11 +158,13 @@ class Kubelet:
             run = self._runs.get((namespace, name))
         proc = run.proc if run is not None else None
         if run is None or proc is None or run.exited.is_set() or grace <= 0:
+            deleted = self.store.delete("pods", namespace, name)  # first, as a force delete
             if run is not None:
                 run.gone.set()
                 if proc is not None and not run.exited.is_set():
                     self._signal(run, signal.SIGKILL)
-            return self.store.delete("pods", namespace, name)
+                    run.exited.wait(10)  # the process is gone when the call returns
+            return deleted
         run.remove_on_exit = True
         pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
             deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)))

@@ -1,5 +1,8 @@
 """The Kubernetes adapter against the API emulator, through the real client over HTTP.
 
+What is Kubernetes' own; the seam's contract (exit codes, signals, unknown handles, stop, close,
+strays, logs) is checked for every backend by tests/conformance.
+
 Runs only with ``FIBEREXEC_TEST_BACKEND=kubernetes``; then every failure is an error.
 """
 
@@ -50,21 +53,6 @@ def _waiting(pod: dict[str, Any] | None) -> str | None:
 
 
 # -- exit codes and status ---------------------------------------------------------------------
-def test_exit_code_is_reported_through_watch(make_backend: Any, emu: Emulator,
-                                             exits: Exits) -> None:
-    backend = make_backend()
-    handle = backend.start_worker(make_spec("python", "-c",
-                                            "print('hello'); import sys; sys.exit(3)"))
-    backend.watch(handle, exits)
-    status = exits.next()
-    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, 3, None)
-    assert backend.status(handle) == status
-    assert "hello" in backend.logs(handle)
-    pod = emu.pod(NAMESPACE, handle.ref)
-    assert pod is not None
-    assert pod["status"]["phase"] == "Failed"
-
-
 def test_status_reads_the_watch_cache_not_the_api(make_backend: Any, emu: Emulator,
                                                   exits: Exits) -> None:
     backend = make_backend()
@@ -76,15 +64,6 @@ def test_status_reads_the_watch_cache_not_the_api(make_backend: Any, emu: Emulat
     assert {s.state for s in statuses} <= {WorkerState.RUNNING, WorkerState.PENDING}
     assert len(emu.requests) == before
     assert len(emu.calls("watch", "pods")) == 1  # one watch for the whole backend
-
-
-def test_zero_exit_and_unknown_handle(make_backend: Any, exits: Exits) -> None:
-    backend = make_backend()
-    handle = backend.start_worker(make_spec("python", "-c", "pass"))
-    backend.watch(handle, exits)
-    assert exits.next().exit_code == 0
-    backend.stop(handle)
-    assert backend.status(handle).state is WorkerState.UNKNOWN
 
 
 # -- the pod manifest --------------------------------------------------------------------------
@@ -368,17 +347,6 @@ def test_graceful_delete_behind_our_back_reports_the_exit(make_backend: Any, emu
     assert (status.state, status.exit_code) == (WorkerState.EXITED, -signal.SIGTERM)
 
 
-def test_killed_process_reports_the_signal_exit_code(make_backend: Any, emu: Emulator,
-                                                     exits: Exits) -> None:
-    backend = make_backend()
-    handle = backend.start_worker(make_spec(*SLEEP))
-    backend.watch(handle, exits)
-    wait_running(emu, handle.ref)
-    emu.kill_pod(NAMESPACE, handle.ref, signal.SIGKILL)
-    status = exits.next()
-    assert (status.state, status.exit_code, status.reason) == (WorkerState.EXITED, -9, None)
-
-
 def test_oom_killed_is_reported(make_backend: Any, emu: Emulator, exits: Exits) -> None:
     backend = make_backend()
     handle = backend.start_worker(make_spec(*SLEEP, resources=Resources(memory=2**20)))
@@ -430,19 +398,6 @@ def test_relist_notices_pods_deleted_while_not_watching(make_backend: Any, emu: 
     status = exits.next()
     assert status.finished
     assert "Deleted" in str(status.reason)
-
-
-def test_a_watch_reports_each_worker_once(make_backend: Any, exits: Exits) -> None:
-    backend = make_backend()
-    handles = [backend.start_worker(make_spec("python", "-c", f"raise SystemExit({i})"))
-               for i in range(4)]
-    for handle in handles:
-        backend.watch(handle, exits)
-    codes = sorted(exits.next().exit_code or 0 for _ in handles)
-    assert codes == [0, 1, 2, 3]
-    backend.watch(handles[0], exits)  # already finished: reported at once
-    assert exits.next(1).exit_code == 0
-    assert exits.empty()
 
 
 # -- stop, close, strays -----------------------------------------------------------------------
