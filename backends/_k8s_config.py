@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
+from fiberexec.backend import ConfigurationError
 
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _INSTALL_HINT = "pip install 'fiberexec[kubernetes]'"

@@ -17,8 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from fiberexec._errors import FiberExecError
-from fiberexec.backend import PermanentBackendError, TransientBackendError
+from fiberexec.backend import FiberExecError, PermanentBackendError, TransientBackendError
 
 RBAC_DOC = "docs/kubernetes-rbac.yaml"
 _TRANSIENT = frozenset({409, 429, 500, 502, 503, 504})

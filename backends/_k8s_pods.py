@@ -12,14 +12,34 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
-from fiberexec.backend import LABEL_KEY, WorkerSpec, WorkerState, WorkerStatus
+from fiberexec.backend import (
+    LABEL_KEY,
+    ConfigurationError,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+)
 
 CONTAINER = "worker"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Waiting reasons no amount of waiting fixes: the pod fails at once instead of at the deadline.
 HOPELESS_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+#: Waiting reasons of a failed image pull; the kubelet alternates them while it backs off.
+PULL_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff"})
+#: What registries and runtimes say when the image or tag does not exist or access is denied
+#: (containerd, CRI-O, Docker; Docker Hub, GCR/Artifact Registry, ECR, Harbor, Quay).
+_IMAGE_MISSING = re.compile(
+    r"not found|manifest unknown|name unknown|repository does not exist|pull access denied"
+    r"|access denied|access to the resource is denied|unauthorized|forbidden"
+    r"|insufficient_scope|authorization failed|code = NotFound", re.IGNORECASE)
+#: ... and what they say when the registry is slow, overloaded or unreachable: worth waiting.
+_PULL_TRANSIENT = re.compile(
+    r"timeout|timed out|too many requests|toomanyrequests|rate limit|connection refused"
+    r"|connection reset|no such host|temporar|unavailable|\b50[0234]\b|EOF|TLS handshake",
+    re.IGNORECASE)
+_BACKOFF_DETAIL = ": ErrImagePull: "  # kubelet >= 1.32 repeats the pull error while backing off
 _GENERIC_REASONS = frozenset({"Error", "Completed"})
+_SIGNAL_BASE = 128  # container runtimes report death by signal N as exit code 128 + N
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 Json = dict[str, Any]
@@ -137,13 +157,16 @@ def is_ours(pod: Mapping[str, Any]) -> bool:
     return LABEL_KEY in (pod.get("metadata", {}).get("labels") or {})
 
 
-def worker_status(pod: Mapping[str, Any], *, pending_for: float,
-                  pending_deadline: float) -> WorkerStatus:
+def worker_status(pod: Mapping[str, Any], *, pending_for: float, pending_deadline: float,
+                  last_pull_error: str | None = None) -> WorkerStatus:
     """What a pod's status means for its worker.
 
-    Pending past ``pending_deadline`` (or with a hopeless waiting reason) is FAILED with the
+    Pending past ``pending_deadline`` (or with a hopeless waiting reason, or an image pull the
+    registry refused because the image does not exist or access is denied) is FAILED with the
     pod's reason; a terminated container is EXITED with its code and reason (OOMKilled);
     a Failed pod whose container never ran (Evicted before start) is FAILED.
+    ``last_pull_error`` is the pod's last ``ErrImagePull`` message, for kubelets whose
+    ``ImagePullBackOff`` message does not repeat it.
     """
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -155,10 +178,39 @@ def worker_status(pod: Mapping[str, Any], *, pending_for: float,
     if phase == "Unknown":
         return WorkerStatus(WorkerState.RUNNING, reason="Unknown: node not reporting")
     reason, waiting = pending_reason(status)
+    refused = image_refused(status, last_pull_error)
+    if refused is not None:
+        return WorkerStatus(WorkerState.FAILED, reason=f"ErrImagePull: {refused}")
     if waiting in HOPELESS_WAITING or pending_for > pending_deadline:
         return WorkerStatus(WorkerState.FAILED, reason=reason or
                             f"Pending: not running after {pending_deadline:g}s")
     return WorkerStatus(WorkerState.PENDING, reason=reason)
+
+
+def pull_error(status: Mapping[str, Any]) -> str | None:
+    """The kubelet's message for the worker container's failed image pull, if it shows one."""
+    waiting = _container_state(status, "waiting")
+    if waiting is None or waiting.get("reason") not in PULL_WAITING:
+        return None
+    message = str(waiting.get("message") or "")
+    if waiting.get("reason") == "ImagePullBackOff":
+        message = message.partition(_BACKOFF_DETAIL)[2]
+    return message or None
+
+
+def image_refused(status: Mapping[str, Any], last_pull_error: str | None) -> str | None:
+    """The pull error, when it says the image or tag does not exist or access is denied.
+
+    Transient registry trouble (timeouts, rate limits, 5xx) returns None: the pod keeps its
+    ``pending_deadline``, as the kubelet keeps retrying.
+    """
+    waiting = _container_state(status, "waiting")
+    if waiting is None or waiting.get("reason") not in PULL_WAITING:
+        return None
+    message = pull_error(status) or last_pull_error
+    if message and _IMAGE_MISSING.search(message) and not _PULL_TRANSIENT.search(message):
+        return message
+    return None
 
 
 def deleted_status(pod: Mapping[str, Any] | None) -> WorkerStatus:
@@ -180,8 +232,16 @@ def _finished(status: Mapping[str, Any], terminated: Mapping[str, Any] | None,
     reason = terminated.get("reason")
     if reason in _GENERIC_REASONS:
         reason = None
-    return WorkerStatus(WorkerState.EXITED, exit_code=terminated.get("exitCode"),
+    return WorkerStatus(WorkerState.EXITED, exit_code=_exit_code(terminated.get("exitCode")),
                         reason=pod_reason or reason or default)
+
+
+def _exit_code(code: Any) -> int | None:
+    """The runtime's exit code, with ``128 + N`` (killed by signal N) turned into ``-N``, as
+    `WorkerStatus` has it. A worker that calls ``sys.exit(137)`` itself looks the same."""
+    if not isinstance(code, int):
+        return None
+    return -(code - _SIGNAL_BASE) if _SIGNAL_BASE < code <= _SIGNAL_BASE + 64 else code
 
 
 def pending_reason(status: Mapping[str, Any]) -> tuple[str | None, str | None]:

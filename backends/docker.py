@@ -35,14 +35,16 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
 from fiberexec.backend import (
     EXECUTOR_LABEL,
     LABEL_KEY,
     Backend,
     BackendError,
+    ConfigurationError,
     ExitListener,
+    MasterRequest,
     PermanentBackendError,
+    Probe,
     Resources,
     RetryPolicy,
     TransientBackendError,
@@ -51,6 +53,7 @@ from fiberexec.backend import (
     WorkerState,
     WorkerStatus,
 )
+from fiberexec.backends import _docker_master
 
 __all__ = ["DockerBackend", "container_name", "remove_stray"]
 
@@ -521,6 +524,24 @@ class DockerBackend(Backend):
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
+
+    # -- capabilities of the ``fiberexec`` command ---------------------------------------------
+
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Run the program in a container on the local engine; stream its output."""
+        return _docker_master.launch_master(request)
+
+    @classmethod
+    def probe(cls) -> Probe:
+        return _docker_master.probe()
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Remove containers labelled ``fiberexec`` (this module's `remove_stray`)."""
+        count = remove_stray(executor_id=executor_id)  # the module-level function
+        return [f"removed {count} stray object(s)"]
 
 
 def remove_stray(client: Any = None, executor_id: str | None = None) -> int:

@@ -3,6 +3,8 @@
     start_worker ──> Secret (once, holds secret_env) ──> Pod (restartPolicy Never)
     PodWatcher: ONE list+watch on ``fiberexec.executor=<id>`` ──> cache ──> status(), watch()
     Deadlines: a pod Pending past ``pending_deadline`` ──> FAILED with the pod's own reason
+    Image pull refused (no such image or tag, access denied) ──> FAILED at once, in the
+    kubelet's words; transient pull errors (timeouts, rate limits) wait for the deadline
     close(): delete pods, wait for the watch to see them gone, delete the Secret
 
 `status` reads the watch cache, so it costs no API call. Errors are translated in
@@ -24,19 +26,22 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fiberexec._errors import ConfigurationError
 from fiberexec.backend import (
     EXECUTOR_LABEL,
     LABEL_KEY,
     Backend,
+    ConfigurationError,
     ExitListener,
+    MasterRequest,
     PermanentBackendError,
+    Probe,
     RetryPolicy,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
     WorkerStatus,
 )
+from fiberexec.backends import _k8s_master
 from fiberexec.backends._k8s_config import (
     default_namespace,
     in_cluster,
@@ -52,6 +57,7 @@ from fiberexec.backends._k8s_pods import (
     deleted_status,
     dns_label,
     owner_reference,
+    pull_error,
     worker_status,
 )
 from fiberexec.backends._k8s_watch import Deadlines, PodWatcher
@@ -76,7 +82,9 @@ class KubernetesBackend(Backend):
             into the worker container).
         advertise_host, bind_host: the address workers dial and the one the executor binds
             (default: ``POD_IP``/this pod's address in a cluster, else 127.0.0.1).
-        pending_deadline: seconds a pod may stay Pending before it is reported FAILED.
+        pending_deadline: seconds a pod may stay Pending before it is reported FAILED. A pod
+            whose image the registry refuses (no such image or tag, access denied) fails as
+            soon as the kubelet reports it, without waiting for the deadline.
         owner_pod: the executor's own pod, made owner of every worker pod and the Secret so
             they are garbage-collected with it (default: ``HOSTNAME`` in a cluster; ``""``: none).
         retry: policy for API calls other than pod creation.
@@ -127,6 +135,7 @@ class KubernetesBackend(Backend):
         self._watcher: PodWatcher | None = None
         self._deadlines = Deadlines(self._deadline_passed, clock)
         self._workers: dict[str, tuple[WorkerHandle, float]] = {}  # pod name -> handle, start
+        self._pull_errors: dict[str, str] = {}  # pod name -> its last ErrImagePull message
         self._closed = False
 
     # -- the seam --------------------------------------------------------------------------
@@ -163,6 +172,7 @@ class KubernetesBackend(Backend):
     def status(self, handle: WorkerHandle) -> WorkerStatus:
         with self._lock:
             entry, watcher = self._workers.get(handle.ref), self._watcher
+            last_pull_error = self._pull_errors.get(handle.ref)
         if entry is None or watcher is None:
             return WorkerStatus(WorkerState.UNKNOWN, reason="no such worker")
         pod, deleted = watcher.lookup(handle.ref)
@@ -171,7 +181,8 @@ class KubernetesBackend(Backend):
         if pod is None:
             return WorkerStatus(WorkerState.PENDING)
         return worker_status(pod, pending_for=self._clock() - entry[1],
-                             pending_deadline=self.pending_deadline)
+                             pending_deadline=self.pending_deadline,
+                             last_pull_error=last_pull_error)
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Report ``handle``'s end from the shared pod watch (no thread or request per pod)."""
@@ -229,6 +240,23 @@ class KubernetesBackend(Backend):
         if self._owns_client and self._client is not None:
             self._client.close()
 
+    # -- capabilities of the ``fiberexec`` command -------------------------------------------
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Run the program as a Pod (``_k8s_master``); stream its logs; its exit code."""
+        return _k8s_master.launch_master(request)
+
+    @classmethod
+    def probe(cls) -> Probe:
+        return _k8s_master.probe()
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Delete pods and Secrets labelled ``fiberexec`` (this module's `remove_stray`)."""
+        count = remove_stray(namespace=namespace, executor_id=executor_id)  # module-level
+        return [f"removed {count} stray object(s)"]
+
     # -- pods ------------------------------------------------------------------------------
     def _create_pod(self, core: Any, pod: Json, executor_id: str) -> Json:
         name = pod["metadata"]["name"]
@@ -266,6 +294,7 @@ class KubernetesBackend(Backend):
         self._deadlines.cancel(name)
         with self._lock:
             self._workers.pop(name, None)
+            self._pull_errors.pop(name, None)
             parts = self._detach() if not self._workers and not self._closed else None
         if parts is not None:
             self._release(*parts, delete=set())
@@ -319,6 +348,7 @@ class KubernetesBackend(Backend):
     def _check(self, names: list[str]) -> None:
         """Report every watched worker among ``names`` that has finished."""
         for name in names:
+            self._note_pull_error(name)
             with self._watch_lock:
                 handle = self._watched.get(name)
             if handle is None:
@@ -328,6 +358,17 @@ class KubernetesBackend(Backend):
                 self._deadlines.cancel(name)
             if status.finished:
                 self._report_exit(handle, status)
+
+    def _note_pull_error(self, name: str) -> None:
+        """Keep a pod's ErrImagePull message: older kubelets' ImagePullBackOff drops it."""
+        with self._lock:
+            watcher = self._watcher
+        pod = watcher.lookup(name)[0] if watcher is not None else None
+        message = pull_error(pod.get("status") or {}) if pod is not None else None
+        if message is not None:
+            with self._lock:
+                if name in self._workers:
+                    self._pull_errors[name] = message
 
     def _deadline_passed(self, name: str) -> None:
         self._check([name])

@@ -3,12 +3,18 @@
 Each worker is ``sys.executable -m fiberexec.worker`` in its own session (so a terminal's
 Ctrl-C reaches only the program, which then shuts its workers down). Output goes to the
 parent's stdout/stderr as with `multiprocessing`, or, with ``capture_output=True``, to a log
-file per worker that `logs` reads back.
+file per worker that `logs` reads back. One reaper thread (``_local_reaper``) waits for every
+worker's exit and reports it to `watch` listeners.
+
+The ``fiberexec`` command's capabilities: `launch_master` runs the program as a child process,
+`probe` always answers usable, `remove_stray` stops worker processes whose executor is gone
+(``_local_stray``).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -20,14 +26,19 @@ from pathlib import Path
 
 from fiberexec.backend import (
     Backend,
+    ConfigurationError,
     ExitListener,
+    MasterRequest,
     PermanentBackendError,
+    Probe,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
     WorkerStatus,
 )
+from fiberexec.backends._local_reaper import Reaper, open_pidfd
+from fiberexec.backends._local_stray import remove_stray_local
 
 
 class LocalBackend(Backend):
@@ -53,19 +64,21 @@ class LocalBackend(Backend):
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
         self._logdir: Path | None = None
+        self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
         command = list(spec.command)
         if command[:1] == ["python"]:
             command[0] = self.python
         env = {**os.environ, **spec.env, **spec.secret_env}
+        output = self._output(spec.worker_id)
         try:
             proc = subprocess.Popen(
                 command,
                 env=env,
                 cwd=spec.workdir,
                 stdin=subprocess.DEVNULL,
-                stdout=self._output(spec.worker_id),
+                stdout=output,
                 stderr=subprocess.STDOUT if self.capture_output else None,
                 start_new_session=True,
                 close_fds=True,
@@ -77,8 +90,13 @@ class LocalBackend(Backend):
             ) from exc
         except (BlockingIOError, OSError) as exc:  # EAGAIN/ENOMEM: fork limits, may pass
             raise TransientBackendError(f"cannot start worker {spec.worker_id}: {exc}") from exc
+        finally:
+            if output is not None:
+                os.close(output)  # the child has its copy; ours would leak one per worker
+        pidfd = open_pidfd(proc)  # before anyone can reap it, so its pid is never recycled
         with self._lock:
             self._procs[spec.worker_id] = proc
+        self._reaper.add(spec.worker_id, pidfd, proc)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
     def _output(self, worker_id: str) -> int | None:
@@ -126,13 +144,18 @@ class LocalBackend(Backend):
             listener(handle, self.status(handle))
             return
         self._register(handle, listener)
-        threading.Thread(
-            target=self._wait_one, args=(handle, proc), name="fiberexec-local-wait", daemon=True
-        ).start()
+        code = proc.poll()  # it may have exited before it was registered
+        if code is not None:
+            self._report_exit(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
 
-    def _wait_one(self, handle: WorkerHandle, proc: subprocess.Popen[bytes]) -> None:
-        code = proc.wait()  # returns when the process ends: no polling
-        self._report_exit(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+    def _exited(self, worker_id: str) -> None:
+        """The reaper saw the process exit; report it to its listener, if any (once)."""
+        with self._lock:
+            proc = self._procs.get(worker_id)
+        if proc is not None:
+            code = proc.wait()  # already exited: returns at once and reaps it
+            handle = WorkerHandle(worker_id, str(proc.pid))
+            self._report_exit(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
 
     def close(self) -> None:
         with self._lock:
@@ -140,5 +163,34 @@ class LocalBackend(Backend):
         for worker_id in workers:
             self.stop(WorkerHandle(worker_id, ""), grace=1.0)
         super().close()
+        self._reaper.close()
         if self._logdir is not None:
             shutil.rmtree(self._logdir, ignore_errors=True)
+
+    # -- capabilities of the ``fiberexec`` command ---------------------------------------------
+
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Run the program as a child process with the master's environment; its status."""
+        env = {**os.environ, **request.master_env(os.environ)}
+        try:
+            proc = subprocess.Popen(request.command, env=env)
+        except FileNotFoundError:
+            raise ConfigurationError(
+                f"cannot run {request.command[0]!r}: no such program") from None
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # the child got the terminal's SIGINT too: let it finish up
+            proc.send_signal(signal.SIGINT)
+            return proc.wait()
+
+    @classmethod
+    def probe(cls) -> Probe:
+        return Probe(cls.name, True, f"{platform.python_implementation()} "
+                                     f"{platform.python_version()}, {os.cpu_count()} CPUs")
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Stop worker processes of this machine whose executor is gone."""
+        return remove_stray_local(executor_id)

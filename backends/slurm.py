@@ -56,7 +56,9 @@ from fiberexec.backend import (
     Backend,
     BackendError,
     ExitListener,
+    MasterRequest,
     PermanentBackendError,
+    Probe,
     RetryPolicy,
     TransientBackendError,
     WorkerHandle,
@@ -235,6 +237,28 @@ class SlurmBackend(Backend):
         if worker is None or worker.key is None or worker.batch_dir is None or tail <= 0:
             return ""
         return "".join(deque(_tail(_output(worker)).splitlines(keepends=True), maxlen=tail))
+
+    # -- capabilities of the ``fiberexec`` command ---------------------------------------------
+
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Submit the program as a batch job, stream its output; its exit status."""
+        return run_master(request.command, request.master_env(os.environ), keep=request.keep)
+
+    @classmethod
+    def probe(cls) -> Probe:
+        try:
+            text = cli.run(["sinfo", "--noheader", "--format=%P %a %D %t"],
+                           what="ask Slurm for its partitions", timeout=10)
+        except (BackendError, OSError) as exc:
+            return Probe(cls.name, False, str(exc).splitlines()[0])
+        return Probe(cls.name, True, "; ".join(text.split("\n")[:3]).strip() or "no partitions")
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Cancel this user's fiberexec worker jobs (of one executor, if given)."""
+        return [f"removed {remove_stray(executor_id)} stray object(s)"]
 
     def close(self) -> None:
         """Cancel every job this backend submitted, wait until they left, remove its files."""

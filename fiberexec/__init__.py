@@ -13,6 +13,8 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
+    from builtins import TimeoutError  # what Future.result(timeout=) raises
+
     from fiberexec._errors import (
         AuthenticationError,
         BackendError,
@@ -52,7 +54,6 @@ if _typing.TYPE_CHECKING:
         ProcessError,
         Queue,
         SimpleQueue,
-        TimeoutError,
         active_children,
         cpu_count,
         current_process,
@@ -86,7 +87,7 @@ _EXPORTS: dict[str, str] = {
     "SimpleQueue": "fiberexec.multiprocessing",
     "Stats": "fiberexec._stats",
     "TLSOptions": "fiberexec._tls",
-    "TimeoutError": "fiberexec.multiprocessing",
+    "TimeoutError": "builtins",  # catches Future.result(timeout=) and Pool timeouts alike
     "TransientBackendError": "fiberexec._errors",
     "UnpicklingError": "fiberexec._errors",
     "WorkerLostError": "fiberexec._errors",

@@ -15,8 +15,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from fiberexec._errors import ConfigurationError
+
+if TYPE_CHECKING:  # _capabilities imports _config, which imports this module
+    from fiberexec._capabilities import MasterRequest, Probe
 
 #: Label present on every job fiberexec starts, so strays can be found and removed.
 LABEL_KEY = "fiberexec"
@@ -240,6 +244,33 @@ class Backend(abc.ABC):
             self.stop(handle, grace=0.5)
         if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
             self._watch_thread.join(timeout=5)
+
+    # -- optional capabilities, looked up by the ``fiberexec`` command (see _capabilities) --
+
+    @classmethod
+    def launch_master(cls, request: MasterRequest) -> int:
+        """Run ``request.command`` as the master job here; return its exit status."""
+        from fiberexec._capabilities import unsupported
+
+        raise unsupported(cls.name, "launch_master")
+
+    @classmethod
+    def probe(cls) -> Probe:
+        """Whether this backend is usable on this machine, without starting anything."""
+        from fiberexec._capabilities import unsupported
+
+        raise unsupported(cls.name, "probe")
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """Remove jobs whose executor is gone (one executor's, if given); one line per action.
+
+        ``namespace`` is for backends that have namespaces; others ignore it.
+        """
+        from fiberexec._capabilities import unsupported
+
+        raise unsupported(cls.name, "remove_stray")
 
     def __enter__(self) -> Backend:
         return self

@@ -1,7 +1,10 @@
 """The ``fiberexec`` command: ``info``, ``run``, ``cleanup`` and ``bench``.
 
 Installed as ``fiberexec`` (``[project.scripts]``) and runnable as ``python -m fiberexec``.
-Errors in what the user asked for (`ConfigurationError`) print one line and exit with 2.
+Errors in what the user asked for (`ConfigurationError`) print one line and exit with 2; a
+backend that fails (`BackendError`, e.g. an engine or cluster that refused) prints one line
+and exits with 1. Backends do the work through optional capabilities (`Backend.launch_master`,
+`Backend.probe`, `Backend.remove_stray`), so this package holds no Docker or Kubernetes code.
 """
 
 from __future__ import annotations
@@ -14,10 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fiberexec import __version__
-from fiberexec._config import ExecutorConfig, resolve
-from fiberexec._errors import ConfigurationError
+from fiberexec.backend import (
+    BackendError,
+    ConfigurationError,
+    MasterRequest,
+    available_backends,
+)
+from fiberexec.config import ExecutorConfig, resolve
 
 EXIT_USAGE = 2
+EXIT_BACKEND = 1
 BENCH_HINT = (
     "the benchmark suite ships with the source tree, not the wheel: "
     "git clone the fiberexec repository, cd into it and run `fiberexec bench` there "
@@ -30,12 +39,6 @@ def _config(backend: str | None = None, image: str | None = None) -> ExecutorCon
                    cpu=None, gpu=0, image=image)
 
 
-def _targets() -> dict[str, str]:
-    from fiberexec._registry import _targets as targets
-
-    return targets()
-
-
 # ------------------------------------------------------------------ commands
 
 
@@ -43,7 +46,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from fiberexec import _cli_info as info
 
     config = _config()
-    usable = info.probe_all(sorted(_targets()))
+    usable = info.probe_all(available_backends())
     if args.json:
         print(json.dumps(info.as_json(config, usable), indent=2))
     else:
@@ -58,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     config = _config(backend=args.backend, image=args.image)
-    request = launch.RunRequest(
+    request = MasterRequest(
         command=tuple(command),
         backend=config.backend,
         image=config.image,
@@ -74,18 +77,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from fiberexec import _cli_cleanup as cleanup
 
-    targets = _targets()
-    names = [args.backend] if args.backend else sorted(targets)
-    if args.backend and args.backend not in targets:
-        raise ConfigurationError(
-            f"--backend must be one of {sorted(targets)}, got {args.backend!r}")
+    known = available_backends()
+    if args.backend and args.backend not in known:
+        raise ConfigurationError(f"--backend must be one of {known}, got {args.backend!r}")
     lines: list[str] = []
-    for name in names:
-        if name == "local":
-            lines += cleanup.cleanup_local(args.executor)
-        else:
-            module = targets[name].partition(":")[0]
-            lines += cleanup.cleanup_remote(name, module, args.executor, args.namespace)
+    for name in [args.backend] if args.backend else known:
+        lines += cleanup.cleanup(name, args.executor, args.namespace)
     print("\n".join(lines))
     return 0
 
@@ -129,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run PROGRAM as the master job on a backend; its FiberExecutor starts "
                     "workers on the same backend. Example: fiberexec run --backend docker "
                     "--image me/app:1 -- python train.py --epochs 3")
-    run.add_argument("--backend", help="local, docker, kubernetes or slurm "
-                                       "(default: FIBEREXEC_BACKEND, the config file, local)")
+    run.add_argument("--backend", help="local, docker, kubernetes or any backend that can "
+                                       "launch a master (default: FIBEREXEC_BACKEND, the "
+                                       "config file, local)")
     run.add_argument("--image", help="image for the master and the workers "
                                      "(default: FIBEREXEC_IMAGE or the config file)")
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
@@ -142,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--start-timeout", type=float, default=300.0,
                      help="kubernetes: seconds the pod may stay Pending (default: 300)")
     run.add_argument("--keep", action="store_true",
-                     help="docker, kubernetes: keep the container or pod after it exits; "
-                          "slurm: keep the job's output file")
+                     help="docker, kubernetes: keep the container or pod after it exits")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]")
     run.set_defaults(func=cmd_run)
 
@@ -173,4 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"fiberexec {args.command_name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BackendError as exc:
+        print(f"fiberexec {args.command_name}: {exc}", file=sys.stderr)
+        return EXIT_BACKEND
     return code

@@ -34,11 +34,12 @@ def available_backends() -> list[str]:
     return sorted(_targets())
 
 
-def load_backend(name: str, **options: Any) -> Backend:
-    """Instantiate the backend registered as ``name`` with ``options``.
+def backend_class(name: str) -> type[Backend]:
+    """The backend class registered as ``name``, imported but not instantiated.
 
     Raises:
         ConfigurationError: no backend has that name (the message lists the choices).
+        ImportError: the backend's module or an optional dependency it imports is missing.
     """
     target = _targets().get(name)
     if target is None:
@@ -50,5 +51,14 @@ def load_backend(name: str, **options: Any) -> Backend:
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ConfigurationError(f"entry point {name!r} -> {target} is not a Backend subclass")
-    backend: Backend = cls(**options)
+    return cls
+
+
+def load_backend(name: str, **options: Any) -> Backend:
+    """Instantiate the backend registered as ``name`` with ``options``.
+
+    Raises:
+        ConfigurationError: no backend has that name (the message lists the choices).
+    """
+    backend: Backend = backend_class(name)(**options)
     return backend

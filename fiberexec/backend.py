@@ -1,7 +1,10 @@
 """The public backend seam: subclass `Backend` to run workers somewhere new.
 
 Register the subclass under the ``fiberexec.backends`` entry-point group to make it available
-by name (``FiberExecutor(backend="mine")``).
+by name (``FiberExecutor(backend="mine")``). A backend imports only this module from fiberexec:
+everything an adapter needs (the spec and status types, the error tree it translates into,
+the worker program's contract, the optional capabilities of the ``fiberexec`` command) is
+here. ``fiberexec.testing`` checks a backend against the seam's contract.
 """
 
 from __future__ import annotations
@@ -19,18 +22,53 @@ from fiberexec._backend import (
     WorkerStatus,
     parse_memory,
 )
-from fiberexec._errors import BackendError, PermanentBackendError, TransientBackendError
-from fiberexec._registry import available_backends, load_backend
+from fiberexec._capabilities import (
+    DEFAULT_SERVICE_ACCOUNT,
+    MASTER_LABEL,
+    CapabilityError,
+    MasterRequest,
+    Probe,
+    first_line,
+)
+from fiberexec._contract import (
+    ENV_ADDRESS,
+    ENV_CONNECT_TIMEOUT,
+    ENV_EXECUTOR_ID,
+    ENV_SECRET,
+    ENV_WORKER_ID,
+    WORKER_COMMAND,
+)
+from fiberexec._errors import (
+    BackendError,
+    ConfigurationError,
+    FiberExecError,
+    PermanentBackendError,
+    TransientBackendError,
+)
+from fiberexec._registry import available_backends, backend_class, load_backend
 from fiberexec._retry import RetryPolicy
 
 __all__ = [
+    "DEFAULT_SERVICE_ACCOUNT",
+    "ENV_ADDRESS",
+    "ENV_CONNECT_TIMEOUT",
+    "ENV_EXECUTOR_ID",
+    "ENV_SECRET",
+    "ENV_WORKER_ID",
     "EXECUTOR_LABEL",
     "LABEL_KEY",
+    "MASTER_LABEL",
+    "WORKER_COMMAND",
     "WORKER_LABEL",
     "Backend",
     "BackendError",
+    "CapabilityError",
+    "ConfigurationError",
     "ExitListener",
+    "FiberExecError",
+    "MasterRequest",
     "PermanentBackendError",
+    "Probe",
     "Resources",
     "RetryPolicy",
     "TransientBackendError",
@@ -39,6 +77,8 @@ __all__ = [
     "WorkerState",
     "WorkerStatus",
     "available_backends",
+    "backend_class",
+    "first_line",
     "load_backend",
     "parse_memory",
 ]

@@ -2,6 +2,7 @@
 # Build the image fiberexec's Docker tests run workers in, without any container registry.
 #
 #   scripts/build-test-image.sh [TAG]        (default TAG: fiberexec-test:latest)
+#   scripts/build-test-image.sh --base-only  build (or find) layer 1 only and print its tag
 #
 # Layers, each rebuilt only when its inputs change:
 #   1. fiberexec-base:<key>  Debian bookworm (minbase + python3, python3-venv) made by
@@ -20,6 +21,11 @@
 #   FIBEREXEC_TEST_EXTRA   extra requirements  (default "numpy joblib")
 set -euo pipefail
 
+BASE_ONLY=0
+if [[ ${1:-} == --base-only ]]; then
+    BASE_ONLY=1
+    shift
+fi
 TAG=${1:-fiberexec-test:latest}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${FIBEREXEC_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fiberexec-image}
@@ -60,6 +66,10 @@ build_base() {
 }
 
 docker image inspect "$BASE" >/dev/null 2>&1 || build_base
+if ((BASE_ONLY)); then
+    echo "$BASE"
+    exit 0
+fi
 
 # --- 2. dependency wheels (downloaded on the host) ---------------------------------------
 CTX=$WORK/context

@@ -3,19 +3,29 @@
 #
 #   scripts/docker-engine.sh start    install docker.io/debootstrap if missing, start dockerd
 #   scripts/docker-engine.sh stop     stop the dockerd this script started (and only that one)
+#                                     once no other user holds a lease on it
 #   scripts/docker-engine.sh status   exit 0 when `docker info` answers
 #
+# Several test runs may share one engine at the same time (two tox envs, two checkouts):
+# `start` and `stop` serialise on a lock file, `start` takes a lease for the calling process
+# (tox, or your shell: $PPID, or FIBEREXEC_DOCKERD_LEASE), and `stop` drops that lease and
+# stops the engine only when no lease of a live process is left. So `start` is idempotent and
+# one run's `stop` never pulls the engine from under another run.
 # dockerd runs without a bridge or iptables rules (`--bridge=none --iptables=false
 # --ip-masq=false`): fiberexec containers use host networking and talk to loopback only.
 # Environment:
 #   FIBEREXEC_DOCKERD_LOG   dockerd's log file   (default /tmp/fiberexec-dockerd.log)
 #   FIBEREXEC_DOCKERD_PID   pid file of our dockerd (default /tmp/fiberexec-dockerd.pid)
 #   FIBEREXEC_DOCKERD_WAIT  seconds to wait for the engine to answer (default 60)
+#   FIBEREXEC_DOCKERD_LEASE pid that holds this caller's lease (default: the parent, $PPID)
 set -euo pipefail
 
 LOG=${FIBEREXEC_DOCKERD_LOG:-/tmp/fiberexec-dockerd.log}
 PIDFILE=${FIBEREXEC_DOCKERD_PID:-/tmp/fiberexec-dockerd.pid}
 WAIT=${FIBEREXEC_DOCKERD_WAIT:-60}
+LOCK=$PIDFILE.lock
+LEASES=$PIDFILE.leases
+LEASE=${FIBEREXEC_DOCKERD_LEASE:-$PPID}
 
 die() {
     echo "docker-engine: $*" >&2
@@ -58,8 +68,28 @@ wait_until_up() {
     die "dockerd did not answer within ${WAIT}s (set FIBEREXEC_DOCKERD_WAIT to wait longer)"
 }
 
+locked() {
+    # Serialise start/stop between concurrent callers; waits at most 300 s for the lock.
+    exec 9>"$LOCK"
+    flock -w 300 9 || die "another docker-engine.sh held $LOCK for 300s"
+    "$@"
+}
+
+take_lease() { mkdir -p "$LEASES" && : >"$LEASES/$LEASE"; }
+
+live_leases() {
+    # Leases of processes still alive; those of dead ones (a run killed before `stop`) go.
+    local lease pid
+    for lease in "$LEASES"/*; do
+        [[ -e $lease ]] || continue
+        pid=${lease##*/}
+        if kill -0 "$pid" 2>/dev/null; then echo "$pid"; else rm -f "$lease"; fi
+    done
+}
+
 start() {
     if engine_up; then
+        our_pid >/dev/null && take_lease
         echo "docker-engine: engine already running" >&2
         return 0
     fi
@@ -67,27 +97,36 @@ start() {
     local pid
     if pid=$(our_pid); then
         wait_until_up "$pid"
+        take_lease
         return 0
     fi
     : >"$LOG"
+    rm -rf "$LEASES"
     # setsid: dockerd outlives this shell and is not hit by a terminal's Ctrl-C.
     setsid dockerd --bridge=none --iptables=false --ip-masq=false >>"$LOG" 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$PIDFILE"
     wait_until_up "$pid"
+    take_lease
     echo "docker-engine: dockerd running (pid $pid, log $LOG)" >&2
 }
 
 stop() {
-    local pid i
+    local pid i others
+    rm -f "$LEASES/$LEASE"
     if ! pid=$(our_pid); then
         echo "docker-engine: no dockerd started by this script is running" >&2
         rm -f "$PIDFILE"
         return 0
     fi
+    others=$(live_leases | tr '\n' ' ')
+    if [[ -n $others ]]; then
+        echo "docker-engine: dockerd (pid $pid) still in use by pid(s) ${others% }; left running" >&2
+        return 0
+    fi
     kill -TERM "$pid"
     for ((i = 0; i < 30; i++)); do
-        kill -0 "$pid" 2>/dev/null || { rm -f "$PIDFILE"; echo "docker-engine: stopped" >&2; return 0; }
+        kill -0 "$pid" 2>/dev/null || { rm -rf "$PIDFILE" "$LEASES"; echo "docker-engine: stopped" >&2; return 0; }
         sleep 1
     done
     die "dockerd (pid $pid) did not stop within 30s; kill it with: kill -KILL $pid"
@@ -103,8 +142,8 @@ status() {
 }
 
 case ${1:-} in
-    start) start ;;
-    stop) stop ;;
+    start) locked start ;;
+    stop) locked stop ;;
     status) status ;;
     *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

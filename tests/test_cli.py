@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fiberexec import FiberExecutor, _cli_cleanup, _cli_run
+from fiberexec import FiberExecutor, _cli_run
 from fiberexec._cli import find_benchmarks
-from fiberexec._cli_run import RunRequest
+from fiberexec.backend import MasterRequest
+from fiberexec.backends import _docker_master, _k8s_master, _local_stray
 from fiberexec.backends.local import LocalBackend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +112,7 @@ def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--backend", "docker", "--", "python", "x.py"], "the docker backend needs an image"),
-        (["--backend", "slurm", "--", "python", "x.py"], "--backend must be one of"),
+        (["--backend", "nosuch", "--", "python", "x.py"], "--backend must be one of"),
         (["--"], "fiberexec run needs a program"),
         (["--env", "NOEQUALS", "--", "python"], "--env must be KEY=VALUE, got 'NOEQUALS'"),
     ],
@@ -122,23 +123,23 @@ def test_run_usage_errors(tmp_path: Path, args: list[str], message: str) -> None
 
 
 def test_docker_master_container_arguments() -> None:
-    request = RunRequest(("python", "train.py"), "docker", image="me/app:1", env={"A": "1"})
+    request = MasterRequest(("python", "train.py"), "docker", image="me/app:1", env={"A": "1"})
     environ = {"FIBEREXEC_MAX_WORKERS": "8", "HOME": "/root", "FIBEREXEC_BACKEND": "local"}
-    kwargs = _cli_run.docker_run_kwargs(request, "/src/proj", environ, local_engine=True)
+    kwargs = _docker_master.docker_run_kwargs(request, "/src/proj", environ, local_engine=True)
     assert kwargs["image"] == "me/app:1" and kwargs["command"] == ["python", "train.py"]
     assert kwargs["environment"] == {"FIBEREXEC_MAX_WORKERS": "8", "FIBEREXEC_BACKEND": "docker",
                                      "FIBEREXEC_IMAGE": "me/app:1", "A": "1"}
     assert kwargs["network_mode"] == "host" and kwargs["working_dir"] == "/src/proj"
     assert kwargs["volumes"]["/src/proj"] == {"bind": "/src/proj", "mode": "rw"}
-    assert _cli_run.DOCKER_SOCKET in kwargs["volumes"]
+    assert _docker_master.DOCKER_SOCKET in kwargs["volumes"]
     assert kwargs["labels"]["fiberexec"] == "master"
-    remote = _cli_run.docker_run_kwargs(request, "/src/proj", {}, local_engine=False)
-    assert _cli_run.DOCKER_SOCKET not in remote["volumes"]
+    remote = _docker_master.docker_run_kwargs(request, "/src/proj", {}, local_engine=False)
+    assert _docker_master.DOCKER_SOCKET not in remote["volumes"]
 
 
 def test_kubernetes_master_pod_manifest() -> None:
-    request = RunRequest(("python", "es.py", "--gens", "3"), "kubernetes", image="me/es:1")
-    pod = _cli_run.master_pod(request, {"FIBEREXEC_MAX_WORKERS": "64", "PATH": "/bin"}, "m-1")
+    request = MasterRequest(("python", "es.py", "--gens", "3"), "kubernetes", image="me/es:1")
+    pod = _k8s_master.master_pod(request, {"FIBEREXEC_MAX_WORKERS": "64", "PATH": "/bin"}, "m-1")
     assert (pod["apiVersion"], pod["kind"], pod["metadata"]["name"]) == ("v1", "Pod", "m-1")
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"
@@ -197,9 +198,9 @@ def test_cleanup_local_spares_live_executors_and_other_programs() -> None:
     try:
         with FiberExecutor(1, backend=LocalBackend()) as ex:
             assert ex.submit(abs, -1).result(timeout=60) == 1
-            mine = [w for w in _cli_cleanup.local_workers() if w.pid in _children()]
+            mine = [w for w in _local_stray.local_workers() if w.pid in _children()]
             assert len(mine) == 1
-            assert not _cli_cleanup.is_stray(mine[0], _cli_cleanup.listening_ports())
+            assert not _local_stray.is_stray(mine[0], _local_stray.listening_ports())
             result = fiberexec("cleanup", "--backend", "local", "--executor", mine[0].executor_id)
             assert result.stdout.strip() == "local: no stray workers"
             assert ex.submit(abs, -2).result(timeout=60) == 2
@@ -216,10 +217,10 @@ def _children() -> set[int]:
 
 
 def test_worker_command_line_is_recognised_exactly() -> None:
-    assert _cli_cleanup.is_worker_cmdline(["/usr/bin/python3.11", "-m", "fiberexec.worker"])
-    assert not _cli_cleanup.is_worker_cmdline(["python", "-m", "fiberexec.worker", "x"])
-    assert not _cli_cleanup.is_worker_cmdline(["vim", "-m", "fiberexec.worker"])
-    assert not _cli_cleanup.is_worker_cmdline(["python", "-c", "fiberexec.worker"])
+    assert _local_stray.is_worker_cmdline(["/usr/bin/python3.11", "-m", "fiberexec.worker"])
+    assert not _local_stray.is_worker_cmdline(["python", "-m", "fiberexec.worker", "x"])
+    assert not _local_stray.is_worker_cmdline(["vim", "-m", "fiberexec.worker"])
+    assert not _local_stray.is_worker_cmdline(["python", "-c", "fiberexec.worker"])
 
 
 def test_cleanup_unknown_backend_and_unreachable_ones() -> None:

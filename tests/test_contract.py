@@ -114,7 +114,8 @@ def test_few_futures_are_running_before_they_run(make_pool: PoolFactory) -> None
     for _ in range(20):
         most = max(most, sum(f.running() for f in futures))
         time.sleep(0.02)
-    assert most <= 2 * 2 + 1, f"{most} futures marked running with 2 workers"
+    # the stdlib: 2 executing, 3 in its call queue, and one finished but not yet reported
+    assert most <= 2 * 2 + 2, f"{most} futures marked running with 2 workers"
     assert all(f.result(timeout=60) is None for f in futures)
 
 
@@ -386,8 +387,10 @@ def test_submit_from_atexit_raises_and_exits(system: str) -> None:
     assert elapsed < 20
 
 
-def test_exit_from_a_non_main_thread_finishes_its_futures(system: str) -> None:
-    out, err, _ = run_program(system, """
+def test_exit_from_a_non_main_thread_finishes_its_futures() -> None:
+    """fiberexec only: run against the stdlib's process pool (fork), this program lost its
+    output now and then on a loaded machine, so the stdlib cannot vouch for it here."""
+    out, err, _ = run_program("fiberexec", """
         import threading
         from tests.contract_tasks import sleep_and_print
         submitted = threading.Event()

@@ -99,15 +99,6 @@ def test_n_jobs_one_runs_in_this_process(opts: Options) -> None:
 # ---------------------------------------------------------------- results
 
 
-def test_smoke_plain_pipeline(opts: Options) -> None:
-    with parallel_config(backend="fiber", n_jobs=2, **opts):
-        squares = Parallel()(delayed(jt.square)(i) for i in range(200))
-        assert squares == [i * i for i in range(200)]
-        assert sum(Parallel()(delayed(jt.square)(x) for x in squares[:10])) == sum(
-            i**4 for i in range(10)
-        )
-
-
 def test_lambdas_and_closures_travel(opts: Options) -> None:
     offset = 7
 

@@ -6,9 +6,15 @@ deleted mid-map.)
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
+import tempfile
+import threading
 
+from fiberexec.backend import WorkerSpec, WorkerState, WorkerStatus
+from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
 
@@ -22,3 +28,58 @@ def test_kill_dash_9_of_busy_worker_from_outside(make_executor: ExecutorFactory)
     os.kill(worker_processes()[0].pid, signal.SIGKILL)
     assert [f.result(timeout=60) for f in futures] == list(range(30))
     assert ex.stats().workers_lost == 1
+
+
+# -- the backend itself ------------------------------------------------------------------------
+def _spec(worker_id: str, code: str) -> WorkerSpec:
+    return WorkerSpec(worker_id=worker_id, executor_id="local-test",
+                      command=("python", "-c", code))
+
+
+def _open_files_under(directory: str) -> list[str]:
+    """Files this process holds open whose path starts with ``directory``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(directory):
+                found.append(target)
+    return found
+
+
+def test_captured_output_holds_no_descriptor_per_worker() -> None:
+    backend = LocalBackend(capture_output=True)
+    exits: queue.Queue[WorkerStatus] = queue.Queue()
+    try:
+        handles = [backend.start_worker(_spec(f"w{i}", f"print('out {i}')")) for i in range(6)]
+        for handle in handles:
+            backend.watch(handle, lambda _, status: exits.put(status))
+        assert [exits.get(timeout=30).exit_code for _ in handles] == [0] * 6
+        logs = [f for f in _open_files_under(tempfile.gettempdir()) if "fiberexec-logs-" in f]
+        assert logs == []  # each worker's log file is open in the worker only
+        assert backend.logs(handles[3]).strip() == "out 3"
+    finally:
+        backend.close()
+
+
+def test_one_reaper_thread_reports_every_exit() -> None:
+    backend = LocalBackend()
+    exits: queue.Queue[tuple[str, WorkerStatus]] = queue.Queue()
+    before = {t.ident for t in threading.enumerate()}
+    try:
+        handles = [backend.start_worker(_spec(f"w{i}", "import time; time.sleep(60)"))
+                   for i in range(8)]
+        for handle in handles:
+            backend.watch(handle, lambda h, status: exits.put((h.worker_id, status)))
+        new = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert new == ["fiberexec-local-reaper"]
+        os.kill(int(handles[5].ref), signal.SIGKILL)
+        assert exits.get(timeout=30) == ("w5", WorkerStatus(WorkerState.EXITED, exit_code=-9))
+        quick = backend.start_worker(_spec("quick", "raise SystemExit(7)"))
+        backend.watch(quick, lambda h, status: exits.put((h.worker_id, status)))
+        assert exits.get(timeout=30) == ("quick", WorkerStatus(WorkerState.EXITED, exit_code=7))
+        assert exits.empty()
+    finally:
+        backend.close()
+    assert [t.name for t in threading.enumerate() if t.ident not in before] == []
+    assert exits.empty()  # workers stopped on purpose are not reported

@@ -1,14 +1,22 @@
-"""The public surface is curated, and the core never imports a concrete backend."""
+"""The public surface is curated, the core never imports a concrete backend, adapters and the
+CLI go through the public seam, and the README's set-up is what CI runs."""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import fiberexec
-from fiberexec.backend import available_backends
+from fiberexec.backend import Backend, CapabilityError, MasterRequest, available_backends
 
 ROOT = Path(fiberexec.__file__).parent
+REPO = Path(__file__).resolve().parents[1]
+SEAM = "fiberexec.backend"
+SDKS = ("docker", "kubernetes")
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -55,3 +63,152 @@ def test_chunk_runners_do_not_load_the_executor() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=60).stdout
     assert "fiberexec._executor" not in loaded and "tenacity" not in loaded
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) for every module a file imports, including ``from X import name``
+    (``X.name``: it may be a module) and ``importlib.import_module("X")`` with a literal."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            yield from ((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                node.func, "id", None)) in ("import_module", "__import__") and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, node.args[0].value
+
+
+def _private_fiberexec(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "fiberexec" and any(
+        p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _seam_offenders(path: Path, own_prefix: str) -> list[str]:
+    """Private fiberexec modules ``path`` imports other than its own (``own_prefix``)."""
+    return [f"{path.relative_to(REPO)}:{line} imports {module}"
+            for line, module in _imports(path)
+            if _private_fiberexec(module) and not module.startswith(own_prefix)]
+
+
+ADAPTERS = sorted((REPO / "backends").glob("*.py"))
+CLI = sorted(ROOT.glob("_cli*.py"))
+
+
+def test_adapters_import_fiberexec_only_through_the_seam() -> None:
+    """Backends import `fiberexec.backend` (and their own private modules), nothing private
+    of the core: what they need is re-exported there."""
+    assert len(ADAPTERS) >= 5
+    offenders = [o for path in ADAPTERS for o in _seam_offenders(path, "fiberexec.backends._")]
+    assert not offenders, f"import these through {SEAM} instead: {offenders}"
+
+
+def test_cli_imports_fiberexec_only_through_public_modules_and_no_sdk() -> None:
+    """The ``fiberexec`` command reaches backends through their capabilities: no Docker or
+    Kubernetes client code, no private core module (its own _cli* modules aside)."""
+    assert len(CLI) >= 4
+    offenders = [o for path in CLI for o in _seam_offenders(path, "fiberexec._cli")]
+    sdk = [f"{path.name}:{line} imports {module}" for path in CLI
+           for line, module in _imports(path) if module.split(".")[0] in SDKS]
+    assert not offenders, f"import these through {SEAM} or fiberexec.config: {offenders}"
+    assert not sdk, f"move SDK code into the backend's capabilities: {sdk}"
+
+
+def test_the_seam_checks_catch_what_they_should(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import docker\nfrom fiberexec._errors import ConfigurationError\n"
+                   "from fiberexec import _registry, __version__\n"
+                   "import importlib\nimportlib.import_module('kubernetes.client')\n")
+    modules = [m for _, m in _imports(bad)]
+    assert {"docker", "fiberexec._errors", "fiberexec._registry",
+            "kubernetes.client"} <= set(modules)
+    assert [m for m in modules if _private_fiberexec(m)] == [
+        "fiberexec._errors", "fiberexec._errors.ConfigurationError", "fiberexec._registry"]
+
+
+@pytest.mark.parametrize("capability", ["launch_master", "probe", "remove_stray"])
+def test_missing_capability_names_the_backend_and_the_capability(capability: str) -> None:
+    class Plain(Backend):  # a third-party backend that offers no capability
+        name = "plain"
+
+    call = {"launch_master": lambda: Plain.launch_master(MasterRequest(("true",), "plain")),
+            "probe": Plain.probe, "remove_stray": Plain.remove_stray}[capability]
+    with pytest.raises(CapabilityError, match=rf"the 'plain' backend does not support "
+                                              rf"fiberexec \w+ \(it does not implement "
+                                              rf"Backend\.{capability}\)"):
+        call()
+
+
+def test_builtin_backends_offer_every_capability() -> None:
+    from fiberexec.backend import backend_class
+
+    for name in ("local", "docker", "kubernetes"):
+        cls = backend_class(name)
+        for capability in ("launch_master", "probe", "remove_stray"):
+            assert getattr(cls, capability).__func__ is not getattr(
+                Backend, capability).__func__, f"{name} lacks {capability}"
+
+
+# -- set-up as the README says, and what CI runs -------------------------------------------------
+def _quick_start() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Quick start.*?```bash\n(.*?)```", text, re.DOTALL)
+    assert block is not None, "the README lost its Quick start block"
+    return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line]
+
+
+def test_quick_start_uses_a_virtual_environment() -> None:
+    install, tests = _quick_start()
+    for command in (install, tests):
+        assert command.startswith("python3 -m venv .venv && .venv/bin/pip install "), command
+        assert "python3 -m pip" not in command  # PEP 668 distributions refuse system pip
+    assert install.endswith(".venv/bin/python -m fiberexec.demo")
+    assert tests.endswith(".venv/bin/tox")
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    script = (REPO / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in script if line and not line.startswith(("#", "set ", "cd "))]
+    assert commands == [_quick_start()[1]]
+
+
+def test_setup_check_runs_the_readme_commands_in_ci() -> None:
+    tox = (REPO / "tox.ini").read_text()
+    assert re.search(r"envlist = .*\bsetup\b", tox)
+    assert "commands = bash scripts/check-setup.sh" in tox
+    script = (REPO / "scripts" / "check-setup.sh").read_text()
+    assert "## Quick start" in script and "--base-only" in script
+
+
+def test_readme_comparison_has_one_row_per_workload_matching_the_results() -> None:
+    import json
+
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## How it compares"):text.index("## Benchmarks")]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| workload")]
+    repeated = sorted({r for r in rows if rows.count(r) > 1})
+    assert not repeated, f"the comparison table repeats rows: {repeated}"
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text())
+    [serves] = [line for line in table.splitlines() if line.startswith("| workers one executor")]
+    for shards in (1, 4):
+        rate = results["results"][f"simulated_{shards}"]["fiberexec"]["tasks_per_s"]
+        assert f"{rate / 1000:.1f}k tasks/s with {shards} shard" in serves, serves
+
+
+def test_backend_envs_run_whole_folders() -> None:
+    """Each backend env runs tests/behaviour, tests/mp and tests/conformance whole: a new
+    behaviour test cannot end up running on the local backend only."""
+    import configparser
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(REPO / "tox.ini")
+    for env in ("k8s", "docker"):
+        commands = tox[f"testenv:{env}"]["commands"]
+        assert "tests/behaviour tests/mp tests/conformance" in commands, env
+        assert not re.search(r"tests/(behaviour|mp|conformance)/\S", commands), (
+            f"{env} lists single files of a folder every backend runs whole")
+    behaviour = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert not behaviour & {"test_executor.py", "test_failures.py", "test_tls.py"}

@@ -6,6 +6,13 @@ PYTHONPATH), stdout+stderr kept for pods/log. Pod status moves as a kubelet woul
 Pending (unschedulable / waiting: ErrImagePull, ImagePullBackOff, CreateContainerConfigError)
 -> Running -> Succeeded / Failed with the exit code (128+signal when killed) and reason.
 Simulated, not measured: OOMKilled and Evicted are faults the test asks for.
+
+A failed image pull follows the kubelet's sequence: ``ErrImagePull`` with the runtime's error
+(containerd's words, through the CRI), then ``ImagePullBackOff`` while it waits, then
+``ErrImagePull`` again at the next attempt, the wait doubling each time up to a cap, until the
+pod is deleted. Waits are the kubelet's (10 s doubling to 300 s) scaled by ``PULL_TIME_SCALE``.
+``ImagePullBackOff`` says only ``Back-off pulling image "<image>"``, as kubelets before 1.32
+do, or (``backoff_detail``) repeats the pull error after ``: ErrImagePull: ``, as 1.32 does.
 """
 
 from __future__ import annotations
@@ -31,6 +38,59 @@ _KEEP_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "TMPDIR", "P
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+PULL_TIME_SCALE = 0.02  # the kubelet's 10 s first back-off becomes 0.2 s
+_PULL_BACKOFF, _PULL_BACKOFF_MAX = 10.0, 300.0  # kubelet's image back-off, seconds
+_PULL_ATTEMPTS = 200  # bounded: ~2 min of attempts at the scaled cap, ends early on delete
+
+
+def _qualified(image: str) -> str:
+    """containerd's normalised reference: ``nope:1`` -> ``docker.io/library/nope:1``."""
+    name, tag = image.rsplit(":", 1) if ":" in image.rsplit("/", 1)[-1] else (image, "latest")
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        name = f"docker.io/library/{name}"
+    elif "." not in first and ":" not in first and first != "localhost":
+        name = f"docker.io/{name}"
+    return f"{name}:{tag}"
+
+
+def pull_error_message(kind: str, image: str) -> str:
+    """What containerd answers the kubelet for a failed pull of ``image``, by ``kind``."""
+    ref = _qualified(image)
+    registry = ref.split("/", 1)[0]
+    head = f'failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
+    messages = {
+        # the tag does not exist in a repository that does
+        "not-found": f"rpc error: code = NotFound desc = {head}{ref}: not found",
+        # the repository does not exist (Docker Hub cannot tell it from a private one)
+        "no-repository": f"rpc error: code = Unknown desc = {head}pull access denied, "
+                         "repository does not exist or may require authorization: server "
+                         "message: insufficient_scope: authorization failed",
+        # a private registry without (valid) imagePullSecrets
+        "unauthorized": f"rpc error: code = Unknown desc = {head}failed to authorize: failed "
+                        "to fetch oauth token: unexpected status from POST request to "
+                        f"https://{registry}/oauth2/token: 401 Unauthorized",
+        # the registry is slow or unreachable: worth retrying
+        "timeout": f"rpc error: code = Unknown desc = {head}failed to do request: Head "
+                   f'"https://{registry}/v2/{ref.split("/", 1)[1].rsplit(":", 1)[0]}/manifests/'
+                   f'{ref.rsplit(":", 1)[1]}": dial tcp 127.0.0.1:443: i/o timeout',
+        "rate-limit": f"rpc error: code = Unknown desc = {head}unexpected status from HEAD "
+                      f"request to https://registry-1.{registry}/v2/: 429 Too Many Requests - "
+                      "Server message: toomanyrequests: You have reached your pull rate limit. "
+                      "You may increase the limit by authenticating and upgrading: "
+                      "https://www.docker.com/increase-rate-limit",
+    }
+    if kind not in messages:
+        raise ValueError(f"pull error kind must be one of {sorted(messages)}, got {kind!r}")
+    return messages[kind]
+
+
+@dataclass(frozen=True)
+class PullFailure:
+    """How pulling one image fails: the runtime's error, and the kubelet's back-off style."""
+
+    kind: str = "not-found"
+    backoff_detail: bool = False  # kubelet >= 1.32 repeats the error in ImagePullBackOff
 
 
 def quantity(text: str) -> float:
@@ -47,7 +107,7 @@ class Faults:
 
     schedule_delay: float = 0.0
     unschedulable: str | None = None
-    pull_errors: set[str] = field(default_factory=set)
+    pull_errors: dict[str, PullFailure] = field(default_factory=dict)
     allocatable: dict[str, str] = field(default_factory=lambda: {
         "cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "0"})
 
@@ -98,11 +158,13 @@ class Kubelet:
             run = self._runs.get((namespace, name))
         proc = run.proc if run is not None else None
         if run is None or proc is None or run.exited.is_set() or grace <= 0:
+            deleted = self.store.delete("pods", namespace, name)  # first, as a force delete
             if run is not None:
                 run.gone.set()
                 if proc is not None and not run.exited.is_set():
                     self._signal(run, signal.SIGKILL)
-            return self.store.delete("pods", namespace, name)
+                    run.exited.wait(10)  # the process is gone when the call returns
+            return deleted
         run.remove_on_exit = True
         pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
             deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)))
@@ -194,15 +256,28 @@ class Kubelet:
 
     def _pull(self, run: _Run, pod: Json) -> bool:
         image = pod["spec"]["containers"][0].get("image", "")
-        if image in self.faults.pull_errors:
-            message = f'Failed to pull image "{image}": not found (emulated)'
+        failure = self.faults.pull_errors.get(image)
+        if failure is not None:
+            message = pull_error_message(failure.kind, image)
         elif self.runtime == "docker" and not _image_present(image):
-            message = f'Failed to pull image "{image}": not present on the Docker engine'
+            failure = PullFailure()
+            message = (f"Error response from daemon: pull access denied for {image}, repository "
+                       "does not exist or may require 'docker login': denied: requested access "
+                       "to the resource is denied")
         else:
             return True
-        self._waiting(run, pod, "ErrImagePull", message)
-        if not run.gone.wait(0.3):
-            self._waiting(run, pod, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        backoff = f'Back-off pulling image "{image}"'
+        if failure.backoff_detail:
+            backoff += f": ErrImagePull: {message}"
+        delay = _PULL_BACKOFF
+        for _ in range(_PULL_ATTEMPTS):
+            self._waiting(run, pod, "ErrImagePull", message)
+            if run.gone.wait(0.05):  # the pod worker's next sync finds the image backing off
+                return False
+            self._waiting(run, pod, "ImagePullBackOff", backoff)
+            if run.gone.wait(delay * PULL_TIME_SCALE):
+                return False
+            delay = min(delay * 2, _PULL_BACKOFF_MAX)
         return False  # stays Pending until deleted
 
     def _environment(self, run: _Run, pod: Json) -> dict[str, str] | None:

@@ -38,7 +38,7 @@ from tests.k8s._api import KINDS as _KINDS
 from tests.k8s._api import Api as _Api
 from tests.k8s._api import ApiError, Request
 from tests.k8s._api import typed as _typed
-from tests.k8s._kubelet import Faults, Kubelet
+from tests.k8s._kubelet import Faults, Kubelet, PullFailure
 from tests.k8s._store import Json, SelectorError, Store, matches, parse_selector
 
 _MAX_WATCH = 1800.0
@@ -178,8 +178,12 @@ class Emulator:
                       "match Pod's node affinity/selector.") -> None:
         self.faults.unschedulable = message
 
-    def fail_image_pull(self, image: str) -> None:
-        self.faults.pull_errors.add(image)
+    def fail_image_pull(self, image: str, kind: str = "not-found", *,
+                        backoff_detail: bool = False) -> None:
+        """Pulling ``image`` fails as a registry would: ``kind`` is ``not-found`` (tag),
+        ``no-repository``, ``unauthorized`` (refused: retrying cannot help) or ``timeout``,
+        ``rate-limit`` (transient). See `tests.k8s._kubelet.pull_error_message`."""
+        self.faults.pull_errors[image] = PullFailure(kind, backoff_detail)
 
     def kill_pod(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> None:
         self.kubelet.kill(namespace, name, sig)

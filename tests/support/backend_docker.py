@@ -18,6 +18,7 @@ from typing import Any
 
 from fiberexec.backend import LABEL_KEY, Backend
 from fiberexec.backends.docker import DockerBackend
+from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,10 +116,14 @@ def backend_session() -> Iterator[BackendKit]:
             shared = {"volumes": {tmp: {"bind": tmp, "mode": "rw"}}}
             return DockerBackend(image=image, extra_run_kwargs=shared)
 
+        # Containers are auto-removed on exit, and their output with them (DockerBackend keeps
+        # it only when it wins that race): logs after the exit are not part of its contract.
+        contract = Harness(make_backend=make_backend, memory_limits=True, logs_after_exit=False)
         yield BackendKit(
             name="docker",
             make_backend=make_backend,
             leaks=lambda: list_leaks(client),
+            contract=contract,
             executor_kwargs={"image": image},
         )
     finally:

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 from fiberexec.backend import Backend
+from fiberexec.testing import Harness
 from tests.k8s.emulator import Emulator
 from tests.support.kit import BackendKit
 
@@ -16,7 +17,7 @@ IMAGE = "fiberexec-test:latest"
 @contextlib.contextmanager
 def backend_session() -> Iterator[BackendKit]:
     """Serve the emulator for the whole session; stop it (killing every pod process) after."""
-    from fiberexec.backends.kubernetes import KubernetesBackend
+    from fiberexec.backends.kubernetes import KubernetesBackend, remove_stray
 
     with Emulator(namespaces=[NAMESPACE]) as emu:
         client = emu.api_client()  # shared: backends never close a client they were given
@@ -25,9 +26,15 @@ def backend_session() -> Iterator[BackendKit]:
             return KubernetesBackend(api_client=client, namespace=NAMESPACE, image=IMAGE,
                                      advertise_host="127.0.0.1")
 
+        def remove(_: Backend, executor_id: str) -> object:
+            return remove_stray(client, namespace=NAMESPACE, executor_id=executor_id)
+
+        # Memory limits are not enforced by the emulator (its OOM is injected: see
+        # tests/k8s), so the contract's OOM check does not apply here.
+        contract = Harness(make_backend=make_backend, remove_stray=remove)
         try:
             yield BackendKit(name="kubernetes", make_backend=make_backend,
-                             leaks=lambda: leaks(emu), executor_kwargs={})
+                             leaks=lambda: leaks(emu), contract=contract, executor_kwargs={})
         finally:
             client.close()
 

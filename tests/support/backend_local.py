@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import psutil
 
 from fiberexec.backends.local import LocalBackend
+from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
 
 
@@ -38,4 +39,6 @@ def _leaks() -> list[str]:
 
 @contextlib.contextmanager
 def backend_session() -> Iterator[BackendKit]:
-    yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks)
+    # The contract's logs checks need the output kept: capture_output=True.
+    contract = Harness(make_backend=lambda: LocalBackend(capture_output=True))
+    yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks, contract=contract)

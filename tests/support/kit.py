@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec.backend import Backend
+from fiberexec.testing import Harness
 
 
 @dataclass
@@ -14,4 +15,5 @@ class BackendKit:
     name: str
     make_backend: Callable[[], Backend]
     leaks: Callable[[], list[str]]
+    contract: Harness  # how tests/conformance runs fiberexec.testing's checks on this backend
     executor_kwargs: dict[str, Any] = field(default_factory=dict)

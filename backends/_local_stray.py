@@ -1,0 +1,138 @@
+"""Stray local workers: worker processes whose executor is gone, found and stopped safely.
+
+A process is a stray worker when it runs ``python -m fiberexec.worker`` in this PID namespace,
+dials a loopback address (the local backend never uses another), and nothing in this network
+namespace listens on that address any more, i.e. its executor is gone. Only such processes are
+signalled, through a pidfd so a recycled pid is never hit: SIGTERM, then SIGKILL if it has not
+exited within a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fiberexec.backend import ENV_ADDRESS, ENV_EXECUTOR_ID, ENV_WORKER_ID
+
+PROC = Path("/proc")
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+LOOPBACK_HOSTS = ("127.", "[::1]", "localhost")
+
+
+@dataclass(frozen=True)
+class LocalWorker:
+    pid: int
+    executor_id: str
+    worker_id: str
+    address: str
+
+    @property
+    def port(self) -> int | None:
+        tail = self.address.rsplit(":", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone, or not ours to read
+        return None
+
+
+def is_worker_cmdline(argv: list[str]) -> bool:
+    """``<python> -m fiberexec.worker`` and nothing else."""
+    return (len(argv) == 3 and "python" in Path(argv[0]).name
+            and argv[1:] == ["-m", "fiberexec.worker"])
+
+
+def _worker(pid: int) -> LocalWorker | None:
+    raw = _read(PROC / str(pid) / "cmdline")
+    if raw is None or not is_worker_cmdline(raw.decode(errors="replace").split("\0")[:-1]):
+        return None
+    environ = _read(PROC / str(pid) / "environ") or b""
+    env = dict(e.partition("=")[::2] for e in environ.decode(errors="replace").split("\0") if e)
+    address = env.get(ENV_ADDRESS, "")
+    if not address:
+        return None
+    return LocalWorker(pid, env.get(ENV_EXECUTOR_ID, ""),
+                       env.get(ENV_WORKER_ID, ""), address)
+
+
+def _same_namespace(pid: int, kind: str) -> bool:
+    try:
+        return os.readlink(PROC / str(pid) / "ns" / kind) == os.readlink(PROC / "self/ns" / kind)
+    except OSError:
+        return False
+
+
+def local_workers() -> Iterator[LocalWorker]:
+    """Every worker process of this PID namespace (skipping this process)."""
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            worker = _worker(int(entry.name))
+            if worker is not None and _same_namespace(worker.pid, "pid"):
+                yield worker
+
+
+def listening_ports() -> set[int]:
+    """TCP ports something listens on in this network namespace."""
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        raw = _read(PROC / "net" / table) or b""
+        for line in raw.decode().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == LISTEN:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def is_stray(worker: LocalWorker, listening: set[int]) -> bool:
+    host = worker.address.removeprefix("tcp://")
+    return (host.startswith(LOOPBACK_HOSTS) and worker.port is not None
+            and worker.port not in listening and _same_namespace(worker.pid, "net"))
+
+
+def stray_local_workers(executor_id: str | None = None) -> list[LocalWorker]:
+    listening = listening_ports()
+    return [w for w in local_workers()
+            if is_stray(w, listening) and executor_id in (None, w.executor_id)]
+
+
+def _wait_exit(pidfd: int, timeout: float) -> bool:
+    readable, _, _ = select.select([pidfd], [], [], timeout)  # a pidfd is readable on exit
+    return bool(readable)
+
+
+def terminate(worker: LocalWorker, grace: float = 3.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; True if it is gone."""
+    try:
+        pidfd = os.pidfd_open(worker.pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if _worker(worker.pid) != worker:  # checked after opening: the pid cannot be reused now
+            return False
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, sig)
+            if _wait_exit(pidfd, wait):
+                return True
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def remove_stray_local(executor_id: str | None) -> list[str]:
+    """Stop every stray worker (of ``executor_id``, if given); one line per worker."""
+    lines = []
+    for worker in stray_local_workers(executor_id):
+        gone = terminate(worker)
+        lines.append(f"{'stopped' if gone else 'could not stop'} worker "
+                     f"{worker.worker_id or '?'} of executor {worker.executor_id or '?'} "
+                     f"(pid {worker.pid}, dialing {worker.address})")
+    return lines or ["no stray workers"]

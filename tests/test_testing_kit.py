@@ -1,0 +1,97 @@
+"""The conformance kit fails backends that break the contract (a check that cannot fail
+checks nothing): each case is the local backend with one rule broken."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import pytest
+
+from fiberexec.backend import WorkerHandle, WorkerState, WorkerStatus
+from fiberexec.backends.local import LocalBackend
+from fiberexec.testing import CHECKS, Harness
+
+
+class ShellExitCodes(LocalBackend):
+    """Reports death by signal N as 128 + N, as a shell would."""
+
+    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        code = status.exit_code
+        if code is not None and code < 0:
+            status = WorkerStatus(status.state, exit_code=128 - code)
+        super()._report_exit(handle, status)
+
+
+class ReportsTwice(LocalBackend):
+    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        listener = self._listeners.get(self._watch_key(handle))
+        super()._report_exit(handle, status)
+        if listener is not None:
+            listener(handle, status)
+
+
+class GuessesUnknown(LocalBackend):
+    def status(self, handle: WorkerHandle) -> WorkerStatus:
+        found = super().status(handle)
+        return WorkerStatus(WorkerState.EXITED, 0) if found.state is WorkerState.UNKNOWN else found
+
+
+class ReportsStops(LocalBackend):
+    """Tells the listener about a deliberate stop, as if the worker had died."""
+
+    def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
+        listener = self._listeners.get(self._watch_key(handle))
+        super().stop(handle, grace=grace)
+        if listener is not None:
+            listener(handle, WorkerStatus(WorkerState.EXITED, exit_code=-15))
+
+
+class LeavesWorkersOnClose(LocalBackend):
+    """close() forgets its workers instead of stopping them (they are stopped by the test)."""
+
+    left: ClassVar[list[LocalBackend]] = []
+
+    def close(self) -> None:
+        LeavesWorkersOnClose.left.append(self)
+
+
+class NoStrayRemoval(LocalBackend):
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        return ["nothing removed"]
+
+
+BROKEN: dict[str, Callable[[], LocalBackend]] = {
+    "exit_codes": ReportsTwice,
+    "watch_reports_once": ReportsTwice,
+    "signals": ShellExitCodes,
+    "unknown_handle": GuessesUnknown,
+    "stop": ReportsStops,
+    "close": LeavesWorkersOnClose,
+    "remove_stray": NoStrayRemoval,
+    "logs": LocalBackend,  # without capture_output=True it keeps no output
+}
+
+
+def test_every_check_has_a_broken_backend() -> None:
+    assert set(BROKEN) == set(CHECKS)
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_the_check_fails_a_backend_that_breaks_its_rule(check: str) -> None:
+    harness = Harness(make_backend=BROKEN[check], timeout=5.0)
+    try:
+        with pytest.raises(AssertionError):
+            CHECKS[check](harness)
+    finally:
+        for backend in LeavesWorkersOnClose.left:
+            LocalBackend.close(backend)
+        LeavesWorkersOnClose.left.clear()
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_the_check_passes_the_local_backend(check: str) -> None:
+    CHECKS[check](Harness(make_backend=lambda: LocalBackend(capture_output=True)))
+
