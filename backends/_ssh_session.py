@@ -107,6 +107,7 @@ class Session:
         self._on_exit: ExitCallback | None = None
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr_reader: threading.Thread | None = None
 
     # ------------------------------------------------------------ starting
 
@@ -125,7 +126,9 @@ class Session:
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.write(line.encode())
             self._proc.stdin.flush()
-        threading.Thread(target=self._read_stderr, name="fiberexec-ssh-err", daemon=True).start()
+        self._stderr_reader = threading.Thread(
+            target=self._read_stderr, name="fiberexec-ssh-err", daemon=True)
+        self._stderr_reader.start()
         threading.Thread(target=self._read_stdout, name="fiberexec-ssh-out", daemon=True).start()
         return self._await_ready(timeout)
 
@@ -169,6 +172,12 @@ class Session:
         except subprocess.TimeoutExpired:  # stdout closed but the client lingers
             proc.kill()
             code = proc.wait(timeout=30)
+        if self._stderr_reader is not None:
+            self._stderr_reader.join(timeout=30)  # its last lines may explain the end
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.close_stdin()
         self._settle(code)
 
     def _on_report(self, text: str) -> None:

@@ -42,6 +42,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,6 +67,7 @@ __all__ = ["SSHBackend", "SSHHost", "remove_stray"]
 
 log = logging.getLogger("fiberexec.ssh")
 HostEntry = str | Mapping[str, Any] | SSHHost
+KEPT_SESSIONS = 1024  # stopped workers whose output logs() still returns
 
 
 class SSHBackend(Backend):
@@ -144,6 +146,7 @@ class SSHBackend(Backend):
         self._bind = bind_host
         self._advertise = advertise_host
         self._sessions: dict[str, Session] = {}
+        self._finished: OrderedDict[str, Session] = OrderedDict()  # stopped: kept for logs()
         self._noted: set[str] = set()
         self._lock = threading.Lock()
 
@@ -273,12 +276,10 @@ class SSHBackend(Backend):
             if fresh:
                 log.warning("fiberexec ssh: on host %s, %s", host.label, note)
 
-    def host_of(self, handle: WorkerHandle) -> SSHHost | None:
-        session = self._sessions.get(handle.worker_id)
-        return session.host if session else None
-
     def status(self, handle: WorkerHandle) -> WorkerStatus:
-        session = self._sessions.get(handle.worker_id)
+        with self._lock:
+            session = self._sessions.get(handle.worker_id) or self._finished.get(
+                handle.worker_id)
         if session is None:
             return WorkerStatus(WorkerState.UNKNOWN, reason="no such worker")
         return session.current()
@@ -303,15 +304,32 @@ class SSHBackend(Backend):
             session = self._sessions.pop(handle.worker_id, None)
         if session is None:
             return
+        self._keep(handle.worker_id, session)
         if not session.stop(self.stop_grace if grace is None else grace):
             self.placement.suspect(session.host)
             log.warning("fiberexec ssh: host %s did not answer while stopping worker %s; "
                         "closed its session", session.host.label, handle.worker_id)
         self.placement.release(handle.worker_id)
 
+    def _keep(self, worker_id: str, session: Session) -> None:
+        with self._lock:
+            self._finished[worker_id] = session
+            while len(self._finished) > KEPT_SESSIONS:
+                self._finished.popitem(last=False)
+
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
-        session = self._sessions.get(handle.worker_id)
+        """The worker's last output lines (and ssh's own messages), also after it stopped."""
+        with self._lock:
+            session = self._sessions.get(handle.worker_id) or self._finished.get(
+                handle.worker_id)
         return session.tail(tail) if session else ""
+
+    def placements(self) -> dict[str, tuple[str, int]]:
+        """``{worker_id: (host, remote pid)}`` for every worker this backend runs."""
+        with self._lock:
+            sessions = dict(self._sessions)
+        return {w: (s.host.label, s.pid) for w, s in sessions.items()
+                if s.pid is not None and not s.current().finished}
 
     def close(self) -> None:
         with self._lock:

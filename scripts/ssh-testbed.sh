@@ -6,6 +6,12 @@
 #   scripts/ssh-testbed.sh clean     remove test-bed network namespaces (fxtb-*) whose test run
 #                                    is gone, killing what still runs inside them
 #   scripts/ssh-testbed.sh check     exit 0 when everything the test bed needs is present
+#   scripts/ssh-testbed.sh run -- CMD...
+#                                    run CMD in a mount namespace of its own with a private
+#                                    /dev/shm: the executor host, like each worker host, then
+#                                    has its own shared memory (and other programs' files in
+#                                    the machine's /dev/shm are out of sight); network
+#                                    namespaces made inside vanish with it
 #
 # The test bed itself (namespaces, sshd per worker host) is created and removed by the pytest
 # session fixture in tests/testbed/; this script only installs packages and sweeps up after a
@@ -57,5 +63,11 @@ case "${1:-}" in
     install) install_missing; clean_stale ;;
     clean) clean_stale ;;
     check) have_all ;;
-    *) die "usage: $0 install|clean|check" ;;
+    run)
+        shift
+        [[ ${1:-} == -- ]] && shift
+        (($# > 0)) || die "usage: $0 run -- COMMAND [ARGS...]"
+        exec unshare --mount --propagation private sh -c \
+            'mount -t tmpfs -o mode=1777,size=1g fxtb-shm /dev/shm && exec "$@"' sh "$@" ;;
+    *) die "usage: $0 install|clean|check|run -- CMD" ;;
 esac
