@@ -128,11 +128,13 @@ class _Place:
     index: int
     workers: set[str] = field(default_factory=set)
     cooling_until: float = 0.0
+    stopping: int = 0  # stops in progress: the host may be unreachable
 
 
 class Placement:
     """Which host runs each worker: the least loaded host with a free slot, avoiding hosts
-    that failed recently (``cooldown`` seconds) while others have room."""
+    that failed recently (``cooldown`` seconds) or are stopping a worker while others have
+    room."""
 
     def __init__(self, hosts: Sequence[SSHHost], *, cooldown: float,
                  clock: Callable[[], float]) -> None:
@@ -153,7 +155,8 @@ class Placement:
                     f"cannot place worker {worker_id}: all {total} slots on "
                     f"{len(self._places)} ssh hosts are taken; raise slots= per host, add "
                     "hosts, or lower max_workers")
-            best = min(free, key=lambda p: (p.cooling_until > now, len(p.workers), p.index))
+            best = min(free, key=lambda p: (p.cooling_until > now or p.stopping > 0,
+                                            len(p.workers), p.index))
             best.workers.add(worker_id)
             return best.host
 
@@ -161,6 +164,23 @@ class Placement:
         with self._lock:
             for place in self._places:
                 place.workers.discard(worker_id)
+
+    def stopping(self, host: SSHHost, worker_id: str) -> None:
+        """A stop of ``worker_id`` began: its slot is free now (a replacement need not wait
+        for an unreachable host), but the host is avoided until `stopped`."""
+        with self._lock:
+            for place in self._places:
+                place.workers.discard(worker_id)
+                if place.host == host:
+                    place.stopping += 1
+
+    def stopped(self, host: SSHHost, *, answered: bool) -> None:
+        with self._lock:
+            for place in self._places:
+                if place.host == host:
+                    place.stopping -= 1
+                    if not answered:
+                        place.cooling_until = self._clock() + self._cooldown
 
     def suspect(self, host: SSHHost) -> None:
         """``host`` just failed: prefer others for a while."""

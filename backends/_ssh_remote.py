@@ -4,7 +4,7 @@ The remote command is short and holds no secret::
 
     exec <python> -c '<LOADER>' fiberexec-ssh-worker <executor id> <worker id>
 
-`LOADER` reads one JSON line from stdin (this module's source plus the message: the worker's
+`LOADER` reads one length-prefixed JSON message from stdin (this module's source plus the message: the worker's
 environment including the executor's secret, its command, workdir and limits) and runs it.
 So secrets travel only inside the encrypted SSH channel, never on a command line or in a file.
 This module must therefore stay importable by any Python 3.8+ with the standard library only.
@@ -13,8 +13,10 @@ As a **worker wrapper** (``action == "worker"``) it checks that fiberexec is imp
 starts the worker in a session of its own (under ``systemd-run --user --scope`` with
 ``CPUQuota=``/``MemoryMax=`` when limits were asked for and the host can), reports on stdout
 in lines starting with `TAG`, and then obeys its stdin: ``term``/``kill`` lines signal the
-worker; end of input (the SSH session closed, the executor died) terminates it, SIGKILL after
-the grace period. The wrapper exits with the worker, reporting its exit code.
+worker, ``ping`` lines (sent every second) prove the executor is still there. End of input
+(the SSH session closed, the executor died) or no line for ``watchdog`` seconds (the network
+between them failed, even while the worker is deep in a long task) terminates the worker,
+SIGKILL after the grace period. The wrapper exits with the worker, reporting its exit code.
 
 As a **stray finder** (``action == "strays"``) it signals every worker the ssh backend started
 in this host's network namespace (optionally of one executor) and reports how many it found.
@@ -37,11 +39,18 @@ WORKER_MARK = "fiberexec-ssh-worker"  # argv[1] of every wrapper: how ps and str
 CLEANUP_MARK = "fiberexec-ssh-cleanup"
 ENV_MARK = "FIBEREXEC_SSH_WORKER"  # set in every worker's environment
 EXIT_NO_FIBEREXEC = 3
-LOADER = (
-    "import sys,json;m=json.loads(sys.stdin.readline());"
-    "exec(compile(m.pop('code'),'fiberexec-ssh','exec'),"
-    "{'__name__':'__fiberexec_ssh__','MESSAGE':m})"
-)
+LOADER = """import os, json
+def take(n):
+    got = b''
+    while len(got) < n:
+        more = os.read(0, n - len(got))
+        if not more:
+            raise SystemExit(2)
+        got += more
+    return got
+m = json.loads(take(int(take(10))))
+exec(compile(m.pop('code'), 'fiberexec-ssh', 'exec'), {'__name__': '__fiberexec_ssh__', 'MESSAGE': m})
+"""
 
 
 def say(**event: Any) -> None:
@@ -119,14 +128,24 @@ def _end(proc: subprocess.Popen[bytes], grace: float) -> None:
         _signal_group(proc, signal.SIGKILL)
 
 
-def _obey(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """Commands from the executor on stdin; end of input ends the worker."""
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "term":
-            _signal_group(proc, signal.SIGTERM)
-        elif command == "kill":
-            _signal_group(proc, signal.SIGKILL)
+def _obey(proc: subprocess.Popen[bytes], grace: float, watchdog: float | None) -> None:
+    """Commands from the executor on stdin (``term``, ``kill``; ``ping`` only proves it is
+    there). End of input, or no word for ``watchdog`` seconds, ends the worker."""
+    pending = b""
+    while True:
+        readable = select.select([0], [], [], watchdog)[0]
+        if not readable:
+            say(event="note", text=f"no word from the executor for {watchdog:.0f}s; stopping")
+            break
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line.strip() == b"term":
+                _signal_group(proc, signal.SIGTERM)
+            elif line.strip() == b"kill":
+                _signal_group(proc, signal.SIGKILL)
     _end(proc, grace)
 
 
@@ -155,7 +174,8 @@ def serve_worker(message: dict[str, Any]) -> None:
     grace = float(message.get("grace", 2.0))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: threading.Thread(target=_end, args=(proc, grace)).start())
-    threading.Thread(target=_obey, args=(proc, grace), daemon=True).start()
+    watchdog = message.get("watchdog")
+    threading.Thread(target=_obey, args=(proc, grace, watchdog), daemon=True).start()
     code = proc.wait()
     say(event="exit", code=code)
 

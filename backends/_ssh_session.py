@@ -3,8 +3,9 @@
 ::
 
     Popen(ssh ... host 'exec python -c LOADER fiberexec-ssh-worker EXEC WORKER')
-      stdin  --> one JSON line (code, env, secret_env, argv, limits), then term/kill lines;
-                 closing it (or this process dying) ends the worker
+      stdin  --> one JSON message (code, env, secret_env, argv, limits), then term/kill and
+                 ping lines; closing it (or this process dying, or no ping for the watchdog
+                 period) ends the worker
       stdout <-- "#fiberexec-ssh {...}" reports (ready, error, exit) and the worker's output
       stderr <-- ssh's own complaints (refused, host key, timeout)
 
@@ -55,6 +56,12 @@ _PERMANENT = (
                                  "ssh_options="),
 )
 ExitCallback = Callable[[WorkerStatus], None]
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    """What `_ssh_remote.LOADER` reads: a 10-digit length, then the JSON message."""
+    data = json.dumps(message).encode()
+    return b"%010d" % len(data) + data
 
 
 def remote_command(python: str, *marks: str) -> str:
@@ -122,9 +129,8 @@ class Session:
                 f"cannot start worker {self.worker_id}: the ssh client {self.argv[0]!r} "
                 f"cannot run ({exc}); install openssh-client or pass ssh=") from exc
         assert self._proc.stdin is not None
-        line = json.dumps({"code": _CODE, **message}) + "\n"
         with contextlib.suppress(BrokenPipeError):
-            self._proc.stdin.write(line.encode())
+            self._proc.stdin.write(frame({"code": _CODE, **message}))
             self._proc.stdin.flush()
         self._stderr_reader = threading.Thread(
             target=self._read_stderr, name="fiberexec-ssh-err", daemon=True)
@@ -195,6 +201,8 @@ class Session:
             self._error = event
         elif kind == "exit":
             self._exit_code = int(event["code"])
+        elif kind == "note":
+            self.lines.append(f"fiberexec-ssh: {event.get('text')}\n")
 
     def _settle(self, client_code: int) -> None:
         if self._exit_code is not None:

@@ -21,8 +21,11 @@ Guarantees:
 - The executor's secret (``spec.secret_env``) travels only inside the SSH channel, on the
   remote wrapper's stdin: never on a command line, never in a file.
 - A worker dies with its session: when the executor closes the session or dies, the remote
-  wrapper reads end of input and terminates the worker (SIGKILL after a grace period); when
-  the network between them fails, the worker exits on its own after three silent heartbeats.
+  wrapper reads end of input and terminates the worker (SIGKILL after a grace period). The
+  backend pings every wrapper each second over the session; when the network between them
+  fails, a wrapper that hears nothing for three heartbeats (at least three pings) plus two
+  seconds terminates its worker, even one busy in a long task (an idle worker already exits
+  by itself after three silent heartbeats).
 - ``cpu``/``memory`` are enforced with ``systemd-run --user --scope -p CPUQuota= -p
   MemoryMax=`` on hosts where that works; elsewhere the worker runs unlimited and the backend
   logs a warning saying so (once per host). ``gpu`` is not managed by this backend.
@@ -61,13 +64,16 @@ from fiberexec.backend import (
 )
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
-from fiberexec.backends._ssh_session import Session, remote_command
+from fiberexec.backends._ssh_session import Session, frame, remote_command
 
 __all__ = ["SSHBackend", "SSHHost", "remove_stray"]
 
 log = logging.getLogger("fiberexec.ssh")
 HostEntry = str | Mapping[str, Any] | SSHHost
 KEPT_SESSIONS = 1024  # stopped workers whose output logs() still returns
+PING_INTERVAL = 1.0  # seconds between pings to every remote wrapper
+WATCHDOG_SLACK = 2.0  # seconds a wrapper waits beyond three missed pings or heartbeats
+ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # the worker's heartbeat, also the wrappers' pace
 
 
 class SSHBackend(Backend):
@@ -148,6 +154,8 @@ class SSHBackend(Backend):
         self._sessions: dict[str, Session] = {}
         self._finished: OrderedDict[str, Session] = OrderedDict()  # stopped: kept for logs()
         self._noted: set[str] = set()
+        self._pinger: threading.Thread | None = None
+        self._closed = threading.Event()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -251,12 +259,21 @@ class SSHBackend(Backend):
             raise
         with self._lock:
             self._sessions[spec.worker_id] = session
+            if self._pinger is None:
+                self._pinger = threading.Thread(target=self._ping_loop,
+                                                name="fiberexec-ssh-ping", daemon=True)
+                self._pinger.start()
         self._note(host, session.notes)
         return WorkerHandle(spec.worker_id, f"{host.label}#{pid}")
 
     def _message(self, spec: WorkerSpec) -> dict[str, Any]:
         resources = spec.resources
+        try:
+            heartbeat = float(spec.env.get(ENV_HEARTBEAT, "1"))
+        except ValueError:
+            heartbeat = 1.0
         return {
+            "watchdog": 3 * max(heartbeat, PING_INTERVAL) + WATCHDOG_SLACK,
             "action": "worker",
             "argv": list(spec.command),
             "env": dict(spec.env),
@@ -266,6 +283,14 @@ class SSHBackend(Backend):
             "memory": resources.memory,
             "grace": self.stop_grace,
         }
+
+    def _ping_loop(self) -> None:
+        """Tell every remote wrapper we are here; one whose pings stop ends its worker."""
+        while not self._closed.wait(PING_INTERVAL):
+            with self._lock:
+                sessions = list(self._sessions.values())
+            for session in sessions:
+                session.send("ping")
 
     def _note(self, host: SSHHost, notes: Sequence[str]) -> None:
         for note in notes:
@@ -305,11 +330,12 @@ class SSHBackend(Backend):
         if session is None:
             return
         self._keep(handle.worker_id, session)
-        if not session.stop(self.stop_grace if grace is None else grace):
-            self.placement.suspect(session.host)
+        self.placement.stopping(session.host, handle.worker_id)
+        answered = session.stop(self.stop_grace if grace is None else grace)
+        self.placement.stopped(session.host, answered=answered)
+        if not answered:
             log.warning("fiberexec ssh: host %s did not answer while stopping worker %s; "
                         "closed its session", session.host.label, handle.worker_id)
-        self.placement.release(handle.worker_id)
 
     def _keep(self, worker_id: str, session: Session) -> None:
         with self._lock:
@@ -337,6 +363,9 @@ class SSHBackend(Backend):
         if workers:
             with ThreadPoolExecutor(min(16, len(workers)), "fiberexec-ssh-stop") as pool:
                 list(pool.map(lambda w: self.stop(WorkerHandle(w, "")), workers))
+        self._closed.set()
+        if self._pinger is not None:
+            self._pinger.join(timeout=10)
         super().close()
 
     # ------------------------------------------------------------ strays
@@ -361,7 +390,7 @@ class SSHBackend(Backend):
                    "executor_id": executor_id, "grace": grace}
         try:
             done = subprocess.run(self.command_for(host, remote.CLEANUP_MARK),
-                                  input=json.dumps(message) + "\n", capture_output=True,
+                                  input=frame(message).decode(), capture_output=True,
                                   text=True, timeout=self.connect_timeout + grace + 30,
                                   check=False)
         except subprocess.TimeoutExpired:

@@ -161,7 +161,8 @@ def test_secret_travels_only_inside_the_channel(make_backend: Maker,
         assert secret not in " ".join(proc.cmdline())
     workers = [p for p in procs if p.cmdline()[1:3] == ["-m", "fiberexec.worker"]]
     assert len(workers) == 2 and all(p.environ()["FIBEREXEC_SECRET"] == secret for p in workers)
-    files = subprocess.run(["grep", "-rl", secret, str(lab.site.root), "/tmp", "/dev/shm"],
+    files = subprocess.run(["grep", "-rl", secret, str(lab.site.root), "/dev/shm",
+                            os.path.expanduser("~/.ssh"), os.getcwd()],
                            capture_output=True, text=True, timeout=60)
     assert files.stdout == "", f"the secret is in files: {files.stdout}"
 

@@ -188,7 +188,11 @@ class TestBed:
         self._ip(self.bridge, "link", "set", short, "down")
 
     def heal(self, short: str) -> None:
+        """Plug the cable back in; neighbour entries that failed meanwhile are forgotten, so
+        traffic resumes at once rather than after the kernel's unreachability timeout."""
         self._ip(self.bridge, "link", "set", short, "up")
+        for host in self.hosts.values():
+            self._ip(host.netns, "neigh", "flush", "dev", "eth0")
 
     def loss(self, short: str, percent: float) -> None:
         """Drop ``percent`` % of the frames entering and, separately, leaving the host's port."""
