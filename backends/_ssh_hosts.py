@@ -16,6 +16,7 @@ or plain text, one host per line with optional ``key=value`` fields::
 
 from __future__ import annotations
 
+import os
 import threading
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -100,7 +101,8 @@ def parse_hosts(hosts: Iterable[str | Mapping[str, Any] | SSHHost], *, python: s
     return parsed
 
 
-def read_inventory(path: str | Path, *, python: str, slots: int | None) -> list[SSHHost]:
+def read_inventory(path: str | os.PathLike[str], *, python: str,
+                   slots: int | None) -> list[SSHHost]:
     """The hosts an inventory file lists (TOML, or one host per line)."""
     file = Path(path)
     try:

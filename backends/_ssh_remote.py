@@ -4,8 +4,9 @@ The remote command is short and holds no secret::
 
     exec <python> -c '<LOADER>' fiberexec-ssh-worker <executor id> <worker id>
 
-`LOADER` reads one length-prefixed JSON message from stdin (this module's source plus the message: the worker's
-environment including the executor's secret, its command, workdir and limits) and runs it.
+`LOADER` reads one length-prefixed JSON message from stdin (this module's source plus the
+message: the worker's environment including the executor's secret, its command, workdir and
+limits) and runs it.
 So secrets travel only inside the encrypted SSH channel, never on a command line or in a file.
 This module must therefore stay importable by any Python 3.8+ with the standard library only.
 
@@ -49,7 +50,8 @@ def take(n):
         got += more
     return got
 m = json.loads(take(int(take(10))))
-exec(compile(m.pop('code'), 'fiberexec-ssh', 'exec'), {'__name__': '__fiberexec_ssh__', 'MESSAGE': m})
+code = compile(m.pop('code'), 'fiberexec-ssh', 'exec')
+exec(code, {'__name__': '__fiberexec_ssh__', 'MESSAGE': m})
 """
 
 

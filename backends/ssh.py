@@ -55,7 +55,6 @@ from fiberexec import ConfigurationError
 from fiberexec.backend import (
     Backend,
     ExitListener,
-    PermanentBackendError,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -179,7 +178,7 @@ class SSHBackend(Backend):
 
     # ------------------------------------------------------------ addresses
 
-    @property  # type: ignore[override]
+    @property
     def advertise_host(self) -> str:
         """The address workers dial: given, or this machine's source address toward the
         first host (found from the routing table; nothing is sent)."""
@@ -192,7 +191,7 @@ class SSHBackend(Backend):
     def advertise_host(self, value: str) -> None:
         self._advertise = value
 
-    @property  # type: ignore[override]
+    @property
     def bind_host(self) -> str:
         return self._bind or self.advertise_host
 

@@ -1,12 +1,14 @@
 """``fiberexec cleanup``: remove workers whose executor is gone.
 
 Docker and Kubernetes: the backend module's ``remove_stray`` removes containers, pods and
-Secrets by label. SSH: ``remove_stray`` visits the hosts of the configured ``backend_options``
-and stops the workers the ssh backend started there. Local: a process is a stray worker when it runs ``python -m
+Secrets by label. Local: a process is a stray worker when it runs ``python -m
 fiberexec.worker`` in this PID namespace, dials a loopback address (the local backend never
 uses another), and nothing in this network namespace listens on that address any more, i.e.
 its executor is gone. Only such processes are signalled, through a pidfd so a recycled pid is
 never hit: SIGTERM, then SIGKILL if it has not exited within a grace period.
+
+SSH: ``remove_stray`` visits the hosts of the configured ``backend_options`` and stops
+the workers the ssh backend started there.
 """
 
 from __future__ import annotations
@@ -154,9 +156,9 @@ def cleanup_remote(backend: str, module: str, executor_id: str | None,
     kwargs: dict[str, Any] = {"executor_id": executor_id}
     if namespace is not None and backend == "kubernetes":
         kwargs["namespace"] = namespace
-    if backend == "ssh":  # which hosts to visit: the configured backend_options
-        kwargs.update(_configured_options(backend))
     try:
+        if backend == "ssh":  # which hosts to visit: the configured backend_options
+            kwargs.update(_configured_options(backend))
         count = remove(**kwargs)
     except Exception as exc:  # an engine or cluster that is not there is reported, not raised
         return [f"{backend}: skipped ({str(exc).splitlines()[0] if str(exc) else exc!r})"]

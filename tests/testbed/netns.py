@@ -251,7 +251,7 @@ def stale_namespaces() -> list[str]:
     for line in out.splitlines():
         name = line.split()[0] if line.split() else ""
         parts = name.split("-")
-        if len(parts) >= 3 and parts[0] == PREFIX and parts[1].isdigit():
-            if not Path(f"/proc/{parts[1]}").exists():
-                stale.append(name)
+        mine = len(parts) >= 3 and parts[0] == PREFIX and parts[1].isdigit()
+        if mine and not Path(f"/proc/{parts[1]}").exists():
+            stale.append(name)
     return stale

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed.netns import TestBed, BedError, run, stale_namespaces
+from tests.testbed.netns import BedError, TestBed, run, stale_namespaces
 from tests.testbed.sshd import SSHD, SSHSite, _wait_for_line
 
 ROOT = Path(__file__).resolve().parents[2]

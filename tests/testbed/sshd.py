@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed.netns import TestBed, BedError, run
+from tests.testbed.netns import BedError, TestBed, run
 
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 20.0

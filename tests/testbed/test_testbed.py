@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.netns import TestBed, BedError, run
+from tests.testbed.netns import BedError, TestBed, run
 from tests.testbed.session import ROOT, Lab
 from tests.testbed.sshd import _wait_for_line
 
