@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -84,6 +85,30 @@ class Lab:
             relay.wait(timeout=10)
         if relay.stdout is not None:
             relay.stdout.close()
+
+    def rtt(self, short: str, count: int = 50) -> float:
+        """Median TCP round trip, seconds, from host ``short`` to a server on the executor
+        host (through the relay when one is in place), one byte each way."""
+        server = socket.create_server((self.executor_address, 0))
+        port = server.getsockname()[1]
+
+        def echo() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while data := conn.recv(64):
+                    conn.sendall(data)
+
+        thread = threading.Thread(target=echo, daemon=True)
+        thread.start()
+        try:
+            out = run(self.bed.exec_argv(short, [
+                sys.executable, "-m", "tests.testbed.probes", "tcp-pingpong",
+                self.executor_address, str(port), str(count)]), timeout=60)
+        finally:
+            server.close()
+        thread.join(timeout=10)
+        return float(out.strip())
 
     def reset(self) -> None:
         self._stop_relay()

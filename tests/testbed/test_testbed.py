@@ -131,34 +131,10 @@ def test_rate_limit_caps_throughput(lab: Lab) -> None:
         assert 0.6e8 <= rate <= 1.08e8, f"{rate / 1e6:.1f} Mbit/s through a 100 Mbit/s tbf"
 
 
-def _pingpong_rtt(lab: Lab) -> float:
-    """Median TCP round trip from w1 to an echo server on the executor host."""
-    server = socket.create_server((lab.executor_address, 0))
-    port = server.getsockname()[1]
-
-    def echo() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while data := conn.recv(64):
-                conn.sendall(data)
-
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
-    try:
-        out = run(lab.bed.exec_argv("w1", [sys.executable, "-m", "tests.testbed.probes",
-                                           "tcp-pingpong", lab.executor_address, str(port),
-                                           "50"]), timeout=60)
-    finally:
-        server.close()
-    thread.join(timeout=10)
-    return float(out.strip())
-
-
 def test_relay_adds_the_delay_each_way(lab: Lab) -> None:
-    direct = _pingpong_rtt(lab)
+    direct = lab.rtt("w1")
     with lab.delay(0.005):
-        delayed = _pingpong_rtt(lab)
+        delayed = lab.rtt("w1")
     assert direct < 0.003, direct
     assert 0.010 <= delayed <= 0.010 + direct + 0.004, (direct, delayed)
 
