@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fiberexec import ConfigurationError, FiberExecutor
+from fiberexec import ConfigurationError
 from fiberexec.backend import (
     PermanentBackendError,
     TransientBackendError,
@@ -22,6 +22,8 @@ from fiberexec.backend import (
     WorkerSpec,
     WorkerState,
     WorkerStatus,
+    available_backends,
+    load_backend,
 )
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends._ssh_hosts import SSHHost, parse_hosts, read_inventory
@@ -229,9 +231,12 @@ def test_bad_configuration_names_the_rule(kwargs: dict[str, object], message: st
         SSHBackend(**kwargs)  # type: ignore[arg-type]
 
 
-def test_unknown_backend_name_is_not_ssh() -> None:
-    with FiberExecutor(1, backend="ssh", backend_options={"hosts": ["me@a"]}) as ex:
-        assert ex._config.backend == "ssh"  # resolved through the entry point, nothing started
+def test_backend_is_found_by_name() -> None:
+    assert "ssh" in available_backends()
+    backend = load_backend("ssh", hosts=["me@a"], slots=2)
+    assert isinstance(backend, SSHBackend)
+    assert backend.placement.hosts() == [SSHHost("me@a", slots=2)]
+    backend.close()
 
 
 def test_ssh_errors_are_classified() -> None:
