@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import subprocess
 import threading
@@ -132,6 +133,9 @@ class Session:
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.write(frame({"code": _CODE, **message}))
             self._proc.stdin.flush()
+        # From now on only short lines are written; if ssh stops reading (a dead link), a
+        # full pipe must drop them rather than block the thread that pings every session.
+        os.set_blocking(self._proc.stdin.fileno(), False)
         self._stderr_reader = threading.Thread(
             target=self._read_stderr, name="fiberexec-ssh-err", daemon=True)
         self._stderr_reader.start()
