@@ -54,7 +54,9 @@ from typing import Any
 from fiberexec import ConfigurationError
 from fiberexec.backend import (
     Backend,
+    BackendError,
     ExitListener,
+    RetryPolicy,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -63,7 +65,7 @@ from fiberexec.backend import (
 )
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
-from fiberexec.backends._ssh_session import Session, frame, remote_command
+from fiberexec.backends._ssh_session import Session, classify, frame, remote_command
 
 __all__ = ["SSHBackend", "SSHHost", "remove_stray"]
 
@@ -72,6 +74,7 @@ HostEntry = str | Mapping[str, Any] | SSHHost
 KEPT_SESSIONS = 1024  # stopped workers whose output logs() still returns
 PING_INTERVAL = 1.0  # seconds between pings to every remote wrapper
 WATCHDOG_SLACK = 2.0  # seconds a wrapper waits beyond three missed pings or heartbeats
+STRAY_RETRY = RetryPolicy(attempts=3, deadline=30.0)  # per host, for transient ssh errors
 ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # the worker's heartbeat, also the wrappers' pace
 
 
@@ -385,21 +388,32 @@ class SSHBackend(Backend):
         return sum(o for o in outcomes if isinstance(o, int))
 
     def _strays_on(self, host: SSHHost, executor_id: str | None, grace: float) -> int | str:
-        message = {"code": Path(remote.__file__).read_text(), "action": "strays",
-                   "executor_id": executor_id, "grace": grace}
+        """How many workers were stopped on ``host``, or why it could not be cleaned."""
+        try:
+            return STRAY_RETRY.call(lambda: self._strays_once(host, executor_id, grace))
+        except BackendError as exc:
+            return f"{host.label} ({exc})"
+
+    def _strays_once(self, host: SSHHost, executor_id: str | None, grace: float) -> int:
+        message = {"code": _ssh_code(), "action": "strays", "executor_id": executor_id,
+                   "grace": grace}
         try:
             done = subprocess.run(self.command_for(host, remote.CLEANUP_MARK),
                                   input=frame(message).decode(), capture_output=True,
                                   text=True, timeout=self.connect_timeout + grace + 30,
                                   check=False)
-        except subprocess.TimeoutExpired:
-            return f"{host.label} (no answer)"
+        except subprocess.TimeoutExpired as exc:
+            raise TransientBackendError("no answer") from exc
         for line in done.stdout.splitlines():
             if line.startswith(remote.TAG):
                 report = json.loads(line[len(remote.TAG):])
                 return len(report.get("workers", []))
-        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return f"{host.label} ({said})"
+        error = classify(host, done.returncode, done.stderr, None, "cleanup")
+        raise type(error)(str(error).replace("cannot start worker cleanup", "cannot clean up"))
+
+
+def _ssh_code() -> str:
+    return Path(remote.__file__).read_text()
 
 
 def remove_stray(executor_id: str | None = None, **options: Any) -> int:

@@ -26,7 +26,7 @@ from fiberexec.backend import (
     load_backend,
 )
 from fiberexec.backends import _ssh_remote as remote
-from fiberexec.backends._ssh_hosts import SSHHost, parse_hosts, read_inventory
+from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
 from fiberexec.backends._ssh_session import classify
 from fiberexec.backends.ssh import SSHBackend, remove_stray
 from tests import tasks
@@ -254,3 +254,31 @@ def test_ssh_errors_are_classified() -> None:
     error = classify(host, 3, "", {"kind": "no-fiberexec", "python": "/v/bin/python",
                                    "detail": "No module named 'fiberexec'"}, "w0")
     assert "me@h" in str(error) and "cannot import fiberexec" in str(error)
+
+
+def test_placement_spreads_and_steers_around_failing_hosts() -> None:
+    now = [0.0]
+    a, b = SSHHost("me@a", slots=2), SSHHost("me@b", slots=2)
+    placement = Placement([a, b], cooldown=30, clock=lambda: now[0])
+    assert [placement.reserve(w) for w in ("w0", "w1")] == [a, b]  # least loaded first
+    placement.suspect(a)
+    assert placement.reserve("w2") == b  # a failed: b while it has room
+    assert placement.reserve("w3") == a  # b is full: a, cooling or not
+    with pytest.raises(TransientBackendError, match="all 4 slots on 2 ssh hosts are taken"):
+        placement.reserve("w4")
+    placement.stopping(b, "w1")  # the slot frees at once, b is avoided while it stops
+    now[0] = 31.0
+    placement.release("w3")
+    assert placement.reserve("w5") == a
+    placement.stopped(b, answered=False)  # b did not answer: it cools down
+    placement.release("w0")
+    assert placement.reserve("w6") == a
+    assert placement.load() == {"me@a": 2, "me@b": 1}
+
+
+def test_remove_stray_names_hosts_it_could_not_clean(lab: Lab) -> None:
+    options = backend_options(lab, hosts=[lab.site.target("w1"),
+                                          {"host": lab.site.target("w2"), "port": 2222}])
+    with pytest.raises(TransientBackendError, match=r"cannot clean up on root@10\.99\.0\.12:2222 "
+                                                    r"\(.*Connection refused"):
+        remove_stray(**options)
