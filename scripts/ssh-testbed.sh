@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepare or clean up the machine for fiberexec's multi-host test bed (tests/testbed).
 #
-#   scripts/ssh-testbed.sh install   install openssh-server, openssh-client, iproute2, nftables
-#                                    when missing (Debian 12, as root); never starts a system sshd
+#   scripts/ssh-testbed.sh install   install openssh-server, openssh-client, iproute2, nftables,
+#                                    procps (sysctl) and openssl (test certificates) when
+#                                    missing (Debian 12, as root); never starts a system sshd
 #   scripts/ssh-testbed.sh clean     remove test-bed network namespaces (fxtb-*) whose test run
 #                                    is gone, killing what still runs inside them
 #   scripts/ssh-testbed.sh check     exit 0 when everything the test bed needs is present
@@ -25,7 +26,9 @@ die() { echo "ssh-testbed: $*" >&2; exit 1; }
 
 have_all() {
     [[ -x /usr/sbin/sshd ]] && command -v ssh >/dev/null && command -v ssh-keygen >/dev/null &&
-        command -v ip >/dev/null && command -v tc >/dev/null && command -v nft >/dev/null
+        command -v ip >/dev/null && command -v tc >/dev/null && command -v nft >/dev/null &&
+        command -v sysctl >/dev/null && command -v openssl >/dev/null &&
+        command -v unshare >/dev/null && command -v nsenter >/dev/null
 }
 
 install_missing() {
@@ -36,11 +39,14 @@ install_missing() {
         printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod 755 "$POLICY" && MADE_POLICY=1
     fi
     trap 'if [[ $MADE_POLICY == 1 ]]; then rm -f "$POLICY"; fi' EXIT
-    echo "ssh-testbed: installing openssh-server openssh-client iproute2 nftables" >&2
+    echo "ssh-testbed: installing openssh-server openssh-client iproute2 nftables procps" \
+        "openssl util-linux" >&2
     apt-get -o DPkg::Lock::Timeout=900 update -q
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q \
-        --no-install-recommends openssh-server openssh-client iproute2 nftables
-    have_all || die "packages installed but sshd, ssh, ip, tc or nft is still missing"
+        --no-install-recommends openssh-server openssh-client iproute2 nftables procps \
+        openssl util-linux
+    have_all || die "packages installed but sshd, ssh, ip, tc, nft, sysctl, openssl," \
+        "unshare or nsenter is still missing"
 }
 
 clean_stale() {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,6 @@ def make_backend(lab: Lab) -> Iterator[Callable[..., SSHBackend]]:
 
 def empty_venv(directory: Path) -> str:
     """A Python without fiberexec: a fresh venv with nothing installed."""
-    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(directory)],
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)],
                    check=True, capture_output=True, timeout=120)
     return str(directory / "bin" / "python")

@@ -133,7 +133,8 @@ _leave: contextlib.ExitStack | None = None
 def _preflight() -> None:
     if os.geteuid() != 0:
         raise BedError("the multi-host test bed needs root (ip netns, sshd); run as root")
-    missing = [tool for tool in ("ip", "tc", "nft", "ssh", "ssh-keygen")
+    missing = [tool for tool in ("ip", "tc", "nft", "ssh", "ssh-keygen", "sysctl", "unshare",
+                                 "nsenter")
                if shutil.which(tool) is None]
     if not Path(SSHD).exists():
         missing.append(SSHD)
