@@ -13,7 +13,7 @@ from typing import Any
 
 import pynng
 
-from fiberexec._errors import ProtocolError
+from fiberexec._errors import ConfigurationError, ProtocolError
 
 SEND_QUEUE = 1024  # messages; credit keeps far fewer in flight, so a full queue means a hung peer
 PipeCallback = Callable[[Any], None]
@@ -27,6 +27,7 @@ class Channel:
         self.address = address
         self._fd = int(socket.recv_fd)
         self.closed = False
+        self._timeouts = {"recv_timeout": -2, "send_timeout": -2}  # ms; set only on change
 
     @classmethod
     def listen(
@@ -37,8 +38,17 @@ class Channel:
         on_connect: PipeCallback,
         on_remove: PipeCallback,
         tls: Any = None,
+        ports: tuple[int, int] | None = None,
+        first: int = 0,
     ) -> Channel:
-        """Listen on ``host`` at a free port (the executor's side); ``tls``: a server config."""
+        """Listen on ``host`` (the executor's side); ``tls``: a server config.
+
+        The port is any free one, or the first free one of the inclusive range ``ports``,
+        trying from ``first`` onwards (wrapping around).
+
+        Raises:
+            ConfigurationError: every port of ``ports`` is taken.
+        """
         sock = pynng.Pair1(
             recv_max_size=max_message, send_buffer_size=SEND_QUEUE, recv_buffer_size=SEND_QUEUE
         )
@@ -48,8 +58,11 @@ class Channel:
         sock.add_post_pipe_remove_cb(on_remove)
         bracketed = f"[{host}]" if ":" in host else host
         scheme = "tls+tcp" if tls is not None else "tcp"
-        listener = sock.listen(f"{scheme}://{bracketed}:0")
-        port = str(listener.local_address).rsplit(":", 1)[1]
+        try:
+            port = _listen(sock, f"{scheme}://{bracketed}", ports, first)
+        except BaseException:
+            sock.close()
+            raise
         return cls(sock, f"{scheme}://{bracketed}:{port}")
 
     @classmethod
@@ -78,7 +91,7 @@ class Channel:
 
     def recv(self, timeout: float) -> pynng.Message | None:
         """The next message, or None after ``timeout`` seconds."""
-        self._socket.recv_timeout = max(1, int(timeout * 1000))
+        self._set_timeout("recv_timeout", timeout)
         try:
             return self._socket.recv_msg()
         except pynng.Timeout:
@@ -92,9 +105,33 @@ class Channel:
             raise ProtocolError("peer is not reading: its send queue is full") from None
 
     def send(self, frame: bytes, timeout: float) -> None:
-        self._socket.send_timeout = max(1, int(timeout * 1000))
+        self._set_timeout("send_timeout", timeout)
         self._socket.send(frame)
+
+    def _set_timeout(self, option: str, seconds: float) -> None:
+        ms = max(1, int(seconds * 1000))
+        if self._timeouts[option] != ms:  # a socket option costs a call into nng
+            setattr(self._socket, option, ms)
+            self._timeouts[option] = ms
 
     def close(self) -> None:
         self.closed = True
         self._socket.close()
+
+
+def _listen(sock: pynng.Pair1, base: str, ports: tuple[int, int] | None, first: int) -> int:
+    if ports is None:
+        listener = sock.listen(f"{base}:0")
+        return int(str(listener.local_address).rsplit(":", 1)[1])
+    low, high = ports
+    span = high - low + 1
+    for i in range(span):
+        port = low + (max(first, low) - low + i) % span
+        try:
+            sock.listen(f"{base}:{port}")
+        except pynng.AddressInUse:
+            continue
+        return port
+    raise ConfigurationError(
+        f"every port of ports={low}-{high} is in use; widen the range (one port per worker)"
+    )

@@ -54,6 +54,7 @@ class ExecutorConfig:
     max_message_size: int = DEFAULT_MAX_MESSAGE
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     tls: TLSOptions | None = None
+    ports: tuple[int, int] | None = None  # the range worker channels listen in (inclusive)
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)
@@ -113,6 +114,25 @@ def _memory(value: object) -> int | None:
         return parse_memory(value)
     except ConfigurationError:
         raise _Invalid("bytes > 0 or a quantity like '512Mi' or '2G'") from None
+
+
+def _ports(value: object) -> tuple[int, int]:
+    rule = "a port like 40000 or a range like 40000-40999, within 1-65535"
+    if isinstance(value, int) and not isinstance(value, bool):
+        low = high = value
+    elif isinstance(value, tuple) and len(value) == 2:
+        low, high = value
+    elif isinstance(value, str):
+        first, _, last = value.strip().partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise _Invalid(rule) from None
+    else:
+        raise _Invalid(rule)
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high <= 65535):
+        raise _Invalid(rule)
+    return low, high
 
 
 def _text(value: object) -> str:
@@ -195,6 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("labels", _labels, {}, unset=(None, {})),
     Setting("backend_options", _options, {}, unset=(None, {})),
     Setting("start_retry", _retry, RetryPolicy(), unset=(None, RetryPolicy())),
+    Setting("ports", _optional(_ports), None),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -281,7 +302,7 @@ def gather(
 
 def _check_arguments(values: dict[str, Any], sources: Mapping[str, str]) -> None:
     for key in ("max_workers", "min_workers", "shards", "max_task_retries",
-                "max_tasks_per_child", "idle_timeout", "heartbeat", "start_timeout"):
+                "max_tasks_per_child", "idle_timeout", "heartbeat", "start_timeout", "ports"):
         if sources[key] == ARGUMENT:
             values[key] = _parse(BY_KEY[key], values[key], f"the {key}= argument")
 
@@ -338,6 +359,7 @@ def resolve(
         values["shards"] = max(1, min(16, -(-top // 256)))
     _between("shards", 1, top, values, sources)
     _check_rest(values, sources, options)
+    _check_ports(values, sources)
     resources = Resources(
         cpu=values.pop("cpu"), memory=parse_memory(values.pop("memory")), gpu=values.pop("gpu")
     )
@@ -363,6 +385,16 @@ def _check_rest(
         values["labels"] = _parse(BY_KEY["labels"], values["labels"], "the labels= argument")
     if sources["backend"] != ARGUMENT:
         _check_backend_name(values["backend"], sources["backend"])
+
+
+def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    ports = values["ports"]
+    if ports is not None and ports[1] - ports[0] + 1 < values["max_workers"]:
+        raise ConfigurationError(
+            f"ports={ports[0]}-{ports[1]} (from {_describe('ports', sources)}) holds "
+            f"{ports[1] - ports[0] + 1} ports but max_workers={values['max_workers']} needs one "
+            "per worker; widen the range or lower max_workers"
+        )
 
 
 def _check_backend_name(name: str, source: str) -> None:

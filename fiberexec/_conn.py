@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import math
 import time
 from typing import Any
 
@@ -11,11 +10,9 @@ from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._channel import Channel
 from fiberexec._task import WorkItem
 
-INITIAL_WINDOW = 8
-MIN_WINDOW = 2
-MAX_WINDOW = 1024
-WINDOW_TIME = 0.002  # keep about this much work queued at each worker
-LONG_TASK = 0.05  # tasks this long are sent one at a time: prefetch would only delay others
+MAX_WINDOW = 1024  # tasks one worker may hold
+WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
+LONG_TASK = 0.01  # a task this long (or of unknown length) is never queued two deep
 
 
 class State(enum.Enum):
@@ -46,7 +43,8 @@ class Conn:
         self.shm = False
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
         self.dispatched = 0
-        self.ewma: float | None = None
+        self.load = 0.0  # estimated seconds of work held, over tasks of known length
+        self.unknown = 0  # tasks held whose length is not known yet
         self.created = time.monotonic()
         self.last_recv = self.last_sent = self.idle_since = self.created
         self.deadline = 0.0  # when DISCONNECTED: stop waiting for the exit status
@@ -55,23 +53,42 @@ class Conn:
     def pipe_id(self) -> int | None:
         return None if self.pipe is None else int(self.pipe.id)
 
-    def credit(self) -> int:
-        """How many more tasks this worker should hold right now."""
-        if self.state is not State.READY:
-            return 0
-        if self.ewma is None:
-            window = INITIAL_WINDOW
-        elif self.ewma >= LONG_TASK:
-            window = 1
-        else:
-            window = min(MAX_WINDOW, max(MIN_WINDOW, math.ceil(WINDOW_TIME / max(self.ewma, 1e-7))))
-        credit = window - len(self.inflight)
-        if self.max_tasks:
-            credit = min(credit, self.max_tasks - self.dispatched)
-        return max(0, credit)
+    def admits(self, estimate: float | None) -> bool:
+        """Whether to send this worker a task estimated to take ``estimate`` seconds.
 
-    def observe(self, runtime: float) -> None:
-        self.ewma = runtime if self.ewma is None else 0.8 * self.ewma + 0.2 * runtime
+        Prefetch is measured in time, not tasks. A task of unknown length is sent only to a
+        worker that holds nothing (as a free process takes the next task from the standard
+        library's call queue); behind a task of known length a worker holds one more, or as
+        many known short tasks as fit in `WINDOW_TIME`. So no task waits behind a slow one
+        while another worker could run it, and a future is marked running shortly before it
+        runs.
+        """
+        if self.state is not State.READY:
+            return False
+        if self.max_tasks and self.dispatched >= self.max_tasks:
+            return False
+        held = len(self.inflight)
+        if held == 0:
+            return True
+        if estimate is None or self.unknown:
+            return False
+        if held == 1:
+            return True
+        return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= WINDOW_TIME
+
+    def hold(self, estimate: float | None) -> float:
+        """Count a task just sent; returns the cost to give back when its result arrives."""
+        if estimate is None:
+            self.unknown += 1
+            return -1.0
+        self.load += estimate
+        return estimate
+
+    def release(self, cost: float) -> None:
+        if cost < 0:
+            self.unknown -= 1
+        else:
+            self.load -= cost
 
     def describe_exit(self) -> str:
         if self.status is not None:

@@ -14,3 +14,6 @@ ENV_EXECUTOR_ID = "FIBEREXEC_EXECUTOR_ID"
 ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # seconds between heartbeats; peers die after 3x silence
 ENV_CONNECT_TIMEOUT = "FIBEREXEC_CONNECT_TIMEOUT"  # give up dialing after this many seconds
 ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env only
+#: hex of the parent's ``multiprocessing.current_process().authkey``, so stdlib `Manager`
+#: proxies passed to tasks can authenticate from the worker; lives in secret_env only.
+ENV_MP_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"

@@ -1,6 +1,8 @@
 """fiberexec's error tree.
 
-Users write ``except`` clauses against this hierarchy::
+Users write ``except`` clauses against this hierarchy; where a situation is the same as in the
+standard library, the class also derives from the standard library's, so code written for
+`concurrent.futures.ProcessPoolExecutor` and `pickle` keeps catching it::
 
     FiberExecError
      ├── ConfigurationError (also ValueError)   a bad argument or setting
@@ -9,17 +11,27 @@ Users write ``except`` clauses against this hierarchy::
      │    └── PermanentBackendError             retrying cannot help (bad image, forbidden)
      ├── ProtocolError                          a malformed, oversized or unexpected message
      │    └── AuthenticationError               a peer that does not hold the executor's secret
-     ├── SerializationError                     a function, argument or result cannot be pickled
-     └── WorkerLostError                        a task whose workers kept dying
+     ├── SerializationError (pickle.PickleError)
+     │    ├── PicklingError (pickle.PicklingError)        a function, argument or result
+     │    │                                               cannot be pickled
+     │    └── UnpicklingError (pickle.UnpicklingError,    a task or result cannot be rebuilt
+     │                         BrokenProcessPool)         on the other side
+     └── WorkerLostError (BrokenProcessPool)    a task whose workers kept dying
     concurrent.futures.BrokenExecutor
-     └── BrokenFiberExecutor                    the executor cannot run tasks any more
+     └── concurrent.futures.process.BrokenProcessPool
+          └── BrokenFiberExecutor               the executor cannot run tasks any more
 
-A task that raises re-raises its own exception; the remote traceback rides in ``__cause__``.
+`UnpicklingError` is also a `BrokenProcessPool` because that is what the standard library
+raises when a task or a result cannot be unpickled (its worker or result thread dies of it);
+fiberexec fails only that one future and carries on. A task that raises re-raises its own
+exception; the remote traceback rides in ``__cause__`` as the standard library's
+``concurrent.futures.process._RemoteTraceback``.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import BrokenExecutor
+import pickle
+from concurrent.futures.process import BrokenProcessPool
 
 
 class FiberExecError(Exception):
@@ -58,13 +70,21 @@ class AuthenticationError(ProtocolError):
     """A peer failed the HMAC handshake: it does not hold the executor's secret."""
 
 
-class SerializationError(FiberExecError):
+class SerializationError(FiberExecError, pickle.PickleError):
     """A function, its arguments or its result could not be pickled or unpickled."""
 
 
-class WorkerLostError(FiberExecError):
+class PicklingError(SerializationError, pickle.PicklingError):
+    """A function, its arguments or its result could not be pickled."""
+
+
+class UnpicklingError(SerializationError, pickle.UnpicklingError, BrokenProcessPool):
+    """A task could not be unpickled in its worker, or its result in the executor."""
+
+
+class WorkerLostError(FiberExecError, BrokenProcessPool):
     """A task was running on workers that died, ``max_task_retries`` times over."""
 
 
-class BrokenFiberExecutor(BrokenExecutor):
+class BrokenFiberExecutor(BrokenProcessPool):
     """The executor can no longer run tasks (a worker could not start, an initializer failed)."""

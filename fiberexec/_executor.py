@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
+import multiprocessing.context
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
@@ -30,7 +33,10 @@ def _python_exit() -> None:
     """At interpreter exit, finish what was submitted, as the standard library does."""
     global _global_shutdown
     _global_shutdown = True
-    for pool in list(_live_pools):
+    pools = list(_live_pools)
+    for pool in pools:
+        pool.interpreter_exiting()
+    for pool in pools:
         pool.shutdown(wait=True, cancel_futures=False)
 
 
@@ -64,12 +70,18 @@ class FiberExecutor(Executor):
             declared dead.
         start_timeout: seconds a worker may take to connect after it was started (default 120).
 
-    Options left as ``None`` come from ``FIBEREXEC_*`` environment variables, then from
-    ``.fiberexec.toml`` or ``[tool.fiberexec]`` in ``pyproject.toml``, then the defaults.
         start_retry: how starting a worker is retried on transient backend errors.
         backend_options: keyword arguments for the backend named by ``backend``.
         progress: called with `Stats` as tasks finish (at most 10 times a second).
         tls: `TLSOptions` to encrypt every connection to the workers (untrusted networks).
+        ports: the port, or range ``"40000-40999"``, the executor listens in for its workers
+            (one port per worker; default: any free port), for firewalls and Services.
+        mp_context: accepted for compatibility with `ProcessPoolExecutor`; workers are always
+            fresh programs, whatever the start method (``max_tasks_per_child`` with a
+            ``"fork"`` context is refused, as the standard library does).
+
+    Options left as ``None`` come from ``FIBEREXEC_*`` environment variables, then from
+    ``.fiberexec.toml`` or ``[tool.fiberexec]`` in ``pyproject.toml``, then the defaults.
 
     Example:
         >>> with FiberExecutor(max_workers=2) as ex:  # doctest: +SKIP
@@ -80,6 +92,7 @@ class FiberExecutor(Executor):
     def __init__(
         self,
         max_workers: int | None = None,
+        mp_context: multiprocessing.context.BaseContext | None = None,
         *,
         backend: str | Backend | None = None,
         initializer: Callable[..., object] | None = None,
@@ -101,6 +114,7 @@ class FiberExecutor(Executor):
         backend_options: Mapping[str, Any] | None = None,
         progress: Callable[[Stats], None] | None = None,
         tls: TLSOptions | None = None,
+        ports: str | int | tuple[int, int] | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):
@@ -130,7 +144,9 @@ class FiberExecutor(Executor):
             start_retry=start_retry or RetryPolicy(),
             backend_options=dict(backend_options or {}),
             tls=tls,
+            ports=ports,
         )
+        self._mp_context = _check_mp_context(mp_context, self._config.max_tasks_per_child)
         self._backend = instance
         self._progress = progress
         self._pool: TaskPool | None = None
@@ -141,6 +157,16 @@ class FiberExecutor(Executor):
     @property
     def max_workers(self) -> int:
         return self._config.max_workers
+
+    @property
+    def _max_workers(self) -> int:  # the attribute's name in the standard library
+        return self._config.max_workers
+
+    @property
+    def _broken(self) -> str | bool:
+        """False, or why the executor broke (the standard library's attribute)."""
+        pool = self._pool
+        return False if pool is None or pool.broken is None else str(pool.broken)
 
     def _get_pool(self) -> TaskPool:
         if self._pool is None:
@@ -157,13 +183,16 @@ class FiberExecutor(Executor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""
         with self._lock:
-            pool = self._get_pool()
-            if pool.broken is not None:
-                raise type(pool.broken)(*pool.broken.args) from pool.broken.__cause__
+            # Checked before any pool, thread or socket exists: a submit that must fail
+            # (from an atexit handler, say) builds nothing that could hold up the exit.
+            broken = self._pool.broken if self._pool is not None else None
+            if broken is not None:
+                raise type(broken)(*broken.args) from broken.__cause__
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if _global_shutdown:
                 raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            pool = self._get_pool()
             future: Future[T] = Future()
             pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
         return future
@@ -174,23 +203,31 @@ class FiberExecutor(Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int = 1,
+        buffersize: int | None = None,
     ) -> Iterator[T]:
         """Like the builtin `map`, in parallel; ``chunksize`` items travel as one task.
+
+        Args:
+            buffersize: submit at most this many tasks (chunks, with ``chunksize``) ahead of
+                the results consumed, reading the inputs lazily (Python 3.14's argument).
 
         Raises:
             TimeoutError: a result is not ready ``timeout`` seconds after this call.
         """
+        if buffersize is not None and not isinstance(buffersize, int):
+            raise TypeError("buffersize must be an integer or None")
+        if buffersize is not None and buffersize < 1:
+            raise ValueError("buffersize must be None or > 0")
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if chunksize == 1:
-            return super().map(fn, *iterables, timeout=timeout)
+            return _map(self, fn, zip(*iterables, strict=False), timeout, buffersize)
         if len(iterables) == 1:  # chunks of plain items, run by the builtin map (C speed)
             runner, items = map_chunk, iter(iterables[0])
         else:
             runner, items = starmap_chunk, zip(*iterables, strict=False)
-        chunks = super().map(
-            runner, itertools.repeat(fn), _chunks(items, chunksize), timeout=timeout
-        )
+        chunks = _map(self, runner, zip(itertools.repeat(fn), _chunks(items, chunksize)),
+                      timeout, buffersize)
         return itertools.chain.from_iterable(chunks)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -215,6 +252,28 @@ class FiberExecutor(Executor):
             pool.break_executor("the executor was terminated", None, level=logging.INFO)
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def terminate_workers(self) -> None:
+        """Shut down now: cancel what has not started and SIGTERM every worker (3.14 API).
+
+        Tasks running on the workers fail with `BrokenFiberExecutor` (a `BrokenProcessPool`);
+        nothing is waited for. Submitting afterwards raises `RuntimeError`.
+        """
+        self._force_shutdown(operation=_TERMINATE)
+
+    def kill_workers(self) -> None:
+        """Like `terminate_workers`, with SIGKILL (3.14 API)."""
+        self._force_shutdown(operation=_KILL)
+
+    def _force_shutdown(self, operation: str) -> None:
+        if operation not in _GRACE:
+            raise ValueError(f"Unsupported operation: {operation!r}")
+        with self._lock:
+            self._shutdown = True
+            pool = self._pool
+        if pool is not None:
+            pool.force_stop(f"the executor was forcefully shut down ({operation})",
+                            grace=_GRACE[operation])
+
     def stats(self) -> Stats:
         """A snapshot of workers and tasks (see `Stats`)."""
         with self._lock:
@@ -224,12 +283,75 @@ class FiberExecutor(Executor):
         return pool.stats()
 
 
+_TERMINATE, _KILL = "terminate", "kill"  # the standard library's operation names
+_GRACE = {_TERMINATE: 2.0, _KILL: 0.0}  # seconds between SIGTERM and SIGKILL
+
+
+def _check_mp_context(
+    context: multiprocessing.context.BaseContext | None, max_tasks_per_child: int | None
+) -> multiprocessing.context.BaseContext:
+    """Accept the standard library's ``mp_context``; workers are always fresh programs."""
+    if context is None:
+        return multiprocessing.get_context("spawn")
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        raise ConfigurationError(
+            f"mp_context must be a multiprocessing context or None, got {context!r}; "
+            "pass multiprocessing.get_context('spawn') or leave it out"
+        )
+    if max_tasks_per_child is not None and context.get_start_method() == "fork":
+        raise ValueError("max_tasks_per_child is incompatible with the 'fork' "
+                         "multiprocessing start method; supply a different mp_context.")
+    return context
+
+
 def _chunks(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
     while chunk := tuple(itertools.islice(items, size)):
         yield chunk
 
 
+def _map(
+    executor: Executor,
+    fn: Callable[..., T],
+    args: Iterator[tuple[Any, ...]],
+    timeout: float | None,
+    buffersize: int | None,
+) -> Iterator[T]:
+    """`Executor.map` as Python 3.14 has it: submits now (``buffersize`` of them, lazily)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    head = itertools.islice(args, buffersize) if buffersize else args
+    futures = collections.deque(executor.submit(fn, *a) for a in head)
+    ref = weakref.ref(executor)  # the iterator must not keep the executor alive
+    return _results(futures, args if buffersize else None, ref, fn, deadline)
 
+
+def _results(
+    futures: collections.deque[Future[T]],
+    more: Iterator[tuple[Any, ...]] | None,
+    ref: weakref.ref[Executor],
+    fn: Callable[..., T],
+    deadline: float | None,
+) -> Iterator[T]:
+    try:
+        futures.reverse()  # pop() from the right keeps submission order
+        while futures:
+            if more is not None and (executor := ref()) is not None:
+                args = next(more, None)
+                if args is not None:
+                    futures.appendleft(executor.submit(fn, *args))
+                del executor
+            yield _result_or_cancel(futures.pop(), deadline)
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _result_or_cancel(future: Future[T], deadline: float | None) -> T:
+    try:
+        timeout = None if deadline is None else deadline - time.monotonic()
+        return future.result(timeout)
+    finally:
+        future.cancel()
+        del future  # no reference cycle through the exception's traceback
 
 
 __all__ = ["FiberExecutor"]

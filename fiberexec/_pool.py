@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 import secrets
 import threading
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from fiberexec import _auth, _contract, _shm
+from fiberexec import _auth, _contract, _fdlimit, _shm
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._channel import Channel
 from fiberexec._config import ExecutorConfig
@@ -68,6 +69,8 @@ class TaskPool:
         self._t0 = 0.0
         self._tls_server: object | None = None
         self._last_progress = 0.0
+        self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
+        self._next_port = 0  # where the search for a free port in config.ports starts
 
     # ------------------------------------------------------------ submitting
 
@@ -80,6 +83,7 @@ class TaskPool:
             self._scale_up()
 
     def _start(self) -> None:
+        _fdlimit.ensure(self.config.max_workers)
         self._t0 = time.monotonic()
         self._launcher = ThreadPoolExecutor(4, thread_name_prefix="fiberexec-launcher")
         if self.config.tls is not None:
@@ -118,13 +122,23 @@ class TaskPool:
                 load[id(placed)] += 1
             shard = min(self.shards, key=lambda s: load[id(s)])
             self._placement[worker_id] = shard
-        channel = Channel.listen(
-            self.backend.bind_host,
-            max_message=self.config.max_message_size,
-            on_connect=lambda pipe: None,
-            on_remove=lambda pipe: shard.post("pipe_down", worker_id, pipe.id),
-            tls=self._tls_server,
-        )
+        try:
+            channel = Channel.listen(
+                self.backend.bind_host,
+                max_message=self.config.max_message_size,
+                on_connect=lambda pipe: None,
+                on_remove=lambda pipe: shard.post("pipe_down", worker_id, pipe.id),
+                tls=self._tls_server,
+                ports=self.config.ports,
+                first=self._next_port,
+            )
+        except Exception as exc:  # no port: say why, do not leave the tasks waiting
+            with self._lock:
+                self._handles.pop(worker_id, None)
+                self._placement.pop(worker_id, None)
+            self.break_executor(f"could not listen for worker {worker_id}: {exc}", exc)
+            return
+        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
         shard.post("adopt", Conn(worker_id, channel, self.config.max_tasks_per_child or 0))
         scheme, rest = channel.address.split("://", 1)
         host = self.backend.advertise_host
@@ -152,7 +166,11 @@ class TaskPool:
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
                 **tls_env,
             },
-            secret_env={_contract.ENV_SECRET: self.secret.hex()},
+            secret_env={
+                _contract.ENV_SECRET: self.secret.hex(),
+                # stdlib Manager proxies passed to tasks authenticate with it, as in a child
+                _contract.ENV_MP_AUTHKEY: bytes(multiprocessing.current_process().authkey).hex(),
+            },
             image=cfg.image,
             workdir=cfg.workdir or os.getcwd(),
             resources=cfg.resources,
@@ -240,6 +258,10 @@ class TaskPool:
         else:
             self._launch()
 
+    def ready_count(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
     def may_retire(self, worker_id: str) -> bool:
         """Whether an idle worker may leave without going below ``min_workers``."""
         with self._lock:
@@ -273,7 +295,7 @@ class TaskPool:
 
     def _stop(self, handle: WorkerHandle) -> None:
         try:
-            self.backend.stop(handle, grace=2.0)
+            self.backend.stop(handle, grace=self.stop_grace)
         except Exception as exc:
             log.warning("could not stop worker %s: %s", handle.worker_id, exc)
 
@@ -286,6 +308,17 @@ class TaskPool:
         except RuntimeError:  # the launcher is shutting down: do it here
             pass
         fn(*args)
+
+    def interpreter_exiting(self) -> None:
+        """The interpreter is exiting: tasks still run, but no worker is awaited for long."""
+        for shard in self.shards:
+            shard.post("exiting")
+
+    def force_stop(self, message: str, *, grace: float) -> None:
+        """Cancel what has not started, fail what runs, stop every worker (no waiting)."""
+        self.stop_grace = grace
+        self.shutdown(wait=False, cancel_futures=True)
+        self.break_executor(message, None, level=logging.INFO)
 
     def shutdown(self, *, wait: bool, cancel_futures: bool) -> None:
         with self._lock:

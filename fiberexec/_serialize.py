@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from concurrent.futures.process import _RemoteTraceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
-from fiberexec._errors import SerializationError
+from fiberexec._errors import PicklingError, SerializationError, UnpicklingError
+
+#: The standard library's class, so ``type(exc.__cause__)`` is what stdlib code expects.
+RemoteTraceback = _RemoteTraceback
 
 PROTOCOL = 5
 
@@ -30,7 +34,11 @@ class Payload:
 
 
 def dumps(obj: Any, *, what: str = "object") -> Payload:
-    """Pickle ``obj``; raise `SerializationError` naming ``what`` when it cannot be."""
+    """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
+
+    A ``SystemExit`` raised by an object's ``__reduce__`` is let through, as the standard
+    library does: the caller reports it as what the task raised.
+    """
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
@@ -42,7 +50,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     try:
         data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
     except Exception as exc:
-        raise SerializationError(
+        raise PicklingError(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
             "tasks need picklable functions, arguments and results"
         ) from exc
@@ -55,24 +63,17 @@ def dumps_function(fn: Any) -> Payload:
 
 
 def loads(payload: Payload, *, what: str = "object") -> Any:
-    """Unpickle; raise `SerializationError` naming ``what`` when it cannot be."""
+    """Unpickle; raise `UnpicklingError` naming ``what`` when it cannot be.
+
+    ``SystemExit`` raised while rebuilding an object counts as a failure to unpickle it: it
+    must not end the thread (or the worker) that happens to be unpickling.
+    """
     try:
         return pickle.loads(payload.data, buffers=payload.buffers)
-    except Exception as exc:
-        raise SerializationError(
+    except (Exception, SystemExit) as exc:
+        raise UnpicklingError(
             f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker, attached as ``__cause__``."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
 
 
 def dumps_exception(exc: BaseException) -> Payload:
@@ -83,12 +84,17 @@ def dumps_exception(exc: BaseException) -> Payload:
     try:
         return dumps((exc, text), what="exception")
     except SerializationError as err:
-        fallback = SerializationError(f"the task raised an exception that {err}: {exc!r}")
+        fallback = PicklingError(f"the task raised an exception that {err}: {exc!r}")
         return dumps((fallback, text), what="exception")
+
+
+def remote_traceback(text: str) -> BaseException:
+    """The standard library's carrier of a traceback from another process."""
+    return RemoteTraceback(text)  # type: ignore[arg-type]  # typeshed says traceback; it is text
 
 
 def loads_exception(payload: Payload) -> BaseException:
     """Rebuild a task's exception with the remote traceback in ``__cause__``."""
     exc, text = loads(payload, what="exception raised by the task")
-    exc.__cause__ = RemoteTraceback(text)
+    exc.__cause__ = remote_traceback(text)
     return exc  # type: ignore[no-any-return]

@@ -33,12 +33,19 @@ from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._conn import Conn, State
 from fiberexec._errors import (
     AuthenticationError,
+    PicklingError,
     ProtocolError,
     SerializationError,
     WorkerLostError,
 )
-from fiberexec._serialize import Payload, dumps, dumps_function, loads_exception
-from fiberexec._task import WorkItem, settle
+from fiberexec._serialize import (
+    Payload,
+    dumps,
+    dumps_function,
+    loads_exception,
+    remote_traceback,
+)
+from fiberexec._task import WorkItem, function_key, settle
 
 if TYPE_CHECKING:
     from fiberexec._pool import TaskPool
@@ -46,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
 STEAL_MIN = 8
+EXIT_START_GRACE = 5.0  # at interpreter exit, seconds to wait for a first worker to connect
+ESTIMATES_MAX = 4096  # functions whose run times are remembered
 
 
 class Shard:
@@ -69,6 +78,8 @@ class Shard:
         self.shutting_down = False
         self.broken: BaseException | None = None  # once set, every task that arrives fails
         self.stealing = False
+        self.estimates: dict[str, float] = {}  # function key -> smoothed run time, seconds
+        self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
@@ -168,7 +179,8 @@ class Shard:
                 log.warning("worker %s sent a result for unknown task %d",
                             conn.worker_id, result.task_id)
                 continue
-            conn.observe(result.runtime)
+            conn.release(item.cost)
+            self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
             if settle(item, result):
@@ -180,6 +192,13 @@ class Shard:
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
         self.pool.report_progress()
+
+    def _observe(self, key: str, runtime: float) -> None:
+        estimates = self.estimates
+        old = estimates.get(key)
+        if old is None and len(estimates) >= ESTIMATES_MAX:
+            estimates.clear()  # many distinct functions: start learning again
+        estimates[key] = runtime if old is None else 0.7 * old + 0.3 * runtime
 
     def _on_init_failed(self, conn: Conn, error: Payload) -> None:
         try:
@@ -303,11 +322,28 @@ class Shard:
         self.shutting_down = True
         if cancel_futures:
             self._take_incoming()
-            keep = deque(item for item in self.queue if item.started)
-            for item in self.queue:
-                if not item.started:
-                    item.future.cancel()
-            self.queue = keep
+            self.queue = self._cancel_queued()
+
+    def _cancel_queued(self) -> deque[WorkItem]:
+        """Cancel queued tasks, keeping what the standard library's call queue would hold.
+
+        `ProcessPoolExecutor` moves up to ``max_workers + 1`` tasks into its call queue (and
+        marks them running) as soon as they are submitted; ``cancel_futures`` cannot cancel
+        those, so they still run. The same number, less what workers already hold, runs here.
+        """
+        held = sum(len(c.inflight) for c in self.conns.values())
+        room = max(0, self.config.max_workers + 1 - held)
+        keep: deque[WorkItem] = deque()
+        for item in self.queue:
+            if item.started or (len(keep) < room and item.start()):
+                keep.append(item)
+            else:
+                item.future.cancel()
+        return keep
+
+    def _ev_exiting(self) -> None:
+        self.exit_deadline = time.monotonic() + EXIT_START_GRACE
+        self._next_housekeeping = 0.0
 
     def _ev_broken(self, error: BaseException) -> None:
         # Keep running until shutdown(): a task submitted as we broke may still arrive.
@@ -347,11 +383,12 @@ class Shard:
         for worker_id, conn in list(hungry.items()):
             if not self.queue:
                 break
-            credit = conn.credit()
-            if credit > 0:
-                self._send_tasks(conn, min(credit, share))
-            if conn.credit() <= 0:
-                del hungry[worker_id]
+            self._send_tasks(conn, share)
+            if self.queue and not conn.admits(self._estimate(self.queue[0])):
+                del hungry[worker_id]  # back once a result returns
+
+    def _estimate(self, item: WorkItem) -> float | None:
+        return self.estimates.get(item.key or function_key(item.fn))
 
     def _maybe_steal(self) -> None:
         if self.stealing or self.shutting_down or len(self.pool.shards) == 1:
@@ -365,33 +402,52 @@ class Shard:
             victim.post("steal", self)
 
     def _send_tasks(self, conn: Conn, n: int) -> None:
+        """Send ``conn`` up to ``n`` tasks from the queue's head, as many as it admits."""
         functions: list[Payload] = []
         index: dict[int, int] = {}
+        keys: dict[int, str] = {}
         tasks: list[p.Task] = []
         items: list[WorkItem] = []
-        while len(items) < n and self.queue:
-            item = self.queue.popleft()
+        queue, estimates = self.queue, self.estimates
+        while len(items) < n and queue:
+            item = queue[0]
+            fn_id = id(item.fn)
+            key = keys.get(fn_id) or keys.setdefault(fn_id, function_key(item.fn))
+            estimate = estimates.get(key)
+            if not conn.admits(estimate):
+                break
+            queue.popleft()
             if not item.start():
                 continue  # cancelled while queued
             try:
-                key = id(item.fn)
-                if key not in index:
+                if fn_id not in index:
                     functions.append(dumps_function(item.fn))
-                    index[key] = len(functions) - 1
+                    index[fn_id] = len(functions) - 1
                 args = dumps((item.args, item.kwargs), what=f"arguments of task {item.task_id}")
-            except SerializationError as exc:
-                item.future.set_exception(exc)
-                self.failed += 1
+            except (SerializationError, SystemExit) as exc:
+                self._fail_unpicklable(item, exc)
                 continue
-            tasks.append(p.Task(item.task_id, index[key], args))
-            items.append(item)
-        if not tasks:
-            return
-        policy = p.ShmPolicy(self.pool.executor_id) if conn.shm else None
-        frame = p.encode(p.Tasks(functions, tasks), policy)
-        for item in items:
+            item.key, item.cost = key, conn.hold(estimate)
             conn.inflight[item.task_id] = item
-            if policy is not None and policy.created:
+            tasks.append(p.Task(item.task_id, index[fn_id], args))
+            items.append(item)
+        if tasks:
+            self._send_frame(conn, p.Tasks(functions, tasks), items)
+
+    def _fail_unpicklable(self, item: WorkItem, exc: BaseException) -> None:
+        if not isinstance(exc, SerializationError):
+            wrapped = PicklingError(f"cannot pickle the arguments of task {item.task_id}: "
+                                    f"{type(exc).__name__} raised while pickling")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        item.future.set_exception(exc)
+        self.failed += 1
+
+    def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:
+        policy = p.ShmPolicy(self.pool.executor_id) if conn.shm else None
+        frame = p.encode(message, policy)
+        if policy is not None and policy.created:
+            for item in items:
                 item.shm_names = policy.created
         conn.dispatched += len(items)
         self._send(conn, frame)
@@ -411,6 +467,8 @@ class Shard:
         now = time.monotonic()
         beat = self.config.heartbeat
         self._next_housekeeping = now + beat / 4
+        if self.exit_deadline is not None:
+            self._check_exit(now)
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 if now - conn.last_recv > 3 * beat:
@@ -426,6 +484,17 @@ class Shard:
                     self.pool.worker_failed_to_start(conn.worker_id, None)
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
+
+    def _check_exit(self, now: float) -> None:
+        """At interpreter exit, stop waiting for workers that never connected."""
+        assert self.exit_deadline is not None
+        self._next_housekeeping = min(self._next_housekeeping, self.exit_deadline)
+        if now < self.exit_deadline or self.pool.ready_count() or not self.backlog:
+            return
+        self.pool.break_executor(
+            f"the interpreter is exiting and no worker connected within {EXIT_START_GRACE:g}s "
+            f"of it; {self.backlog} task(s) could not run", None,
+        )
 
     def _maybe_retire(self, conn: Conn, now: float) -> None:
         idle = self.config.idle_timeout
@@ -461,11 +530,13 @@ class Shard:
         for item in conn.doomed:
             for name in item.shm_names:
                 _shm.discard(name)
-            item.future.set_exception(WorkerLostError(
+            error = WorkerLostError(
                 f"task {item.task_id} was running on {item.losses} workers that died; "
                 f"the last one: {why}. Raise max_task_retries={self.config.max_task_retries} "
                 "if this is transient, or check the task's memory use"
-            ))
+            )
+            error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
+            item.future.set_exception(error)
             self.failed += 1
         conn.doomed = []
         self._forget(conn)
@@ -523,3 +594,13 @@ class Shard:
             self._unregister(conn)
             conn.state = State.GONE
         self.selector.close()
+
+
+def _abrupt_end(conn: Conn) -> str:
+    """How the worker ended, in the words of the standard library's `BrokenProcessPool`."""
+    status = conn.status
+    if status is None or status.exit_code is None:
+        return f"worker {conn.worker_id} terminated abruptly ({conn.why or 'connection lost'})"
+    reason = f" ({status.reason})" if status.reason else ""
+    return (f"worker {conn.worker_id} terminated abruptly with exit code "
+            f"{status.exit_code}{reason}")

@@ -22,6 +22,8 @@ class WorkItem:
     started: bool = False  # set_running_or_notify_cancel() has been called
     losses: int = 0  # workers that died while this task was running on them
     shm_names: list[str] | tuple[()] = ()
+    cost: float = 0.0  # what Conn.hold counted when it was sent
+    key: str = ""  # function_key(fn), once it was sent
 
     def start(self) -> bool:
         """Mark running before the first dispatch; False if the user cancelled it."""
@@ -29,6 +31,13 @@ class WorkItem:
             return True
         self.started = self.future.set_running_or_notify_cancel()
         return self.started
+
+
+def function_key(fn: Callable[..., Any]) -> str:
+    """What run-time estimates are kept by: the function's (or its partial's) name."""
+    inner = getattr(fn, "func", fn)
+    name = getattr(inner, "__qualname__", None) or type(inner).__qualname__
+    return f"{getattr(inner, '__module__', '')}.{name}"
 
 
 def settle(item: WorkItem, result: p.Result) -> bool:

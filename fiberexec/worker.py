@@ -1,18 +1,22 @@
 """The worker program every backend launches: ``python -m fiberexec.worker``.
 
 It dials the executor named in ``FIBEREXEC_ADDRESS``, authenticates with ``FIBEREXEC_SECRET``,
-runs tasks in the order they arrive, and sends results back in batches. It exits when the
-executor says goodbye, when the connection drops, or when the executor falls silent for three
-heartbeats, so a worker never outlives its executor.
+runs tasks in the order they arrive, and sends each result back as its task ends (results of
+tiny tasks share a message, held at most `FLUSH_AGE`). It exits when the executor says
+goodbye, when the connection drops, or when the executor falls silent for three heartbeats,
+so a worker never outlives its executor.
 
 The main thread receives and runs tasks; tasks sent ahead (prefetch) wait in nng's receive
-queue, so no thread hop sits between a task's arrival and its start. A small thread sends
-heartbeats while a long task runs. The connection's removal ends the process at once.
+queue, so no thread hop sits between a task's arrival and its start. The `Outbox` timer
+thread sends held results and heartbeats while a task runs. The connection's removal ends
+the process at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import multiprocessing
 import os
 import socket
 import sys
@@ -20,12 +24,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from fiberexec import _auth, _contract, _shm
 from fiberexec import _protocol as p
 from fiberexec._channel import Channel
-from fiberexec._errors import ProtocolError, SerializationError
+from fiberexec._errors import ProtocolError
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
 
@@ -35,8 +40,9 @@ EXIT_INIT_FAILED = 5
 MAX_MESSAGE = 1 << 31
 FLUSH_COUNT = 512
 FLUSH_BYTES = 8 << 20
-FLUSH_AGE = 0.002  # seconds a finished result may wait for others to share its message
-SLOW_TASK = 0.0005  # a task this slow sends its result at once: batching would only delay it
+FLUSH_AGE = 0.0005  # seconds a finished result may wait for others to share its message
+SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would only delay it
+SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
 M = TypeVar("M")
 
 
@@ -52,7 +58,7 @@ class _Config:
 
 
 class Worker:
-    """One worker's state: the task queue it prefetches into and the results it owes."""
+    """One worker's state: the tasks it was sent ahead (prefetch) and the results it owes."""
 
     def __init__(self, config: _Config) -> None:
         self.config = config
@@ -69,8 +75,7 @@ class Worker:
         self.tasks: deque[tuple[p.Task, _Functions]] = deque()
         self.stopping = False
         self.last_heard = time.monotonic()
-        self.last_sent = time.monotonic()
-        self.send_lock = threading.Lock()
+        self.outbox = Outbox(self._send_frame)
 
     # ---------------------------------------------------------------- handshake
 
@@ -92,6 +97,7 @@ class Worker:
         self.allow_shm = bool(token)
         if self.allow_shm:
             self.shm = p.ShmPolicy(executor_id=cfg.executor_id or None)
+            self.outbox.shm = self.shm
         self.heartbeat, self.max_tasks = setup.heartbeat, setup.max_tasks
         return setup
 
@@ -111,7 +117,11 @@ class Worker:
             fn, args = loads(setup.initializer, what="initializer")
             fn(*args)
         except BaseException as exc:
-            self.send(p.InitFailed(dumps_exception(exc)))
+            # What the standard library's workers log, so handlers users attach still see it.
+            logging.getLogger("concurrent.futures").critical(
+                "Exception in initializer:", exc_info=True
+            )
+            self.outbox.send(p.InitFailed(dumps_exception(exc)))
             _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
 
     # ---------------------------------------------------------------- receiving
@@ -134,13 +144,6 @@ class Worker:
         elif isinstance(message, p.Bye):
             self.stopping = True
 
-    def heartbeat_loop(self) -> None:
-        """Tell the executor we are alive while the main thread is busy with a long task."""
-        stop = threading.Event()
-        while not stop.wait(self.heartbeat):
-            if time.monotonic() - self.last_sent >= self.heartbeat:
-                self.send(p.Heartbeat())
-
     def _on_disconnect(self, _pipe: object) -> None:
         self._executor_gone("the connection to the executor closed")
 
@@ -153,24 +156,24 @@ class Worker:
 
     def serve(self) -> None:
         done = 0
-        batch = _Batch()
+        outbox = self.outbox
         while not self.stopping or self.tasks:
             if not self.tasks:
-                self.flush(batch)
+                outbox.flush()
                 self.receive(block=True)
                 continue
             result = self._run(*self.tasks.popleft())
-            batch.add(result)
             done += 1
             if self.max_tasks and done >= self.max_tasks:
-                self.flush(batch)
-                self.send(p.Bye("max_tasks_per_child reached"))
+                outbox.add(result, urgent=True)
+                outbox.send(p.Bye("max_tasks_per_child reached"))
                 return
             if not self.tasks:
                 self.receive(block=False)
-            if not self.tasks or batch.due(result.runtime):
-                self.flush(batch)
-        self.flush(batch)
+            # Alone, or slow enough that batching would only delay it: send it now. Otherwise
+            # it may wait for the next few results, never longer than FLUSH_AGE.
+            outbox.add(result, urgent=not self.tasks or result.runtime >= SLOW_TASK)
+        outbox.flush()
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
         start = time.perf_counter()
@@ -178,26 +181,92 @@ class Worker:
             fn = functions.get(task.function)
             args, kwargs = loads(task.args, what="arguments")
             value = fn(*args, **kwargs)
-        except BaseException as exc:
+            payload, status = dumps(value, what="result"), p.Status.OK
+        except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
             payload, status = dumps_exception(exc), p.Status.RAISED
-        else:
-            try:
-                payload, status = dumps(value, what="result"), p.Status.OK
-            except SerializationError as exc:
-                payload, status = dumps_exception(exc), p.Status.RAISED
         return p.Result(task.task_id, status, payload, time.perf_counter() - start)
 
-    def flush(self, batch: _Batch) -> None:
-        if batch.results:
-            self.send(p.Results(batch.take()))
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
+    def _send_frame(self, frame: bytes) -> None:
+        self.channel.send(frame, timeout=SEND_TIMEOUT)
+
+
+class Outbox:
+    """Finished results on their way to the executor, and the thread that keeps them moving.
+
+    The main thread adds each result as its task ends; a result is sent at once, or held to
+    share a message with the next ones for at most `FLUSH_AGE`. The timer thread sends what
+    is held when the main thread is busy with a longer task, and sends heartbeats while it
+    runs one, so a finished result never waits behind the next task.
+    """
+
+    def __init__(self, send_frame: Callable[[bytes], None], shm: p.ShmPolicy | None = None):
+        self._send_frame = send_frame
+        self.shm = shm
+        self._cond = threading.Condition(threading.Lock())
+        self._results: list[p.Result] = []
+        self._nbytes = 0
+        self._since: float | None = None  # when the oldest held result was added
+        self.last_sent = time.monotonic()
+
+    def add(self, result: p.Result, *, urgent: bool) -> None:
+        """Hold ``result``; an urgent one is sent by the timer thread right away."""
+        now = time.monotonic()
+        with self._cond:
+            self._results.append(result)
+            self._nbytes += result.payload.nbytes
+            if self._since is None:
+                self._since = now - FLUSH_AGE if urgent else now
+                self._cond.notify()  # the timer thread sends it while the next task runs
+            elif urgent or self._due(now):
+                self._since = now - FLUSH_AGE
+                self._cond.notify()
+
+    def _due(self, now: float) -> bool:
+        assert self._since is not None
+        return (
+            len(self._results) >= FLUSH_COUNT
+            or self._nbytes >= FLUSH_BYTES
+            or now - self._since >= FLUSH_AGE
+        )
+
+    def flush(self) -> None:
+        with self._cond:
+            if self._results:
+                self._flush_locked()
 
     def send(self, message: p.Message) -> None:
-        frame = p.encode(message, self.shm)
-        with self.send_lock:
-            self.channel.send(frame, timeout=30.0)
-            self.last_sent = time.monotonic()
+        """Send a control message, after any results held (order is kept)."""
+        with self._cond:
+            if self._results:
+                self._flush_locked()
+            self._send_locked(p.encode(message, self.shm))
+
+    def _flush_locked(self) -> None:
+        results, self._results, self._nbytes, self._since = self._results, [], 0, None
+        self._send_locked(p.encode(p.Results(results), self.shm))
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+
+    def _send_locked(self, frame: bytes) -> None:
+        self._send_frame(frame)
+        self.last_sent = time.monotonic()
+
+    def run_timer(self, heartbeat: float) -> None:
+        """The timer thread: flush held results when due; heartbeat when quiet."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._since is not None:
+                    delay = self._since + FLUSH_AGE - now
+                    if delay <= 0:
+                        self._flush_locked()
+                        continue
+                else:
+                    delay = self.last_sent + heartbeat - now
+                    if delay <= 0:
+                        self._send_locked(p.encode(p.Heartbeat()))
+                        continue
+                self._cond.wait(delay)
 
 
 class _Functions:
@@ -237,33 +306,6 @@ class _Functions:
         return fn
 
 
-class _Batch:
-    """Finished results waiting to share one message."""
-
-    def __init__(self) -> None:
-        self.results: list[p.Result] = []
-        self.nbytes = 0
-        self.since = 0.0
-
-    def add(self, result: p.Result) -> None:
-        if not self.results:
-            self.since = time.monotonic()
-        self.results.append(result)
-        self.nbytes += result.payload.nbytes
-
-    def due(self, last_runtime: float) -> bool:
-        return (
-            last_runtime >= SLOW_TASK
-            or len(self.results) >= FLUSH_COUNT
-            or self.nbytes >= FLUSH_BYTES
-            or time.monotonic() - self.since >= FLUSH_AGE
-        )
-
-    def take(self) -> list[p.Result]:
-        results, self.results, self.nbytes = self.results, [], 0
-        return results
-
-
 def _die(code: int, why: str) -> NoReturn:
     if code:
         print(f"fiberexec worker: {why}", file=sys.stderr, flush=True)
@@ -277,9 +319,17 @@ def _guard(loop: Callable[[], None]) -> Callable[[], None]:
         try:
             loop()
         except BaseException as exc:  # the link is this worker's lifeline: no link, no worker
-            _die(EXIT_NO_EXECUTOR, f"heartbeats to the executor failed: {exc!r}")
+            _die(EXIT_NO_EXECUTOR, f"sending to the executor failed: {exc!r}")
 
     return run
+
+
+def _adopt_authkey(environ: dict[str, str]) -> None:
+    """Run with the parent's multiprocessing authkey, as a stdlib child process does."""
+    key = environ.pop(_contract.ENV_MP_AUTHKEY, None)
+    os.environ.pop(_contract.ENV_MP_AUTHKEY, None)
+    if key:
+        multiprocessing.current_process().authkey = bytes.fromhex(key)
 
 
 def main() -> None:
@@ -288,16 +338,16 @@ def main() -> None:
         config = _Config(dict(os.environ))
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
+    _adopt_authkey(dict(os.environ))
     worker = Worker(config)
     try:
         setup = worker.handshake()
     except ProtocolError as exc:
         _die(EXIT_AUTH_FAILED, f"handshake failed: {exc}")
         return
+    timer = partial(worker.outbox.run_timer, worker.heartbeat)
+    threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
     worker.run_initializer(setup)
-    threading.Thread(
-        target=_guard(worker.heartbeat_loop), name="fiberexec-heartbeat", daemon=True
-    ).start()
     worker.serve()
     _die(0, "done")
 

@@ -276,3 +276,18 @@ def test_sklearn_cross_val_score_matches_sequential(opts: Options) -> None:
     with parallel_config(backend="fiber", **opts):
         parallel = cross_val_score(model, X, y, cv=5, n_jobs=2)
     assert list(parallel) == list(sequential)
+
+
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_generator_unordered_returns_the_fastest_task_first(opts: Options, backend: str) -> None:
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=2, **extra):
+        Parallel()(delayed(abs)(i) for i in range(4))  # warm both workers
+        start = time.monotonic()
+        results = Parallel(return_as="generator_unordered", batch_size=1)(
+            delayed(jt.sleep_return)(s, s) for s in (1.5, 0.0)
+        )
+        first = next(results)
+        elapsed = time.monotonic() - start
+        assert (first, list(results)) == (0.0, [1.5])
+    assert elapsed < 1.0, f"the instant task came back after {elapsed:.2f}s"

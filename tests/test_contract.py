@@ -1,0 +1,417 @@
+"""The `ProcessPoolExecutor` contract, run against the standard library and fiberexec alike.
+
+Each test takes ``make_pool``, parametrized over ``stdlib`` (`ProcessPoolExecutor`) and
+``fiberexec`` (`FiberExecutor` on the backend under test), so the standard library proves
+that what is asserted is its contract and not fiberexec's invention. Tests of Python 3.14
+additions that this interpreter's stdlib lacks run on fiberexec alone and say so.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import multiprocessing
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import (
+    BrokenExecutor,
+    Executor,
+    ProcessPoolExecutor,
+    as_completed,
+    wait,
+)
+from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fiberexec import FiberExecutor
+from tests import contract_tasks as ct
+from tests.conftest import ExecutorFactory
+
+ROOT = Path(__file__).resolve().parents[1]
+PoolFactory = Callable[..., Executor]
+SYSTEMS = {"stdlib": "ProcessPoolExecutor", "fiberexec": "FiberExecutor"}
+IMPORTS = {
+    "stdlib": "from concurrent.futures import ProcessPoolExecutor as Executor",
+    "fiberexec": "from fiberexec import FiberExecutor as Executor",
+}
+
+
+@pytest.fixture(params=sorted(SYSTEMS))
+def system(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_pool(system: str, make_executor: ExecutorFactory) -> Iterator[PoolFactory]:
+    made: list[Executor] = []
+
+    def make(max_workers: int = 2, **kwargs: Any) -> Executor:
+        if system == "fiberexec":
+            return make_executor(max_workers, **kwargs)
+        ex = ProcessPoolExecutor(max_workers, **kwargs)
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def warm(ex: Executor, workers: int) -> None:
+    """Wait until ``workers`` workers have each run a task."""
+    assert all(f.result(timeout=60) == 0 for f in [ex.submit(abs, 0) for _ in range(workers)])
+
+
+# ---------------------------------------------------------------- results arrive in time
+
+
+def test_finished_results_do_not_wait_behind_the_next_task(make_pool: PoolFactory) -> None:
+    ex = make_pool(1)
+    warm(ex, 1)
+    start = time.monotonic()
+    futures = [ex.submit(time.sleep, s) for s in (0, 0, 1.5)]
+    seen = [time.monotonic() - start for _ in as_completed(futures, timeout=30)]
+    assert seen[1] < 0.75, f"the two instant tasks were reported at {seen[:2]}"
+    assert seen[2] >= 1.5
+
+
+def test_map_timeout_yields_every_result_finished_in_time(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    results = ex.map(time.sleep, [0, 0, 6], timeout=4)
+    assert [next(results), next(results)] == [None, None]
+    with pytest.raises(FuturesTimeout):
+        next(results)
+
+
+def test_wait_first_completed_sees_the_quick_task(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    warm(ex, 2)
+    quick = ex.submit(pow, 2, 8)
+    slow = ex.submit(time.sleep, 1.5)
+    done, pending = wait([quick, slow], timeout=30, return_when="FIRST_COMPLETED")
+    assert done == {quick} and pending == {slow}
+    assert quick.result() == 256
+
+
+# ---------------------------------------------------------------- running and cancelling
+
+
+def test_few_futures_are_running_before_they_run(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    warm(ex, 2)
+    futures = [ex.submit(time.sleep, 0.1) for _ in range(50)]
+    most = 0
+    for _ in range(20):
+        most = max(most, sum(f.running() for f in futures))
+        time.sleep(0.02)
+    assert most <= 2 * 2 + 1, f"{most} futures marked running with 2 workers"
+    assert all(f.result(timeout=60) is None for f in futures)
+
+
+def test_shutdown_cancel_futures(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    futures = [ex.submit(time.sleep, 0.1) for _ in range(50)]
+    ex.shutdown(cancel_futures=True)
+    cancelled = [f for f in futures if f.cancelled()]
+    others = [f for f in futures if not f.cancelled()]
+    assert len(cancelled) > 20
+    assert others, "the tasks already handed to workers must still run"
+    for f in others:
+        assert f.done()
+        assert f.exception() is None
+
+
+def test_cancelled_future_does_not_hang_shutdown(make_pool: PoolFactory) -> None:
+    ex = make_pool(1)
+    ex.submit(int).result(timeout=60)
+    ex.submit(int).cancel()
+    done = threading.Event()
+    threading.Thread(target=lambda: (ex.shutdown(wait=True), done.set()), daemon=True).start()
+    assert done.wait(15), "shutdown hung after a cancelled submit"
+
+
+def test_submit_after_shutdown_raises(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    ex.shutdown()
+    with pytest.raises(RuntimeError, match="cannot schedule new futures after shutdown"):
+        ex.submit(pow, 2, 5)
+
+
+def test_max_workers_must_be_positive(system: str) -> None:
+    cls = FiberExecutor if system == "fiberexec" else ProcessPoolExecutor
+    for number in (0, -1):
+        with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+            cls(max_workers=number)
+
+
+def test_max_tasks_per_child_refuses_fork(system: str) -> None:
+    cls = FiberExecutor if system == "fiberexec" else ProcessPoolExecutor
+    with pytest.raises(ValueError, match="max_tasks_per_child is incompatible"):
+        cls(1, mp_context=multiprocessing.get_context("fork"), max_tasks_per_child=3)
+
+
+def test_max_tasks_per_child_replaces_the_worker(make_pool: PoolFactory) -> None:
+    ex = make_pool(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=3)
+    import os
+
+    pids = [ex.submit(os.getpid).result(timeout=60) for _ in range(4)]
+    assert pids[0] == pids[1] == pids[2] != pids[3]
+
+
+# ---------------------------------------------------------------- errors the stdlib's way
+
+
+def test_remote_traceback_is_the_stdlib_class(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    future = ex.submit(ct.raise_runtime_error)
+    with pytest.raises(RuntimeError) as info:
+        future.result(timeout=60)
+    assert info.value.args == (123,)
+    cause = info.value.__cause__
+    assert type(cause) is _RemoteTraceback
+    assert "raise RuntimeError(123)" in cause.tb
+
+
+@pytest.mark.parametrize(
+    ("fn", "arg", "expected"),
+    [
+        (id, ct.ErrorAtPickle(), pickle.PicklingError),
+        (id, ct.ErrorAtUnpickle(), BrokenProcessPool),
+        (id, ct.ExitAtUnpickle(), BrokenProcessPool),
+        (ct.return_instance, ct.ErrorAtPickle, pickle.PicklingError),
+        (ct.return_instance, ct.ExitAtPickle, SystemExit),
+        (ct.return_instance, ct.ErrorAtUnpickle, BrokenProcessPool),
+        (ct.return_instance, ct.ExitAtUnpickle, BrokenProcessPool),
+    ],
+    ids=["arg-pickle-error", "arg-unpickle-error", "arg-unpickle-exit", "result-pickle-error",
+         "result-pickle-exit", "result-unpickle-error", "result-unpickle-exit"],
+)
+def test_serialization_failures_raise_what_the_stdlib_raises(
+    make_pool: PoolFactory, fn: Callable[..., Any], arg: Any, expected: type[BaseException]
+) -> None:
+    ex = make_pool(2)
+    with pytest.raises(expected):
+        ex.submit(fn, arg).result(timeout=60)
+
+
+def test_exit_in_a_task_raises_system_exit(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    with pytest.raises(SystemExit):
+        ex.submit(ct.exit_interpreter).result(timeout=60)
+
+
+def test_worker_that_dies_is_a_broken_process_pool(make_pool: PoolFactory) -> None:
+    ex = make_pool(1)
+    with pytest.raises(BrokenProcessPool):
+        ex.submit(ct.exit_process, 99).result(timeout=60)
+
+
+def test_worker_death_names_its_exit_code(make_executor: ExecutorFactory) -> None:
+    """fiberexec only: the stdlib names the exit code this way from Python 3.14 on."""
+    ex = make_executor(1, max_task_retries=0)
+    with pytest.raises(BrokenProcessPool) as info:
+        ex.submit(ct.exit_process, 99).result(timeout=60)
+    cause = info.value.__cause__
+    assert isinstance(cause, _RemoteTraceback)
+    assert "terminated abruptly with exit code 99" in cause.tb
+
+
+def test_failing_initializer_breaks_the_executor(make_pool: PoolFactory) -> None:
+    ex = make_pool(2, initializer=ct.init_fail)
+    try:
+        future = ex.submit(ct.get_status)
+    except BrokenExecutor:
+        pass
+    else:
+        with pytest.raises(BrokenExecutor):
+            future.result(timeout=60)
+    with pytest.raises(BrokenExecutor):
+        ex.submit(ct.get_status)
+    assert ex._broken  # type: ignore[attr-defined]
+
+
+def test_initializer_runs_in_every_worker(make_pool: PoolFactory) -> None:
+    ex = make_pool(2, initializer=ct.init_status, initargs=("initialized",))
+    assert [f.result(timeout=60) for f in [ex.submit(ct.get_status) for _ in range(4)]] == [
+        "initialized"] * 4
+
+
+# ---------------------------------------------------------------- references and managers
+
+
+def test_no_stale_references(make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    obj = ct.Tracked()
+    collected = threading.Event()
+    ref = weakref.ref(obj, lambda _: collected.set())
+    ex.submit(obj.method).result(timeout=60)
+    del obj
+    gc.collect()
+    assert collected.wait(10), "the executor still holds the task's function"
+    assert ref() is None
+
+
+def test_stdlib_manager_proxies_work_in_tasks_and_initargs(make_pool: PoolFactory) -> None:
+    with multiprocessing.Manager() as manager:
+        shared = manager.dict()
+        event = manager.Event()
+        ex = make_pool(2, initializer=ct.set_item, initargs=(shared, -1))
+        keys = [f.result(timeout=60) for f in [ex.submit(ct.set_item, shared, k) for k in range(4)]]
+        assert keys == [0, 1, 2, 3]
+        assert ex.submit(ct.set_event, event).result(timeout=60)
+        assert event.is_set()
+        assert {k: shared[k] for k in range(4)} == {k: k * k for k in range(4)}
+        assert shared[-1] == 1
+        ex.shutdown()
+
+
+# ---------------------------------------------------------------- Python 3.14 additions
+
+
+def test_map_buffersize_validates_like_cpython(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    with pytest.raises(TypeError, match="buffersize must be an integer or None"):
+        ex.map(abs, [1], buffersize=2.0)  # type: ignore[arg-type]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="buffersize must be None or > 0"):
+            ex.map(abs, [1], buffersize=bad)
+
+
+@pytest.mark.parametrize("chunksize", [1, 3])
+def test_map_buffersize_reads_inputs_lazily(
+    make_executor: ExecutorFactory, chunksize: int
+) -> None:
+    ex = make_executor(2)
+    consumed = itertools.count()
+    source = (next(consumed) for _ in itertools.count())  # endless
+    results = ex.map(abs, source, buffersize=2, chunksize=chunksize, timeout=60)
+    assert [next(results) for _ in range(10)] == list(range(10))
+    # at most 2 buffered tasks (chunks) ahead of what was consumed
+    assert next(consumed) <= 10 + 2 * chunksize + chunksize
+
+
+@pytest.mark.parametrize("method", ["terminate_workers", "kill_workers"])
+def test_force_shutdown_fails_running_tasks(make_executor: ExecutorFactory, method: str) -> None:
+    ex = make_executor(1)
+    running = ex.submit(time.sleep, 60)
+    with pytest.raises(FuturesTimeout):
+        running.result(timeout=0.5)
+    getattr(ex, method)()
+    with pytest.raises(BrokenProcessPool):
+        running.result(timeout=30)
+    with pytest.raises(RuntimeError):
+        ex.submit(time.sleep, 0)
+
+
+def test_force_shutdown_rejects_unknown_operation(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    with pytest.raises(ValueError, match="Unsupported operation"):
+        ex._force_shutdown(operation="invalid operation")
+
+
+# ---------------------------------------------------------------- interpreter exit
+
+
+def run_program(system: str, body: str, timeout: float = 60) -> tuple[str, str, float]:
+    """Run ``body`` in a fresh interpreter with ``Executor`` imported; (out, err, seconds)."""
+    code = IMPORTS[system] + "\n" + textwrap.dedent(body)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr, elapsed
+
+
+def test_exit_finishes_pending_futures(system: str) -> None:
+    out, err, _ = run_program(system, """
+        from tests.contract_tasks import sleep_and_print
+        if __name__ == "__main__":
+            ex = Executor(5)
+            ex.submit(sleep_and_print, 1.0, "apple")
+    """)
+    assert out == "apple"
+    assert err == ""
+
+
+def test_exit_finishes_running_futures_after_shutdown_without_wait() -> None:
+    """fiberexec only: the stdlib's process pool may hang here (CPython gh-83386)."""
+    out, err, _ = run_program("fiberexec", """
+        from tests.contract_tasks import sleep_and_print
+        if __name__ == "__main__":
+            ex = Executor(2)
+            futures = [ex.submit(sleep_and_print, 0.3, i) for i in range(4)]
+            futures[0].running() or futures[0].result()
+            ex.shutdown(wait=False)
+    """)
+    assert sorted(out.split()) == ["0", "1", "2", "3"]
+    assert err == ""
+
+
+def test_exit_with_an_unused_executor_costs_nothing(system: str) -> None:
+    out, err, elapsed = run_program(system, """
+        if __name__ == "__main__":
+            ex = Executor(5)
+            print("done")
+    """)
+    assert (out, err) == ("done", "")
+    assert elapsed < 10
+
+
+def test_submit_from_atexit_raises_and_exits(system: str) -> None:
+    out, err, elapsed = run_program(system, """
+        import atexit
+        @atexit.register
+        def run_last():
+            try:
+                ex.submit(id, None)
+            except RuntimeError:
+                print("runtime-error")
+                raise
+        if __name__ == "__main__":
+            ex = Executor(5)
+    """, timeout=30)
+    assert out == "runtime-error"
+    assert "RuntimeError: cannot schedule new futures" in err
+    assert elapsed < 20
+
+
+def test_exit_from_a_non_main_thread_finishes_its_futures(system: str) -> None:
+    out, err, _ = run_program(system, """
+        import threading
+        from tests.contract_tasks import sleep_and_print
+        submitted = threading.Event()
+        def work():
+            ex = Executor(2)
+            futures = [ex.submit(sleep_and_print, 0.2, f"t{i}") for i in range(3)]
+            submitted.set()
+            print(*[f.result() for f in futures])
+        if __name__ == "__main__":
+            threading.Thread(target=work).start()
+            submitted.wait(30)
+    """)
+    assert sorted(out.split()) == ["None", "None", "None", "t0", "t1", "t2"]
+    assert err == ""
+
+
+def test_exit_with_workers_that_never_connect_fails_within_seconds() -> None:
+    """fiberexec only: a stdlib pool's workers are forked, they cannot fail to connect."""
+    out, _, elapsed = run_program("fiberexec", """
+        from tests.contract_tasks import SilentBackend
+        if __name__ == "__main__":
+            ex = Executor(2, backend=SilentBackend(), start_timeout=600)
+            future = ex.submit(abs, -1)
+            future.add_done_callback(lambda f: print(type(f.exception()).__name__))
+    """)
+    assert out == "BrokenFiberExecutor"
+    assert elapsed < 30, f"exit took {elapsed:.1f}s"
