@@ -100,6 +100,8 @@ class SSHBackend(Backend):
         cooldown: seconds a host that failed is used only when no other host has room.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a worker.
 
+    A worker's `WorkerHandle.ref` is ``"<host>#<pid on that host>"``; `placements` lists them.
+
     Example:
         >>> from fiberexec import FiberExecutor
         >>> hosts = ["me@node1", {"host": "me@node2", "slots": 4}]
