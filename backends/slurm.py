@@ -51,10 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiberexec import ConfigurationError
 from fiberexec.backend import (
     Backend,
     BackendError,
+    ConfigurationError,
     ExitListener,
     MasterRequest,
     PermanentBackendError,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fiberexec._config import ENV_PREFIX
 from fiberexec._errors import ConfigurationError
@@ -94,3 +95,16 @@ def first_line(exc: BaseException) -> str:
     """An exception's first line, for one-line reports."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def configured_backend_options(backend: str) -> dict[str, Any]:
+    """The ``backend_options`` of the resolved configuration (arguments aside: environment,
+    then config file), when the configuration is for ``backend``; else ``{}``.
+
+    What ``fiberexec cleanup`` needs to reach a backend's hosts (ssh: ``hosts=``).
+    """
+    from fiberexec._config import resolve
+
+    config = resolve(None, backend=None, min_workers=None, shards=None, memory=None, cpu=None,
+                     gpu=None)
+    return dict(config.backend_options) if config.backend == backend else {}

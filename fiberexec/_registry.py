@@ -19,6 +19,7 @@ _BUILTIN = {
     "docker": "fiberexec.backends.docker:DockerBackend",
     "kubernetes": "fiberexec.backends.kubernetes:KubernetesBackend",
     "slurm": "fiberexec.backends.slurm:SlurmBackend",
+    "ssh": "fiberexec.backends.ssh:SSHBackend",
 }
 
 

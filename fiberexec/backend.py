@@ -28,6 +28,7 @@ from fiberexec._capabilities import (
     CapabilityError,
     MasterRequest,
     Probe,
+    configured_backend_options,
     first_line,
 )
 from fiberexec._contract import (
@@ -78,6 +79,7 @@ __all__ = [
     "WorkerStatus",
     "available_backends",
     "backend_class",
+    "configured_backend_options",
     "first_line",
     "load_backend",
     "parse_memory",

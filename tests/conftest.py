@@ -23,7 +23,7 @@ from tests.support.kit import BackendKit
 BACKEND = os.environ.get("FIBEREXEC_TEST_BACKEND", "local")
 # A backend's own adapter tests are collected only in its tox env, so no env reports skips.
 _ONLY_ON = {"k8s": "kubernetes", "docker": "docker", "slurm": "slurm",
-            "test_local_backend.py": "local"}
+            "test_local_backend.py": "local", "ssh": "ssh", "testbed": "ssh"}
 collect_ignore = [path for path, name in _ONLY_ON.items() if name != BACKEND]
 
 

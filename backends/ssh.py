@@ -1,0 +1,449 @@
+"""Workers on other machines over SSH: one ``ssh`` session per worker.
+
+::
+
+    start_worker(spec) --place--> host with a free slot (least loaded; recently failed hosts
+         |                        last) --> ssh host 'exec python -c LOADER fiberexec-ssh-worker'
+         |                                   stdin: env + secret (JSON), then term/kill lines
+         +-- waits for the remote wrapper's "ready" (fiberexec importable, worker spawned)
+    the session's reader thread: worker output -> logs(); end of session -> watch listener
+    stop(handle):  "term" -> grace -> "kill" + close stdin -> kill the local ssh client
+    remove_stray:  ssh into every host, signal workers the backend started there
+
+Why the system ``ssh`` client rather than a library (asyncssh, paramiko): it is on every
+machine that has SSH at all, adds no dependency and no cryptography to this process, and it
+honours everything users already configured (``~/.ssh/config`` aliases, ``ProxyJump``
+bastions, agents and hardware keys, ``known_hosts``, Kerberos, ``ControlMaster``). Errors are
+read from its exit code (255) and its messages in one place (`_ssh_session.classify`).
+
+Guarantees:
+
+- The executor's secret (``spec.secret_env``) travels only inside the SSH channel, on the
+  remote wrapper's stdin: never on a command line, never in a file.
+- A worker dies with its session: when the executor closes the session or dies, the remote
+  wrapper reads end of input and terminates the worker (SIGKILL after a grace period). The
+  backend pings every wrapper each second over the session; when the network between them
+  fails, a wrapper that hears nothing for three heartbeats (at least three pings) plus two
+  seconds terminates its worker, even one busy in a long task (an idle worker already exits
+  by itself after three silent heartbeats).
+- ``cpu``/``memory`` are enforced with ``systemd-run --user --scope -p CPUQuota= -p
+  MemoryMax=`` on hosts where that works; elsewhere the worker runs unlimited and the backend
+  logs a warning saying so (once per host). ``gpu`` is not managed by this backend.
+
+A host needs: an ``sshd`` that accepts your key non-interactively (``BatchMode``), a POSIX
+login shell, Linux ``/proc`` (for `remove_stray`), a Python 3.11 with fiberexec and your
+code's dependencies installed (``python=`` per host), and a route to the executor's address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fiberexec.backend import (
+    Backend,
+    BackendError,
+    ConfigurationError,
+    ExitListener,
+    RetryPolicy,
+    TransientBackendError,
+    WorkerHandle,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+    configured_backend_options,
+)
+from fiberexec.backends import _ssh_remote as remote
+from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
+from fiberexec.backends._ssh_session import Session, classify, frame, remote_command
+
+__all__ = ["SSHBackend", "SSHHost", "remove_stray"]
+
+log = logging.getLogger("fiberexec.ssh")
+HostEntry = str | Mapping[str, Any] | SSHHost
+KEPT_SESSIONS = 1024  # stopped workers whose output logs() still returns
+PING_INTERVAL = 1.0  # seconds between pings to every remote wrapper
+WATCHDOG_SLACK = 2.0  # seconds a wrapper waits beyond three missed pings or heartbeats
+STRAY_RETRY = RetryPolicy(attempts=3, deadline=30.0)  # per host, for transient ssh errors
+ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # the worker's heartbeat, also the wrappers' pace
+
+
+class SSHBackend(Backend):
+    """Run workers on hosts you can reach with ``ssh``.
+
+    Args:
+        hosts: ``["user@h1", "user@h2", {"host": "user@h3", "slots": 8, "python": ...}]``
+            (see `fiberexec.backends._ssh_hosts` for the fields).
+        inventory: a file listing hosts instead (TOML or one host per line).
+        python: the interpreter on hosts that name none (it must import fiberexec).
+        slots: how many workers a host that names no ``slots`` takes (default: no limit).
+        ssh: the ssh client program.
+        ssh_config, identity_file, known_hosts: passed to ssh as ``-F``, ``-i`` and
+            ``UserKnownHostsFile`` (default: your own ssh configuration).
+        ssh_options: more ssh arguments, e.g. ``["-o", "ProxyJump=gate"]``.
+        connect_timeout: seconds ssh may take to connect (``ConnectTimeout``).
+        start_timeout: seconds from running ssh to the worker being spawned on the host.
+        server_alive: seconds between ssh keepalives (``ServerAliveInterval``; 3 missed end
+            the session).
+        bind_host, advertise_host: where the executor listens and what workers dial
+            (default: this machine's address on the route to the first host).
+        cooldown: seconds a host that failed is used only when no other host has room.
+        stop_grace: seconds between SIGTERM and SIGKILL when stopping a worker.
+
+    A worker's `WorkerHandle.ref` is ``"<host>#<pid on that host>"``; `placements` lists them.
+
+    Example:
+        >>> from fiberexec import FiberExecutor
+        >>> hosts = ["me@node1", {"host": "me@node2", "slots": 4}]
+        >>> with FiberExecutor(8, backend="ssh",  # doctest: +SKIP
+        ...                    backend_options={"hosts": hosts}) as ex:
+        ...     ex.submit(abs, -1).result()
+        1
+    """
+
+    name = "ssh"
+
+    def __init__(
+        self,
+        hosts: Iterable[HostEntry] | None = None,
+        *,
+        inventory: str | os.PathLike[str] | None = None,
+        python: str = "python3",
+        slots: int | None = None,
+        ssh: str = "ssh",
+        ssh_config: str | os.PathLike[str] | None = None,
+        identity_file: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        ssh_options: Sequence[str] = (),
+        connect_timeout: float = 10.0,
+        start_timeout: float = 60.0,
+        server_alive: float = 5.0,
+        bind_host: str | None = None,
+        advertise_host: str | None = None,
+        cooldown: float = 30.0,
+        stop_grace: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        for key, value in (("connect_timeout", connect_timeout), ("start_timeout", start_timeout),
+                           ("server_alive", server_alive)):
+            if value <= 0:
+                raise ConfigurationError(f"{key} must be > 0 seconds, got {value}")
+        if stop_grace < 0 or cooldown < 0:
+            raise ConfigurationError(
+                f"stop_grace and cooldown must be >= 0 seconds, got {stop_grace}, {cooldown}")
+        parsed = self._hosts(hosts, inventory, python, slots)
+        self.placement = Placement(parsed, cooldown=cooldown, clock=clock)
+        self.ssh = ssh
+        self.ssh_config = str(ssh_config) if ssh_config else None
+        self.identity_file = str(identity_file) if identity_file else None
+        self.known_hosts = str(known_hosts) if known_hosts else None
+        self.ssh_options = tuple(ssh_options)
+        self.connect_timeout = connect_timeout
+        self.start_timeout = start_timeout
+        self.server_alive = server_alive
+        self.stop_grace = stop_grace
+        self._bind = bind_host
+        self._advertise = advertise_host
+        self._sessions: dict[str, Session] = {}
+        self._finished: OrderedDict[str, Session] = OrderedDict()  # stopped: kept for logs()
+        self._noted: set[str] = set()
+        self._pinger: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _hosts(hosts: Iterable[HostEntry] | None, inventory: str | os.PathLike[str] | None,
+               python: str, slots: int | None) -> list[SSHHost]:
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        if (hosts is None) == (inventory is None):
+            raise ConfigurationError(
+                "the ssh backend needs hosts= (a list like ['user@h1', 'user@h2']) or "
+                "inventory= (a file), exactly one of them; e.g. "
+                "backend_options={'hosts': ['me@node1']}")
+        if hosts is not None:
+            parsed = parse_hosts(hosts, python=python, slots=slots)
+        else:
+            assert inventory is not None
+            parsed = read_inventory(inventory, python=python, slots=slots)
+        if not parsed:
+            raise ConfigurationError("the ssh backend needs at least one host, got none")
+        return parsed
+
+    # ------------------------------------------------------------ addresses
+
+    @property
+    def advertise_host(self) -> str:
+        """The address workers dial: given, or this machine's source address toward the
+        first host (found from the routing table; nothing is sent)."""
+        with self._lock:
+            if self._advertise is None:
+                self._advertise = self._route_source(self.placement.hosts()[0])
+            return self._advertise
+
+    @advertise_host.setter
+    def advertise_host(self, value: str) -> None:
+        self._advertise = value
+
+    @property
+    def bind_host(self) -> str:
+        return self._bind or self.advertise_host
+
+    @bind_host.setter
+    def bind_host(self, value: str) -> None:
+        self._bind = value
+
+    def _route_source(self, host: SSHHost) -> str:
+        name, port = self._resolve_name(host)
+        try:
+            family, _, _, _, address = socket.getaddrinfo(name, port, type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(address)  # UDP connect only consults the routing table
+                return str(probe.getsockname()[0])
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot tell which address of this machine ssh host {host.label} reaches "
+                f"({name}: {exc}); pass advertise_host= (and bind_host=) to SSHBackend") from exc
+
+    def _resolve_name(self, host: SSHHost) -> tuple[str, int]:
+        """The host name and port ssh would connect to (``ssh -G``: aliases, HostName)."""
+        try:
+            out = subprocess.run([*self._ssh_argv(host), "-G", host.target], capture_output=True,
+                                 text=True, timeout=15, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        settings = dict(line.partition(" ")[::2] for line in out.splitlines())
+        name = settings.get("hostname") or host.target.rpartition("@")[2]
+        port = settings.get("port", "")
+        return name, int(port) if port.isdigit() else (host.port or 22)
+
+    # ------------------------------------------------------------ ssh
+
+    def _ssh_argv(self, host: SSHHost) -> list[str]:
+        argv = [self.ssh, "-T", "-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+                "-o", f"ServerAliveInterval={max(1, round(self.server_alive))}",
+                "-o", "ServerAliveCountMax=3"]
+        if self.ssh_config:
+            argv += ["-F", self.ssh_config]
+        if self.identity_file:
+            argv += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
+        if self.known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
+        if host.port:
+            argv += ["-p", str(host.port)]
+        return [*argv, *self.ssh_options, *host.ssh_options]
+
+    def command_for(self, host: SSHHost, *marks: str) -> list[str]:
+        """The full ssh command line that runs the remote wrapper on ``host``."""
+        return [*self._ssh_argv(host), "--", host.target, remote_command(host.python, *marks)]
+
+    # ------------------------------------------------------------ the seam
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        host = self.placement.reserve(spec.worker_id)
+        session = Session(host, spec, self.command_for(
+            host, remote.WORKER_MARK, spec.executor_id, spec.worker_id))
+        try:
+            pid = session.start(self._message(spec), self.connect_timeout + self.start_timeout)
+        except BaseException:
+            self.placement.release(spec.worker_id)
+            self.placement.suspect(host)
+            raise
+        with self._lock:
+            self._sessions[spec.worker_id] = session
+            if self._pinger is None:
+                self._pinger = threading.Thread(target=self._ping_loop,
+                                                name="fiberexec-ssh-ping", daemon=True)
+                self._pinger.start()
+        self._note(host, session.notes)
+        return WorkerHandle(spec.worker_id, f"{host.label}#{pid}")
+
+    def _message(self, spec: WorkerSpec) -> dict[str, Any]:
+        resources = spec.resources
+        try:
+            heartbeat = float(spec.env.get(ENV_HEARTBEAT, "1"))
+        except ValueError:
+            heartbeat = 1.0
+        return {
+            "watchdog": 3 * max(heartbeat, PING_INTERVAL) + WATCHDOG_SLACK,
+            "action": "worker",
+            "argv": list(spec.command),
+            "env": dict(spec.env),
+            "secret_env": dict(spec.secret_env),
+            "workdir": spec.workdir,
+            "cpu": resources.cpu,
+            "memory": resources.memory,
+            "grace": self.stop_grace,
+        }
+
+    def _ping_loop(self) -> None:
+        """Tell every remote wrapper we are here; one whose pings stop ends its worker."""
+        while not self._closed.wait(PING_INTERVAL):
+            with self._lock:
+                sessions = list(self._sessions.values())
+            for session in sessions:
+                session.send("ping")
+
+    def _note(self, host: SSHHost, notes: Sequence[str]) -> None:
+        for note in notes:
+            key = f"{host.label}: {note.split(':', 1)[0]}"
+            with self._lock:
+                fresh = key not in self._noted
+                self._noted.add(key)
+            if fresh:
+                log.warning("fiberexec ssh: on host %s, %s", host.label, note)
+
+    def status(self, handle: WorkerHandle) -> WorkerStatus:
+        with self._lock:
+            session = self._sessions.get(handle.worker_id) or self._finished.get(
+                handle.worker_id)
+        if session is None:
+            return WorkerStatus(WorkerState.UNKNOWN, reason="no such worker")
+        return session.current()
+
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        session = self._sessions.get(handle.worker_id)
+        if session is None:
+            listener(handle, self.status(handle))
+            return
+        self._register(handle, listener)
+        session.on_exit(lambda status: self._ended(handle, status))
+
+    def _ended(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        self.placement.release(handle.worker_id)
+        self._report_exit(handle, status)
+
+    def stop(self, handle: WorkerHandle, *, grace: float | None = None) -> None:
+        """SIGTERM the worker, SIGKILL it after ``grace``; an unreachable host's session is
+        cut here (its worker exits by itself once the executor falls silent)."""
+        self.unwatch(handle)
+        with self._lock:
+            session = self._sessions.pop(handle.worker_id, None)
+        if session is None:
+            return
+        self._keep(handle.worker_id, session)
+        self.placement.stopping(session.host, handle.worker_id)
+        answered = session.stop(self.stop_grace if grace is None else grace)
+        self.placement.stopped(session.host, answered=answered)
+        if not answered:
+            log.warning("fiberexec ssh: host %s did not answer while stopping worker %s; "
+                        "closed its session", session.host.label, handle.worker_id)
+
+    def _keep(self, worker_id: str, session: Session) -> None:
+        with self._lock:
+            self._finished[worker_id] = session
+            while len(self._finished) > KEPT_SESSIONS:
+                self._finished.popitem(last=False)
+
+    def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
+        """The worker's last output lines (and ssh's own messages), also after it stopped."""
+        with self._lock:
+            session = self._sessions.get(handle.worker_id) or self._finished.get(
+                handle.worker_id)
+        return session.tail(tail) if session else ""
+
+    def placements(self) -> dict[str, tuple[str, int]]:
+        """``{worker_id: (host, remote pid)}`` for every worker this backend runs."""
+        with self._lock:
+            sessions = dict(self._sessions)
+        return {w: (s.host.label, s.pid) for w, s in sessions.items()
+                if s.pid is not None and not s.current().finished}
+
+    def close(self) -> None:
+        with self._lock:
+            workers = list(self._sessions)
+        if workers:
+            with ThreadPoolExecutor(min(16, len(workers)), "fiberexec-ssh-stop") as pool:
+                list(pool.map(lambda w: self.stop(WorkerHandle(w, "")), workers))
+        self._closed.set()
+        if self._pinger is not None:
+            self._pinger.join(timeout=10)
+        super().close()
+
+    # ------------------------------------------------------------ strays
+
+    @classmethod
+    def remove_stray(cls, executor_id: str | None = None, *,
+                     namespace: str | None = None) -> list[str]:
+        """``fiberexec cleanup``: stop workers on the hosts the configuration names."""
+        options = configured_backend_options("ssh")
+        if not options.get("hosts") and not options.get("inventory"):
+            raise ConfigurationError(
+                "no ssh hosts are configured; set backend = \"ssh\" and backend_options "
+                "hosts=[...] (or inventory=) in .fiberexec.toml or FIBEREXEC_BACKEND_OPTIONS"
+            )
+        return [f"removed {remove_stray(executor_id, **options)} stray object(s)"]
+
+    def remove_workers(self, executor_id: str | None = None, *, grace: float = 3.0) -> int:
+        """Signal the workers this backend started on every host (all, or one executor's);
+        return how many there were.
+
+        Raises:
+            TransientBackendError: some hosts could not be reached (the others were cleaned).
+        """
+        hosts = self.placement.hosts()
+        with ThreadPoolExecutor(min(16, len(hosts)), "fiberexec-ssh-strays") as pool:
+            outcomes = list(pool.map(lambda h: self._strays_on(h, executor_id, grace), hosts))
+        failed = [o for o in outcomes if isinstance(o, str)]
+        if failed:
+            raise TransientBackendError("cannot clean up on " + "; ".join(failed))
+        return sum(o for o in outcomes if isinstance(o, int))
+
+    def _strays_on(self, host: SSHHost, executor_id: str | None, grace: float) -> int | str:
+        """How many workers were stopped on ``host``, or why it could not be cleaned."""
+        try:
+            return STRAY_RETRY.call(lambda: self._strays_once(host, executor_id, grace))
+        except BackendError as exc:
+            return f"{host.label} ({exc})"
+
+    def _strays_once(self, host: SSHHost, executor_id: str | None, grace: float) -> int:
+        message = {"code": _ssh_code(), "action": "strays", "executor_id": executor_id,
+                   "grace": grace}
+        try:
+            done = subprocess.run(self.command_for(host, remote.CLEANUP_MARK),
+                                  input=frame(message).decode(), capture_output=True,
+                                  text=True, timeout=self.connect_timeout + grace + 30,
+                                  check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise TransientBackendError("no answer") from exc
+        for line in done.stdout.splitlines():
+            if line.startswith(remote.TAG):
+                report = json.loads(line[len(remote.TAG):])
+                return len(report.get("workers", []))
+        error = classify(host, done.returncode, done.stderr, None, "cleanup")
+        raise type(error)(str(error).replace("cannot start worker cleanup", "cannot clean up"))
+
+
+def _ssh_code() -> str:
+    return Path(remote.__file__).read_text()
+
+
+def remove_stray(executor_id: str | None = None, **options: Any) -> int:
+    """Stop workers the ssh backend started on the hosts ``options`` name (the
+    `SSHBackend` arguments: ``hosts=`` or ``inventory=``, and how to reach them); all of
+    them, or one executor's. Return how many were found.
+
+    ``fiberexec cleanup --backend ssh`` calls this with the configured ``backend_options``.
+
+    Example:
+        >>> remove_stray(hosts=["me@node1", "me@node2"])  # doctest: +SKIP
+        0
+    """
+    known = {"hosts", "inventory", "python", "slots", "ssh", "ssh_config", "identity_file",
+             "known_hosts", "ssh_options", "connect_timeout"}
+    backend = SSHBackend(**{k: v for k, v in options.items() if k in known})
+    with contextlib.closing(backend):
+        return backend.remove_workers(executor_id)

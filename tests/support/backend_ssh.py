@@ -1,0 +1,91 @@
+"""Test support for the ssh backend: the multi-host test bed, and its worker hosts' sshd.
+
+The session builds the test bed (tests/testbed: network namespaces, one sshd per worker host,
+this process on the executor host) and fails loudly when it cannot. Leaks are processes of
+the ssh backend still alive anywhere in the test bed: remote wrappers and workers on the
+worker hosts, and ssh clients on the executor host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from fiberexec.backend import Backend
+from fiberexec.backends import _ssh_remote as remote
+from fiberexec.backends.ssh import SSHBackend
+from tests.support.kit import BackendKit
+from tests.testbed.session import Lab, shared
+
+SLOTS = 2  # workers per host in the behaviour suite
+
+
+@dataclass
+class SSHKit(BackendKit):
+    lab: Lab | None = None
+
+
+def backend_options(lab: Lab, **overrides: Any) -> dict[str, Any]:
+    """SSHBackend arguments for the test bed's worker hosts (the tox env's Python there)."""
+    return {
+        "hosts": lab.targets(),
+        "python": sys.executable,
+        "slots": SLOTS,
+        "ssh_config": str(lab.site.ssh_config),
+        "connect_timeout": 5.0,
+        **overrides,
+    }
+
+
+def _netns_inode(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def ssh_processes(lab: Lab) -> list[psutil.Process]:
+    """Live processes of the ssh backend in the test bed's namespaces."""
+    inodes = {lab.bed.inode(h) for h in lab.bed.hosts}
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if _netns_inode(proc.pid) not in inodes or proc.status() == "zombie":
+                continue
+            argv = proc.cmdline()
+            marked = any(remote.WORKER_MARK in a or remote.CLEANUP_MARK in a for a in argv)
+            worker = argv[1:3] == ["-m", "fiberexec.worker"] and remote.ENV_MARK in proc.environ()
+            if marked or worker:
+                found.append(proc)
+    return found
+
+
+def leaks(lab: Lab) -> list[str]:
+    procs = ssh_processes(lab)
+    if procs:  # sessions wind down within moments of shutdown; give them that, bounded
+        _, procs = psutil.wait_procs(procs, timeout=10)
+    described = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+    return described
+
+
+@contextlib.contextmanager
+def backend_session() -> Iterator[BackendKit]:
+    """The `BackendKit` for the ssh backend (see tests/support/README.md)."""
+    with shared() as lab:
+
+        def make_backend() -> Backend:
+            return SSHBackend(**backend_options(lab))
+
+        yield SSHKit(name="ssh", make_backend=make_backend, leaks=lambda: leaks(lab),
+                     executor_kwargs={"workdir": str(Path.cwd())}, lab=lab)
