@@ -13,6 +13,7 @@ from fiberexec._task import WorkItem
 MAX_WINDOW = 1024  # tasks one worker may hold
 WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
 LONG_TASK = 0.01  # a task this long (or of unknown length) is never queued two deep
+MAX_RTT = 0.05  # a handshake slower than this says more about the peer than the link
 
 
 class State(enum.Enum):
@@ -45,6 +46,8 @@ class Conn:
         self.dispatched = 0
         self.load = 0.0  # estimated seconds of work held, over tasks of known length
         self.unknown = 0  # tasks held whose length is not known yet
+        self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
+        self.challenged = 0.0  # when the handshake's challenge was sent
         self.created = time.monotonic()
         self.last_recv = self.last_sent = self.idle_since = self.created
         self.deadline = 0.0  # when DISCONNECTED: stop waiting for the exit status
@@ -59,9 +62,9 @@ class Conn:
         Prefetch is measured in time, not tasks. A task of unknown length is sent only to a
         worker that holds nothing (as a free process takes the next task from the standard
         library's call queue); behind a task of known length a worker holds one more, or as
-        many known short tasks as fit in `WINDOW_TIME`. So no task waits behind a slow one
-        while another worker could run it, and a future is marked running shortly before it
-        runs.
+        many known short tasks as fit in its window (`WINDOW_TIME` plus two round trips). So
+        no task waits behind a slow one while another worker could run it, and a future is
+        marked running shortly before it runs.
         """
         if self.state is not State.READY:
             return False
@@ -74,7 +77,11 @@ class Conn:
             return False
         if held == 1:
             return True
-        return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= WINDOW_TIME
+        return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= self.window
+
+    def measured_rtt(self, seconds: float) -> None:
+        """The handshake's round trip: a far worker holds more, so it never waits for work."""
+        self.window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
 
     def hold(self, estimate: float | None) -> float:
         """Count a task just sent; returns the cost to give back when its result arrives."""

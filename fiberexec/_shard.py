@@ -242,6 +242,7 @@ class Shard:
             conn.probe = _shm.write_probe(self.pool.executor_id, self.pool.shm_token)
         self._send(conn, p.Challenge(conn.nonce, proof, conn.probe))
         conn.state = State.AWAIT_AUTH
+        conn.challenged = time.monotonic()
 
     def _on_auth(self, conn: Conn, auth: p.Auth) -> None:
         expected = _auth.proof(self.pool.secret, "worker", conn.worker_nonce, conn.nonce)
@@ -251,6 +252,7 @@ class Shard:
         self._drop_probe(conn)
         conn.state = State.READY
         conn.idle_since = time.monotonic()
+        conn.measured_rtt(conn.idle_since - conn.challenged)
         self.hungry[conn.worker_id] = conn
         conn.counted = True
         self.ready_workers += 1
@@ -540,11 +542,11 @@ class Shard:
             self.failed += 1
         conn.doomed = []
         self._forget(conn)
-        if conn.leaving and conn.why is None:
+        self.pool.worker_gone(conn.worker_id, conn.handle, replace=not self._finished())
+        if conn.leaving and conn.why is None:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
             log.warning("%s", why)
-        self.pool.worker_gone(conn.worker_id, conn.handle, replace=not self._finished())
 
     def _forget(self, conn: Conn) -> None:
         self._unregister(conn)

@@ -75,7 +75,9 @@ class Worker:
         self.tasks: deque[tuple[p.Task, _Functions]] = deque()
         self.stopping = False
         self.last_heard = time.monotonic()
-        self.outbox = Outbox(self._send_frame)
+        self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
+        self._last_check = 0.0
+        self.outbox = Outbox(self._send_frame, watch=self.check_executor)
 
     # ---------------------------------------------------------------- handshake
 
@@ -128,6 +130,25 @@ class Worker:
 
     def receive(self, *, block: bool) -> None:
         """Take in what the executor sent; with ``block``, wait until something arrives."""
+        with self._recv_lock:
+            self._receive(block)
+
+    def check_executor(self) -> None:
+        """From the outbox thread, while the main thread runs a task: take in what arrived,
+        and leave if the executor has been silent for three heartbeats."""
+        now = time.monotonic()
+        if now - self._last_check < self.heartbeat / 2:
+            return
+        self._last_check = now
+        if self._recv_lock.acquire(blocking=False):  # else the main thread is receiving
+            try:
+                self._receive(block=False)
+            finally:
+                self._recv_lock.release()
+            if now - self.last_heard > 3 * self.heartbeat:
+                self._executor_gone("the executor fell silent")
+
+    def _receive(self, block: bool) -> None:
         channel = self.channel
         msg = channel.recv(self.heartbeat) if block else channel.try_recv()
         while msg is not None:
@@ -199,9 +220,15 @@ class Outbox:
     runs one, so a finished result never waits behind the next task.
     """
 
-    def __init__(self, send_frame: Callable[[bytes], None], shm: p.ShmPolicy | None = None):
+    def __init__(
+        self,
+        send_frame: Callable[[bytes], None],
+        shm: p.ShmPolicy | None = None,
+        watch: Callable[[], None] = lambda: None,
+    ) -> None:
         self._send_frame = send_frame
         self.shm = shm
+        self._watch = watch  # called on every wake of the timer thread
         self._cond = threading.Condition(threading.Lock())
         self._results: list[p.Result] = []
         self._nbytes = 0
@@ -255,6 +282,7 @@ class Outbox:
         """The timer thread: flush held results when due; heartbeat when quiet."""
         with self._cond:
             while True:
+                self._watch()
                 now = time.monotonic()
                 if self._since is not None:
                     delay = self._since + FLUSH_AGE - now
