@@ -103,7 +103,8 @@ start() {
     : >"$LOG"
     rm -rf "$LEASES"
     # setsid: dockerd outlives this shell and is not hit by a terminal's Ctrl-C.
-    setsid dockerd --bridge=none --iptables=false --ip-masq=false >>"$LOG" 2>&1 </dev/null &
+    # 9>&-: the daemon must not inherit the lock, or it would hold it for its whole life.
+    setsid dockerd --bridge=none --iptables=false --ip-masq=false >>"$LOG" 2>&1 </dev/null 9>&- &
     pid=$!
     echo "$pid" >"$PIDFILE"
     wait_until_up "$pid"
