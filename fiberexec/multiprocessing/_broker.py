@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec import _auth
+from fiberexec.multiprocessing import _sync_server
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
+from fiberexec.multiprocessing._wire import loads
 
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
+SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 
 
 @dataclass
@@ -46,6 +49,9 @@ class Broker:
         self.chans: dict[int, Chan] = {}
         self.processes: dict[int, bytes] = {}
         self.pids: dict[int, int] = {}
+        self.fetched = threading.Condition()  # notified when a child reports its pid
+        self.objects: dict[int, Any] = {}  # locks, events, ... (see `_sync_server`)
+        self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
         self.server = RpcServer(self.secret, self.handle, host)
@@ -56,6 +62,8 @@ class Broker:
             "new": self._new, "put": self._put, "get": self._get, "qsize": self._qsize,
             "task_done": self._task_done, "join": self._join, "poll": self._poll,
             "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
+            "obj_new": self._obj_new, "obj_call": self._obj_call, "obj_get": self._obj_get,
+            "buf_read": self._buf_read, "buf_write": self._buf_write,
         }
 
     def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
@@ -63,6 +71,7 @@ class Broker:
         fn = self.ops.get(op)
         if fn is None:
             raise ValueError(f"unknown broker operation {op!r}")
+        _sync_server.caller.value = caller
         return fn(body, *args)
 
     def chan(self, cid: int) -> Chan:
@@ -157,6 +166,50 @@ class Broker:
                 chan.cond.notify_all()
         return None, b""
 
+    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...],
+                 lock_id: int | None = None) -> tuple[Any, bytes]:
+        kwargs: dict[str, Any] = {}
+        if lock_id is not None:
+            kwargs["lock"] = self.obj(lock_id)
+        if body:
+            kwargs["action"] = loads(body, what="barrier action")
+        obj = _sync_server.KINDS[kind](*args, **kwargs)
+        with self.lock:
+            oid = next(self.ids)
+            self.objects[oid] = obj
+        return oid, b""
+
+    def obj(self, oid: int) -> Any:
+        obj = self.objects.get(oid)
+        if obj is None:
+            raise ValueError(f"object {oid} does not exist on this broker")
+        return obj
+
+    def _obj_call(self, _body: bytes, oid: int, name: str, args: tuple[Any, ...]) -> tuple[
+            Any, bytes]:
+        return getattr(self.obj(oid), name)(*args), b""
+
+    def _obj_get(self, _body: bytes, oid: int, name: str) -> tuple[Any, bytes]:
+        if name == "_describe":
+            return _sync_server.describe(self.obj(oid)), b""
+        return getattr(self.obj(oid), name), b""
+
+    def _buf_read(self, _body: bytes, name: str, offset: int, size: int) -> tuple[Any, bytes]:
+        view = self.buffer(name)
+        return None, bytes(view[offset:offset + size])
+
+    def _buf_write(self, body: bytes, name: str, offset: int) -> tuple[Any, bytes]:
+        view = self.buffer(name)
+        view[offset:offset + len(body)] = body
+        return None, b""
+
+    def buffer(self, name: str) -> memoryview:
+        found = self.buffers.get(name)
+        view = found() if found is not None else None
+        if view is None:
+            raise ValueError(f"shared buffer {name} is gone (its creator released it)")
+        return memoryview(view)[SHARED_HEADER:]
+
     def add_process(self, payload: bytes) -> int:
         with self.lock:
             pid = next(self.ids)
@@ -166,10 +219,18 @@ class Broker:
     def _fetch(self, _body: bytes, proc_id: int, os_pid: int) -> tuple[Any, bytes]:
         with self.lock:
             payload = self.processes.pop(proc_id, None)
+        with self.fetched:
             self.pids[proc_id] = os_pid
+            self.fetched.notify_all()
         if payload is None:
             raise ValueError(f"process {proc_id} was already fetched or never existed")
         return None, payload
+
+    def pid_of(self, proc_id: int, timeout: float, gone: Callable[[], bool]) -> int | None:
+        """The pid child ``proc_id`` reported, waiting up to ``timeout`` (unless ``gone()``)."""
+        with self.fetched:
+            self.fetched.wait_for(lambda: proc_id in self.pids or gone(), timeout)
+            return self.pids.get(proc_id)
 
     def close(self) -> None:
         self.server.close()
