@@ -114,7 +114,9 @@ class _Server:
         result = getattr(obj, name)(*cargs, **ckwds)
         new_typeid = (info.method_to_typeid or {}).get(name)
         if new_typeid is not None:  # the result stays here; the caller gets a proxy
-            return (self._add(result, new_typeid), new_typeid), b""
+            make = self.registry[new_typeid].make  # as the stdlib: make(result), if any
+            kept = result if make is None else make(result)
+            return (self._add(kept, new_typeid), new_typeid), b""
         if isinstance(result, type({}.keys()) | type({}.values()) | type({}.items())):
             result = list(result)
         return None, dumps(result, what=f"result of {name}()")

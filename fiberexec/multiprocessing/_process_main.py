@@ -51,6 +51,10 @@ def main() -> None:
     from fiberexec.multiprocessing import _shared_memory
 
     _shared_memory.attach_without_tracking()
+    if authkey:  # before unpickling: stdlib Manager proxies authenticate as they are rebuilt
+        import multiprocessing
+
+        multiprocessing.current_process().authkey = authkey
     _, payload = client.call("fetch", (proc_id, os.getpid()))
     process = loads(payload, what="process")
     _become(process, authkey)
@@ -73,10 +77,7 @@ def _become(process: Any, authkey: bytes) -> None:
     process._child_pid = os.getpid()
     process._authkey = authkey
     _process._current = process
-    std = multiprocessing.current_process()
-    std.name = process.name
-    if authkey:  # stdlib Manager proxies passed to this process authenticate with it
-        std.authkey = authkey
+    multiprocessing.current_process().name = process.name
 
 
 def _parent_gone(address: str) -> None:
