@@ -16,9 +16,9 @@ could not send becomes `multiprocessing.pool.MaybeEncodingError`.
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import logging
-import multiprocessing.pool as _std_pool
 import pickle
 import threading
 import weakref
@@ -62,14 +62,19 @@ def _outcome(future: Future[Any]) -> tuple[bool, Any]:
     return (True, future.result()) if exc is None else (False, _as_stdlib(exc))
 
 
+_STD_POOL = vars(importlib.import_module("multiprocessing.pool"))  # these are not in typeshed
+_REMOTE_TRACEBACK: type[Exception] = _STD_POOL["RemoteTraceback"]
+_MAYBE_ENCODING: type[Exception] = _STD_POOL["MaybeEncodingError"]
+
+
 def _as_stdlib(exc: BaseException) -> BaseException:
     """The error as `multiprocessing.Pool` raises it (see the module docstring)."""
     cause = exc.__cause__
-    if _is_remote_traceback(cause) and not isinstance(cause, _std_pool.RemoteTraceback):
-        exc.__cause__ = _std_pool.RemoteTraceback(str(cause))
+    if _is_remote_traceback(cause) and not isinstance(cause, _REMOTE_TRACEBACK):
+        exc.__cause__ = _REMOTE_TRACEBACK(str(cause))
     if isinstance(exc, SerializationError | pickle.PicklingError) and (
             "pickle the result" in str(exc)):
-        unsent = _std_pool.MaybeEncodingError(exc, "<the result>")
+        unsent = _MAYBE_ENCODING(exc, "<the result>")
         unsent.__cause__ = exc.__cause__
         return unsent
     return exc

@@ -95,7 +95,8 @@ def start_grandchild(module_name: str, q: Any) -> None:
     q.put(("joined", child.exitcode))
 
 
-def proxy_work(lst: Any, d: Any, lock: Any, event: Any, ns: Any, value: Any, arr: Any,
+def proxy_work(  # noqa: PLR0917  # a Process target takes positional args
+        lst: Any, d: Any, lock: Any, event: Any, ns: Any, value: Any, arr: Any,
                q: Any, sem: Any, cond: Any) -> None:
     with lock:
         lst.append(os.getpid())

@@ -25,6 +25,11 @@ from tests.mp.compat import mpm
 __all__ = ["mpm"]
 
 
+def _managers(mpm: ModuleType) -> ModuleType:
+    ours = fiberexec.multiprocessing.managers
+    return multiprocessing.managers if mpm is multiprocessing else ours
+
+
 def _start(mpm: ModuleType, target: object, *args: object) -> object:
     p = mpm.Process(target=target, args=args)
     p.start()
@@ -100,7 +105,7 @@ def test_manager_is_shut_down_when_dropped(mpm: ModuleType) -> None:
 
 
 def test_manager_join_and_connect(mpm: ModuleType) -> None:
-    managers = multiprocessing.managers if mpm is multiprocessing else fiberexec.multiprocessing.managers
+    managers = _managers(mpm)
     with mpm.Manager() as m:
         d = m.dict()
         d["x"] = 1
@@ -126,7 +131,7 @@ class Maths:
 
 
 def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
-    managers = multiprocessing.managers if mpm is multiprocessing else fiberexec.multiprocessing.managers
+    managers = _managers(mpm)
 
     class MyManager(managers.BaseManager):
         pass
@@ -137,7 +142,7 @@ def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
     with MyManager() as m:
         maths = m.Maths()
         assert maths.add(2, 3) == 5
-        with pytest.raises(Exception, match="not in exposed"):  # noqa: PT011,B017  # stdlib: RemoteError
+        with pytest.raises(Exception, match="not in exposed"):  # stdlib: its RemoteError
             maths._callmethod("secret")
         child = maths.child()
         assert isinstance(child, managers.BaseProxy) and child.add(1, 1) == 2
@@ -146,7 +151,7 @@ def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
 def test_list_proxy_operators(mpm: ModuleType) -> None:
     with mpm.Manager() as m:
         lst = m.list([1, 2])
-        assert lst + [3] == [1, 2, 3]
+        assert lst + [3] == [1, 2, 3]  # noqa: RUF005  # the operator under test
         assert lst * 2 == [1, 2, 1, 2]
         lst += [3]
         assert list(lst) == [1, 2, 3]
