@@ -58,6 +58,7 @@ class _Runtime:
         self.done = threading.Event()
         self.sentinel_r, self.sentinel_w = os.pipe()
         self.signalled: int | None = None
+        self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
 
     def finish(self, code: int | None) -> None:
         if self.done.is_set():
@@ -138,7 +139,15 @@ class Process:
         backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
         broker = get_broker()
         _install_exit_hook()
-        runtime = _Runtime(backend, broker.add_process(dumps(self, what="process")))
+        from fiberexec.multiprocessing import _connection
+
+        tickets = _connection.capture_tickets()
+        try:
+            payload = dumps(self, what="process")
+        finally:
+            _connection.stop_capture()
+        runtime = _Runtime(backend, broker.add_process(payload))
+        runtime.tickets = [(cid, t) for address, cid, t in tickets if address == broker.address]
         spec = self._spec(broker.address, broker.secret, runtime.proc_id)
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)
@@ -378,6 +387,7 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
     except Exception as exc:
         print(f"fiberexec: could not clean up {handle.ref}: {exc}", file=sys.stderr)
     finally:
+        get_broker().drop_tickets(runtime.tickets)  # ends it never took: readers see EOF
         runtime.finish(code)
 
 
