@@ -129,3 +129,23 @@ def make_lock() -> Any:
     import threading
 
     return threading.Lock()
+
+
+def send_many_then_exit(conn: Any, n: int) -> None:
+    for i in range(n):
+        conn.send(i)
+
+
+def relay(inbox: Any, outbox: Any) -> None:
+    while True:
+        try:
+            item = inbox.recv()
+        except EOFError:
+            outbox.close()
+            return
+        outbox.send(item * 2)
+
+
+def queue_echo(inq: Any, outq: Any, n: int) -> None:
+    for _ in range(n):
+        outq.put(inq.get(timeout=60))
