@@ -8,7 +8,8 @@ target. Run from the repository root::
     python -m benchmarks.mp_bench --quick    # smaller sizes
 
 Rows: Pipe round trips per second (parent <-> child echo), Queue put/get items per second
-(a child puts, the parent gets; timed from the first item on), and the PPO-style rollout of ``examples/ppo_rollout.py``
+(a child puts, the parent gets; and the parent puts, a child gets; timed once the other
+process runs), and the PPO-style rollout of ``examples/ppo_rollout.py``
 (4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
 per environment step.
 """
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = {"pipe_roundtrips": 0.5, "queue_items": 0.5, "rollout_1ms": 0.9, "rollout_10us": 0.5}
+TARGETS = {"pipe_roundtrips": 0.5, "queue_items": 0.5, "queue_items_to_child": 0.5,
+           "rollout_1ms": 0.9, "rollout_10us": 0.5}
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
 
@@ -73,6 +75,29 @@ def queue_items(mp: Any, n: int) -> float:
     return rate
 
 
+def consume(q: Any, done: Any, n: int) -> None:
+    q.get(timeout=60)
+    done.put("ready")
+    for _ in range(n):
+        q.get(timeout=60)
+    done.put(n)
+
+
+def queue_items_to_child(mp: Any, n: int) -> float:
+    q, done = mp.Queue(), mp.Queue()
+    p = mp.Process(target=consume, args=(q, done, n))
+    p.start()
+    q.put(-1)
+    assert done.get(timeout=60) == "ready"  # the consumer runs: only put/get are timed
+    start = time.perf_counter()
+    for i in range(n):
+        q.put(i)
+    done.get(timeout=120)
+    rate = n / (time.perf_counter() - start)
+    p.join(30)
+    return rate
+
+
 def rollout(mp: Any, steps: int, cost: float) -> float:
     import ppo_rollout  # on PYTHONPATH (see `_fresh`), so children import it by name
 
@@ -81,12 +106,15 @@ def rollout(mp: Any, steps: int, cost: float) -> float:
 
 
 def measure(row: str, system: str, quick: bool) -> float:
-    mp = importlib.import_module(SYSTEMS[system])
+    # spawn for both: a forked child would also hold the parent's pipe ends open
+    mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
     scale = 1 if quick else 4
     if row == "pipe_roundtrips":
         return pipe_roundtrips(mp, 500 * scale)
     if row == "queue_items":
         return queue_items(mp, 1000 * scale)
+    if row == "queue_items_to_child":
+        return queue_items_to_child(mp, 1000 * scale)
     if row == "rollout_1ms":
         return rollout(mp, 50 * scale, 1e-3)
     return rollout(mp, 100 * scale, 1e-5)
