@@ -471,6 +471,19 @@ class DockerBackend(Backend):
 
     # -- stopping --------------------------------------------------------------------------
 
+    def signal(self, handle: WorkerHandle, sig: int) -> None:
+        """``docker kill --signal``: the container's init passes ``sig`` on to the worker.
+
+        A container that already exited (or was removed) is left alone.
+        """
+        api = self._api()
+        with self._errors("signal container", name=handle.ref[:12]):
+            try:
+                api.kill(handle.ref, signal=int(sig))
+            except self._docker.errors.APIError as exc:
+                if not _is_gone(exc):  # gone, or not running (409)
+                    raise
+
     def stop(self, handle: WorkerHandle, *, grace: float | None = None) -> None:
         """SIGTERM the container, SIGKILL it after ``grace`` seconds, and wait until removed."""
         self.unwatch(handle)

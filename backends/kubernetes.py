@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -66,6 +67,7 @@ __all__ = ["KubernetesBackend", "remove_stray"]
 
 log = logging.getLogger("fiberexec.backends.kubernetes")
 Json = dict[str, Any]
+SIGTERM_GRACE = 2  # seconds between SIGTERM and SIGKILL when a worker is signalled
 
 
 class KubernetesBackend(Backend):
@@ -208,6 +210,22 @@ class KubernetesBackend(Backend):
         if known:
             self._delete_pod(handle.ref, grace)
         self._forget(handle.ref)
+
+    def signal(self, handle: WorkerHandle, sig: int) -> None:
+        """SIGTERM or SIGKILL, delivered the only way the API offers: deleting the pod.
+
+        SIGTERM deletes it with a grace period of `SIGTERM_GRACE` seconds (the kubelet sends
+        SIGTERM, then SIGKILL); SIGKILL deletes it with none. The exit is reported by the
+        watch as usual. Other signals would need ``pods/exec``, so they raise.
+        """
+        if sig not in (signal.SIGTERM, signal.SIGKILL):
+            super().signal(handle, sig)
+        with self._lock:
+            known = handle.ref in self._workers
+        if known:
+            _delete(self._retry, "pods", self.namespace, self._core().delete_namespaced_pod,
+                    handle.ref, timeout=self.request_timeout,
+                    grace_period_seconds=SIGTERM_GRACE if sig == signal.SIGTERM else 0)
 
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         core = self._core()

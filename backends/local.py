@@ -129,6 +129,13 @@ class LocalBackend(Backend):
                 proc.kill()
         proc.wait(timeout=10)  # reap: no zombie survives stop()
 
+    def signal(self, handle: WorkerHandle, sig: int) -> None:
+        """Send ``sig`` to the worker process (nothing if it already exited)."""
+        with self._lock:
+            proc = self._procs.get(handle.worker_id)
+        if proc is not None:
+            proc.send_signal(sig)  # a no-op once the process was reaped
+
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         if self._logdir is None:
             return ""

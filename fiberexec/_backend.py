@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from fiberexec._errors import ConfigurationError
+from fiberexec._errors import BackendError, ConfigurationError
 
 if TYPE_CHECKING:  # _capabilities imports _config, which imports this module
     from fiberexec._capabilities import MasterRequest, Probe
@@ -146,6 +146,14 @@ def _signal_name(number: int) -> str:
 ExitListener = Callable[[WorkerHandle, WorkerStatus], None]
 
 
+class SignalNotSupportedError(BackendError, NotImplementedError):
+    """A backend cannot deliver this signal to a worker (`Backend.signal`).
+
+    Callers fall back to `Backend.stop`. It is a `NotImplementedError` too, so code that
+    probes for an optional operation with ``except NotImplementedError`` keeps working.
+    """
+
+
 class Backend(abc.ABC):
     """Starts, inspects and stops job-backed workers. Subclass it to add a backend.
 
@@ -185,6 +193,23 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         """Return the last ``tail`` lines the worker wrote, or ``""`` if none were kept."""
+
+    def signal(self, handle: WorkerHandle, sig: int) -> None:
+        """Send signal ``sig`` to the worker's program; optional for a backend.
+
+        The worker's exit (if the signal ends it) is reported by `watch` and `status` as any
+        other exit, with ``exit_code == -sig``. Signalling a worker that already exited does
+        nothing. Backends that cannot deliver signals keep this default.
+
+        Raises:
+            SignalNotSupportedError: this backend (or this signal on it) is not supported;
+                call `stop` instead.
+        """
+        raise SignalNotSupportedError(
+            f"the {self.name!r} backend cannot send signal {_signal_name(sig)} to worker "
+            f"{handle.worker_id}; use stop() to end it, or implement {type(self).__name__}"
+            ".signal()"
+        )
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Call ``listener(handle, status)`` once, from any thread, when the worker finishes."""

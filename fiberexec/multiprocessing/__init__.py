@@ -1,14 +1,26 @@
 """A drop-in for the `multiprocessing` API whose processes are local processes, containers
 or pods: ``import fiberexec.multiprocessing as mp``.
 
-`Pool` runs on `FiberExecutor`; `Process`, queues, pipes and managers run on the same
-backends through the backend seam, over authenticated pynng connections.
+`Pool` runs on `FiberExecutor`; `Process`, queues, pipes, locks, shared values and managers
+run on the same backends through the backend seam, over authenticated connections. Start
+methods (`get_context`, `set_start_method`) are accepted by name and change nothing: every
+process is a fresh interpreter. See the README for what each name does on each backend.
 """
 
 from __future__ import annotations
 
+from multiprocessing import reducer
+
 from fiberexec.multiprocessing._backends import meta, set_default_backend
 from fiberexec.multiprocessing._connection import Connection, Pipe
+from fiberexec.multiprocessing._context import (
+    BaseContext,
+    get_all_start_methods,
+    get_context,
+    get_start_method,
+    set_start_method,
+)
+from fiberexec.multiprocessing._context import _default as _default_context
 from fiberexec.multiprocessing._errors import (
     AuthenticationError,
     BufferTooShort,
@@ -18,8 +30,7 @@ from fiberexec.multiprocessing._errors import (
 )
 from fiberexec.multiprocessing._managers import (
     AsyncManager,
-    AsyncProxy,
-    BaseProxy,
+    BaseManager,
     Manager,
     SyncManager,
 )
@@ -31,19 +42,47 @@ from fiberexec.multiprocessing._process import (
     current_process,
     parent_process,
 )
+from fiberexec.multiprocessing._proxies import AsyncProxy, BaseProxy
 from fiberexec.multiprocessing._queues import JoinableQueue, Queue, SimpleQueue
+from fiberexec.multiprocessing._sharedctypes import Array, RawArray, RawValue, Value
+from fiberexec.multiprocessing._sync import (
+    Barrier,
+    BoundedSemaphore,
+    BrokenBarrierError,
+    Condition,
+    Event,
+    Lock,
+    RLock,
+    Semaphore,
+)
+
+freeze_support = _default_context.freeze_support
+get_logger = _default_context.get_logger
+log_to_stderr = _default_context.log_to_stderr
+allow_connection_pickling = _default_context.allow_connection_pickling
+set_executable = _default_context.set_executable
+set_forkserver_preload = _default_context.set_forkserver_preload
 
 __all__ = [
     "ApplyResult",
+    "Array",
     "AsyncManager",
     "AsyncProxy",
     "AsyncResult",
     "AuthenticationError",
+    "Barrier",
+    "BaseContext",
+    "BaseManager",
     "BaseProxy",
+    "BoundedSemaphore",
+    "BrokenBarrierError",
     "BufferTooShort",
+    "Condition",
     "Connection",
+    "Event",
     "IMapIterator",
     "JoinableQueue",
+    "Lock",
     "Manager",
     "MapResult",
     "Pipe",
@@ -51,14 +90,30 @@ __all__ = [
     "Process",
     "ProcessError",
     "Queue",
+    "RLock",
+    "RawArray",
+    "RawValue",
     "RemoteError",
+    "Semaphore",
     "SimpleQueue",
     "SyncManager",
     "TimeoutError",
+    "Value",
     "active_children",
+    "allow_connection_pickling",
     "cpu_count",
     "current_process",
+    "freeze_support",
+    "get_all_start_methods",
+    "get_context",
+    "get_logger",
+    "get_start_method",
+    "log_to_stderr",
     "meta",
     "parent_process",
+    "reducer",
     "set_default_backend",
+    "set_executable",
+    "set_forkserver_preload",
+    "set_start_method",
 ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from typing import Any
 from fiberexec._backend import (
     Backend,
     Resources,
-    WorkerHandle,
     parse_memory,
 )
 from fiberexec._errors import ConfigurationError
@@ -121,19 +119,3 @@ def note_unenforced(backend: Backend, resources: Resources) -> None:
     if backend.name == "local" and resources != Resources():
         log.info("the local backend does not enforce %s; the work runs without limits",
                  resources)
-
-
-def kill(backend: Backend, handle: WorkerHandle, sig: int) -> bool:
-    """Signal a worker so its watcher still reports the exit; True if it was signalled.
-
-    A local worker gets ``sig`` itself (its exit code says so); elsewhere the backend stops
-    the job (SIGTERM, then SIGKILL after a grace period) and this returns False.
-    """
-    if backend.name == "local" and handle.ref.isdigit():
-        try:
-            os.kill(int(handle.ref), sig)
-        except ProcessLookupError:
-            pass
-        return True
-    backend.stop(handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
-    return False

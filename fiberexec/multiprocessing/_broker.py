@@ -17,15 +17,18 @@ import itertools
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec import _auth
+from fiberexec.multiprocessing import _sync_server
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
+from fiberexec.multiprocessing._wire import loads
 
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
+SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 
 
 @dataclass
@@ -37,7 +40,24 @@ class Chan:
     cond: threading.Condition = field(default_factory=threading.Condition)
     unfinished: int = 0  # JoinableQueue: put() minus task_done()
     writers: int = -1  # pipe ends that may still send here; 0 means EOF (-1: not counted)
-    tickets: dict[str, bool] = field(default_factory=dict)  # pickled ends: ticket -> claimed
+    tickets: dict[str, bool | None] = field(default_factory=dict)  # pickled ends: ticket ->
+    # claimed (None: dropped because the process it was pickled for ended without it)
+    subscriber: Any = None  # the `_stream.Peer` whose process reads this pipe direction
+    cid: int = 0
+
+    def push(self) -> None:
+        """Hand queued items (and end-of-file) to the subscribed reader (under ``cond``)."""
+        peer = self.subscriber
+        if peer is None:
+            return
+        try:
+            while self.items:
+                peer.send_item(self.cid, self.items[0])
+                self.items.popleft()
+            if self.writers == 0:
+                peer.send_eof(self.cid)
+        except OSError:  # the reader's process is gone: keep the rest here
+            self.subscriber = None
 
 
 class Broker:
@@ -46,9 +66,15 @@ class Broker:
         self.chans: dict[int, Chan] = {}
         self.processes: dict[int, bytes] = {}
         self.pids: dict[int, int] = {}
+        self.fetched = threading.Condition()  # notified when a child reports its pid
+        self.objects: dict[int, Any] = {}  # locks, events, ... (see `_sync_server`)
+        self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
+        self.hub: Any = None  # the `_stream.Hub` (started when a remote process asks)
+        self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
         self.server = RpcServer(self.secret, self.handle, host)
+        self.server_host, self.advertise = host, advertise
         self.address = self.server.advertised(advertise)
         self.endpoint = Endpoint(self.address, self.secret)
         _alias(self.server, self.address)
@@ -56,6 +82,8 @@ class Broker:
             "new": self._new, "put": self._put, "get": self._get, "qsize": self._qsize,
             "task_done": self._task_done, "join": self._join, "poll": self._poll,
             "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
+            "obj_new": self._obj_new, "obj_call": self._obj_call, "obj_get": self._obj_get,
+            "buf_read": self._buf_read, "buf_write": self._buf_write, "stream": self._stream,
         }
 
     def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
@@ -63,6 +91,7 @@ class Broker:
         fn = self.ops.get(op)
         if fn is None:
             raise ValueError(f"unknown broker operation {op!r}")
+        _sync_server.caller.value = caller
         return fn(body, *args)
 
     def chan(self, cid: int) -> Chan:
@@ -74,7 +103,7 @@ class Broker:
     def _new(self, _body: bytes, maxsize: int, writers: int) -> tuple[Any, bytes]:
         with self.lock:
             cid = next(self.ids)
-            self.chans[cid] = Chan(maxsize=max(0, maxsize), writers=writers)
+            self.chans[cid] = Chan(maxsize=max(0, maxsize), writers=writers, cid=cid)
         return cid, b""
 
     def _put(self, body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
@@ -86,6 +115,7 @@ class Broker:
             chan.items.append(body)
             chan.unfinished += 1
             chan.cond.notify_all()
+            chan.push()
         return OK, b""
 
     def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
@@ -140,22 +170,128 @@ class Broker:
         return True, b""
 
     def _claim(self, _body: bytes, cid: int, ticket: str) -> tuple[Any, bytes]:
-        """A copy was unpickled: it owns the ticket's count (a second copy takes another)."""
-        chan = self.chan(cid)
-        with chan.cond:
-            if chan.tickets.get(ticket) is False:
-                chan.tickets[ticket] = True
-            elif chan.writers > 0:
-                chan.writers += 1
+        self.claim(cid, ticket, _sync_server.caller.value[0])
         return None, b""
 
-    def _unref(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+    def claim(self, cid: int, ticket: str, holder: str) -> None:
+        """A copy was unpickled by ``holder`` (a process token): it owns the ticket's count
+        (a second copy, or a copy of a dropped ticket, takes another)."""
         chan = self.chan(cid)
         with chan.cond:
-            if chan.writers > 0:
-                chan.writers -= 1
-                chan.cond.notify_all()
+            if chan.writers < 0:
+                return
+            dropped = ticket in chan.tickets and chan.tickets[ticket] is None
+            if chan.tickets.get(ticket) is False:
+                chan.tickets[ticket] = True
+            elif chan.writers > 0 or dropped:
+                chan.writers += 1
+                chan.tickets[ticket] = True
+            self.held.setdefault(holder, Counter())[cid] += 1
+
+    def _unref(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+        self.unref(cid, _sync_server.caller.value[0])
         return None, b""
+
+    def unref(self, cid: int, holder: str, count: int = 1) -> None:
+        """``holder`` closed ``count`` copies of an end; at zero the reader sees EOF."""
+        chan = self.chan(cid)
+        with chan.cond:
+            held = self.held.get(holder)
+            if held is not None and held[cid] > 0:
+                held[cid] -= 1
+            if chan.writers > 0:
+                chan.writers = max(0, chan.writers - count)
+                chan.cond.notify_all()
+                chan.push()
+
+    def drop_tickets(self, tickets: list[tuple[int, str]]) -> None:
+        """A process ended: the counts of ends pickled for it that it never claimed go."""
+        for cid, ticket in tickets:
+            chan = self.chans.get(cid)
+            if chan is None:
+                continue
+            with chan.cond:
+                if chan.tickets.get(ticket) is not False:
+                    continue
+                chan.tickets[ticket] = None
+            self.unref(cid, "")
+
+    def subscribe(self, cid: int, peer: Any) -> None:
+        """``peer``'s process reads ``cid``: items go to it as they arrive."""
+        chan = self.chan(cid)
+        with chan.cond:
+            chan.subscriber = peer
+            chan.push()
+
+    def unsubscribe(self, cid: int, peer: Any) -> None:
+        chan = self.chans.get(cid)
+        if chan is not None:
+            with chan.cond:
+                if chan.subscriber is peer:
+                    chan.subscriber = None
+
+    def peer_lost(self, peer: Any, holder: str | None) -> None:
+        """A process's stream closed (it exited or died): release all it held."""
+        for chan in list(self.chans.values()):
+            if chan.subscriber is peer:
+                self.unsubscribe(chan.cid, peer)
+        held = self.held.pop(holder, None) if holder is not None else None
+        for cid, count in (held or Counter()).items():
+            if count > 0 and cid in self.chans:
+                self.unref(cid, "", count)
+
+    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...],
+                 lock_id: int | None = None) -> tuple[Any, bytes]:
+        kwargs: dict[str, Any] = {}
+        if lock_id is not None:
+            kwargs["lock"] = self.obj(lock_id)
+        if body:
+            kwargs["action"] = loads(body, what="barrier action")
+        obj = _sync_server.KINDS[kind](*args, **kwargs)
+        with self.lock:
+            oid = next(self.ids)
+            self.objects[oid] = obj
+        return oid, b""
+
+    def obj(self, oid: int) -> Any:
+        obj = self.objects.get(oid)
+        if obj is None:
+            raise ValueError(f"object {oid} does not exist on this broker")
+        return obj
+
+    def _obj_call(self, _body: bytes, oid: int, name: str, args: tuple[Any, ...]) -> tuple[
+            Any, bytes]:
+        return getattr(self.obj(oid), name)(*args), b""
+
+    def _obj_get(self, _body: bytes, oid: int, name: str) -> tuple[Any, bytes]:
+        if name == "_describe":
+            return _sync_server.describe(self.obj(oid)), b""
+        return getattr(self.obj(oid), name), b""
+
+    def _buf_read(self, _body: bytes, name: str, offset: int, size: int) -> tuple[Any, bytes]:
+        view = self.buffer(name)
+        return None, bytes(view[offset:offset + size])
+
+    def _buf_write(self, body: bytes, name: str, offset: int) -> tuple[Any, bytes]:
+        view = self.buffer(name)
+        view[offset:offset + len(body)] = body
+        return None, b""
+
+    def buffer(self, name: str) -> memoryview:
+        found = self.buffers.get(name)
+        view = found() if found is not None else None
+        if view is None:
+            raise ValueError(f"shared buffer {name} is gone (its creator released it)")
+        return memoryview(view)[SHARED_HEADER:]
+
+    def _stream(self, _body: bytes) -> tuple[Any, bytes]:
+        """The address of this broker's stream listener (see `_stream`), started now."""
+        from fiberexec.multiprocessing._stream import Hub
+
+        with self.lock:
+            if self.hub is None:
+                self.hub = Hub(self, self.server_host, self.advertise)
+        return self.hub.address, b""
 
     def add_process(self, payload: bytes) -> int:
         with self.lock:
@@ -166,12 +302,22 @@ class Broker:
     def _fetch(self, _body: bytes, proc_id: int, os_pid: int) -> tuple[Any, bytes]:
         with self.lock:
             payload = self.processes.pop(proc_id, None)
+        with self.fetched:
             self.pids[proc_id] = os_pid
+            self.fetched.notify_all()
         if payload is None:
             raise ValueError(f"process {proc_id} was already fetched or never existed")
         return None, payload
 
+    def pid_of(self, proc_id: int, timeout: float, gone: Callable[[], bool]) -> int | None:
+        """The pid child ``proc_id`` reported, waiting up to ``timeout`` (unless ``gone()``)."""
+        with self.fetched:
+            self.fetched.wait_for(lambda: proc_id in self.pids or gone(), timeout)
+            return self.pids.get(proc_id)
+
     def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
         self.server.close()
 
 

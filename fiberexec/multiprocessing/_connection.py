@@ -1,17 +1,21 @@
-"""`Pipe` and `Connection`: two broker queues, one per direction, with end-of-file.
+"""`Pipe` and `Connection`: two broker channels, one per direction, with end-of-file.
 
 Each direction counts the open `Connection` objects that may send into it (a pickled copy
-holds its own count, taken when it is pickled); when the last is closed or collected, the
-other end's ``recv`` raises `EOFError` once the data already sent is read.
+holds its own count, taken when it is pickled); when the last is closed or collected, or
+the process holding it ends, the other end's ``recv`` raises `EOFError` once the data
+already sent is read. In the creating process an end talks to the broker by direct calls;
+anywhere else it uses that process's `_stream` to the creator (no round trip per message).
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import weakref
 from typing import Any
 
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._queues import SLICE
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
@@ -26,6 +30,8 @@ class Connection:
         self._recv_id, self._send_id = recv_id, send_id
         self._closer: weakref.finalize | None = None  # type: ignore[type-arg]
         self._ticket = secrets.token_hex(8)
+        self._stream = st.stream_for(endpoint)  # None in the creating process
+        self._subscribed = False
         if send_id is not None:
             self._closer = weakref.finalize(self, _release, endpoint, send_id)
             _open.add(self)
@@ -47,6 +53,9 @@ class Connection:
             while not self._endpoint.call("ref", (self._send_id, ticket))[0]:
                 ticket = self._ticket = secrets.token_hex(8)
         ep = self._endpoint
+        capture = getattr(_capture, "tickets", None)
+        if capture is not None and ticket:
+            capture.append((ep.address, self._send_id, ticket))
         return (_rebuild, (ep.address, ep.secret, self._recv_id, self._send_id, ticket))
 
     def _check(self, readable: bool) -> int:
@@ -74,7 +83,11 @@ class Connection:
             raise ValueError("size is negative")
         if offset + size > len(view):
             raise ValueError("buffer length < offset + size")
-        self._endpoint.call("put", (cid, 0.0), bytes(view[offset:offset + size]))
+        data = bytes(view[offset:offset + size])
+        if self._stream is not None:
+            self._stream.send(st.PUT, cid, data)
+        else:
+            self._endpoint.call("put", (cid, 0.0), data)
 
     def recv_bytes(self, maxlength: int | None = None) -> bytes:
         """Receive one message as bytes; `EOFError` when the other end is closed."""
@@ -101,8 +114,16 @@ class Connection:
         """Receive one object sent with `send`; `EOFError` when the other end is closed."""
         return loads(self._receive(), what="object received from the pipe")
 
+    def _subscribe(self, stream: st.Stream, cid: int) -> None:
+        if not self._subscribed:
+            stream.subscribe(cid)
+            self._subscribed = True
+
     def _receive(self) -> bytes:
         cid = self._check(readable=True)
+        if self._stream is not None:
+            self._subscribe(self._stream, cid)
+            return self._stream.take(cid)
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
@@ -119,6 +140,9 @@ class Connection:
     def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether data (or end-of-file) is waiting; wait up to ``timeout`` (None: forever)."""
         cid = self._check(readable=True)
+        if self._stream is not None:
+            self._subscribe(self._stream, cid)
+            return self._stream.wait(cid, timeout)
         return b.wait_slices(timeout, SLICE, lambda w: bool(
             self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
 
@@ -126,6 +150,9 @@ class Connection:
         """Close this end; once every copy of it is closed, the other end sees EOF."""
         if self._closer is not None:
             self._closer()
+        if self._subscribed and self._stream is not None and self._recv_id is not None:
+            self._stream.unsubscribe(self._recv_id)
+            self._subscribed = False
         self._recv_id = self._send_id = None
 
     def __enter__(self) -> Connection:
@@ -136,6 +163,18 @@ class Connection:
 
 
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
+_capture = threading.local()  # .tickets: pipe ends pickled into a Process payload
+
+
+def capture_tickets() -> list[tuple[str, int, str]]:
+    """Start recording the ends this thread pickles (see `Process.start`)."""
+    tickets: list[tuple[str, int, str]] = []
+    _capture.tickets = tickets
+    return tickets
+
+
+def stop_capture() -> None:
+    _capture.tickets = None
 
 
 def release_all() -> None:
@@ -146,7 +185,11 @@ def release_all() -> None:
 
 def _release(endpoint: Endpoint, cid: int) -> None:
     try:
-        endpoint.call("unref", (cid,), timeout=5.0)
+        stream = st.stream_for(endpoint)
+        if stream is not None:
+            stream.send(st.RELEASE, cid)
+        else:
+            endpoint.call("unref", (cid,), timeout=5.0)
     except Exception:  # the broker is gone: nobody is left to tell
         pass
 
@@ -155,7 +198,11 @@ def _rebuild(address: str, secret: bytes, recv_id: int | None, send_id: int | No
              ticket: str) -> Connection:
     endpoint = Endpoint(address, secret)
     if send_id is not None:
-        endpoint.call("claim", (send_id, ticket))
+        stream = st.stream_for(endpoint)
+        if stream is not None:
+            stream.send(st.CLAIM, send_id, ticket.encode())
+        else:
+            endpoint.call("claim", (send_id, ticket))
     return Connection(endpoint, recv_id, send_id)
 
 

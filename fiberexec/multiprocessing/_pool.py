@@ -8,13 +8,18 @@
 
 A worker that dies or a result that cannot be unpickled fails its future (the executor's
 `WorkerLostError` / `SerializationError`), so the result raises instead of hanging.
+Errors are given the standard library's shapes as they come out: the remote traceback in
+``__cause__`` becomes a `multiprocessing.pool.RemoteTraceback`, and a result the worker
+could not send becomes `multiprocessing.pool.MaybeEncodingError`.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import logging
+import pickle
 import threading
 import weakref
 from collections import deque
@@ -25,6 +30,7 @@ from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
+from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
 from fiberexec.multiprocessing._backends import (
     BackendLike,
@@ -53,7 +59,29 @@ def _outcome(future: Future[Any]) -> tuple[bool, Any]:
     if future.cancelled():
         return False, ProcessError("the pool was terminated before this task finished")
     exc = future.exception()
-    return (True, future.result()) if exc is None else (False, exc)
+    return (True, future.result()) if exc is None else (False, _as_stdlib(exc))
+
+
+_STD_POOL = vars(importlib.import_module("multiprocessing.pool"))  # these are not in typeshed
+_REMOTE_TRACEBACK: type[Exception] = _STD_POOL["RemoteTraceback"]
+_MAYBE_ENCODING: type[Exception] = _STD_POOL["MaybeEncodingError"]
+
+
+def _as_stdlib(exc: BaseException) -> BaseException:
+    """The error as `multiprocessing.Pool` raises it (see the module docstring)."""
+    cause = exc.__cause__
+    if _is_remote_traceback(cause) and not isinstance(cause, _REMOTE_TRACEBACK):
+        exc.__cause__ = _REMOTE_TRACEBACK(str(cause))
+    if isinstance(exc, SerializationError | pickle.PicklingError) and (
+            "pickle the result" in str(exc)):
+        unsent = _MAYBE_ENCODING(exc, "<the result>")
+        unsent.__cause__ = exc.__cause__
+        return unsent
+    return exc
+
+
+def _is_remote_traceback(cause: object) -> bool:
+    return isinstance(cause, Exception) and type(cause).__name__.endswith("RemoteTraceback")
 
 
 class ApplyResult:

@@ -6,7 +6,9 @@
                 exits 0, 1 (an exception, traceback on stderr) or the SystemExit code
     backend.watch -> exitcode set, sentinel readable, join() returns
 
-A child exits when its parent's broker goes away, so no process outlives its parent.
+A child exits when its parent's broker goes away, so no process outlives its parent. A
+child's own children run beside it (``FIBEREXEC_BACKEND=local`` there: processes in its
+container or pod), and it joins them before it exits, as the standard library's do.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fiberexec._backend import Backend, Resources, WorkerHandle, WorkerSpec, WorkerStatus
+from fiberexec._backend import (
+    Backend,
+    Resources,
+    SignalNotSupportedError,
+    WorkerHandle,
+    WorkerSpec,
+    WorkerStatus,
+)
 from fiberexec.multiprocessing import _backends
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._wire import dumps
@@ -28,6 +37,9 @@ from fiberexec.multiprocessing._wire import dumps
 ENV_ADDRESS = "FIBEREXEC_MP_ADDRESS"
 ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
 ENV_SECRET = "FIBEREXEC_MP_SECRET"
+ENV_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
+ENV_PARENT = "FIBEREXEC_MP_PARENT"  # "<pid> <name>" of the parent
+PID_WAIT = 30.0  # seconds `pid` waits for a started child to report its pid
 COMMAND = ("python", "-m", "fiberexec.multiprocessing._process_main")
 _counter = itertools.count(1)
 _children: set[Process] = set()
@@ -46,6 +58,7 @@ class _Runtime:
         self.done = threading.Event()
         self.sentinel_r, self.sentinel_w = os.pipe()
         self.signalled: int | None = None
+        self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
 
     def finish(self, code: int | None) -> None:
         if self.done.is_set():
@@ -53,6 +66,9 @@ class _Runtime:
         self.exitcode = code
         self.done.set()
         os.close(self.sentinel_w)
+        broker = get_broker()
+        with broker.fetched:  # a `pid` waiting for this child stops waiting
+            broker.fetched.notify_all()
 
 
 class Process:
@@ -87,6 +103,7 @@ class Process:
         self._kwargs = dict(kwargs or {})
         self._name = name or f"{type(self).__name__}-{next(_counter)}"
         self._daemon = bool(daemon) if daemon is not None else current_process().daemon
+        self._authkey = current_process().authkey
         self._backend_choice = backend
         self._fx: _Runtime | None = None
         self._closed = False
@@ -103,6 +120,7 @@ class Process:
         state = dict(self.__dict__)
         state["_fx"] = None
         state["_backend_choice"] = None
+        state["_authkey"] = b""  # travels as a secret (`ENV_AUTHKEY`), never in a pickle
         return state
 
     # ------------------------------------------------------------ parent side
@@ -115,11 +133,21 @@ class Process:
             raise AssertionError("cannot start a process twice")
         if self._child_pid is not None:
             raise AssertionError("can only start a process object created by current process")
+        if current_process().daemon:
+            raise AssertionError("daemonic processes are not allowed to have children")
         choice = self._backend_choice
         backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
         broker = get_broker()
         _install_exit_hook()
-        runtime = _Runtime(backend, broker.add_process(dumps(self, what="process")))
+        from fiberexec.multiprocessing import _connection
+
+        tickets = _connection.capture_tickets()
+        try:
+            payload = dumps(self, what="process")
+        finally:
+            _connection.stop_capture()
+        runtime = _Runtime(backend, broker.add_process(payload))
+        runtime.tickets = [(cid, t) for address, cid, t in tickets if address == broker.address]
         spec = self._spec(broker.address, broker.secret, runtime.proc_id)
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)
@@ -135,8 +163,9 @@ class Process:
             worker_id=f"mp-{os.getpid()}-{proc_id}",
             executor_id=f"mp{os.getpid()}",
             command=COMMAND,
-            env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id)},
-            secret_env={ENV_SECRET: secret.hex()},
+            env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
+                 ENV_PARENT: f"{os.getpid()} {current_process().name}"},
+            secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
             workdir=os.getcwd(),
             resources=resources,
             labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
@@ -190,15 +219,18 @@ class Process:
         if runtime.done.is_set() or runtime.handle is None:
             return
         runtime.signalled = sig
-        if not _backends.kill(runtime.backend, runtime.handle, sig):
+        try:
+            runtime.backend.signal(runtime.handle, sig)
+        except SignalNotSupportedError:  # the backend can only stop the job
+            runtime.backend.stop(runtime.handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
             runtime.finish(-sig)
 
     def terminate(self) -> None:
-        """SIGTERM (on a local backend; elsewhere the backend stops the job)."""
+        """Send SIGTERM; `exitcode` becomes ``-SIGTERM`` (see `Backend.signal`)."""
         self._signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL (on a local backend; elsewhere the backend stops the job)."""
+        """Send SIGKILL; `exitcode` becomes ``-SIGKILL``."""
         self._signal(signal.SIGKILL)
 
     def close(self) -> None:
@@ -219,16 +251,27 @@ class Process:
 
     @property
     def pid(self) -> int | None:
+        """The child's pid as the child sees it (in a container: its own pid namespace).
+
+        Known once the child has started; a started child's pid waits up to `PID_WAIT`.
+        """
         if self._child_pid is not None:
             return self._child_pid
         runtime = self._fx
-        if runtime is None or runtime.handle is None:
+        if runtime is None:
             return None
-        if runtime.handle.ref.isdigit():
-            return int(runtime.handle.ref)
-        return get_broker().pids.get(runtime.proc_id)
+        return get_broker().pid_of(runtime.proc_id, PID_WAIT, runtime.done.is_set)
 
     ident = pid
+
+    @property
+    def authkey(self) -> bytes:
+        """The process's authentication key (a child gets its parent's, as in the stdlib)."""
+        return self._authkey
+
+    @authkey.setter
+    def authkey(self, value: bytes) -> None:
+        self._authkey = bytes(value)
 
     @property
     def name(self) -> str:
@@ -263,13 +306,46 @@ class Process:
 
 class _MainProcess(Process):
     def __init__(self) -> None:
+        import multiprocessing
+
         self._name, self._daemon, self._fx, self._closed = "MainProcess", False, None, False
         self._child_pid = os.getpid()
         self._target, self._args, self._kwargs, self._backend_choice = None, (), {}, None
+        self._authkey = bytes(multiprocessing.current_process().authkey)  # one key, as stdlib
+
+
+class _ParentProcess:
+    """The parent as seen from a child: alive until its broker connection is lost."""
+
+    def __init__(self, pid: int, name: str, lost: threading.Event) -> None:
+        self.pid = self.ident = pid
+        self.name, self.daemon, self.exitcode = name, False, None
+        self._lost = lost
+        self._sentinel_r, sentinel_w = os.pipe()
+
+        def close_when_lost() -> None:
+            lost.wait()
+            os.close(sentinel_w)
+
+        threading.Thread(target=close_when_lost, daemon=True,
+                         name="fiberexec-parent-sentinel").start()
+
+    def is_alive(self) -> bool:
+        return not self._lost.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._lost.wait(timeout)
+
+    @property
+    def sentinel(self) -> int:
+        return self._sentinel_r
+
+    def __repr__(self) -> str:
+        return f"<_ParentProcess name={self.name!r} parent={self.pid} unknown>"
 
 
 _current: Process | None = None
-_parent: Process | None = None
+_parent: _ParentProcess | None = None
 
 
 def current_process() -> Process:
@@ -280,8 +356,9 @@ def current_process() -> Process:
     return _current
 
 
-def parent_process() -> Process | None:
-    """None in the main process (the parent's object is not available in children)."""
+def parent_process() -> _ParentProcess | None:
+    """The parent of this process (name, pid, ``is_alive``, ``join``, ``sentinel``); None
+    in the main process."""
     return _parent
 
 
@@ -302,7 +379,7 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
     """
     backend = runtime.backend
     try:
-        if code != 0 and backend.name != "local":
+        if code != 0:  # "" where the child wrote to our stderr itself (local processes)
             text = backend.logs(handle, tail=200)
             if text:
                 sys.stderr.write(text if text.endswith("\n") else text + "\n")
@@ -310,6 +387,7 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
     except Exception as exc:
         print(f"fiberexec: could not clean up {handle.ref}: {exc}", file=sys.stderr)
     finally:
+        get_broker().drop_tickets(runtime.tickets)  # ends it never took: readers see EOF
         runtime.finish(code)
 
 
@@ -326,6 +404,10 @@ def _exit_function(pid: int) -> None:
     """At exit, terminate daemonic children and join the others, as the stdlib does."""
     if os.getpid() != pid:
         return
+    join_children()
+
+
+def join_children() -> None:
     for child in active_children():
         if child.daemon:
             child.terminate()

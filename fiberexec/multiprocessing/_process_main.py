@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import traceback
+from typing import Any
 
 EXIT_NO_PARENT = 4
 
@@ -43,13 +44,40 @@ def main() -> None:
         secret = _auth.secret_from_hex(os.environ.pop(_process.ENV_SECRET))
     except KeyError as exc:
         sys.exit(f"fiberexec process: missing environment variable {exc}; Process.start sets it")
+    authkey = bytes.fromhex(os.environ.pop(_process.ENV_AUTHKEY, ""))
     client = _rpc.client_for(address, secret)
     client.on_lost(lambda: _parent_gone(address))
+    _set_parent(client.lost)
+    from fiberexec.multiprocessing import _shared_memory
+
+    _shared_memory.attach_without_tracking()
+    if authkey:  # before unpickling: stdlib Manager proxies authenticate as they are rebuilt
+        import multiprocessing
+
+        multiprocessing.current_process().authkey = authkey
     _, payload = client.call("fetch", (proc_id, os.getpid()))
     process = loads(payload, what="process")
-    process._child_pid = os.getpid()
-    _process._current = process
+    _become(process, authkey)
     _exit(_run(process))
+
+
+def _set_parent(lost: threading.Event) -> None:
+    from fiberexec.multiprocessing import _process
+
+    pid, _, name = os.environ.get(_process.ENV_PARENT, "0 ?").partition(" ")
+    _process._parent = _process._ParentProcess(int(pid), name, lost)
+
+
+def _become(process: Any, authkey: bytes) -> None:
+    """Make ``process`` this process's `current_process()`, for us and for the stdlib."""
+    import multiprocessing
+
+    from fiberexec.multiprocessing import _process
+
+    process._child_pid = os.getpid()
+    process._authkey = authkey
+    _process._current = process
+    multiprocessing.current_process().name = process.name
 
 
 def _parent_gone(address: str) -> None:
@@ -70,8 +98,12 @@ def _run(process: object) -> int:
         traceback.print_exc()
         code = 1
     from fiberexec.multiprocessing._connection import release_all
+    from fiberexec.multiprocessing._process import join_children
 
-    release_all()  # our pipe ends close, so readers elsewhere see EOF
+    try:
+        join_children()  # as the stdlib: daemonic children terminated, the others joined
+    finally:
+        release_all()  # our pipe ends close, so readers elsewhere see EOF
     return code
 
 

@@ -11,6 +11,7 @@ import queue
 from typing import Any
 
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
 from fiberexec.multiprocessing._wire import dumps, loads
 
@@ -52,9 +53,23 @@ class Queue:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self._cid} maxsize={self._maxsize}>"
 
+    _streamed = True  # an unbounded put needs no answer: it may go over the stream
+
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Put ``obj``; with a full bounded queue wait up to ``timeout``, then `queue.Full`."""
+        """Put ``obj``; with a full bounded queue wait up to ``timeout``, then `queue.Full`.
+
+        Into an unbounded queue created by another process, ``put`` sends the item and
+        returns (as the standard library's feeder thread does); items from one process
+        arrive in the order they were put.
+        """
         data = dumps(obj, what="queue item")
+        if not self._maxsize and self._streamed:
+            if self._closed:
+                raise ValueError(f"{type(self).__name__} {self!r} is closed")
+            stream = _stream_of(self._ep())
+            if stream is not None:
+                stream.send(st.PUT, self._cid, data)
+                return
 
         def attempt(wait: float) -> bool:
             status, _ = self._call("put", wait, body=data, wait=wait)
@@ -120,6 +135,8 @@ class SimpleQueue(Queue):
 class JoinableQueue(Queue):
     """A `Queue` with ``task_done`` and ``join`` (`multiprocessing.JoinableQueue`)."""
 
+    _streamed = False  # join() must see every put() that returned
+
     def task_done(self) -> None:
         """Mark one item as processed; ValueError if called more times than items put."""
         self._call("task_done")
@@ -127,6 +144,10 @@ class JoinableQueue(Queue):
     def join(self, timeout: float | None = None) -> bool:
         """Block until every item put has been marked done (``timeout``: an extension)."""
         return _blocking(True, timeout, lambda w: bool(self._call("join", w, wait=w)[0]))
+
+
+def _stream_of(endpoint: Endpoint) -> st.Stream | None:
+    return st.stream_for(endpoint)
 
 
 def _blocking(block: bool, timeout: float | None, attempt: Any) -> bool:

@@ -121,3 +121,7 @@ def heavy(x: int) -> int:
 def worker_id() -> str:
     """Which worker ran this (pids repeat across containers; worker ids do not)."""
     return os.environ["FIBEREXEC_WORKER_ID"]
+
+
+def unpicklable_x(_: Any) -> threading.Lock:
+    return threading.Lock()

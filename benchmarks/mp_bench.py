@@ -1,0 +1,157 @@
+"""`fiberexec.multiprocessing` against `multiprocessing` on one host, in the same run.
+
+Each measurement runs in a fresh process (``python -m benchmarks.mp_bench --one ...``), the
+standard library first, then fiberexec, and each row shows the ratio to the stdlib and its
+target. Run from the repository root::
+
+    python -m benchmarks.mp_bench            # about a minute
+    python -m benchmarks.mp_bench --quick    # smaller sizes
+
+Rows: Pipe round trips per second (parent <-> child echo), Queue put/get items per second
+(a child puts, the parent gets; and the parent puts, a child gets; timed once the other
+process runs), and the PPO-style rollout of ``examples/ppo_rollout.py``
+(4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
+per environment step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"pipe_roundtrips": 0.5, "queue_items": 0.5, "queue_items_to_child": 0.5,
+           "rollout_1ms": 0.9, "rollout_10us": 0.5}
+SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
+
+
+def echo(conn: Any) -> None:
+    while True:
+        try:
+            conn.send_bytes(conn.recv_bytes())
+        except EOFError:
+            return
+
+
+def produce(q: Any, n: int) -> None:
+    for i in range(n):
+        q.put(i)
+
+
+def pipe_roundtrips(mp: Any, n: int) -> float:
+    here, there = mp.Pipe()
+    p = mp.Process(target=echo, args=(there,))
+    p.start()
+    there.close()
+    here.send_bytes(b"warm")
+    here.recv_bytes()
+    start = time.perf_counter()
+    for _ in range(n):
+        here.send_bytes(b"x" * 64)
+        here.recv_bytes()
+    rate = n / (time.perf_counter() - start)
+    here.close()
+    p.join(30)
+    return rate
+
+
+def queue_items(mp: Any, n: int) -> float:
+    q = mp.Queue()
+    p = mp.Process(target=produce, args=(q, n + 1))
+    p.start()
+    q.get(timeout=60)  # the producer runs: from here on, only put/get are timed
+    start = time.perf_counter()
+    for _ in range(n):
+        q.get(timeout=60)
+    rate = n / (time.perf_counter() - start)
+    p.join(30)
+    return rate
+
+
+def consume(q: Any, done: Any, n: int) -> None:
+    q.get(timeout=60)
+    done.put("ready")
+    for _ in range(n):
+        q.get(timeout=60)
+    done.put(n)
+
+
+def queue_items_to_child(mp: Any, n: int) -> float:
+    q, done = mp.Queue(), mp.Queue()
+    p = mp.Process(target=consume, args=(q, done, n))
+    p.start()
+    q.put(-1)
+    assert done.get(timeout=60) == "ready"  # the consumer runs: only put/get are timed
+    start = time.perf_counter()
+    for i in range(n):
+        q.put(i)
+    done.get(timeout=120)
+    rate = n / (time.perf_counter() - start)
+    p.join(30)
+    return rate
+
+
+def rollout(mp: Any, steps: int, cost: float) -> float:
+    import ppo_rollout  # on PYTHONPATH (see `_fresh`), so children import it by name
+
+    _, rate = ppo_rollout.rollout(mp, 4, steps, 0, cost)
+    return float(rate)
+
+
+def measure(row: str, system: str, quick: bool) -> float:
+    # spawn for both: a forked child would also hold the parent's pipe ends open
+    mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
+    scale = 1 if quick else 4
+    if row == "pipe_roundtrips":
+        return pipe_roundtrips(mp, 500 * scale)
+    if row == "queue_items":
+        return queue_items(mp, 1000 * scale)
+    if row == "queue_items_to_child":
+        return queue_items_to_child(mp, 1000 * scale)
+    if row == "rollout_1ms":
+        return rollout(mp, 50 * scale, 1e-3)
+    return rollout(mp, 100 * scale, 1e-5)
+
+
+def _fresh(row: str, system: str, quick: bool) -> float:
+    cmd = [sys.executable, "-m", "benchmarks.mp_bench", "--one", row, system]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}
+    done = subprocess.run(cmd + (["--quick"] if quick else []), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{row} on {system} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--one", nargs=2, metavar=("ROW", "SYSTEM"))
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    if args.one:
+        print(measure(args.one[0], args.one[1], args.quick))
+        return
+    rows = []
+    print("| row | stdlib | fiberexec | ratio | target | met |")
+    print("|---|---|---|---|---|---|")
+    for row, target in TARGETS.items():
+        std, ours = _fresh(row, "stdlib", args.quick), _fresh(row, "fiberexec", args.quick)
+        ratio = ours / std
+        rows.append({"row": row, "stdlib": std, "fiberexec": ours, "ratio": ratio,
+                     "target": target})
+        print(f"| {row} | {std:.0f}/s | {ours:.0f}/s | {ratio:.2f}x | >= {target}x | "
+              f"{'yes' if ratio >= target else 'NO'} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

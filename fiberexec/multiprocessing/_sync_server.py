@@ -1,0 +1,205 @@
+"""Server-side synchronization objects: what a broker or a manager holds for its clients.
+
+A client call runs on a server thread (or, in the owning process, on the caller's own
+thread), so "who holds the lock" is the calling client thread, named by the `Caller` the RPC
+layer passes in (set in `caller` before each call). Errors carry the standard library's
+types and words, so a client re-raises exactly what `multiprocessing` would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from fiberexec.multiprocessing._rpc import Caller
+
+caller = threading.local()  # .value: the Caller of the call running on this thread
+TOO_MANY = "semaphore or lock released too many times"
+
+
+def _me() -> Caller:
+    value: Caller = getattr(caller, "value", ("", threading.get_ident()))
+    return value
+
+
+def _wait_time(block: bool, timeout: float | None) -> float | None:
+    if not block:
+        return 0.0
+    return None if timeout is None else max(0.0, timeout)
+
+
+class Semaphore:
+    """A counting semaphore; ``maxvalue`` bounds it (a Lock is ``Semaphore(1, 1)``)."""
+
+    def __init__(self, value: int = 1, maxvalue: int | None = None) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        self._cond = threading.Condition()
+        self._value, self._maxvalue = value, maxvalue
+        self._owner: Caller | None = None  # the last acquirer, for a Condition's checks
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._value > 0, _wait_time(block, timeout)):
+                return False
+            self._value -= 1
+            self._owner = _me()
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            if self._maxvalue is not None and self._value >= self._maxvalue:
+                raise ValueError(TOO_MANY)
+            self._value += 1
+            self._owner = None
+            self._cond.notify()
+
+    def get_value(self) -> int:
+        return self._value
+
+    def _is_mine(self) -> bool:
+        return self._value == 0 and self._owner == _me()
+
+    def _release_save(self) -> int:
+        self.release()
+        return 1
+
+    def _acquire_restore(self, _state: int) -> None:
+        self.acquire()
+
+    def _describe(self) -> tuple[Any, ...]:
+        return self._value, self._owner
+
+
+class RLock:
+    """A lock owned by the calling client thread, reentrant."""
+
+    _not_owned: tuple[type[Exception], str] = (
+        AssertionError, "attempt to release recursive lock not owned by thread")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._owner: Caller | None = None
+        self._count = 0
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        me = _me()
+        with self._cond:
+            if self._owner == me:
+                self._count += 1
+                return True
+            if not self._cond.wait_for(lambda: self._owner is None,
+                                       _wait_time(block, timeout)):
+                return False
+            self._owner, self._count = me, 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != _me():
+                raise self._not_owned[0](self._not_owned[1])
+            self._count -= 1
+            if self._count == 0:
+                self._owner = None
+                self._cond.notify()
+
+    def _is_mine(self) -> bool:
+        return self._owner == _me()
+
+    def _release_save(self) -> int:
+        with self._cond:
+            count, self._owner, self._count = self._count, None, 0
+            self._cond.notify()
+            return count
+
+    def _acquire_restore(self, count: int) -> None:
+        self.acquire()
+        with self._cond:
+            self._count = count
+
+    def _describe(self) -> tuple[Any, ...]:
+        return self._count, self._owner
+
+
+class Condition:
+    """A condition variable over a `Semaphore` (used as a Lock) or an `RLock`."""
+
+    _errors: tuple[type[Exception], str, str] = (
+        AssertionError, "must acquire() condition before using wait()", "lock is not owned")
+
+    def __init__(self, lock: Semaphore | RLock | None = None) -> None:
+        self.lock = lock if lock is not None else self._default_lock()
+        self._waiters: deque[threading.Event] = deque()
+        self._guard = threading.Lock()
+
+    def _default_lock(self) -> Semaphore | RLock:
+        return RLock()
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return self.lock.acquire(block, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.lock._is_mine():
+            raise self._errors[0](self._errors[1])
+        waiter = threading.Event()
+        with self._guard:
+            self._waiters.append(waiter)
+        state = self.lock._release_save()
+        try:
+            return waiter.wait(None if timeout is None else max(0.0, timeout))
+        finally:
+            with self._guard:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            self.lock._acquire_restore(state)
+
+    def notify(self, n: int = 1) -> None:
+        if not self.lock._is_mine():
+            raise self._errors[0](self._errors[2])
+        with self._guard:
+            for _ in range(min(n, len(self._waiters))):
+                self._waiters.popleft().set()
+
+    def notify_all(self) -> None:
+        self.notify(len(self._waiters))
+
+
+class ThreadRLock(RLock):
+    """An `RLock` with `threading.RLock`'s errors (what a manager's ``RLock`` is)."""
+
+    _not_owned = (RuntimeError, "cannot release un-acquired lock")
+
+
+class ThreadCondition(Condition):
+    """A `Condition` with `threading.Condition`'s errors (a manager's ``Condition``)."""
+
+    _errors = (RuntimeError, "cannot wait on un-acquired lock",
+               "cannot notify on un-acquired lock")
+
+    def _default_lock(self) -> Semaphore | RLock:
+        return ThreadRLock()
+
+
+class Barrier(threading.Barrier):
+    """`threading.Barrier`; the action (if any) runs in the process that holds it."""
+
+
+def describe(obj: object) -> tuple[Any, ...]:
+    fn: Callable[[], tuple[Any, ...]] | None = getattr(obj, "_describe", None)
+    return fn() if fn is not None else ()
+
+
+KINDS: dict[str, Callable[..., Any]] = {
+    "Lock": lambda: Semaphore(1, 1),
+    "RLock": RLock,
+    "Semaphore": lambda value=1: Semaphore(value),
+    "BoundedSemaphore": lambda value=1: Semaphore(value, value),
+    "Condition": Condition,
+    "Event": threading.Event,
+    "Barrier": lambda parties, timeout=None, action=None: Barrier(parties, action, timeout),
+}

@@ -1,0 +1,77 @@
+"""Lock-holding wrappers of shared ctypes objects (`multiprocessing.sharedctypes`' classes).
+
+Unlike the standard library's, they pickle: the object and its lock pickle on their own
+(shared memory and a broker lock), so a wrapper works in a `Process` or a `Pool` task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Synchronized:
+    """A shared object and its lock; ``value`` reads and writes under the lock."""
+
+    def __init__(self, obj: Any, lock: Any) -> None:
+        self._obj, self._lock = obj, lock
+        self.acquire, self.release = lock.acquire, lock.release
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._obj, self._lock))
+
+    def get_obj(self) -> Any:
+        """The wrapped ctypes object (in shared memory)."""
+        return self._obj
+
+    def get_lock(self) -> Any:
+        """The lock that `value` and item access hold."""
+        return self._lock
+
+    def __enter__(self) -> Any:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} wrapper for {self._obj!r}>"
+
+    @property
+    def value(self) -> Any:
+        with self._lock:
+            return self._obj.value
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        with self._lock:
+            self._obj.value = value
+
+
+class SynchronizedArray(Synchronized):
+    """A shared array: ``len``, items and slices, each access under the lock."""
+
+    def __len__(self) -> int:
+        return len(self._obj)
+
+    def __getitem__(self, key: Any) -> Any:
+        with self._lock:
+            return self._obj[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._obj[key] = value
+
+
+class SynchronizedString(SynchronizedArray):
+    """A shared ``c_char`` array with ``value`` (up to NUL) and ``raw`` (all bytes)."""
+
+    @property
+    def raw(self) -> bytes:
+        with self._lock:
+            data: bytes = self._obj.raw
+            return data
+
+    @raw.setter
+    def raw(self, value: bytes) -> None:
+        with self._lock:
+            self._obj.raw = value

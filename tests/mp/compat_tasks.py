@@ -1,0 +1,151 @@
+"""Functions run in child processes by the tests parametrized over both modules."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+from typing import Any
+
+
+def report_try_acquire(lock: Any, q: Any) -> None:
+    q.put((lock.acquire(False), lock.acquire(timeout=0.05)))
+
+
+def increment(lock: Any, counter: Any, times: int) -> None:
+    for _ in range(times):
+        with lock:
+            counter.value += 1
+
+
+def wait_event_then_put(event: Any, q: Any) -> None:
+    q.put(event.wait(30))
+
+
+def wait_for_flag(cond: Any, flag: Any, q: Any) -> None:
+    with cond:
+        q.put("waiting")
+        q.put(cond.wait_for(lambda: flag.value == 1, timeout=30))
+
+
+def barrier_wait(barrier: Any, q: Any) -> None:
+    try:
+        q.put(barrier.wait(30))
+    except Exception as exc:
+        q.put(type(exc).__name__)
+
+
+def semaphore_try(sem: Any, q: Any) -> None:
+    q.put(sem.acquire(timeout=0.05))
+
+
+def fill_array(arr: Any, value: Any) -> None:
+    for i in range(len(arr)):
+        arr[i] = value * i
+
+
+def write_values(v: Any, raw: Any, s: Any) -> None:
+    v.value = 2.5
+    raw[1] = 7
+    s.value = b"hi"
+
+
+def attach_and_write(shm: Any) -> None:
+    shm.buf[:5] = b"hello"
+    shm.close()
+
+
+def remote_write(blob: bytes) -> None:
+    """Unpickle a shared value where the creator's /dev/shm file cannot be seen."""
+    import tempfile
+    from pathlib import Path
+
+    from fiberexec import _shm
+
+    _shm.SHM_DIR = Path(tempfile.mkdtemp())  # another host: no such file here
+    value, array = pickle.loads(blob)
+    assert type(array).__name__ == "RemoteArray", type(array)
+    with value.get_lock():
+        value.value += 10
+    array[1] = 5
+    array[2:4] = [6, 7]
+    assert array[:] == [0, 5, 6, 7]
+
+
+def put_authkey(q: Any) -> None:
+    import multiprocessing
+
+    q.put(bytes(multiprocessing.current_process().authkey))
+
+
+def put_parent(q: Any, module_name: str) -> None:
+    import importlib
+
+    parent = importlib.import_module(module_name).parent_process()
+    q.put((parent.name, parent.pid, parent.is_alive()))
+
+
+def start_grandchild(module_name: str, q: Any) -> None:
+    import importlib
+
+    mp = importlib.import_module(module_name)
+    child = mp.Process(target=put_parent, args=(q, module_name))
+    child.start()
+    child.join(60)
+    q.put(("joined", child.exitcode))
+
+
+def proxy_work(  # noqa: PLR0917  # a Process target takes positional args
+        lst: Any, d: Any, lock: Any, event: Any, ns: Any, value: Any, arr: Any,
+               q: Any, sem: Any, cond: Any) -> None:
+    with lock:
+        lst.append(os.getpid())
+        d["child"] = True
+    with sem:
+        value.value += 1
+    arr[0] = 9
+    ns.x = "set"
+    q.put("done")
+    with cond:
+        cond.notify_all()
+    event.set()
+
+
+def set_item(d: Any) -> None:
+    d["from child"] = 1
+
+
+def c_long(x: int) -> int:
+    return ctypes.c_long(x).value
+
+
+def sleep_long() -> None:
+    import time
+
+    time.sleep(120)
+
+
+def make_lock() -> Any:
+    import threading
+
+    return threading.Lock()
+
+
+def send_many_then_exit(conn: Any, n: int) -> None:
+    for i in range(n):
+        conn.send(i)
+
+
+def relay(inbox: Any, outbox: Any) -> None:
+    while True:
+        try:
+            item = inbox.recv()
+        except EOFError:
+            outbox.close()
+            return
+        outbox.send(item * 2)
+
+
+def queue_echo(inq: Any, outq: Any, n: int) -> None:
+    for _ in range(n):
+        outq.put(inq.get(timeout=60))

@@ -1,0 +1,98 @@
+"""Pipes and queues between processes: order, EOF, dead peers, against both modules."""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+from types import ModuleType
+
+import pytest
+
+import fiberexec.multiprocessing as fmp
+from tests.mp import compat_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+
+def test_everything_sent_before_exit_arrives_then_eof(mpm: ModuleType) -> None:
+    here, there = mpm.Pipe(duplex=False)
+    p = mpm.Process(target=t.send_many_then_exit, args=(there, 200))
+    p.start()
+    there.close()
+    assert [here.recv() for _ in range(200)] == list(range(200))
+    with pytest.raises(EOFError):
+        here.recv()
+    p.join(60)
+
+
+def test_a_killed_writer_gives_eof_not_a_hang(mpm: ModuleType) -> None:
+    here, there = mpm.Pipe()
+    p = mpm.Process(target=t.sleep_long, args=())
+    p.start()
+    p.kill()
+    p.join(60)
+    writer = mpm.Process(target=t.relay, args=(there, there))
+    writer.start()
+    there.close()
+    writer.kill()  # before or after it unpickled its end: either way the end is released
+    writer.join(60)
+    assert here.poll(60)
+    with pytest.raises(EOFError):
+        here.recv()
+
+
+def test_pipe_between_two_children(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")  # forked children would hold every end open (no EOF)
+    a_in, a_out = ctx.Pipe(duplex=False)
+    b_in, b_out = ctx.Pipe(duplex=False)
+    c_in, c_out = ctx.Pipe(duplex=False)
+    first = ctx.Process(target=t.relay, args=(a_in, b_out))
+    second = ctx.Process(target=t.relay, args=(b_in, c_out))
+    first.start()
+    second.start()
+    for end in (a_in, b_out, b_in, c_out):
+        end.close()
+    for i in range(20):
+        a_out.send(i)
+    a_out.close()
+    assert [c_in.recv() for _ in range(20)] == [i * 4 for i in range(20)]
+    with pytest.raises(EOFError):
+        c_in.recv()
+    first.join(60)
+    second.join(60)
+    assert (first.exitcode, second.exitcode) == (0, 0)
+
+
+def test_queues_both_ways_keep_order(mpm: ModuleType) -> None:
+    to_child, from_child = mpm.Queue(), mpm.Queue()
+    p = mpm.Process(target=t.queue_echo, args=(to_child, from_child, 300))
+    p.start()
+    for i in range(300):
+        to_child.put(i)
+    assert [from_child.get(timeout=60) for _ in range(300)] == list(range(300))
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_poll_and_connection_wait_on_the_pipe(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")  # a forked child would hold `here` open too
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=t.relay, args=(there, there))
+    p.start()
+    there.close()
+    assert not here.poll(0.01)
+    here.send(21)
+    assert here.poll(60) and here.recv() == 42
+    here.close()
+    assert multiprocessing.connection.wait([p.sentinel], timeout=60) == [p.sentinel]
+    p.join(60)
+
+
+def test_stream_refuses_a_wrong_key() -> None:
+    from fiberexec.multiprocessing._broker import get_broker
+
+    fmp.Pipe()
+    broker = get_broker()
+    address = broker.endpoint.call("stream", ())[0]
+    with pytest.raises(multiprocessing.AuthenticationError):
+        multiprocessing.connection.Client(tuple(address), authkey=b"w" * 32)

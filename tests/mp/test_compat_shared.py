@@ -1,0 +1,249 @@
+"""Shared values, shared memory, managers and processes against `multiprocessing` and ours."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.managers
+import multiprocessing.pool
+import os
+import pickle
+import signal
+from multiprocessing import shared_memory
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import fiberexec.multiprocessing as fmp
+import fiberexec.multiprocessing.managers
+from tests.mp import compat_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+
+def _managers(mpm: ModuleType) -> ModuleType:
+    ours = fiberexec.multiprocessing.managers
+    return multiprocessing.managers if mpm is multiprocessing else ours
+
+
+def _start(mpm: ModuleType, target: object, *args: object) -> object:
+    p = mpm.Process(target=target, args=args)
+    p.start()
+    return p
+
+
+def test_values_and_arrays_are_shared_with_children(mpm: ModuleType) -> None:
+    v = mpm.Value("d", 1.0)
+    raw = mpm.RawArray(ctypes.c_int, [1, 2, 3])
+    s = mpm.Array("c", 4)
+    assert v.value == 1.0 and raw[:] == [1, 2, 3] and s.value == b""
+    p = _start(mpm, t.write_values, v, raw, s)
+    p.join(60)
+    assert p.exitcode == 0
+    assert v.value == 2.5 and raw[:] == [1, 7, 3] and s.value == b"hi" and s.raw == b"hi\0\0"
+    arr = mpm.Array("i", 5)
+    p = _start(mpm, t.fill_array, arr, 3)
+    p.join(60)
+    assert arr[:] == [0, 3, 6, 9, 12] and len(arr) == 5
+
+
+def test_value_options(mpm: ModuleType) -> None:
+    plain = mpm.Value("i", 5, lock=False)
+    assert isinstance(plain, ctypes.c_int) and plain.value == 5
+    assert isinstance(mpm.RawValue("h", 2), ctypes.c_short)
+    lock = mpm.Lock()
+    locked = mpm.Value(ctypes.c_double, 0.5, lock=lock)
+    assert locked.get_lock() is lock and locked.get_obj().value == 0.5
+    default = mpm.Array("d", [1.5, 2.5])
+    assert isinstance(default.get_obj(), ctypes.Array)
+    with default.get_lock():
+        default[0] = 3.0
+    assert default[:] == [3.0, 2.5] and default[-1] == 2.5
+    with pytest.raises(AttributeError):
+        mpm.Value("i", 0, lock=3)
+    assert mpm.RawArray("b", 3)[:] == [0, 0, 0]
+
+
+def test_arrays_are_zero_copy_with_numpy(mpm: ModuleType) -> None:
+    arr = mpm.Array("d", 4)
+    view = np.frombuffer(arr.get_obj(), dtype=np.float64)
+    p = _start(mpm, t.fill_array, arr, 2)
+    p.join(60)
+    assert view.tolist() == [0.0, 2.0, 4.0, 6.0]  # the child wrote into our memory
+    view[0] = -1.0
+    assert arr[0] == -1.0
+
+
+def test_stdlib_shared_memory_attaches_in_children(mpm: ModuleType) -> None:
+    shm = shared_memory.SharedMemory(create=True, size=16)
+    try:
+        p = _start(mpm, t.attach_and_write, shm)
+        p.join(60)
+        assert p.exitcode == 0
+        assert bytes(shm.buf[:5]) == b"hello"
+        again = shared_memory.SharedMemory(name=shm.name)  # the child did not unlink it
+        again.close()
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def test_manager_is_shut_down_when_dropped(mpm: ModuleType) -> None:
+    def use_and_drop() -> None:
+        m = mpm.Manager()
+        d = m.dict()
+        d["a"] = 1
+        assert d["a"] == 1
+
+    use_and_drop()
+    gc.collect()
+    assert mpm.active_children() == []
+
+
+def test_manager_join_and_connect(mpm: ModuleType) -> None:
+    managers = _managers(mpm)
+    with mpm.Manager() as m:
+        d = m.dict()
+        d["x"] = 1
+        other = managers.SyncManager(address=m.address,
+                                     authkey=bytes(mpm.current_process().authkey))
+        other.connect()
+        shared = other.list([1])
+        shared.append(2)
+        assert list(shared) == [1, 2] and d["x"] == 1
+    m.join(30)
+    assert mpm.active_children() == []
+
+
+class Maths:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def secret(self) -> str:
+        return "hidden"
+
+    def child(self) -> Maths:
+        return Maths()
+
+
+def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
+    managers = _managers(mpm)
+
+    class MyManager(managers.BaseManager):
+        pass
+
+    MyManager.register("Maths", Maths, exposed=("add", "child"),
+                       method_to_typeid={"child": "Child"})
+    MyManager.register("Child", exposed=("add",), create_method=False)
+    with MyManager() as m:
+        maths = m.Maths()
+        assert maths.add(2, 3) == 5
+        with pytest.raises(Exception, match="not in exposed"):  # stdlib: its RemoteError
+            maths._callmethod("secret")
+        child = maths.child()
+        assert isinstance(child, managers.BaseProxy) and child.add(1, 1) == 2
+
+
+def test_list_proxy_operators(mpm: ModuleType) -> None:
+    with mpm.Manager() as m:
+        lst = m.list([1, 2])
+        assert lst + [3] == [1, 2, 3]  # noqa: RUF005  # the operator under test
+        assert lst * 2 == [1, 2, 1, 2]
+        lst += [3]
+        assert list(lst) == [1, 2, 3]
+        lst *= 2
+        assert list(lst) == [1, 2, 3, 1, 2, 3] and len(lst) == 6
+
+
+def test_proxies_work_in_processes(mpm: ModuleType) -> None:
+    with mpm.Manager() as m:
+        lst, d, lock, event, ns = m.list(), m.dict(), m.Lock(), m.Event(), m.Namespace()
+        value, arr, q = m.Value("i", 0), m.Array("i", [0, 0]), m.Queue()
+        sem, cond = m.Semaphore(1), m.Condition()
+        p = _start(mpm, t.proxy_work, lst, d, lock, event, ns, value, arr, q, sem, cond)
+        assert event.wait(60) and q.get(timeout=60) == "done"
+        p.join(60)
+        assert p.exitcode == 0
+        assert list(lst) == [p.pid] and d["child"] is True and value.value == 1
+        assert arr[0] == 9 and ns.x == "set"
+        barrier = m.Barrier(1)
+        assert barrier.wait(5) == 0
+
+
+def test_process_authkey_sentinel_and_parent(mpm: ModuleType) -> None:
+    q = mpm.Queue()
+    p = mpm.Process(target=t.put_authkey, args=(q,))
+    assert bytes(p.authkey) == bytes(mpm.current_process().authkey)
+    p.start()
+    assert q.get(timeout=60) == bytes(p.authkey)
+    assert multiprocessing.connection.wait([p.sentinel], timeout=60) == [p.sentinel]
+    p.join(60)
+    p = _start(mpm, t.put_parent, q, mpm.__name__)
+    name, pid, alive = q.get(timeout=60)
+    assert (name, pid, alive) == ("MainProcess", os.getpid(), True)
+    p.join(60)
+    assert mpm.parent_process() is None
+
+
+@pytest.mark.parametrize("method", ["kill", "terminate"])
+def test_signals_give_negative_exit_codes_and_close(mpm: ModuleType, method: str) -> None:
+    p = _start(mpm, t.sleep_long)
+    assert p.pid is not None and p.is_alive()
+    getattr(p, method)()
+    p.join(60)
+    expected = signal.SIGKILL if method == "kill" else signal.SIGTERM
+    assert p.exitcode == -expected
+    p.close()
+    with pytest.raises(ValueError):
+        p.is_alive()
+
+
+def test_nested_processes(mpm: ModuleType) -> None:
+    q = mpm.Queue()
+    p = _start(mpm, t.start_grandchild, mpm.__name__, q)
+    first = q.get(timeout=60)
+    assert first[0].startswith("Process-") and q.get(timeout=60) == ("joined", 0)
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_pool_errors_have_stdlib_types(mpm: ModuleType) -> None:
+    with mpm.Pool(1) as pool:
+        with pytest.raises(ValueError, match="invalid literal") as info:
+            pool.apply(int, ("x",))
+        assert isinstance(info.value.__cause__, multiprocessing.pool.RemoteTraceback)
+        assert "invalid literal" in str(info.value.__cause__)
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError):
+            pool.apply(t.make_lock)
+
+
+# ---------------------------------------------------------------- fiberexec only, on purpose
+
+def test_primitives_and_values_work_in_pool_tasks() -> None:
+    """The standard library refuses to pickle these into Pool tasks; ours travel anywhere."""
+    lock, counter = fmp.Lock(), fmp.Value("i", 0)
+    with fmp.Pool(2) as pool:
+        pool.starmap(t.increment, [(lock, counter, 10)] * 4)
+    assert counter.value == 40
+
+
+def test_values_fall_back_to_the_broker_where_memory_is_not_shared() -> None:
+    value, array = fmp.Value("i", 1), fmp.RawArray("i", 4)
+    p = fmp.Process(target=t.remote_write, args=(pickle.dumps((value, array)),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert value.value == 11 and array[:] == [0, 5, 6, 7]
+
+
+def test_children_run_with_the_stdlib_authkey_for_stdlib_managers() -> None:
+    with multiprocessing.managers.SyncManager(address=("127.0.0.1", 0)) as m:
+        d = m.dict()
+        p = fmp.Process(target=t.set_item, args=(d,))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0 and d["from child"] == 1

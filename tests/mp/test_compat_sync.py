@@ -1,0 +1,181 @@
+"""Contexts and synchronization primitives, run against `multiprocessing` and ours."""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+
+import pytest
+
+from tests.mp import compat_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+CONTEXT_NAMES = ["Process", "Pipe", "Queue", "JoinableQueue", "SimpleQueue", "Lock", "RLock",
+                 "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier", "Value",
+                 "Array", "RawValue", "RawArray", "Manager", "Pool", "cpu_count",
+                 "current_process", "active_children", "parent_process", "get_context",
+                 "get_start_method", "set_start_method", "freeze_support", "get_logger",
+                 "log_to_stderr", "ProcessError", "TimeoutError", "AuthenticationError",
+                 "BufferTooShort"]
+
+
+def _run(mpm: ModuleType, target: object, *args: object) -> object:
+    p = mpm.Process(target=target, args=args)
+    p.start()
+    return p
+
+
+def test_contexts_have_the_module_api(mpm: ModuleType) -> None:
+    assert {"spawn", "fork", "forkserver"} <= set(mpm.get_all_start_methods())
+    for method in ("spawn", "fork", "forkserver"):
+        ctx = mpm.get_context(method)
+        assert ctx.get_start_method() == method
+        assert all(hasattr(ctx, name) for name in CONTEXT_NAMES), method
+        with pytest.raises(ValueError):
+            ctx.set_start_method("spawn")
+    with pytest.raises(ValueError):
+        mpm.get_context("no-such-method")
+    assert mpm.get_start_method() in mpm.get_all_start_methods()
+
+
+def test_set_start_method_once_then_force(mpm: ModuleType) -> None:
+    old = mpm.get_start_method(allow_none=True)
+    try:
+        mpm.set_start_method("spawn", force=True)
+        assert mpm.get_start_method() == "spawn"
+        with pytest.raises(RuntimeError, match="already been set"):
+            mpm.set_start_method("fork")
+    finally:
+        mpm.set_start_method(old, force=True)
+
+
+def test_context_objects_work_across_processes(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    lock, q = ctx.Lock(), ctx.Queue()
+    assert lock.acquire()
+    p = ctx.Process(target=t.report_try_acquire, args=(lock, q))
+    p.start()
+    assert q.get(timeout=60) == (False, False)
+    p.join(60)
+    lock.release()
+    assert p.exitcode == 0
+
+
+def test_lock_semantics(mpm: ModuleType) -> None:
+    lock = mpm.Lock()
+    assert lock.acquire(block=False) is True
+    assert lock.acquire(block=False) is False
+    assert lock.acquire(timeout=0.01) is False
+    lock.release()
+    with pytest.raises(ValueError, match="released too many times"):
+        lock.release()
+    with lock:
+        assert not lock.acquire(False)
+    released_elsewhere = threading.Thread(target=lock.release)  # any holder may release
+    assert lock.acquire()
+    released_elsewhere.start()
+    released_elsewhere.join()
+    assert lock.acquire(False)
+    lock.release()
+
+
+def test_rlock_semantics(mpm: ModuleType) -> None:
+    rlock = mpm.RLock()
+    assert rlock.acquire() and rlock.acquire(timeout=1)
+    errors: list[BaseException] = []
+
+    def release_from_other_thread() -> None:
+        try:
+            rlock.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    other = threading.Thread(target=release_from_other_thread)
+    other.start()
+    other.join()
+    assert isinstance(errors[0], AssertionError)
+    rlock.release()
+    rlock.release()
+    with pytest.raises(AssertionError):
+        rlock.release()
+
+
+def test_semaphores(mpm: ModuleType) -> None:
+    sem = mpm.Semaphore(2)
+    assert sem.get_value() == 2 and sem.acquire() and sem.acquire()
+    assert not sem.acquire(timeout=0.01)
+    q = mpm.Queue()
+    p = _run(mpm, t.semaphore_try, sem, q)
+    assert q.get(timeout=60) is False
+    p.join(60)
+    sem.release()
+    sem.release()
+    sem.release()  # unbounded
+    assert sem.get_value() == 3
+    bounded = mpm.BoundedSemaphore(1)
+    with pytest.raises(ValueError):
+        bounded.release()
+
+
+def test_lock_guards_a_shared_counter(mpm: ModuleType) -> None:
+    lock, counter = mpm.Lock(), mpm.Value("i", 0, lock=False)
+    procs = [_run(mpm, t.increment, lock, counter, 50) for _ in range(3)]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert counter.value == 150
+
+
+def test_event_across_processes(mpm: ModuleType) -> None:
+    event, q = mpm.Event(), mpm.Queue()
+    assert not event.is_set() and event.wait(0.01) is False
+    p = _run(mpm, t.wait_event_then_put, event, q)
+    event.set()
+    assert q.get(timeout=60) is True and event.is_set()
+    p.join(60)
+    event.clear()
+    assert not event.is_set()
+
+
+def test_condition_wait_for_and_notify(mpm: ModuleType) -> None:
+    cond, flag, q = mpm.Condition(), mpm.Value("i", 0), mpm.Queue()
+    with pytest.raises(AssertionError):
+        cond.wait(0.01)
+    with pytest.raises(AssertionError):
+        cond.notify()
+    with cond:
+        assert cond.wait(0.01) is False
+        assert cond.wait_for(lambda: False, timeout=0.01) is False
+    p = _run(mpm, t.wait_for_flag, cond, flag, q)
+    assert q.get(timeout=60) == "waiting"
+    with cond:  # the child waits (the lock is free again)
+        flag.value = 1
+        cond.notify_all()
+    assert q.get(timeout=60) is True
+    p.join(60)
+    assert p.exitcode == 0
+    with mpm.Condition(mpm.Lock()) as holds:
+        assert holds
+    with pytest.raises(AssertionError):
+        mpm.Condition(mpm.Lock()).notify()
+
+
+def test_barrier_rounds_and_abort(mpm: ModuleType) -> None:
+    barrier, q = mpm.Barrier(3), mpm.Queue()
+    procs = [_run(mpm, t.barrier_wait, barrier, q) for _ in range(2)]
+    mine = barrier.wait(60)
+    indices = sorted([mine, q.get(timeout=60), q.get(timeout=60)])
+    assert indices == [0, 1, 2] and barrier.parties == 3
+    for p in procs:
+        p.join(60)
+    lonely = mpm.Barrier(2)
+    with pytest.raises(threading.BrokenBarrierError):
+        lonely.wait(0.05)  # a timeout breaks the barrier, as in threading
+    assert lonely.broken
+    aborted, q2 = mpm.Barrier(2), mpm.Queue()
+    p = _run(mpm, t.barrier_wait, aborted, q2)
+    aborted.abort()  # before or while the child waits: either way its wait raises
+    assert q2.get(timeout=60) == "BrokenBarrierError"
+    p.join(60)
