@@ -20,6 +20,7 @@ from typing import Any
 
 from fiberexec.backend import Backend
 from fiberexec.backends.slurm import SlurmBackend
+from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,4 +106,7 @@ def backend_session() -> Iterator[BackendKit]:
                        "staging_dir": staging, **options}
             return SlurmBackend(**options)
 
-        yield BackendKit(name="slurm", make_backend=make_backend, leaks=list_leaks)
+        # Slurm polls: exits are seen within a few squeue rounds, not at once.
+        contract = Harness(make_backend=make_backend, timeout=120.0)
+        yield BackendKit(name="slurm", make_backend=make_backend, leaks=list_leaks,
+                         contract=contract)

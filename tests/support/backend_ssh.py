@@ -20,7 +20,8 @@ import psutil
 
 from fiberexec.backend import Backend
 from fiberexec.backends import _ssh_remote as remote
-from fiberexec.backends.ssh import SSHBackend
+from fiberexec.backends.ssh import SSHBackend, remove_stray
+from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
 from tests.testbed.session import Lab, shared
 
@@ -87,5 +88,10 @@ def backend_session() -> Iterator[BackendKit]:
         def make_backend() -> Backend:
             return SSHBackend(**backend_options(lab))
 
+        contract = Harness(
+            make_backend=make_backend, timeout=60.0,
+            remove_stray=lambda _backend, executor_id: remove_stray(
+                executor_id, **backend_options(lab)),
+        )
         yield SSHKit(name="ssh", make_backend=make_backend, leaks=lambda: leaks(lab),
-                     executor_kwargs={"workdir": str(Path.cwd())}, lab=lab)
+                     contract=contract, executor_kwargs={"workdir": str(Path.cwd())}, lab=lab)
