@@ -388,26 +388,35 @@ class Pool:
                                error_callback)
 
     def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
-              ordered: bool) -> IMapIterator:
+              ordered: bool, buffersize: int | None) -> IMapIterator:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        if buffersize is not None and not isinstance(buffersize, int):
+            raise TypeError("buffersize must be an integer or None")
+        if buffersize is not None and buffersize < 1:
+            raise ValueError("buffersize must be None or > 0")
         iterator = IMapIterator(
             lambda chunk: self._submit(_mapstar, func, chunk),
-            _chunks(iterable, chunksize), window=2 * self._processes, ordered=ordered,
+            _chunks(iterable, chunksize), window=buffersize or 2 * self._processes,
+            ordered=ordered,
         )
         self._iterators.add(iterator)
         return iterator
 
     def imap(self, func: Callable[..., Any], iterable: Iterable[Any],
-             chunksize: int = 1) -> IMapIterator:
-        """Lazy `map`: results in order; the input is read only as results are consumed."""
-        return self._imap(func, iterable, chunksize, ordered=True)
+             chunksize: int = 1, buffersize: int | None = None) -> IMapIterator:
+        """Lazy `map`: results in order; the input is read only as results are consumed.
+
+        ``buffersize`` (Python 3.14's argument) is how many tasks (chunks) run ahead of the
+        results consumed; by default twice the number of workers.
+        """
+        return self._imap(func, iterable, chunksize, ordered=True, buffersize=buffersize)
 
     def imap_unordered(self, func: Callable[..., Any], iterable: Iterable[Any],
-                       chunksize: int = 1) -> IMapIterator:
+                       chunksize: int = 1, buffersize: int | None = None) -> IMapIterator:
         """Like `imap`, yielding results as they finish."""
-        return self._imap(func, iterable, chunksize, ordered=False)
+        return self._imap(func, iterable, chunksize, ordered=False, buffersize=buffersize)
 
     # ------------------------------------------------------------ lifecycle
 

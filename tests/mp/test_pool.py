@@ -139,3 +139,20 @@ def test_bad_arguments_name_the_rule() -> None:
         mp.Pool(1, maxtasksperchild=0)
     with pytest.raises(TypeError, match="initializer"):
         mp.Pool(1, initializer=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["imap", "imap_unordered"])
+def test_imap_buffersize_reads_lazily_and_validates(method: str) -> None:
+    with mp.Pool(2) as pool:
+        fetch = getattr(pool, method)
+        with pytest.raises(TypeError, match="buffersize must be an integer or None"):
+            fetch(abs, [1], buffersize=1.5)
+        with pytest.raises(ValueError, match="buffersize must be None or > 0"):
+            fetch(abs, [1], buffersize=0)
+        consumed = itertools.count()
+        source = (next(consumed) for _ in itertools.count())  # endless
+        results = fetch(abs, source, buffersize=3)
+        got = [results.next(timeout=60) for _ in range(10)]
+        assert sorted(got) == list(range(10))
+        assert next(consumed) <= 10 + 3 + 1  # at most the buffer read ahead
+        pool.terminate()
