@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,24 +15,38 @@ from fiberexec._channel import Channel
 from fiberexec._tls import client_config
 from tests import tasks
 from tests.conftest import ExecutorFactory
+from tests.support.kit import BackendKit
 
 
-def _certificate(directory: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+def _certificate(directory: Path, name: str, host: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and ``host``, made with the openssl command."""
     if shutil.which("openssl") is None:
         pytest.fail("the openssl command is needed to make test certificates")
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
          "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=fiberexec",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+         "-addext", f"subjectAltName=DNS:localhost,IP:127.0.0.1,{_san(host)}"],
         check=True, capture_output=True, timeout=60,
     )
     return cert, key
 
 
-def test_tasks_run_over_tls(make_executor: ExecutorFactory, tmp_path: Path) -> None:
-    cert, key = _certificate(tmp_path, "executor")
+def _san(host: str) -> str:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"DNS:{host}"
+    return f"IP:{host}"
+
+
+def test_tasks_run_over_tls(
+    make_executor: ExecutorFactory, kit: BackendKit, tmp_path: Path
+) -> None:
+    probe = kit.make_backend()  # where this backend's workers dial the executor
+    host = probe.advertise_host
+    probe.close()
+    cert, key = _certificate(tmp_path, "executor", host)
     ex = make_executor(2, tls=TLSOptions(cert, key))
     assert list(ex.map(tasks.square, range(50), chunksize=5, timeout=60)) == [
         i * i for i in range(50)
