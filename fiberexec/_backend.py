@@ -146,6 +146,12 @@ def _signal_name(number: int) -> str:
 ExitListener = Callable[[WorkerHandle, WorkerStatus], None]
 
 
+def _unsupported(backend: str, capability: str) -> Exception:
+    from fiberexec._capabilities import unsupported  # it imports _config, which imports us
+
+    return unsupported(backend, capability)
+
+
 class SignalNotSupportedError(BackendError, NotImplementedError):
     """A backend cannot deliver this signal to a worker (`Backend.signal`).
 
@@ -275,16 +281,12 @@ class Backend(abc.ABC):
     @classmethod
     def launch_master(cls, request: MasterRequest) -> int:
         """Run ``request.command`` as the master job here; return its exit status."""
-        from fiberexec._capabilities import unsupported
-
-        raise unsupported(cls.name, "launch_master")
+        raise _unsupported(cls.name, "launch_master")
 
     @classmethod
     def probe(cls) -> Probe:
         """Whether this backend is usable on this machine, without starting anything."""
-        from fiberexec._capabilities import unsupported
-
-        raise unsupported(cls.name, "probe")
+        raise _unsupported(cls.name, "probe")
 
     @classmethod
     def remove_stray(cls, executor_id: str | None = None, *,
@@ -293,9 +295,7 @@ class Backend(abc.ABC):
 
         ``namespace`` is for backends that have namespaces; others ignore it.
         """
-        from fiberexec._capabilities import unsupported
-
-        raise unsupported(cls.name, "remove_stray")
+        raise _unsupported(cls.name, "remove_stray")
 
     def __enter__(self) -> Backend:
         return self

@@ -68,10 +68,25 @@ wait_until_up() {
     die "dockerd did not answer within ${WAIT}s (set FIBEREXEC_DOCKERD_WAIT to wait longer)"
 }
 
+lock_holders() {
+    # "pid command" of every process with the lock file open.
+    local fd
+    for fd in /proc/[0-9]*/fd/*; do
+        [[ $(readlink "$fd" 2>/dev/null) == "$LOCK" ]] || continue
+        fd=${fd#/proc/}
+        echo "${fd%%/*} $(tr '\0' ' ' <"/proc/${fd%%/*}/cmdline" 2>/dev/null | cut -c1-60)"
+    done | sort -u
+}
+
 locked() {
     # Serialise start/stop between concurrent callers; waits at most 300 s for the lock.
     exec 9>"$LOCK"
-    flock -w 300 9 || die "another docker-engine.sh held $LOCK for 300s"
+    if ! flock -w 300 9; then
+        exec 9>&-  # so that only other processes are named below
+        die "the lock $LOCK was held for 300s by: $(lock_holders | tr '\n' ';') \
+a docker-engine.sh still running, or a dockerd started by a version of this script that let \
+it inherit the lock (stop that dockerd with kill -TERM <pid>)"
+    fi
     "$@"
 }
 
