@@ -153,6 +153,9 @@ def test_imap_buffersize_reads_lazily_and_validates(method: str) -> None:
         source = (next(consumed) for _ in itertools.count())  # endless
         results = fetch(abs, source, buffersize=3)
         got = [results.next(timeout=60) for _ in range(10)]
-        assert sorted(got) == list(range(10))
+        if method == "imap":
+            assert got == list(range(10))
+        else:  # finishing order: any 10 of what was read
+            assert len(set(got)) == 10 and max(got) < 10 + 3
         assert next(consumed) <= 10 + 3 + 1  # at most the buffer read ahead
         pool.terminate()
