@@ -178,7 +178,8 @@ def worker_status(record: JobRecord, output_tail: str = "") -> WorkerStatus:
     if not record.started:
         detail = f"{state}, {record.reason}" if record.reason != "None" else state
         return WorkerStatus(WorkerState.FAILED, reason=f"never ran: {detail}")
-    reason = None if state == "COMPLETED" else state
+    # COMPLETED and a plain FAILED (non-zero exit) are what the exit code says already.
+    reason = None if state in ("COMPLETED", "FAILED") else state
     if state == "FAILED" and record.reason not in ("None", "NonZeroExitCode"):
         reason = f"FAILED, {record.reason}"
     return WorkerStatus(WorkerState.EXITED, exit_code=record.exit_code, reason=reason)

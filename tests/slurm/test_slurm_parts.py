@@ -81,7 +81,7 @@ def _record(state: str, reason: str = "None", code: int | None = 0,
 
 @pytest.mark.parametrize(("state", "code", "expected", "reason"), [
     ("COMPLETED", 0, WorkerState.EXITED, None),
-    ("FAILED", 3, WorkerState.EXITED, "FAILED"),
+    ("FAILED", 3, WorkerState.EXITED, None),
     ("CANCELLED", -15, WorkerState.EXITED, "CANCELLED"),
     ("TIMEOUT", -15, WorkerState.EXITED, "TIMEOUT"),
     ("OUT_OF_MEMORY", -9, WorkerState.EXITED, "OUT_OF_MEMORY"),

@@ -95,6 +95,14 @@ def list_leaks() -> list[str]:
     return [f"slurm job {j['job_id']} {j['name']} ({j['job_state']})" for j in left]
 
 
+def _remove_stray(_backend: Backend, executor_id: str) -> None:
+    """Workers are submitted in batches a moment after start_worker: a stray exists for
+    Slurm (and remove_stray) once its job is queued."""
+    queued = wait_for(lambda: active_fiberexec_jobs(f"fiberexec-{executor_id}"), 60)
+    assert queued, f"no job of executor {executor_id} was queued within 60s"
+    SlurmBackend.remove_stray(executor_id)
+
+
 @contextlib.contextmanager
 def backend_session() -> Iterator[BackendKit]:
     """The `BackendKit` for the Slurm backend (see tests/support/README.md)."""
@@ -107,6 +115,7 @@ def backend_session() -> Iterator[BackendKit]:
             return SlurmBackend(**options)
 
         # Slurm polls: exits are seen within a few squeue rounds, not at once.
-        contract = Harness(make_backend=make_backend, timeout=120.0)
+        contract = Harness(make_backend=make_backend, timeout=120.0,
+                           remove_stray=_remove_stray)
         yield BackendKit(name="slurm", make_backend=make_backend, leaks=list_leaks,
                          contract=contract)
