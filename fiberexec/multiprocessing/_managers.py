@@ -22,6 +22,7 @@ import itertools
 import queue
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -197,6 +198,9 @@ def _shutdown(servers: _Servers, secret: bytes) -> None:
         servers.pool.shutdown(wait=False, cancel_futures=True)
 
 
+SERVER_CHECK = 0.5  # seconds between looks at whether a starting server has died
+
+
 class BaseManager:
     """A job-backed server holding shared objects, handing out proxies to them.
 
@@ -295,15 +299,20 @@ class BaseManager:
         self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._secret)
 
     def _await_addresses(self, reply: SimpleQueue) -> None:
-        for _ in range(self._servers_wanted):
-            try:
-                self._servers.addresses.append(reply.get(timeout=self._start_timeout))
+        deadline = time.monotonic() + self._start_timeout
+        while len(self._servers.addresses) < self._servers_wanted:
+            try:  # a blocking wait, cut short to notice a server that died starting
+                self._servers.addresses.append(reply.get(timeout=SERVER_CHECK))
+                continue
             except queue.Empty:
-                codes = [p.exitcode for p in self._servers.procs]
+                pass
+            codes = [p.exitcode for p in self._servers.procs]
+            if any(code is not None for code in codes) or time.monotonic() > deadline:
                 self.shutdown()
                 raise ProcessError(
-                    f"the manager server did not start within {self._start_timeout}s; "
-                    f"its exit code: {codes}") from None
+                    f"the manager server did not start within {self._start_timeout}s "
+                    f"(exit codes {codes}); its output says why: a class registered with the "
+                    "manager must be importable where the server runs") from None
 
     def connect(self) -> None:
         """Use the running manager at ``address`` (given to the constructor) with ``authkey``."""

@@ -149,3 +149,17 @@ def relay(inbox: Any, outbox: Any) -> None:
 def queue_echo(inq: Any, outq: Any, n: int) -> None:
     for _ in range(n):
         outq.put(inq.get(timeout=60))
+
+
+class Maths:
+    """A class registered with a manager: importable wherever its server runs."""
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def secret(self) -> str:
+        return "hidden"
+
+    def child(self) -> Maths:
+        return Maths()
+

@@ -119,24 +119,13 @@ def test_manager_join_and_connect(mpm: ModuleType) -> None:
     assert mpm.active_children() == []
 
 
-class Maths:
-    def add(self, a: int, b: int) -> int:
-        return a + b
-
-    def secret(self) -> str:
-        return "hidden"
-
-    def child(self) -> Maths:
-        return Maths()
-
-
 def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
     managers = _managers(mpm)
 
     class MyManager(managers.BaseManager):
         pass
 
-    MyManager.register("Maths", Maths, exposed=("add", "child"),
+    MyManager.register("Maths", t.Maths, exposed=("add", "child"),
                        method_to_typeid={"child": "Child"})
     MyManager.register("Child", exposed=("add",), create_method=False)
     with MyManager() as m:

@@ -87,3 +87,4 @@ def test_async_manager_steps_objects_in_parallel() -> None:
     # sequential is at least n * rounds * 15 ms = 0.6 s; in parallel it is ~rounds * 15 ms
     assert sequential >= n * rounds * 0.015
     assert parallel * 3 < sequential, (sequential, parallel)
+
