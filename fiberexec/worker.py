@@ -40,7 +40,7 @@ EXIT_INIT_FAILED = 5
 MAX_MESSAGE = 1 << 31
 FLUSH_COUNT = 512
 FLUSH_BYTES = 8 << 20
-FLUSH_AGE = 0.0005  # seconds a finished result may wait for others to share its message
+FLUSH_AGE = 0.0008  # seconds a finished result may wait for others to share its message
 SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would only delay it
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
 M = TypeVar("M")
@@ -131,7 +131,8 @@ class Worker:
     def receive(self, *, block: bool) -> None:
         """Take in what the executor sent; with ``block``, wait until something arrives."""
         with self._recv_lock:
-            self._receive(block)
+            # The outbox thread may have taken in tasks just before: then do not wait.
+            self._receive(block and not self.tasks and not self.stopping)
 
     def check_executor(self) -> None:
         """From the outbox thread, while the main thread runs a task: take in what arrived,
@@ -186,14 +187,12 @@ class Worker:
             result = self._run(*self.tasks.popleft())
             done += 1
             if self.max_tasks and done >= self.max_tasks:
-                outbox.add(result, urgent=True)
+                outbox.add(result, alone=True, slow=True)
                 outbox.send(p.Bye("max_tasks_per_child reached"))
                 return
             if not self.tasks:
                 self.receive(block=False)
-            # Alone, or slow enough that batching would only delay it: send it now. Otherwise
-            # it may wait for the next few results, never longer than FLUSH_AGE.
-            outbox.add(result, urgent=not self.tasks or result.runtime >= SLOW_TASK)
+            outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
         outbox.flush()
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
@@ -235,18 +234,25 @@ class Outbox:
         self._since: float | None = None  # when the oldest held result was added
         self.last_sent = time.monotonic()
 
-    def add(self, result: p.Result, *, urgent: bool) -> None:
-        """Hold ``result``; an urgent one is sent by the timer thread right away."""
+    def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
+        """Hold ``result``, or send it.
+
+        ``alone``: no task follows, so nothing can overlap with sending: send it here and
+        now. ``slow``: batching would only delay it: the outbox thread sends it while the
+        next task already runs. Otherwise it waits for a few more, at most `FLUSH_AGE`.
+        """
         now = time.monotonic()
         with self._cond:
             self._results.append(result)
             self._nbytes += result.payload.nbytes
             if self._since is None:
-                self._since = now - FLUSH_AGE if urgent else now
-                self._cond.notify()  # the timer thread sends it while the next task runs
-            elif urgent or self._due(now):
+                self._since = now
+            if alone or self._due(now):
+                self._flush_locked()
+                return
+            if slow:
                 self._since = now - FLUSH_AGE
-                self._cond.notify()
+            self._cond.notify()  # the outbox thread sends it when due
 
     def _due(self, now: float) -> bool:
         assert self._since is not None
