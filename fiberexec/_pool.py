@@ -238,10 +238,6 @@ class TaskPool:
             give_up = self._start_failures >= MAX_START_FAILURES
         self._in_background(self._diagnose_start_failure, worker_id, handle, status, give_up)
 
-    def _serving(self) -> bool:
-        with self._lock:
-            return bool(self._ready)
-
     def _diagnose_start_failure(
         self, worker_id: str, handle: WorkerHandle | None, status: WorkerStatus | None,
         give_up: bool,
@@ -258,7 +254,7 @@ class TaskPool:
         log.warning("%s", message)
         if not give_up:
             self._launch()
-        elif self._serving():  # e.g. jobs still queued on a busy cluster: go on with these
+        elif self.ready_count():  # e.g. jobs still queued on a busy cluster: go on with these
             log.warning("%d workers in a row failed to start; going on with the ones "
                         "connected, and trying again as tasks arrive", MAX_START_FAILURES)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import itertools
 import multiprocessing
+import os
 import pickle
 import subprocess
 import sys
@@ -163,8 +164,6 @@ def test_max_tasks_per_child_refuses_fork(system: str) -> None:
 
 def test_max_tasks_per_child_replaces_the_worker(make_pool: PoolFactory) -> None:
     ex = make_pool(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=3)
-    import os
-
     pids = [ex.submit(os.getpid).result(timeout=60) for _ in range(4)]
     assert pids[0] == pids[1] == pids[2] != pids[3]
 
