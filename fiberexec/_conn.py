@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiberexec._backend import WorkerHandle, WorkerStatus
-from fiberexec._channel import Channel
 from fiberexec._task import WorkItem
+
+if TYPE_CHECKING:
+    from fiberexec._events import Link
 
 MAX_WINDOW = 1024  # tasks one worker may hold
 WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
@@ -26,7 +27,7 @@ class State(enum.Enum):
 
 
 class Conn:
-    def __init__(self, worker_id: str, channel: Channel, max_tasks: int) -> None:
+    def __init__(self, worker_id: str, channel: Link, max_tasks: int, *, now: float) -> None:
         self.worker_id = worker_id
         self.channel = channel
         self.max_tasks = max_tasks  # 0: unlimited
@@ -48,7 +49,7 @@ class Conn:
         self.unknown = 0  # tasks held whose length is not known yet
         self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
         self.challenged = 0.0  # when the handshake's challenge was sent
-        self.created = time.monotonic()
+        self.created = now  # on the shard's clock
         self.last_recv = self.last_sent = self.idle_since = self.created
         self.deadline = 0.0  # when DISCONNECTED: stop waiting for the exit status
 

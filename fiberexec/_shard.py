@@ -1,18 +1,22 @@
-"""A shard of the task pool: one thread that owns a queue, a pending table and its workers.
+"""A shard of the task scheduler: one thread that owns a queue, a pending table and its workers.
 
 Data flow (all of it on the shard's thread, except where noted)::
 
     FiberExecutor.submit --put()--> incoming ---+
-    pool / backend / nng callbacks --post()--> events ---+--> wake fd
-                                                         |
-    run(): select(channels + wake fd, next deadline)
+    supervisor / nng / backend --post(Event)--> events ---+--> wake fd
+                                                          |
+    run(): step() until shut down and drained
+      step(): select(channels + wake fd, next deadline)
              -> _receive: handshake | results -> futures | heartbeats
-             -> _handle_events: adopt, started, exited, disconnected, steal, shutdown, broken
+             -> _handle_events: `fiberexec._events`, matched by type
              -> _dispatch: queue --(credit)--> Tasks messages to workers
              -> _housekeep: heartbeats, silent workers, start deadlines, idle scale-down
 
 Everything mutable here is touched only by the shard's thread; other threads hand it work
-through `put` and `post`, which append to a deque and wake the thread if it is asleep.
+through `put` and `post`, which append to a deque and wake the thread if it is asleep. A shard
+is built from a frozen `Session`, reports to a `Lifecycle`, reads time from the clock it is
+given, and talks to workers through `Link`s: so it can be driven step by step in a unit test
+with a fake clock and fake channels, and no process at all.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from fiberexec import _auth, _shm
+from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._conn import Conn, State
@@ -45,10 +50,8 @@ from fiberexec._serialize import (
     loads_exception,
     remote_traceback,
 )
+from fiberexec._session import Lifecycle, Session
 from fiberexec._task import WorkItem, function_key, settle
-
-if TYPE_CHECKING:
-    from fiberexec._pool import TaskPool
 
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
@@ -58,12 +61,22 @@ ESTIMATES_MAX = 4096  # functions whose run times are remembered
 
 
 class Shard:
-    def __init__(self, pool: TaskPool, index: int) -> None:
-        self.pool = pool
-        self.config = pool.config
+    def __init__(
+        self,
+        session: Session,
+        index: int,
+        lifecycle: Lifecycle,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.config = session.config
         self.index = index
+        self.lifecycle = lifecycle
+        self.clock = clock
+        self.peers: Sequence[Shard] = (self,)  # the executor's shards, this one included
         self.incoming: deque[WorkItem] = deque()
-        self.events: deque[tuple[Any, ...]] = deque()
+        self.events: deque[ev.Event] = deque()
         self.queue: deque[WorkItem] = deque()
         self.conns: dict[str, Conn] = {}
         self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
@@ -92,7 +105,7 @@ class Shard:
         if self._sleeping:
             self._wake()
 
-    def post(self, *event: Any) -> None:
+    def post(self, event: ev.Event) -> None:
         self.events.append(event)
         if self._sleeping:
             self._wake()
@@ -112,23 +125,30 @@ class Shard:
 
     def run(self) -> None:
         try:
-            while not self._finished():
-                self._wait()
-                self._handle_events()
-                self._take_incoming()
-                self._dispatch()
-                if time.monotonic() >= self._next_housekeeping:
-                    self._housekeep()
+            while not self.finished():
+                self.step()
         except BaseException as exc:  # a bug here must not leave futures hanging
             log.exception("fiberexec shard %d crashed", self.index)
-            self.pool.break_executor(f"the scheduler thread crashed: {exc!r}", exc)
+            self.lifecycle.break_executor(f"the scheduler thread crashed: {exc!r}", exc)
             self._fail_everything(exc)
         finally:
-            self._close()
+            self.close()
 
-    def _wait(self) -> None:
+    def step(self, timeout: float | None = None) -> None:
+        """One turn of the loop; waits at most ``timeout`` (default: the next deadline)."""
+        self._wait(timeout)
+        self._handle_events()
+        self._take_incoming()
+        self._dispatch()
+        if self.clock() >= self._next_housekeeping:
+            self._housekeep()
+
+    def _wait(self, timeout: float | None) -> None:
         self._sleeping = True
-        timeout = 0.0 if (self.incoming or self.events) else self._next_deadline()
+        if self.incoming or self.events:
+            timeout = 0.0
+        elif timeout is None:
+            timeout = self._next_deadline()
         ready = self.selector.select(timeout)
         self._sleeping = False
         for key, _ in ready:
@@ -141,9 +161,10 @@ class Shard:
                 self._receive(key.data)
 
     def _next_deadline(self) -> float:
-        return max(0.0, self._next_housekeeping - time.monotonic())
+        return max(0.0, self._next_housekeeping - self.clock())
 
-    def _finished(self) -> bool:
+    def finished(self) -> bool:
+        """Shut down, and nothing is left to run or to hear about."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
         return not any(c.inflight for c in self.conns.values())
@@ -152,7 +173,7 @@ class Shard:
 
     def _receive(self, conn: Conn) -> None:
         while (msg := conn.channel.try_recv()) is not None:
-            conn.last_recv = time.monotonic()
+            conn.last_recv = self.clock()
             if conn.state in (State.READY, State.RETIRING) and msg.pipe.id == conn.pipe_id:
                 self._on_frame(conn, msg.bytes)
             else:
@@ -188,10 +209,10 @@ class Shard:
             else:
                 self.failed += 1
         if not conn.inflight:
-            conn.idle_since = time.monotonic()
+            conn.idle_since = self.clock()
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
-        self.pool.report_progress()
+        self.lifecycle.progress()
 
     def _observe(self, key: str, runtime: float) -> None:
         estimates = self.estimates
@@ -206,7 +227,7 @@ class Shard:
         except SerializationError as exc:
             cause = exc
         conn.state = State.RETIRING
-        self.pool.break_executor(
+        self.lifecycle.break_executor(
             "A worker initializer failed, the executor is not usable anymore", cause
         )
 
@@ -235,29 +256,29 @@ class Shard:
         if hello.worker_id != conn.worker_id:
             raise ProtocolError(f"worker id {hello.worker_id!r} is not {conn.worker_id!r}")
         conn.pipe, conn.nonce = pipe, _auth.new_nonce()
-        proof = _auth.proof(self.pool.secret, "executor", hello.nonce, conn.nonce)
+        proof = _auth.proof(self.session.secret, "executor", hello.nonce, conn.nonce)
         conn.worker_nonce = hello.nonce
         self._drop_probe(conn)
-        if self.pool.shm_token:  # lives only for this handshake: a crash leaves nothing long
-            conn.probe = _shm.write_probe(self.pool.executor_id, self.pool.shm_token)
+        if self.session.shm_token:  # lives only for this handshake: a crash leaves nothing long
+            conn.probe = _shm.write_probe(self.session.executor_id, self.session.shm_token)
         self._send(conn, p.Challenge(conn.nonce, proof, conn.probe))
         conn.state = State.AWAIT_AUTH
-        conn.challenged = time.monotonic()
+        conn.challenged = self.clock()
 
     def _on_auth(self, conn: Conn, auth: p.Auth) -> None:
-        expected = _auth.proof(self.pool.secret, "worker", conn.worker_nonce, conn.nonce)
+        expected = _auth.proof(self.session.secret, "worker", conn.worker_nonce, conn.nonce)
         if not _auth.verify(expected, auth.proof):
             raise AuthenticationError("wrong proof: the peer does not hold the secret")
-        conn.shm = bool(conn.probe) and _auth.verify(self.pool.shm_token, auth.shm_token)
+        conn.shm = bool(conn.probe) and _auth.verify(self.session.shm_token, auth.shm_token)
         self._drop_probe(conn)
         conn.state = State.READY
-        conn.idle_since = time.monotonic()
+        conn.idle_since = self.clock()
         conn.measured_rtt(conn.idle_since - conn.challenged)
         self.hungry[conn.worker_id] = conn
         conn.counted = True
         self.ready_workers += 1
-        self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.pool.initializer))
-        self.pool.worker_ready(conn.worker_id)
+        self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.session.initializer))
+        self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
 
     def _reject(self, conn: Conn, pipe: Any, why: str) -> None:
@@ -278,24 +299,45 @@ class Shard:
 
     def _handle_events(self) -> None:
         while self.events:
-            kind, *args = self.events.popleft()
-            getattr(self, f"_ev_{kind}")(*args)
+            match self.events.popleft():
+                case ev.Adopt(worker_id, channel):
+                    self._adopt(worker_id, channel)
+                case ev.Started(worker_id, handle):
+                    self._started(worker_id, handle)
+                case ev.StartFailed(worker_id):
+                    self._forget(self.conns.get(worker_id))
+                case ev.PipeDown(worker_id, pipe_id):
+                    self._pipe_down(worker_id, pipe_id)
+                case ev.Exited(worker_id, status):
+                    self._exited(worker_id, status)
+                case ev.Shutdown(cancel_futures):
+                    self._shutdown(cancel_futures)
+                case ev.Exiting():
+                    self.exit_deadline = self.clock() + EXIT_START_GRACE
+                    self._next_housekeeping = 0.0
+                case ev.Broken(error):
+                    # Keep running until shutdown(): a task submitted as we broke may arrive.
+                    self.broken = error
+                    self._take_incoming()
+                case ev.Call(fn):
+                    fn()
+                case ev.Steal(thief):
+                    self._give_away(thief)
+                case ev.Stolen(items):
+                    self.queue.extend(items)
+                    self.stolen += len(items)
+                    self.stealing = False
 
-    def _ev_adopt(self, conn: Conn) -> None:
-        self.conns[conn.worker_id] = conn
-        self.selector.register(conn.channel.fileno(), selectors.EVENT_READ, conn)
+    def _adopt(self, worker_id: str, channel: ev.Link) -> None:
+        conn = Conn(worker_id, channel, self.config.max_tasks_per_child or 0, now=self.clock())
+        self.conns[worker_id] = conn
+        self.selector.register(channel.fileno(), selectors.EVENT_READ, conn)
 
-    def _ev_started(self, worker_id: str, handle: WorkerHandle) -> None:
-        conn = self.conns.get(worker_id)
-        if conn is not None:
+    def _started(self, worker_id: str, handle: WorkerHandle) -> None:
+        if (conn := self.conns.get(worker_id)) is not None:
             conn.handle = handle
 
-    def _ev_start_failed(self, worker_id: str) -> None:
-        conn = self.conns.get(worker_id)
-        if conn is not None:
-            self._forget(conn)
-
-    def _ev_pipe_down(self, worker_id: str, pipe_id: int) -> None:
+    def _pipe_down(self, worker_id: str, pipe_id: int) -> None:
         conn = self.conns.get(worker_id)
         if conn is None or pipe_id != conn.pipe_id:
             return  # an unauthenticated peer hung up
@@ -303,24 +345,24 @@ class Shard:
             conn.state, conn.pipe = State.AWAIT_HELLO, None
         elif conn.state is State.RETIRING and not conn.inflight:
             conn.state = State.DISCONNECTED
-            conn.deadline = time.monotonic() + STATUS_WAIT
+            conn.deadline = self.clock() + STATUS_WAIT
         elif conn.state in (State.READY, State.RETIRING):
             self._lose(conn, None)
 
-    def _ev_exited(self, worker_id: str, status: WorkerStatus) -> None:
+    def _exited(self, worker_id: str, status: WorkerStatus) -> None:
         conn = self.conns.get(worker_id)
         if conn is None:
             return
         conn.status = status
         if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
             self._forget(conn)
-            self.pool.worker_failed_to_start(conn.worker_id, status)
+            self.lifecycle.worker_failed_to_start(conn.worker_id, status)
         elif conn.state is State.DISCONNECTED:
             self._finalize(conn)
         else:
             self._lose(conn, None)
 
-    def _ev_shutdown(self, cancel_futures: bool) -> None:
+    def _shutdown(self, cancel_futures: bool) -> None:
         self.shutting_down = True
         if cancel_futures:
             self._take_incoming()
@@ -343,29 +385,12 @@ class Shard:
                 item.future.cancel()
         return keep
 
-    def _ev_exiting(self) -> None:
-        self.exit_deadline = time.monotonic() + EXIT_START_GRACE
-        self._next_housekeeping = 0.0
-
-    def _ev_broken(self, error: BaseException) -> None:
-        # Keep running until shutdown(): a task submitted as we broke may still arrive.
-        self.broken = error
-        self._take_incoming()
-
-    def _ev_call(self, fn: Callable[[], None]) -> None:
-        fn()  # run on this thread: how other threads read shard state consistently
-
-    def _ev_steal(self, thief: Shard) -> None:
+    def _give_away(self, thief: Shard) -> None:
         if not self.ready_workers:
             n = len(self.queue)  # no worker of ours can run them: hand over everything
         else:
             n = len(self.queue) // 2 if len(self.queue) >= STEAL_MIN else 0
-        thief.post("stolen", [self.queue.pop() for _ in range(n)][::-1])
-
-    def _ev_stolen(self, items: list[WorkItem]) -> None:
-        self.queue.extend(items)
-        self.stolen += len(items)
-        self.stealing = False
+        thief.post(ev.Stolen([self.queue.pop() for _ in range(n)][::-1]))
 
     # ------------------------------------------------------------ dispatch
 
@@ -393,15 +418,15 @@ class Shard:
         return self.estimates.get(item.key or function_key(item.fn))
 
     def _maybe_steal(self) -> None:
-        if self.stealing or self.shutting_down or len(self.pool.shards) == 1:
+        if self.stealing or self.shutting_down or len(self.peers) == 1:
             return
         if not self.hungry:
             return
-        victim = max(self.pool.shards, key=lambda s: len(s.queue))
+        victim = max(self.peers, key=lambda s: len(s.queue))
         worth_it = len(victim.queue) >= STEAL_MIN or (victim.queue and not victim.ready_workers)
         if victim is not self and worth_it:
             self.stealing = True
-            victim.post("steal", self)
+            victim.post(ev.Steal(self))
 
     def _send_tasks(self, conn: Conn, n: int) -> None:
         """Send ``conn`` up to ``n`` tasks from the queue's head, as many as it admits."""
@@ -446,7 +471,7 @@ class Shard:
         self.failed += 1
 
     def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:
-        policy = p.ShmPolicy(self.pool.executor_id) if conn.shm else None
+        policy = p.ShmPolicy(self.session.executor_id) if conn.shm else None
         frame = p.encode(message, policy)
         if policy is not None and policy.created:
             for item in items:
@@ -461,12 +486,12 @@ class Shard:
         except ProtocolError:
             self._lose(conn, f"worker {conn.worker_id} stopped reading its messages")
             return
-        conn.last_sent = time.monotonic()
+        conn.last_sent = self.clock()
 
     # ------------------------------------------------------------ housekeeping
 
     def _housekeep(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         beat = self.config.heartbeat
         self._next_housekeeping = now + beat / 4
         if self.exit_deadline is not None:
@@ -483,7 +508,7 @@ class Shard:
             elif conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
                 if now - conn.created > self.config.start_timeout:
                     self._forget(conn)
-                    self.pool.worker_failed_to_start(conn.worker_id, None)
+                    self.lifecycle.worker_failed_to_start(conn.worker_id, None)
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
 
@@ -491,9 +516,9 @@ class Shard:
         """At interpreter exit, stop waiting for workers that never connected."""
         assert self.exit_deadline is not None
         self._next_housekeeping = min(self._next_housekeeping, self.exit_deadline)
-        if now < self.exit_deadline or self.pool.ready_count() or not self.backlog:
+        if now < self.exit_deadline or self.lifecycle.ready_count() or not self.backlog:
             return
-        self.pool.break_executor(
+        self.lifecycle.break_executor(
             f"the interpreter is exiting and no worker connected within {EXIT_START_GRACE:g}s "
             f"of it; {self.backlog} task(s) could not run", None,
         )
@@ -502,7 +527,7 @@ class Shard:
         idle = self.config.idle_timeout
         if idle is None or conn.inflight or self.queue or now - conn.idle_since < idle:
             return
-        if self.pool.may_retire(conn.worker_id):
+        if self.lifecycle.may_retire(conn.worker_id):
             conn.state, conn.leaving = State.RETIRING, f"idle for {idle}s"
             self._send(conn, p.Bye("idle"))
 
@@ -522,7 +547,7 @@ class Shard:
         self.lost += 1
         conn.doomed, conn.why = doomed, why
         conn.state = State.DISCONNECTED
-        conn.deadline = time.monotonic() + STATUS_WAIT
+        conn.deadline = self.clock() + STATUS_WAIT
         if conn.status is not None or not doomed:
             self._finalize(conn)
 
@@ -542,13 +567,15 @@ class Shard:
             self.failed += 1
         conn.doomed = []
         self._forget(conn)
-        self.pool.worker_gone(conn.worker_id, conn.handle, replace=not self._finished())
+        self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
         if conn.leaving and conn.why is None:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
             log.warning("%s", why)
 
-    def _forget(self, conn: Conn) -> None:
+    def _forget(self, conn: Conn | None) -> None:
+        if conn is None:
+            return
         self._unregister(conn)
         conn.state = State.GONE
         self.conns.pop(conn.worker_id, None)
@@ -588,7 +615,8 @@ class Shard:
                 continue
             self.failed += 1
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Say goodbye to connected workers and close every channel (the loop's last act)."""
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 self._send(conn, p.Bye("shutdown"))

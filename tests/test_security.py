@@ -13,6 +13,7 @@ import pytest
 
 from fiberexec import FiberExecutor
 from fiberexec import _protocol as p
+from fiberexec._events import Call
 from fiberexec.backend import WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
@@ -72,7 +73,7 @@ def test_crafted_pickles_to_every_endpoint_are_never_run(
 
 def _conns(shard: Any) -> list[Any]:
     done = threading.Event()
-    shard.post("call", done.set)
+    shard.post(Call(done.set))
     assert done.wait(10)
     return list(shard.conns.values())
 

@@ -50,6 +50,26 @@ def test_core_never_imports_a_concrete_backend() -> None:
     assert not offenders
 
 
+def test_the_scheduler_parts_point_one_way() -> None:
+    """Shards know their `Session`, `Lifecycle` and `Link`s, never the pool or supervisor that
+    made them (so a shard is built in a unit test with fakes); the supervisor never imports
+    the pool."""
+    below = {"_shard.py": ("_pool", "pool", "_supervisor", "TaskPool", "WorkerSupervisor",
+                           "_executor"),
+             "_conn.py": ("_pool", "_supervisor", "_shard", "TaskPool"),
+             "_events.py": ("_pool", "_supervisor", "TaskPool"),
+             "_session.py": ("_pool", "_supervisor", "_shard", "TaskPool"),
+             "_supervisor.py": ("_pool", "TaskPool", "_executor")}
+    offenders = []
+    for name, banned in below.items():
+        tree = ast.parse((ROOT / name).read_text())
+        words = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        words |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        words |= {m.rsplit(".", 1)[-1] for _, m in _imports(ROOT / name)}
+        offenders += [f"{name} names {b}" for b in banned if b in words]
+    assert not offenders
+
+
 def test_builtin_backends_are_registered_by_entry_point() -> None:
     assert {"local", "docker", "kubernetes"} <= set(available_backends())
 

@@ -1,0 +1,118 @@
+"""What other threads tell a shard, as typed events (handled on the shard's thread by `match`).
+
+Who posts what::
+
+    WorkerSupervisor (launcher threads)   Adopt, Started, StartFailed, Broken
+    nng's pipe callbacks                  PipeDown
+    the backend's exit watch              Exited
+    TaskPool (the user's threads)         Shutdown, Exiting
+    another shard                         Steal (asking), Stolen (the answer)
+    anyone (tests, diagnostics)           Call: run a function on the shard's thread
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fiberexec._backend import WorkerHandle, WorkerStatus
+from fiberexec._task import WorkItem
+
+if TYPE_CHECKING:
+    from fiberexec._shard import Shard
+
+
+class Link(Protocol):
+    """The shard's view of one worker's channel (`fiberexec._channel.Channel` in production)."""
+
+    closed: bool
+
+    def fileno(self) -> int: ...
+
+    def try_recv(self) -> Any:
+        """The next message (``.bytes`` and ``.pipe``, whose ``.id`` names the peer) or None."""
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue a frame; raise `ProtocolError` when the peer has stopped reading."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """A worker is being started; its channel listens and is the shard's to serve."""
+
+    worker_id: str
+    channel: Link
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    worker_id: str
+    handle: WorkerHandle
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The backend could not start the worker (after retries): forget its channel."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PipeDown:
+    """A peer of the worker's channel hung up (maybe an unauthenticated one)."""
+
+    worker_id: str
+    pipe_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The backend saw the worker end."""
+
+    worker_id: str
+    status: WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    cancel_futures: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Exiting:
+    """The interpreter is exiting: wait only briefly for workers that never connected."""
+
+
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """The executor is broken: fail what is queued and everything that still arrives."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run ``fn`` on the shard's thread, where shard state may be read consistently."""
+
+    fn: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Steal:
+    """``thief`` has idle workers: hand it part of the queue (maybe nothing)."""
+
+    thief: Shard
+
+
+@dataclass(frozen=True, slots=True)
+class Stolen:
+    items: list[WorkItem]
+
+
+Event = (
+    Adopt | Started | StartFailed | PipeDown | Exited | Shutdown | Exiting | Broken | Call
+    | Steal | Stolen
+)

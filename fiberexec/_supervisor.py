@@ -1,0 +1,286 @@
+"""The worker supervisor: starts, watches, replaces and stops the workers the shards serve.
+
+Workers are started by launcher threads (backend calls block on I/O and are retried with the
+executor's `RetryPolicy`), so no shard ever waits on a backend. The worker table below is the
+only state shared between threads, and one lock guards it. The supervisor is the shards'
+`Lifecycle`: they report readiness, losses and start failures here, and it tells them about
+started, failed and exited workers with events.
+
+    launch():  listen on a channel -> Adopt -> (launcher) backend.start_worker -> Started
+               backend's exit watch -> Exited;  nng pipe callback -> PipeDown
+    worker_gone / worker_failed_to_start (from a shard) -> stop its handle, maybe launch()
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from fiberexec import _contract
+from fiberexec import _events as ev
+from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
+from fiberexec._channel import Channel
+from fiberexec._errors import BrokenFiberExecutor
+from fiberexec._session import Session
+from fiberexec._shard import Shard
+from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME
+
+log = logging.getLogger("fiberexec")
+MAX_START_FAILURES = 3  # workers in a row that die before connecting break the executor
+
+
+class WorkerSupervisor:
+    def __init__(
+        self,
+        session: Session,
+        backend: Backend,
+        *,
+        outstanding: Callable[[], int],
+        progress: Callable[[], None],
+    ) -> None:
+        self.session = session
+        self.config = session.config
+        self.backend = backend
+        self.shards: Sequence[Shard] = ()  # set by the pool once they are built
+        self.broken: BrokenFiberExecutor | None = None
+        self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
+        self._outstanding = outstanding  # tasks submitted and not finished
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
+        self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
+        self._retiring: set[str] = set()
+        self._ready: set[str] = set()
+        self._start_failures = 0
+        self._ids = itertools.count()
+        self._finished = False  # the shards are done: no new workers
+        self._next_port = 0  # where the search for a free port in config.ports starts
+        self._tls_server = self.config.tls.server_config() if self.config.tls else None
+        self._launcher = ThreadPoolExecutor(4, thread_name_prefix="fiberexec-launcher")
+
+    # ------------------------------------------------------------ counts
+
+    def counts(self) -> tuple[int, int]:
+        """(workers ready, workers known: ready, starting or leaving)."""
+        with self._lock:
+            return len(self._ready), len(self._handles)
+
+    def ready_count(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    # ------------------------------------------------------------ starting workers
+
+    def scale_up(self) -> None:
+        """Start workers until there is one per outstanding task, up to ``max_workers``."""
+        with self._lock:
+            wanted = min(self.config.max_workers, self._outstanding()) - len(self._handles)
+        for _ in range(max(0, wanted)):
+            self.launch()
+
+    def wants_more(self) -> bool:
+        return len(self._handles) < self.config.max_workers
+
+    def launch(self) -> None:
+        with self._lock:
+            if self._finished or self.broken is not None:
+                return
+            worker_id = f"w{next(self._ids)}"
+            self._handles[worker_id] = None
+            load = {id(s): 0 for s in self.shards}
+            for placed in self._placement.values():
+                load[id(placed)] += 1
+            shard = min(self.shards, key=lambda s: load[id(s)])
+            self._placement[worker_id] = shard
+        try:
+            channel = Channel.listen(
+                self.backend.bind_host,
+                max_message=self.config.max_message_size,
+                on_connect=lambda pipe: None,
+                on_remove=lambda pipe: shard.post(ev.PipeDown(worker_id, pipe.id)),
+                tls=self._tls_server,
+                ports=self.config.ports,
+                first=self._next_port,
+            )
+        except Exception as exc:  # no port: say why, do not leave the tasks waiting
+            self._drop(worker_id)
+            self.break_executor(f"could not listen for worker {worker_id}: {exc}", exc)
+            return
+        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
+        shard.post(ev.Adopt(worker_id, channel))
+        scheme, rest = channel.address.split("://", 1)
+        host = self.backend.advertise_host
+        address = f"{scheme}://{f'[{host}]' if ':' in host else host}:{rest.rsplit(':', 1)[1]}"
+        self._launcher.submit(self._start_worker, shard, self._spec(worker_id, address))
+
+    def _drop(self, worker_id: str) -> WorkerHandle | None:
+        with self._lock:
+            self._placement.pop(worker_id, None)
+            return self._handles.pop(worker_id, None)
+
+    def _spec(self, worker_id: str, address: str) -> WorkerSpec:
+        cfg, session = self.config, self.session
+        tls_env = {}
+        if cfg.tls is not None:
+            tls_env = {
+                ENV_TLS_CERT: cfg.tls.cert,
+                ENV_TLS_SERVER_NAME: cfg.tls.server_name or self.backend.advertise_host,
+            }
+        return WorkerSpec(
+            worker_id=worker_id,
+            executor_id=session.executor_id,
+            command=_contract.WORKER_COMMAND,
+            env={
+                _contract.ENV_ADDRESS: address,
+                _contract.ENV_WORKER_ID: worker_id,
+                _contract.ENV_EXECUTOR_ID: session.executor_id,
+                _contract.ENV_HEARTBEAT: str(cfg.heartbeat),
+                _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
+                **tls_env,
+            },
+            secret_env={
+                _contract.ENV_SECRET: session.secret.hex(),
+                # stdlib Manager proxies passed to tasks authenticate with it, as in a child
+                _contract.ENV_MP_AUTHKEY: bytes(multiprocessing.current_process().authkey).hex(),
+            },
+            image=cfg.image,
+            workdir=cfg.workdir or os.getcwd(),
+            resources=cfg.resources,
+            labels=cfg.labels,
+        )
+
+    def _start_worker(self, shard: Shard, spec: WorkerSpec) -> None:
+        def attempt() -> WorkerHandle:
+            return self.backend.start_worker(spec)
+
+        try:
+            handle = self.config.start_retry.call(
+                attempt,
+                before_sleep=lambda state: log.warning(
+                    "starting worker %s failed (%s); retrying", spec.worker_id,
+                    state.outcome.exception() if state.outcome else "?",
+                ),
+            )
+        except Exception as exc:
+            shard.post(ev.StartFailed(spec.worker_id))
+            self._drop(spec.worker_id)
+            self.break_executor(
+                f"could not start a worker on the {self.backend.name!r} backend: {exc}", exc
+            )
+            return
+        with self._lock:
+            self._handles[spec.worker_id] = handle
+            too_late = self._finished
+        log.info("started worker %s (%s)", spec.worker_id, handle.ref)
+        shard.post(ev.Started(spec.worker_id, handle))
+        self.backend.watch(handle, lambda h, status: shard.post(ev.Exited(h.worker_id, status)))
+        if too_late:
+            self._stop(handle)
+
+    # ------------------------------------------------------------ the shards' Lifecycle
+
+    def worker_ready(self, worker_id: str) -> None:
+        with self._lock:
+            self._ready.add(worker_id)
+            self._start_failures = 0
+
+    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
+        with self._lock:
+            self._handles.pop(worker_id, None)
+            self._placement.pop(worker_id, None)
+            self._ready.discard(worker_id)
+            retired = worker_id in self._retiring
+            self._retiring.discard(worker_id)
+            wanted = not retired and replace and len(self._handles) < self.config.max_workers
+            wanted = wanted and (
+                len(self._handles) < self.config.min_workers or self._outstanding() > 0
+            )
+        if handle is not None:
+            self._in_background(self._stop, handle)
+        if wanted:
+            self.launch()
+
+    def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
+        handle = self._drop(worker_id)
+        with self._lock:
+            self._start_failures += 1
+            give_up = self._start_failures >= MAX_START_FAILURES
+        self._in_background(self._diagnose_start_failure, worker_id, handle, status, give_up)
+
+    def _diagnose_start_failure(
+        self, worker_id: str, handle: WorkerHandle | None, status: WorkerStatus | None,
+        give_up: bool,
+    ) -> None:
+        what = status.describe() if status else (
+            f"did not connect within start_timeout={self.config.start_timeout}s"
+        )
+        logs = self.backend.logs(handle, tail=20).strip() if handle else ""
+        message = f"worker {worker_id} {what} before connecting to the executor"
+        if logs:
+            message += f"; its last output:\n{logs}"
+        if handle is not None:
+            self._stop(handle)
+        log.warning("%s", message)
+        if not give_up:
+            self.launch()
+        elif self.ready_count():  # e.g. jobs still queued on a busy cluster: go on with these
+            log.warning("%d workers in a row failed to start; going on with the ones "
+                        "connected, and trying again as tasks arrive", MAX_START_FAILURES)
+        else:
+            self.break_executor(f"{MAX_START_FAILURES} workers in a row failed to start; "
+                                f"the last: {message}", None)
+
+    def may_retire(self, worker_id: str) -> bool:
+        """Whether an idle worker may leave without going below ``min_workers``."""
+        with self._lock:
+            active = len(self._handles) - len(self._retiring)
+            if active <= self.config.min_workers:
+                return False
+            self._retiring.add(worker_id)
+            return True
+
+    def break_executor(
+        self, message: str, cause: BaseException | None, *, level: int = logging.ERROR
+    ) -> None:
+        with self._lock:
+            if self.broken is not None:
+                return
+            self.broken = BrokenFiberExecutor(message)
+            self.broken.__cause__ = cause
+        log.log(level, "%s", message)
+        for shard in self.shards:
+            shard.post(ev.Broken(self.broken))
+
+    def progress(self) -> None:
+        self._progress()
+
+    # ------------------------------------------------------------ stopping
+
+    def _stop(self, handle: WorkerHandle) -> None:
+        try:
+            self.backend.stop(handle, grace=self.stop_grace)
+        except Exception as exc:
+            log.warning("could not stop worker %s: %s", handle.worker_id, exc)
+
+    def _in_background(self, fn: Callable[..., None], *args: object) -> None:
+        try:
+            self._launcher.submit(fn, *args)
+            return
+        except RuntimeError:  # the launcher is shutting down: do it here
+            pass
+        fn(*args)
+
+    def stop_all(self) -> None:
+        """The shards are done: stop every worker left and the launcher threads."""
+        with self._lock:
+            self._finished = True
+            handles = [h for h in self._handles.values() if h is not None]
+            self._handles.clear()
+        for handle in handles:
+            self._stop(handle)
+        self._launcher.shutdown(wait=True)

@@ -1,0 +1,463 @@
+"""A shard driven step by step: a fake clock, fake channels, a recording lifecycle, no process.
+
+The test plays each worker: it speaks the real protocol (handshake, results, goodbyes) into a
+`FakeLink`, calls `Shard.step(0)`, and reads what the shard sent back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from fiberexec import _auth
+from fiberexec import _events as ev
+from fiberexec import _protocol as p
+from fiberexec._backend import WorkerHandle, WorkerState, WorkerStatus
+from fiberexec._config import ExecutorConfig
+from fiberexec._conn import WINDOW_TIME, State
+from fiberexec._errors import ProtocolError, WorkerLostError
+from fiberexec._serialize import dumps
+from fiberexec._session import Session
+from fiberexec._shard import STATUS_WAIT, Shard
+from fiberexec._task import WorkItem
+
+SHORT = 2.0**-12  # seconds: a known short task (exact in binary, so window sums are exact)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class FakePipe:
+    id: int
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Received:
+    bytes: bytes
+    pipe: FakePipe
+
+
+class FakeLink:
+    """A worker's channel whose far end is the test. Readable exactly while frames wait."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.closed = False
+        self.capacity = capacity
+        self.sent: list[bytes] = []
+        self._inbox: deque[Received] = deque()
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def deliver(self, message: p.Message, pipe: FakePipe) -> None:
+        self._inbox.append(Received(p.encode(message), pipe))
+        os.eventfd_write(self._fd, 1)
+
+    def try_recv(self) -> Received | None:
+        if self._inbox:
+            return self._inbox.popleft()
+        try:
+            os.eventfd_read(self._fd)
+        except BlockingIOError:
+            pass
+        return None
+
+    def send_nowait(self, frame: bytes) -> None:
+        if len(self.sent) >= self.capacity:
+            raise ProtocolError("peer is not reading: its send queue is full")
+        self.sent.append(frame)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)
+
+    def take(self) -> list[Any]:
+        """What the shard sent since the last call, decoded."""
+        messages = [p.decode(frame) for frame in self.sent]
+        self.sent.clear()
+        return messages
+
+
+@dataclass
+class Recorder:
+    """The shard's `Lifecycle`, recording every call."""
+
+    retire: bool = True
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    ready: set[str] = field(default_factory=set)
+
+    def worker_ready(self, worker_id: str) -> None:
+        self.ready.add(worker_id)
+        self.calls.append(("ready", worker_id))
+
+    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
+        self.ready.discard(worker_id)
+        self.calls.append(("gone", worker_id, replace))
+
+    def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
+        self.calls.append(("failed_to_start", worker_id, status))
+
+    def may_retire(self, worker_id: str) -> bool:
+        self.calls.append(("may_retire", worker_id))
+        return self.retire
+
+    def ready_count(self) -> int:
+        return len(self.ready)
+
+    def break_executor(self, message: str, cause: BaseException | None) -> None:
+        self.calls.append(("broken", message))
+
+    def progress(self) -> None:
+        pass
+
+    def named(self, kind: str) -> list[tuple[Any, ...]]:
+        return [c for c in self.calls if c[0] == kind]
+
+
+class Bench:
+    """One or more shards under test, their clock, lifecycle and the workers the test plays."""
+
+    def __init__(self, shards: int = 1, **settings: Any) -> None:
+        settings.setdefault("max_workers", 4)
+        config = ExecutorConfig(min_workers=0, backend="local", **settings)
+        self.session = Session(config, "test", _auth.new_secret())
+        self.clock = FakeClock()
+        self.life = Recorder()
+        self.shards = [Shard(self.session, i, self.life, clock=self.clock)
+                       for i in range(shards)]
+        for shard in self.shards:
+            shard.peers = self.shards
+        self.links: dict[str, FakeLink] = {}
+        self.pipes: dict[str, FakePipe] = {}
+        self._task_ids = 0
+
+    @property
+    def shard(self) -> Shard:
+        return self.shards[0]
+
+    def step(self, rounds: int = 2) -> None:
+        for _ in range(rounds):
+            for shard in self.shards:
+                shard.step(0)
+
+    def connect(self, worker_id: str, *, shard: int = 0, rtt: float = 0.0) -> FakeLink:
+        """Adopt a channel for ``worker_id`` and authenticate a worker on it."""
+        link = FakeLink()
+        pipe = FakePipe(len(self.pipes) + 1)
+        self.links[worker_id], self.pipes[worker_id] = link, pipe
+        target = self.shards[shard]
+        target.post(ev.Adopt(worker_id, link))
+        target.step(0)
+        nonce = _auth.new_nonce()
+        link.deliver(p.Hello(worker_id, nonce, 1, "localhost"), pipe)
+        target.step(0)
+        [challenge] = link.take()
+        assert isinstance(challenge, p.Challenge)
+        assert _auth.verify(
+            _auth.proof(self.session.secret, "executor", nonce, challenge.nonce), challenge.proof
+        )
+        self.clock.advance(rtt)
+        link.deliver(p.Auth(_auth.proof(self.session.secret, "worker", nonce, challenge.nonce),
+                            b""), pipe)
+        target.step(0)
+        assert isinstance(p.decode(link.sent.pop(0)), p.Setup)  # tasks may follow it
+        return link
+
+    def submit(self, fn: Any, n: int, *, shard: int = 0) -> list[WorkItem]:
+        items = []
+        for _ in range(n):
+            self._task_ids += 1
+            item = WorkItem(self._task_ids, Future(), fn, (self._task_ids,), {})
+            self.shards[shard].put(item)
+            items.append(item)
+        return items
+
+    def tasks_sent(self, worker_id: str) -> list[int]:
+        return [t.task_id for m in self.links[worker_id].take() if isinstance(m, p.Tasks)
+                for t in m.tasks]
+
+    def answer(self, worker_id: str, task_ids: list[int], runtime: float) -> None:
+        results = [p.Result(t, p.Status.OK, dumps(t), runtime) for t in task_ids]
+        self.links[worker_id].deliver(p.Results(results), self.pipes[worker_id])
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+@pytest.fixture
+def bench() -> Any:
+    made: list[Bench] = []
+
+    def make(shards: int = 1, **settings: Any) -> Bench:
+        made.append(Bench(shards, **settings))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def job(x: int) -> int:
+    return x
+
+
+def other_job(x: int) -> int:
+    return x
+
+
+# ---------------------------------------------------------------- credit windows
+
+def test_a_task_of_unknown_length_goes_only_to_a_worker_holding_nothing(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
+    b.connect("w1")
+    b.submit(job, 5)
+    b.step()
+    assert [len(b.tasks_sent(w)) for w in ("w0", "w1")] == [1, 1]
+    assert len(b.shard.queue) == 3
+
+
+def test_known_short_tasks_fill_the_time_window(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
+    b.submit(job, 100)
+    b.step()
+    [first] = b.tasks_sent("w0")
+    b.answer("w0", [first], runtime=SHORT)
+    b.step()
+    held = b.tasks_sent("w0")
+    assert len(held) == int(WINDOW_TIME / SHORT)  # 2 ms of 244 us tasks: 8
+    assert held == list(range(first + 1, first + 1 + len(held)))  # in submission order
+
+
+def test_a_far_worker_holds_two_round_trips_more(bench: Any) -> None:
+    b = bench()
+    b.connect("w0", rtt=0.004)
+    b.submit(job, 100)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+    b.step()
+    assert len(b.tasks_sent("w0")) == int((WINDOW_TIME + 2 * 0.004) / SHORT)  # 40
+
+
+def test_a_known_long_task_is_queued_at_most_one_deep(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
+    b.connect("w1")
+    b.submit(job, 1)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=0.5)
+    b.step()
+    b.submit(job, 10)
+    b.step()
+    assert [len(b.tasks_sent(w)) for w in ("w0", "w1")] == [2, 2]
+
+
+def test_estimates_are_kept_per_function(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
+    b.submit(job, 1)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+    b.step()
+    [known] = b.submit(job, 1)
+    b.submit(other_job, 3)  # unknown: not sent until w0 holds nothing
+    b.step()
+    assert b.tasks_sent("w0") == [known.task_id]
+    assert b.shard.estimates == {f"{__name__}.job": SHORT}
+
+
+# ---------------------------------------------------------------- stealing
+
+def test_a_shard_without_workers_hands_its_whole_queue_to_one_with_idle_workers(
+    bench: Any,
+) -> None:
+    b = bench(shards=2)
+    b.connect("w0", shard=1)
+    items = b.submit(job, 20, shard=0)
+    b.step(rounds=3)  # 1 asks 0, 0 answers, 1 dispatches
+    assert b.shards[0].queue == deque()
+    assert b.shards[1].stolen == 20
+    assert b.tasks_sent("w0") == [items[0].task_id]  # in order, and one at a time (unknown)
+
+
+def test_a_busy_shard_gives_half_of_a_long_queue_and_nothing_of_a_short_one(
+    bench: Any,
+) -> None:
+    b = bench(shards=2)
+    b.connect("w0", shard=0)
+    b.connect("w1", shard=1)
+    b.submit(job, 21, shard=0)
+    b.step(rounds=3)
+    assert b.shards[1].stolen == 10  # of the 20 w0 was not given
+    assert len(b.shards[0].queue) == 10
+    b2 = bench(shards=2)
+    b2.connect("w0", shard=0)
+    b2.connect("w1", shard=1)
+    b2.submit(job, 5, shard=0)
+    b2.step(rounds=3)
+    assert b2.shards[1].stolen == 0 and len(b2.shards[0].queue) == 4
+
+
+# ---------------------------------------------------------------- losing workers
+
+def _hold_three(b: Bench) -> list[WorkItem]:
+    b.connect("w0")
+    first = b.submit(job, 1)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+    b.step()
+    items = b.submit(job, 3)
+    b.step()
+    assert b.tasks_sent("w0") == [i.task_id for i in items]
+    assert first[0].future.result(timeout=0) == first[0].task_id
+    return items
+
+
+def test_a_lost_worker_charges_only_the_task_it_was_running(bench: Any) -> None:
+    b = bench(max_task_retries=2)
+    items = _hold_three(b)
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
+    b.step()
+    assert [i.losses for i in items] == [1, 0, 0]
+    assert list(b.shard.queue) == items  # requeued in their order
+    assert b.shard.lost == 1 and b.shard.retried == 3
+    assert b.life.named("gone") == [("gone", "w0", True)]
+    b.connect("w1")
+    b.step()
+    assert b.tasks_sent("w1") == [i.task_id for i in items]
+
+
+def test_a_task_out_of_retries_fails_naming_how_its_worker_ended(bench: Any) -> None:
+    b = bench(max_task_retries=0)
+    items = _hold_three(b)
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
+    b.step()
+    assert not items[0].future.done()  # waits for the exit status to say why
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.FAILED, -9)))
+    b.step()
+    with pytest.raises(WorkerLostError, match="killed by signal 9"):
+        items[0].future.result(timeout=0)
+    assert list(b.shard.queue) == items[1:]
+
+
+def test_without_an_exit_status_the_failure_says_the_connection_was_lost(bench: Any) -> None:
+    b = bench(max_task_retries=0)
+    items = _hold_three(b)
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
+    b.step()
+    b.clock.advance(STATUS_WAIT + 0.1)
+    b.step()
+    with pytest.raises(WorkerLostError, match="lost its connection"):
+        items[0].future.result(timeout=0)
+
+
+def test_a_worker_silent_for_three_heartbeats_is_lost(bench: Any) -> None:
+    b = bench(heartbeat=1.0)
+    link = b.connect("w0")
+    items = b.submit(job, 1)
+    b.step()
+    b.tasks_sent("w0")
+    b.clock.advance(1.0)
+    b.step()
+    assert any(isinstance(m, p.Heartbeat) for m in link.take())  # we speak, it does not
+    b.clock.advance(2.1)
+    b.step()
+    assert b.shard.lost == 1 and items[0].losses == 1
+    assert link.closed
+    assert b.life.named("gone") == [("gone", "w0", True)]
+
+
+def test_a_worker_that_answers_heartbeats_is_kept(bench: Any) -> None:
+    b = bench(heartbeat=1.0)
+    b.connect("w0")
+    for _ in range(10):
+        b.clock.advance(1.0)
+        b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])
+        b.step()
+    assert b.shard.lost == 0 and b.shard.conns["w0"].state is State.READY
+
+
+def test_a_worker_that_never_connects_fails_to_start_at_start_timeout(bench: Any) -> None:
+    b = bench(start_timeout=30.0)
+    b.shard.post(ev.Adopt("w0", FakeLink()))
+    b.step()
+    b.clock.advance(29.0)
+    b.step()
+    assert b.life.named("failed_to_start") == []
+    b.clock.advance(2.0)
+    b.step()
+    assert b.life.named("failed_to_start") == [("failed_to_start", "w0", None)]
+    assert "w0" not in b.shard.conns
+
+
+# ---------------------------------------------------------------- idle retirement
+
+def test_an_idle_worker_is_asked_to_leave_after_idle_timeout(bench: Any) -> None:
+    b = bench(idle_timeout=5.0, heartbeat=10.0)
+    link = b.connect("w0")
+    b.clock.advance(4.0)
+    b.step()
+    assert b.life.named("may_retire") == []
+    b.clock.advance(2.6)  # housekeeping runs every heartbeat / 4
+    b.step()
+    assert b.life.named("may_retire") == [("may_retire", "w0")]
+    assert [m for m in link.take() if isinstance(m, p.Bye)] == [p.Bye("idle")]
+    assert b.shard.conns["w0"].state is State.RETIRING
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.EXITED, 0)))
+    b.step()
+    assert b.shard.lost == 0 and "w0" not in b.shard.conns
+
+
+def test_a_worker_stays_when_the_pool_may_not_shrink_or_work_is_queued(bench: Any) -> None:
+    b = bench(idle_timeout=5.0, heartbeat=10.0)
+    b.life.retire = False
+    link = b.connect("w0")
+    b.clock.advance(6.0)
+    b.step()
+    assert not any(isinstance(m, p.Bye) for m in link.take())
+    assert b.shard.conns["w0"].state is State.READY
+
+
+def test_a_busy_worker_is_never_retired(bench: Any) -> None:
+    b = bench(idle_timeout=5.0, heartbeat=10.0)
+    b.connect("w0")
+    b.submit(job, 1)
+    b.step()
+    b.clock.advance(6.0)
+    b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])
+    b.step()
+    assert b.life.named("may_retire") == []
+
+
+# ---------------------------------------------------------------- shutdown
+
+def test_shutdown_with_cancel_keeps_what_the_stdlib_call_queue_would_run(bench: Any) -> None:
+    b = bench(max_workers=2)
+    items = b.submit(job, 10)
+    b.shard.post(ev.Shutdown(cancel_futures=True))
+    b.step()
+    assert [i.future.cancelled() for i in items] == [False] * 3 + [True] * 7
+    assert not b.shard.finished()  # three still to run
