@@ -105,6 +105,5 @@ def configured_backend_options(backend: str) -> dict[str, Any]:
     """
     from fiberexec._config import resolve
 
-    config = resolve(None, backend=None, min_workers=None, shards=None, memory=None, cpu=None,
-                     gpu=None)
+    config = resolve()
     return dict(config.backend_options) if config.backend == backend else {}

@@ -35,8 +35,7 @@ BENCH_HINT = (
 
 
 def _config(backend: str | None = None, image: str | None = None) -> ExecutorConfig:
-    return resolve(None, backend=backend, min_workers=None, shards=None, memory=None,
-                   cpu=None, gpu=0, image=image)
+    return resolve({"backend": backend, "image": image})
 
 
 # ------------------------------------------------------------------ commands

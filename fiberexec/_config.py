@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,11 +185,18 @@ def _optional(parse: Parser) -> Parser:
 
 @dataclass(frozen=True)
 class Setting:
-    """One key that arguments, the environment and the config file may set."""
+    """One key that arguments, the environment and the config file may set.
+
+    This table is the one place a setting is described: its parser (the rule every source is
+    checked against), its default and its documentation, from which `FiberExecutor`'s
+    docstring and ``fiberexec info`` are written; `tests/test_config.py` checks that the
+    executor's signature and `ExecutorConfig` agree with it.
+    """
 
     key: str
     parse: Parser
     default: Any
+    doc: str
     # What an explicit argument equal to this means "not given" (the executor's own default).
     unset: tuple[Any, ...] = (None,)
 
@@ -198,24 +206,49 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("backend", _text, "local"),
-    Setting("max_workers", _int(1, "greater than 0"), None),
-    Setting("min_workers", _int(0), None),
-    Setting("shards", _int(1), None),
-    Setting("max_task_retries", _int(0), 2, unset=(None,)),
-    Setting("max_tasks_per_child", _optional(_int(1)), None),
-    Setting("idle_timeout", _optional(_seconds), None),
-    Setting("heartbeat", _seconds, 1.0, unset=(None,)),
-    Setting("start_timeout", _seconds, 120.0, unset=(None,)),
-    Setting("image", _optional(_text), None),
-    Setting("workdir", _optional(_text), None),
-    Setting("cpu", _optional(_cpu), None),
-    Setting("memory", _optional(_memory), None),
-    Setting("gpu", _int(0), 0, unset=(None,)),
-    Setting("labels", _labels, {}, unset=(None, {})),
-    Setting("backend_options", _options, {}, unset=(None, {})),
-    Setting("start_retry", _retry, RetryPolicy(), unset=(None, RetryPolicy())),
-    Setting("ports", _optional(_ports), None),
+    Setting("backend", _text, "local",
+            '``"local"`` (default), ``"docker"``, ``"kubernetes"``, ``"ssh"``, ``"slurm"``, '
+            "any name registered under the ``fiberexec.backends`` entry points, or a "
+            "`Backend` instance."),
+    Setting("max_workers", _int(1, "greater than 0"), None,
+            "most workers at once (default: this machine's CPU count)."),
+    Setting("min_workers", _int(0), None,
+            "workers kept even when idle (default: ``max_workers``); more are started while "
+            "tasks wait, up to ``max_workers``."),
+    Setting("shards", _int(1), None,
+            "scheduling threads, each serving its own share of the workers (default: one "
+            "per 256 workers, at most 16)."),
+    Setting("max_task_retries", _int(0), 2,
+            "how many times a task whose worker died is sent again (default 2)."),
+    Setting("max_tasks_per_child", _optional(_int(1)), None,
+            "replace a worker after it has run this many tasks."),
+    Setting("idle_timeout", _optional(_seconds), None,
+            "seconds after which an idle worker above ``min_workers`` is stopped."),
+    Setting("heartbeat", _seconds, 1.0,
+            "seconds between liveness messages (default 1); a peer silent for 3 is declared "
+            "dead."),
+    Setting("start_timeout", _seconds, 120.0,
+            "seconds a worker may take to connect after it was started (default 120)."),
+    Setting("image", _optional(_text), None,
+            "the container image of each worker (Docker, Kubernetes)."),
+    Setting("workdir", _optional(_text), None,
+            "each worker's working directory (default: this one)."),
+    Setting("cpu", _optional(_cpu), None,
+            "CPUs reserved or allowed per worker, where the backend can honour it."),
+    Setting("memory", _optional(_memory), None,
+            "memory per worker, as bytes or a quantity like ``\"512Mi\"``."),
+    Setting("gpu", _int(0), 0, "GPUs per worker (default 0)."),
+    Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
+            unset=(None, {})),
+    Setting("backend_options", _options, {},
+            "keyword arguments for the backend named by ``backend``.", unset=(None, {})),
+    Setting("start_retry", _retry, RetryPolicy(),
+            "a `RetryPolicy`: how starting a worker is retried on transient backend errors.",
+            unset=(None, RetryPolicy())),
+    Setting("ports", _optional(_ports), None,
+            "the port, or range ``\"40000-40999\"``, the executor listens in for its "
+            "workers (one port per worker; default: any free port), for firewalls and "
+            "Services."),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -301,10 +334,10 @@ def gather(
 
 
 def _check_arguments(values: dict[str, Any], sources: Mapping[str, str]) -> None:
-    for key in ("max_workers", "min_workers", "shards", "max_task_retries",
-                "max_tasks_per_child", "idle_timeout", "heartbeat", "start_timeout", "ports"):
-        if sources[key] == ARGUMENT:
-            values[key] = _parse(BY_KEY[key], values[key], f"the {key}= argument")
+    """Arguments obey the rules the environment and the file do."""
+    for s in SETTINGS:
+        if sources[s.key] == ARGUMENT:
+            values[s.key] = _parse(s, values[s.key], f"the {s.key}= argument")
 
 
 def _between(key: str, low: int, top: int, values: Mapping[str, Any],
@@ -321,31 +354,33 @@ def _describe(key: str, sources: Mapping[str, str]) -> str:
     return f"the {key}= argument" if source == ARGUMENT else source
 
 
+NOT_SETTINGS = ("initializer", "initargs", "tls")  # arguments only: no file or environment
+
+
 def resolve(
-    max_workers: int | None,
+    explicit: Mapping[str, Any] | None = None,
     *,
-    backend: str | None,
-    min_workers: int | None,
-    shards: int | None,
-    memory: int | str | None,
-    cpu: float | None,
-    gpu: int | None,
     environ: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    **options: Any,
 ) -> ExecutorConfig:
     """Explicit arguments, then ``FIBEREXEC_*`` environment variables, then the config file,
     then defaults; validated into one `ExecutorConfig`.
 
     Args:
+        explicit: arguments by setting key (`SETTINGS`), plus ``initializer``, ``initargs``
+            and ``tls``; a value of None (or the setting's "unset" value) is not given.
         environ, cwd: where to look instead of ``os.environ`` and the current directory.
 
     Raises:
         ConfigurationError: a value breaks a rule; the message names the key, its source, the
             value and what is allowed.
+        TypeError: ``explicit`` has a key that is no setting.
     """
-    explicit = {"max_workers": max_workers, "backend": backend, "min_workers": min_workers,
-                "shards": shards, "memory": memory, "cpu": cpu, "gpu": gpu, **options}
+    explicit = dict(explicit or {})
+    unknown = sorted(set(explicit) - set(BY_KEY) - set(NOT_SETTINGS))
+    if unknown:
+        raise TypeError(f"resolve() got unknown settings {unknown}; known: {sorted(BY_KEY)}")
+    options = {k: explicit[k] for k in NOT_SETTINGS if k in explicit}
     environ = os.environ if environ is None else environ
     values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()))
     _check_arguments(values, sources)
@@ -367,11 +402,10 @@ def resolve(
         **values,
         initializer=options.get("initializer"),
         initargs=tuple(options.get("initargs", ())),
+        tls=options.get("tls"),
         resources=resources,
         sources=sources,
         config_file=config_file,
-        **{k: v for k, v in options.items()
-           if k not in BY_KEY and k not in ("initializer", "initargs")},
     )
 
 
@@ -381,8 +415,6 @@ def _check_rest(
     init = options.get("initializer")
     if init is not None and not callable(init):
         raise ConfigurationError(f"initializer must be callable, got {init!r}")
-    if sources["labels"] == ARGUMENT:
-        values["labels"] = _parse(BY_KEY["labels"], values["labels"], "the labels= argument")
     if sources["backend"] != ARGUMENT:
         _check_backend_name(values["backend"], sources["backend"])
 
@@ -403,6 +435,17 @@ def _check_backend_name(name: str, source: str) -> None:
     names = available_backends()
     if name not in names:
         raise _bad("backend", source, name, f"one of {names}")
+
+
+def document(order: Sequence[str], others: Mapping[str, str], indent: str = "        ") -> str:
+    """A docstring's ``Args:`` entries for the parameters ``order`` names: settings from
+    `SETTINGS`, the rest from ``others``."""
+    lines = []
+    for name in order:
+        doc = BY_KEY[name].doc if name in BY_KEY else others[name]
+        lines += textwrap.wrap(f"{name}: {doc}", 95, initial_indent=indent,
+                               subsequent_indent=indent + "    ")
+    return "\n".join(lines)
 
 
 def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import logging
 import multiprocessing.context
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
-from fiberexec._config import resolve
+from fiberexec._config import BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
@@ -52,33 +53,7 @@ class FiberExecutor(Executor):
     only the tasks it held, which are sent again, up to ``max_task_retries`` times.
 
     Args:
-        max_workers: most workers at once (default: this machine's CPU count).
-        backend: ``"local"`` (default), ``"docker"``, ``"kubernetes"``, any name registered
-            under the ``fiberexec.backends`` entry points, or a `Backend` instance;
-            ``FIBEREXEC_BACKEND`` sets it when not given.
-        initializer, initargs: called in each worker before its first task; if it raises,
-            the executor becomes broken (`BrokenFiberExecutor`).
-        max_tasks_per_child: replace a worker after it has run this many tasks.
-        min_workers: workers kept even when idle (default: ``max_workers``); more are
-            started while tasks wait, up to ``max_workers``.
-        idle_timeout: seconds after which an idle worker above ``min_workers`` is stopped.
-        max_task_retries: how many times a task whose worker died is sent again (default 2).
-        shards: scheduling threads, each serving its own share of the workers.
-        image, workdir, cpu, memory, gpu, labels: what each worker gets, where the backend
-            can honour it (``memory`` as bytes or ``"512Mi"``).
-        heartbeat: seconds between liveness messages (default 1); a peer silent for 3 is
-            declared dead.
-        start_timeout: seconds a worker may take to connect after it was started (default 120).
-
-        start_retry: how starting a worker is retried on transient backend errors.
-        backend_options: keyword arguments for the backend named by ``backend``.
-        progress: called with `Stats` as tasks finish (at most 10 times a second).
-        tls: `TLSOptions` to encrypt every connection to the workers (untrusted networks).
-        ports: the port, or range ``"40000-40999"``, the executor listens in for its workers
-            (one port per worker; default: any free port), for firewalls and Services.
-        mp_context: accepted for compatibility with `ProcessPoolExecutor`; workers are always
-            fresh programs, whatever the start method (``max_tasks_per_child`` with a
-            ``"fork"`` context is refused, as the standard library does).
+{arguments}
 
     Options left as ``None`` come from ``FIBEREXEC_*`` environment variables, then from
     ``.fiberexec.toml`` or ``[tool.fiberexec]`` in ``pyproject.toml``, then the defaults.
@@ -121,31 +96,10 @@ class FiberExecutor(Executor):
             raise ConfigurationError(
                 f"backend must be a name or a Backend instance, got {backend!r}"
             )
-        name = instance.name if instance is not None else backend
-        assert name is None or isinstance(name, str)
-        self._config = resolve(
-            max_workers,
-            backend=name,
-            min_workers=min_workers,
-            shards=shards,
-            memory=memory,
-            cpu=cpu,
-            gpu=gpu,
-            initializer=initializer,
-            initargs=tuple(initargs),
-            max_tasks_per_child=max_tasks_per_child,
-            max_task_retries=max_task_retries,
-            idle_timeout=idle_timeout,
-            image=image,
-            workdir=workdir,
-            labels=dict(labels or {}),
-            heartbeat=heartbeat,
-            start_timeout=start_timeout,
-            start_retry=start_retry or RetryPolicy(),
-            backend_options=dict(backend_options or {}),
-            tls=tls,
-            ports=ports,
-        )
+        given = {k: v for k, v in locals().items() if k in BY_KEY or k in NOT_SETTINGS}
+        given["backend"] = instance.name if instance is not None else backend
+        given["initargs"] = tuple(initargs)
+        self._config = resolve(given)
         self._mp_context = _check_mp_context(mp_context, self._config.max_tasks_per_child)
         self._backend = instance
         self._progress = progress
@@ -286,6 +240,21 @@ class FiberExecutor(Executor):
 _TERMINATE, _KILL = "terminate", "kill"  # the standard library's operation names
 _GRACE = {_TERMINATE: 2.0, _KILL: 0.0}  # seconds between SIGTERM and SIGKILL
 
+
+_NOT_SETTINGS_DOC = {
+    "initializer": "called with ``*initargs`` in each worker before its first task; if it "
+                   "raises, the executor becomes broken (`BrokenFiberExecutor`).",
+    "initargs": "the arguments of ``initializer``.",
+    "progress": "called with `Stats` as tasks finish (at most 10 times a second).",
+    "tls": "`TLSOptions` to encrypt every connection to the workers (untrusted networks).",
+    "mp_context": "accepted for compatibility with `ProcessPoolExecutor`; workers are always "
+                  "fresh programs, whatever the start method (``max_tasks_per_child`` with a "
+                  "``\"fork\"`` context is refused, as the standard library does).",
+}
+FiberExecutor.__doc__ = (FiberExecutor.__doc__ or "").replace("{arguments}", document(
+    [n for n in inspect.signature(FiberExecutor.__init__).parameters if n != "self"],
+    _NOT_SETTINGS_DOC,
+))
 
 def _check_mp_context(
     context: multiprocessing.context.BaseContext | None, max_tasks_per_child: int | None

@@ -1,7 +1,8 @@
 """Settings as a `FiberExecutor` resolves them, for tools that show or pass them on.
 
-``resolve`` applies the rule every executor follows (explicit arguments, then ``FIBEREXEC_*``
-environment variables, then the config file, then defaults) and returns the immutable
+``resolve({"max_workers": 8})`` applies the rule every executor follows (explicit arguments,
+then ``FIBEREXEC_*`` environment variables, then the config file, then defaults) and returns the
+immutable
 `ExecutorConfig`; ``describe`` lists each setting with its value and where it came from, as
 ``fiberexec info`` prints it.
 """

@@ -17,10 +17,7 @@ from fiberexec._config import ExecutorConfig, describe, resolve
 def _resolve(
     tmp_path: Path, environ: dict[str, str] | None = None, **kwargs: Any
 ) -> ExecutorConfig:
-    args: dict[str, Any] = {"backend": None, "min_workers": None, "shards": None,
-                            "memory": None, "cpu": None, "gpu": None, **kwargs}
-    max_workers = args.pop("max_workers", None)
-    return resolve(max_workers, environ=environ or {}, cwd=tmp_path, **args)
+    return resolve(kwargs, environ=environ or {}, cwd=tmp_path)
 
 
 def test_defaults_without_environment_or_file(tmp_path: Path) -> None:
@@ -159,3 +156,71 @@ def test_backend_switches_by_environment_with_no_code_change(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", program], env=env, cwd=tmp_path, text=True,
                          capture_output=True, timeout=60, check=True).stdout
     assert out.split() == ["local", "1", "7"]
+
+
+# ------------------------------------------------------------------ one source per setting
+
+def test_the_executor_signature_takes_every_setting_and_nothing_unlisted() -> None:
+    import inspect
+
+    from fiberexec._config import BY_KEY, NOT_SETTINGS
+
+    params = inspect.signature(FiberExecutor.__init__).parameters
+    extras = {"self", "progress", "mp_context", *NOT_SETTINGS}
+    assert set(params) - extras == set(BY_KEY)
+    for key, setting in BY_KEY.items():
+        default = params[key].default
+        assert any(default is u or default == u for u in setting.unset), (
+            f"{key}={default!r} by default would count as given and hide the environment"
+        )
+
+
+def test_config_defaults_and_docstring_come_from_the_settings_table() -> None:
+    import dataclasses
+
+    from fiberexec._config import SETTINGS
+
+    fields = {f.name: f for f in dataclasses.fields(ExecutorConfig)}
+    doc = " ".join((FiberExecutor.__doc__ or "").split())
+    for s in SETTINGS:
+        assert " ".join(f"{s.key}: {s.doc}".split()) in doc
+        if s.key in ("cpu", "memory", "gpu"):
+            assert getattr(ExecutorConfig.__dataclass_fields__["resources"].default_factory(),
+                           s.key) == s.default
+            continue
+        field = fields[s.key]
+        if field.default_factory is not dataclasses.MISSING:
+            assert field.default_factory() == s.default, s.key
+        elif field.default is not dataclasses.MISSING and s.default is not None:
+            assert field.default == s.default, s.key
+    assert "\n\n    Options left as ``None``" in (FiberExecutor.__doc__ or "")  # Args: not cut
+
+
+@pytest.mark.parametrize(("argument", "value", "rule"), [
+    ("image", 5, "image must be a non-empty string"),
+    ("memory", "lots", "memory must be bytes > 0 or a quantity like '512Mi'"),
+    ("gpu", -1, "gpu must be >= 0"),
+    ("labels", {1: "x"}, "labels must be a table of strings"),
+    ("backend_options", ["x"], "backend_options must be a table"),
+])
+def test_arguments_obey_the_rules_the_environment_does(
+    argument: str, value: Any, rule: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"{rule}.*from the {argument}= argument"):
+        FiberExecutor(2, **{argument: value})
+
+
+def test_resolve_refuses_a_key_that_is_no_setting(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="unknown settings \\['heartbeats'\\]"):
+        _resolve(tmp_path, heartbeats=1.0)
+
+
+def test_the_readme_table_lists_every_setting_with_its_variable() -> None:
+    from fiberexec._config import SETTINGS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    for s in SETTINGS:
+        assert any(f"`{s.key}`" in row.split("|")[1] and f"`{s.env}`" in row for row in rows), (
+            f"README's configuration table has no row for {s.key} ({s.env})"
+        )

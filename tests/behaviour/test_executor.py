@@ -119,7 +119,7 @@ def test_bad_options_name_rule_and_value() -> None:
         FiberExecutor(2, min_workers=5)
     with pytest.raises(ConfigurationError, match="max_tasks_per_child must be >= 1"):
         FiberExecutor(2, max_tasks_per_child=0)
-    with pytest.raises(ConfigurationError, match="memory must be bytes or a quantity"):
+    with pytest.raises(ConfigurationError, match="memory must be bytes > 0 or a quantity"):
         FiberExecutor(2, memory="lots")
     with pytest.raises(ConfigurationError, match="unknown backend 'nope'; choose one of"):
         FiberExecutor(2, backend="nope").submit(tasks.square, 1)
