@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import threading
 
 import pytest
 
-from fiberexec import WorkerLostError
+from fiberexec import Stats, WorkerLostError
 from fiberexec.backend import WorkerState
 from fiberexec.backends.slurm import SlurmBackend
 from tests import tasks
@@ -25,13 +26,20 @@ def _running_tasks(executor: str) -> list[str]:
 
 @pytest.mark.chaos
 def test_scancel_of_a_busy_worker_mid_map_loses_nothing(make_executor: ExecutorFactory) -> None:
-    ex = make_executor(2)
-    results = ex.map(tasks.sleep_return, [0.05] * 80, range(80), timeout=120)
-    assert next(results) == 0
+    both_ready = threading.Event()
+
+    def progress(stats: Stats) -> None:
+        if stats.workers == 2:
+            both_ready.set()
+
+    ex = make_executor(2, progress=progress)
+    results = ex.map(tasks.sleep_return, [0.1] * 100, range(100), timeout=120)
+    # A job Slurm calls RUNNING may still be starting Python: cancel one that has connected.
+    assert both_ready.wait(60), f"the second worker never connected: {ex.stats()}"
     executor = ex._pool.executor_id  # type: ignore[union-attr]
     victim = _running_tasks(executor)[0]
     subprocess.run(["scancel", victim], check=True, timeout=30)
-    assert list(results) == list(range(1, 80)), "results must be complete and in order"
+    assert list(results) == list(range(100)), "results must be complete and in order"
     stats = ex.stats()
     assert stats.workers_lost >= 1 and stats.tasks_failed == 0
 
