@@ -6,7 +6,16 @@ import queue
 import threading
 import time
 
-from fiberexec.backend import ExitWatch, WorkerHandle, WorkerState, WorkerStatus
+import pytest
+
+from fiberexec.backend import (
+    Backend,
+    ExitWatch,
+    WorkerHandle,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+)
 
 EXITED = WorkerStatus(WorkerState.EXITED, exit_code=3)
 RUNNING = WorkerStatus(WorkerState.RUNNING)
@@ -133,3 +142,23 @@ def test_stop_polling_gives_up_after_its_timeout_on_a_stuck_status() -> None:
 
 def test_stop_polling_without_a_thread_is_done() -> None:
     assert ExitWatch().stop_polling(timeout=0)
+
+
+def test_a_backend_without_watch_is_told_to_compose_exit_watch() -> None:
+    class Forgetful(Backend):  # a third-party backend written before watch was required
+        def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+            raise NotImplementedError
+
+        def status(self, handle: WorkerHandle) -> WorkerStatus:
+            return RUNNING
+
+        def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
+            pass
+
+        def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
+            return ""
+
+    with pytest.raises(TypeError, match=r"Forgetful does not implement Backend\.unwatch\(\) "
+                                        r"and Backend\.watch\(\); compose a "
+                                        r"fiberexec\.backend\.ExitWatch"):
+        Forgetful()
