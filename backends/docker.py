@@ -262,6 +262,7 @@ class DockerBackend(Backend):
     """
 
     name = "docker"
+    enforces_resources = True  # nano_cpus, mem_limit (no swap), GPU device requests
 
     def __init__(
         self,

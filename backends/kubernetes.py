@@ -101,6 +101,7 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
+    enforces_resources = True  # the pod's resource requests and limits
 
     def __init__(self, *, namespace: str | None = None, image: str | None = None,
                  kubeconfig: str | None = None, context: str | None = None,

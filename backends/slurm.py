@@ -134,6 +134,7 @@ class SlurmBackend(Backend):
     """
 
     name = "slurm"
+    enforces_resources = True  # --cpus-per-task, --mem, --gres=gpu:N
 
     def __init__(self, *, partition: str | None = None, account: str | None = None,
                  qos: str | None = None, time_limit: str | int | float | None = None,

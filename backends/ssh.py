@@ -114,6 +114,8 @@ class SSHBackend(Backend):
     """
 
     name = "ssh"
+    #: cpu/memory only on hosts where systemd-run works (others are warned about), gpu never.
+    enforces_resources = False
 
     def __init__(
         self,

@@ -175,6 +175,9 @@ class Backend(abc.ABC):
     bind_host: str = "127.0.0.1"
     advertise_host: str = "127.0.0.1"
     poll_interval: float = 1.0
+    #: Whether `WorkerSpec.resources` limits (cpu, memory) are enforced on the worker's job;
+    #: when False, the ``fiberexec.multiprocessing`` layer logs that they are not.
+    enforces_resources: bool = False
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         missing = sorted({"watch", "unwatch"} & getattr(cls, "__abstractmethods__", set()))

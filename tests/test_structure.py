@@ -226,6 +226,35 @@ def test_builtin_backends_offer_every_capability() -> None:
                 Backend, capability).__func__, f"{name} lacks {capability}"
 
 
+def test_resource_enforcement_is_a_capability_of_the_backend_class(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Containers, pods and Slurm jobs get the spec's limits; local processes and SSH hosts
+    (only where systemd-run works) may not, and the multiprocessing layer says so, by name."""
+    import logging
+
+    from fiberexec.backend import Resources, backend_class
+    from fiberexec.backends.local import LocalBackend
+    from fiberexec.multiprocessing._backends import note_unenforced
+
+    assert Backend.enforces_resources is False
+    assert {n: backend_class(n).enforces_resources for n in available_backends()}.items() >= {
+        "docker": True, "kubernetes": True, "slurm": True, "local": False, "ssh": False}.items()
+
+    class Limited(LocalBackend):
+        name = "limited"
+        enforces_resources = True
+
+    class ThirdParty(LocalBackend):  # any backend that does not declare it
+        name = "third-party"
+
+    with Limited() as limited, ThirdParty() as other, caplog.at_level(logging.INFO):
+        note_unenforced(other, Resources())
+        note_unenforced(limited, Resources(cpu=1, memory=2**30))
+        assert caplog.text == ""
+        note_unenforced(other, Resources(memory=2**30))
+    assert "the third-party backend does not enforce" in caplog.text
+
+
 # -- set-up as the README says, and what CI runs -------------------------------------------------
 def _quick_start() -> list[str]:
     text = (REPO / "README.md").read_text()
