@@ -42,6 +42,7 @@ from fiberexec.backend import (
     BackendError,
     ConfigurationError,
     ExitListener,
+    ExitWatch,
     MasterRequest,
     PermanentBackendError,
     Probe,
@@ -261,6 +262,7 @@ class DockerBackend(Backend):
     """
 
     name = "docker"
+    enforces_resources = True  # nano_cpus, mem_limit (no swap), GPU device requests
 
     def __init__(
         self,
@@ -275,7 +277,6 @@ class DockerBackend(Backend):
         stop_grace: float = 2.0,
         timeout: float = 60.0,
     ) -> None:
-        super().__init__()
         self._docker = _import_docker()
         if stop_grace < 0:
             raise ConfigurationError(f"stop_grace must be >= 0 seconds, got {stop_grace}")
@@ -294,6 +295,7 @@ class DockerBackend(Backend):
         self._client: Any = client
         self._owns_client = client is None
         self._events: _ExitEvents | None = None
+        self._exit_watch = ExitWatch()
         self._lock = threading.Lock()
         self._started: dict[str, WorkerHandle] = {}  # container id -> handle, until stopped
         self._exits: dict[str, WorkerStatus] = {}  # container id -> exit seen on the stream
@@ -407,7 +409,7 @@ class DockerBackend(Backend):
             status = WorkerStatus(WorkerState.EXITED, exit_code=_exit_code(code), reason=reason)
             _remember(self._exits, ref, status, _KEPT_EXITS)
             self._oom.discard(ref)
-        self._report_exit(handle, status)
+        self._exit_watch.report(handle, status)
 
     def _keep_logs(self, ref: str) -> None:
         """Read the last lines of a container that just died, before the daemon removes it.
@@ -427,14 +429,18 @@ class DockerBackend(Backend):
         with self._lock:
             ours = handle.ref in self._started and self._events is not None
             recorded = self._exits.get(handle.ref)
-        if not ours:
-            super().watch(handle, listener)  # not started here: fall back to polling status
+        self._exit_watch.watch(handle, listener)
+        if not ours:  # not started here: fall back to polling status
+            self._exit_watch.poll(self.status, interval=self.poll_interval,
+                                  name=f"fiberexec-{self.name}-watch")
             return
-        self._register(handle, listener)
         with self._lock:  # the exit may have been recorded while we registered
             recorded = recorded or self._exits.get(handle.ref)
         if recorded is not None:
-            self._report_exit(handle, recorded)  # reports once even if the events thread races
+            self._exit_watch.report(handle, recorded)  # once even if the events thread races
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     # -- inspecting ------------------------------------------------------------------------
 
@@ -531,7 +537,9 @@ class DockerBackend(Backend):
         if handles:
             with ThreadPoolExecutor(min(16, len(handles)), "fiberexec-docker-stop") as pool:
                 list(pool.map(self._stop_quietly, handles))
-        super().close()
+        for handle in self._exit_watch.clear():  # watched here, started elsewhere
+            self.stop(handle, grace=0.5)
+        self._exit_watch.stop_polling(timeout=5)
         if self._events is not None:
             self._events.close()
         if self._owns_client and self._client is not None:

@@ -33,6 +33,7 @@ from fiberexec.backend import (
     Backend,
     ConfigurationError,
     ExitListener,
+    ExitWatch,
     MasterRequest,
     PermanentBackendError,
     Probe,
@@ -100,6 +101,7 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
+    enforces_resources = True  # the pod's resource requests and limits
 
     def __init__(self, *, namespace: str | None = None, image: str | None = None,
                  kubeconfig: str | None = None, context: str | None = None,
@@ -109,7 +111,6 @@ class KubernetesBackend(Backend):
                  retry: RetryPolicy | None = None, request_timeout: float = 30.0,
                  close_timeout: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
         require_client()
         _check_options(api_client, kubeconfig, context, pod_template, pending_deadline)
         inside = in_cluster()
@@ -135,6 +136,7 @@ class KubernetesBackend(Backend):
         self._executor_id: str | None = None
         self._secret: tuple[str, dict[str, str]] | None = None
         self._watcher: PodWatcher | None = None
+        self._exit_watch = ExitWatch(key=lambda handle: handle.ref)  # the watch names pods
         self._deadlines = Deadlines(self._deadline_passed, clock)
         self._workers: dict[str, tuple[WorkerHandle, float]] = {}  # pod name -> handle, start
         self._pull_errors: dict[str, str] = {}  # pod name -> its last ErrImagePull message
@@ -188,11 +190,11 @@ class KubernetesBackend(Backend):
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Report ``handle``'s end from the shared pod watch (no thread or request per pod)."""
-        self._register(handle, listener)
+        self._exit_watch.watch(handle, listener)
         self._check([handle.ref])  # it may have finished before we were asked
 
-    def _watch_key(self, handle: WorkerHandle) -> str:
-        return handle.ref  # the shared watch reports pods by name
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
         """Delete the pod (``grace`` rounded up to whole seconds, at least 1) and forget it.
@@ -248,13 +250,10 @@ class KubernetesBackend(Backend):
             names = set(self._workers)
             self._workers.clear()
             parts = self._detach()
-        with self._watch_lock:
-            self._watched.clear()
-            self._listeners.clear()
+        self._exit_watch.clear()  # every pod is deleted below: none is reported
         if parts is not None:
             self._release(*parts, delete=names)
         self._deadlines.stop()
-        super().close()
         if self._owns_client and self._client is not None:
             self._client.close()
 
@@ -367,15 +366,14 @@ class KubernetesBackend(Backend):
         """Report every watched worker among ``names`` that has finished."""
         for name in names:
             self._note_pull_error(name)
-            with self._watch_lock:
-                handle = self._watched.get(name)
+            handle = self._exit_watch.get(name)
             if handle is None:
                 continue
             status = self.status(handle)
             if status.state is not WorkerState.PENDING:
                 self._deadlines.cancel(name)
             if status.finished:
-                self._report_exit(handle, status)
+                self._exit_watch.report(handle, status)
 
     def _note_pull_error(self, name: str) -> None:
         """Keep a pod's ErrImagePull message: older kubelets' ImagePullBackOff drops it."""

@@ -4,7 +4,7 @@ Each worker is ``sys.executable -m fiberexec.worker`` in its own session (so a t
 Ctrl-C reaches only the program, which then shuts its workers down). Output goes to the
 parent's stdout/stderr as with `multiprocessing`, or, with ``capture_output=True``, to a log
 file per worker that `logs` reads back. One reaper thread (``_local_reaper``) waits for every
-worker's exit and reports it to `watch` listeners.
+worker's exit and reports it to `watch` listeners through the backend's `ExitWatch`.
 
 The ``fiberexec`` command's capabilities: `launch_master` runs the program as a child process,
 `probe` always answers usable, `remove_stray` stops worker processes whose executor is gone
@@ -28,6 +28,7 @@ from fiberexec.backend import (
     Backend,
     ConfigurationError,
     ExitListener,
+    ExitWatch,
     MasterRequest,
     PermanentBackendError,
     Probe,
@@ -58,12 +59,12 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, *, capture_output: bool = False, python: str | None = None) -> None:
-        super().__init__()
         self.capture_output = capture_output
         self.python = python or sys.executable
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
         self._logdir: Path | None = None
+        self._exit_watch = ExitWatch()
         self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
@@ -150,10 +151,13 @@ class LocalBackend(Backend):
         if proc is None:
             listener(handle, self.status(handle))
             return
-        self._register(handle, listener)
+        self._exit_watch.watch(handle, listener)
         code = proc.poll()  # it may have exited before it was registered
         if code is not None:
-            self._report_exit(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+            self._exit_watch.report(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     def _exited(self, worker_id: str) -> None:
         """The reaper saw the process exit; report it to its listener, if any (once)."""
@@ -162,14 +166,15 @@ class LocalBackend(Backend):
         if proc is not None:
             code = proc.wait()  # already exited: returns at once and reaps it
             handle = WorkerHandle(worker_id, str(proc.pid))
-            self._report_exit(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+            self._exit_watch.report(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
 
     def close(self) -> None:
         with self._lock:
             workers = list(self._procs)
         for worker_id in workers:
             self.stop(WorkerHandle(worker_id, ""), grace=1.0)
-        super().close()
+        for handle in self._exit_watch.clear():
+            self.stop(handle, grace=0.5)
         self._reaper.close()
         if self._logdir is not None:
             shutil.rmtree(self._logdir, ignore_errors=True)

@@ -56,6 +56,7 @@ from fiberexec.backend import (
     BackendError,
     ConfigurationError,
     ExitListener,
+    ExitWatch,
     MasterRequest,
     PermanentBackendError,
     Probe,
@@ -133,6 +134,7 @@ class SlurmBackend(Backend):
     """
 
     name = "slurm"
+    enforces_resources = True  # --cpus-per-task, --mem, --gres=gpu:N
 
     def __init__(self, *, partition: str | None = None, account: str | None = None,
                  qos: str | None = None, time_limit: str | int | float | None = None,
@@ -144,7 +146,6 @@ class SlurmBackend(Backend):
                  command_timeout: float = 30.0, close_timeout: float = 60.0,
                  retry: RetryPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
         if isinstance(sbatch_options, str):
             raise ConfigurationError(
                 f"sbatch_options must be a list of flags, got the string {sbatch_options!r}; "
@@ -176,6 +177,7 @@ class SlurmBackend(Backend):
         self._guard: subprocess.Popen[bytes] | None = None
         self._refused: PermanentBackendError | None = None
         self._closed = threading.Event()
+        self._exit_watch = ExitWatch()
         self._monitor: threading.Thread | None = None
         self._batcher: Batcher[_Worker] = Batcher(
             self._submit, window=batch_window, limit=max_array, name="fiberexec-slurm-submit",
@@ -211,12 +213,15 @@ class SlurmBackend(Backend):
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
         """Report ``handle``'s end from the one monitor thread (one squeue per poll)."""
-        self._register(handle, listener)
+        self._exit_watch.watch(handle, listener)
         self._ensure_monitor()
         with self._lock:
             worker = self._workers.get(handle.worker_id)
         if worker is None or worker.failure is not None:
-            self._report_exit(handle, self.status(handle))
+            self._exit_watch.report(handle, self.status(handle))
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
         """scancel the worker's task (Slurm's KillWait, not ``grace``, spaces TERM and KILL)."""
@@ -266,9 +271,7 @@ class SlurmBackend(Backend):
             return
         self._closed.set()
         self._batcher.close(timeout=self.command_timeout * 2)
-        with self._watch_lock:
-            self._watched.clear()
-            self._listeners.clear()
+        self._exit_watch.clear()  # every job is cancelled below: none is reported
         with self._lock:
             arrays = sorted(self._arrays)
             self._workers.clear()
@@ -282,7 +285,6 @@ class SlurmBackend(Backend):
                 stop_guard(self._guard)
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
-            super().close()
 
     # -- submitting ------------------------------------------------------------------------
     def _bind_executor(self, executor_id: str) -> None:
@@ -368,7 +370,7 @@ class SlurmBackend(Backend):
             for worker in workers:
                 worker.failure = status
         for worker in workers:
-            self._report_exit(worker.handle, status)
+            self._exit_watch.report(worker.handle, status)
 
     # -- watching --------------------------------------------------------------------------
     def _ensure_monitor(self) -> None:
@@ -380,8 +382,7 @@ class SlurmBackend(Backend):
 
     def _monitor_loop(self) -> None:
         while not self._closed.wait(self.poll_interval):
-            with self._watch_lock:
-                keys = list(self._watched)
+            keys = self._exit_watch.keys()
             with self._lock:
                 workers = [self._workers[k] for k in keys if k in self._workers]
             if not workers:
@@ -394,7 +395,7 @@ class SlurmBackend(Backend):
             for worker in workers:
                 status = self._status(worker, refresh=False)
                 if status.finished:
-                    self._report_exit(worker.handle, status)
+                    self._exit_watch.report(worker.handle, status)
 
     def _query(self) -> dict[TaskKey, JobRecord]:
         document = cli.run_json(["squeue", "--json"], what="list Slurm jobs",

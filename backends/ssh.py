@@ -56,6 +56,7 @@ from fiberexec.backend import (
     BackendError,
     ConfigurationError,
     ExitListener,
+    ExitWatch,
     RetryPolicy,
     TransientBackendError,
     WorkerHandle,
@@ -113,6 +114,8 @@ class SSHBackend(Backend):
     """
 
     name = "ssh"
+    #: cpu/memory only on hosts where systemd-run works (others are warned about), gpu never.
+    enforces_resources = False
 
     def __init__(
         self,
@@ -135,7 +138,6 @@ class SSHBackend(Backend):
         stop_grace: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__()
         for key, value in (("connect_timeout", connect_timeout), ("start_timeout", start_timeout),
                            ("server_alive", server_alive)):
             if value <= 0:
@@ -161,6 +163,7 @@ class SSHBackend(Backend):
         self._noted: set[str] = set()
         self._pinger: threading.Thread | None = None
         self._closed = threading.Event()
+        self._exit_watch = ExitWatch()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -319,12 +322,15 @@ class SSHBackend(Backend):
         if session is None:
             listener(handle, self.status(handle))
             return
-        self._register(handle, listener)
+        self._exit_watch.watch(handle, listener)
         session.on_exit(lambda status: self._ended(handle, status))
 
     def _ended(self, handle: WorkerHandle, status: WorkerStatus) -> None:
         self.placement.release(handle.worker_id)
-        self._report_exit(handle, status)
+        self._exit_watch.report(handle, status)
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     def stop(self, handle: WorkerHandle, *, grace: float | None = None) -> None:
         """SIGTERM the worker, SIGKILL it after ``grace``; an unreachable host's session is
@@ -371,7 +377,8 @@ class SSHBackend(Backend):
         self._closed.set()
         if self._pinger is not None:
             self._pinger.join(timeout=10)
-        super().close()
+        for handle in self._exit_watch.clear():
+            self.stop(handle, grace=0.5)
 
     # ------------------------------------------------------------ strays
 

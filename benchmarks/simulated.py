@@ -40,6 +40,7 @@ from fiberexec._serialize import dumps
 from fiberexec.backend import (
     Backend,
     ExitListener,
+    ExitWatch,
     PermanentBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -79,8 +80,8 @@ class SimulatedBackend(Backend):
     name = "simulated"
 
     def __init__(self, *, max_seconds: float = 900.0) -> None:
-        super().__init__()
         self.max_seconds = max_seconds
+        self._exit_watch = ExitWatch()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -129,12 +130,13 @@ class SimulatedBackend(Backend):
         return "".join(f"{line}\n" for line in lines[-tail:])
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
-        with self._watch_lock:
-            self._watched[handle.worker_id] = handle
-            self._listeners[handle.worker_id] = listener
+        self._exit_watch.watch(handle, listener)
         status = self.status(handle)
         if status.finished:  # it ended before we were asked to watch it
-            self._report_exit(handle, status)
+            self._exit_watch.report(handle, status)
+
+    def unwatch(self, handle: WorkerHandle) -> None:
+        self._exit_watch.unwatch(handle)
 
     def simulator_cpu(self) -> float:
         """CPU seconds the simulator process has used so far (0.0 before it starts)."""
@@ -154,7 +156,8 @@ class SimulatedBackend(Backend):
             return self._ready.wait_for(lambda: self.ready_count >= count, timeout)
 
     def close(self) -> None:
-        super().close()
+        for handle in self._exit_watch.clear():
+            self.stop(handle, grace=0.5)
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is None:
@@ -233,7 +236,7 @@ class SimulatedBackend(Backend):
                 return
             status = WorkerStatus(WorkerState.EXITED, exit_code=code, reason=reason)
             self._states[worker_id] = status
-        self._report_exit(WorkerHandle(worker_id, f"simulated:{worker_id}"), status)
+        self._exit_watch.report(WorkerHandle(worker_id, f"simulated:{worker_id}"), status)
 
 
 # ============================================================================ simulator side

@@ -11,11 +11,10 @@ from __future__ import annotations
 import abc
 import enum
 import re
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from fiberexec._errors import BackendError, ConfigurationError
 
@@ -163,12 +162,12 @@ class SignalNotSupportedError(BackendError, NotImplementedError):
 class Backend(abc.ABC):
     """Starts, inspects and stops job-backed workers. Subclass it to add a backend.
 
-    Subclasses call ``super().__init__()``.
-
-    The five abstract-ish operations are synchronous and may block on I/O; the executor calls
-    them from its launcher threads, never from its scheduling thread. ``watch`` reports workers
-    that finish; the default implementation checks `status` every ``poll_interval`` seconds,
-    and backends with an event stream (a Docker event stream, a Kubernetes watch) override it.
+    The class holds no state: it is the interface and its defaults. The operations are
+    synchronous and may block on I/O; the executor calls them from its launcher threads, never
+    from its scheduling thread. ``watch`` reports workers that finish: a backend composes an
+    `ExitWatch` (``fiberexec.backend.ExitWatch``) and feeds it from its own event stream (a
+    Docker event stream, a Kubernetes watch), or lets it poll `status` every
+    ``poll_interval`` seconds.
     """
 
     name: str = "backend"
@@ -176,13 +175,20 @@ class Backend(abc.ABC):
     bind_host: str = "127.0.0.1"
     advertise_host: str = "127.0.0.1"
     poll_interval: float = 1.0
+    #: Whether `WorkerSpec.resources` limits (cpu, memory) are enforced on the worker's job;
+    #: when False, the ``fiberexec.multiprocessing`` layer logs that they are not.
+    enforces_resources: bool = False
 
-    def __init__(self) -> None:
-        self._watch_stop = threading.Event()
-        self._watch_thread: threading.Thread | None = None
-        self._watched: dict[str, WorkerHandle] = {}
-        self._listeners: dict[str, ExitListener] = {}
-        self._watch_lock = threading.Lock()
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
+        missing = sorted({"watch", "unwatch"} & getattr(cls, "__abstractmethods__", set()))
+        if missing:
+            raise TypeError(
+                f"backend {cls.__name__} does not implement "
+                f"{' and '.join(f'Backend.{m}()' for m in missing)}; compose a "
+                "fiberexec.backend.ExitWatch and delegate watch/unwatch to it (see its "
+                "docstring)"
+            )
+        return super().__new__(cls)
 
     @abc.abstractmethod
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
@@ -194,11 +200,26 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
-        """Stop the worker (SIGTERM, then SIGKILL after ``grace``) and remove its job."""
+        """Stop the worker (SIGTERM, then SIGKILL after ``grace``) and remove its job.
+
+        A stopped worker is not reported by `watch`: call `unwatch` first.
+        """
 
     @abc.abstractmethod
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         """Return the last ``tail`` lines the worker wrote, or ``""`` if none were kept."""
+
+    @abc.abstractmethod
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        """Call ``listener(handle, status)`` once, from any thread, when the worker finishes.
+
+        Also when it finished before the call. Compose an `ExitWatch`: ``watch`` it there,
+        `ExitWatch.report` each exit the backend sees (or `ExitWatch.poll` `status`).
+        """
+
+    @abc.abstractmethod
+    def unwatch(self, handle: WorkerHandle) -> None:
+        """Stop reporting on ``handle`` (it was stopped on purpose); `ExitWatch.unwatch`."""
 
     def signal(self, handle: WorkerHandle, sig: int) -> None:
         """Send signal ``sig`` to the worker's program; optional for a backend.
@@ -217,64 +238,12 @@ class Backend(abc.ABC):
             ".signal()"
         )
 
-    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
-        """Call ``listener(handle, status)`` once, from any thread, when the worker finishes."""
-        self._register(handle, listener)
-        with self._watch_lock:
-            if self._watch_thread is None:
-                self._watch_thread = threading.Thread(
-                    target=self._poll_loop, name=f"fiberexec-{self.name}-watch", daemon=True
-                )
-                self._watch_thread.start()
+    def close(self) -> None:  # noqa: B027  # optional: a backend may have nothing to release
+        """Stop every worker this backend started and release its threads and clients.
 
-    def unwatch(self, handle: WorkerHandle) -> None:
-        """Stop reporting on ``handle`` (it was stopped on purpose)."""
-        key = self._watch_key(handle)
-        with self._watch_lock:
-            self._watched.pop(key, None)
-            self._listeners.pop(key, None)
-
-    def _watch_key(self, handle: WorkerHandle) -> str:
-        """What the watch tables are keyed by; a backend whose events name jobs differently
-        (Kubernetes: the pod name) returns that instead."""
-        return handle.worker_id
-
-    def _register(self, handle: WorkerHandle, listener: ExitListener) -> None:
-        """Remember ``listener`` for ``handle``; for subclasses with their own watch."""
-        key = self._watch_key(handle)
-        with self._watch_lock:
-            self._watched[key] = handle
-            self._listeners[key] = listener
-
-    def _poll_loop(self) -> None:
-        while not self._watch_stop.wait(self.poll_interval):
-            with self._watch_lock:
-                handles = list(self._watched.values())
-            for handle in handles:
-                status = self.status(handle)
-                if status.finished:
-                    self._report_exit(handle, status)
-
-    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
-        """Deliver one exit to its listener (once); for subclasses with their own watch."""
-        key = self._watch_key(handle)
-        with self._watch_lock:
-            self._watched.pop(key, None)
-            listener = self._listeners.pop(key, None)
-        if listener is not None:
-            listener(handle, status)
-
-    def close(self) -> None:
-        """Stop watching and release clients. Workers still running are stopped."""
-        self._watch_stop.set()
-        with self._watch_lock:
-            handles = list(self._watched.values())
-            self._watched.clear()
-            self._listeners.clear()
-        for handle in handles:
-            self.stop(handle, grace=0.5)
-        if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
-            self._watch_thread.join(timeout=5)
+        Idempotent. The default does nothing: a backend that starts workers overrides it
+        (stopping, too, what its `ExitWatch` still holds, from `ExitWatch.clear`).
+        """
 
     # -- optional capabilities, looked up by the ``fiberexec`` command (see _capabilities) --
 

@@ -3,8 +3,9 @@
 Register the subclass under the ``fiberexec.backends`` entry-point group to make it available
 by name (``FiberExecutor(backend="mine")``). A backend imports only this module from fiberexec:
 everything an adapter needs (the spec and status types, the error tree it translates into,
-the worker program's contract, the optional capabilities of the ``fiberexec`` command) is
-here. ``fiberexec.testing`` checks a backend against the seam's contract.
+the worker program's contract, `ExitWatch` to report each exit once, the optional
+capabilities of the ``fiberexec`` command) is here. ``fiberexec.testing`` checks a backend
+against the seam's contract.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from fiberexec._errors import (
 )
 from fiberexec._registry import available_backends, backend_class, load_backend
 from fiberexec._retry import RetryPolicy
+from fiberexec._watch import ExitWatch
 
 __all__ = [
     "DEFAULT_SERVICE_ACCOUNT",
@@ -67,6 +69,7 @@ __all__ = [
     "CapabilityError",
     "ConfigurationError",
     "ExitListener",
+    "ExitWatch",
     "FiberExecError",
     "MasterRequest",
     "PermanentBackendError",

@@ -125,6 +125,61 @@ def test_adapters_import_fiberexec_only_through_the_seam() -> None:
     assert not offenders, f"import these through {SEAM} instead: {offenders}"
 
 
+#: What the base class held for watching before adapters composed `ExitWatch`.
+WATCH_INTERNALS = ("_register", "_report_exit", "_watched", "_watch_lock", "_listeners",
+                   "_poll_loop", "_watch_key")
+
+
+def _inherited_watch_internals(path: Path, root: Path = REPO) -> list[str]:
+    """``self.X``/``super().X`` for an X of `WATCH_INTERNALS` that the file does not define."""
+    tree = ast.parse(path.read_text())
+    own = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    own |= {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Attribute)}
+    found: list[tuple[int, int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or node.attr not in WATCH_INTERNALS:
+            continue
+        on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+        on_super = (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                    and node.value.func.id == "super")
+        if on_super or (on_self and node.attr not in own):
+            found.append((node.lineno, node.col_offset, node.attr))
+    return [f"{path.relative_to(root)}:{line} uses {attr}" for line, _, attr in sorted(found)]
+
+
+def test_adapters_compose_exit_watch_and_the_base_holds_no_state() -> None:
+    """Adapters keep their watch in an `ExitWatch` of their own, not in the base class, which
+    is only the interface: no ``__init__``, no attribute set on ``self``."""
+    offenders = [o for path in ADAPTERS for o in _inherited_watch_internals(path)]
+    assert not offenders, f"compose fiberexec.backend.ExitWatch instead: {offenders}"
+    assert Backend.__init__ is object.__init__
+    source = (ROOT / "_backend.py").read_text()
+    [base] = [n for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.ClassDef) and n.name == "Backend"]
+    stored = [f"_backend.py:{n.lineno}" for n in ast.walk(base)
+              if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+              and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")]
+    assert not stored, f"Backend stores state: {stored}"
+    adapters = [p for p in ADAPTERS if "(Backend):" in p.read_text()]
+    assert len(adapters) >= 5 and all("ExitWatch()" in p.read_text() or "ExitWatch(key="
+                                      in p.read_text() for p in adapters)
+
+
+def test_the_watch_internals_check_catches_what_it_should(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("class B(Base):\n"
+                   "    def watch(self, h, f):\n"
+                   "        self._register(h, f)\n"
+                   "        with self._watch_lock:\n"
+                   "            super()._report_exit(h, None)\n"
+                   "    def _watch_key(self, h):\n"  # defined here: its own, allowed
+                   "        return self._watch_key(h)\n")
+    found = [o.split(" uses ")[1] for o in _inherited_watch_internals(bad, root=tmp_path)]
+    assert found == ["_register", "_watch_lock", "_report_exit"]
+
+
 def test_cli_imports_fiberexec_only_through_public_modules_and_no_sdk() -> None:
     """The ``fiberexec`` command reaches backends through their capabilities: no Docker or
     Kubernetes client code, no private core module (its own _cli* modules aside)."""
@@ -169,6 +224,35 @@ def test_builtin_backends_offer_every_capability() -> None:
         for capability in ("launch_master", "probe", "remove_stray"):
             assert getattr(cls, capability).__func__ is not getattr(
                 Backend, capability).__func__, f"{name} lacks {capability}"
+
+
+def test_resource_enforcement_is_a_capability_of_the_backend_class(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Containers, pods and Slurm jobs get the spec's limits; local processes and SSH hosts
+    (only where systemd-run works) may not, and the multiprocessing layer says so, by name."""
+    import logging
+
+    from fiberexec.backend import Resources, backend_class
+    from fiberexec.backends.local import LocalBackend
+    from fiberexec.multiprocessing._backends import note_unenforced
+
+    assert Backend.enforces_resources is False
+    assert {n: backend_class(n).enforces_resources for n in available_backends()}.items() >= {
+        "docker": True, "kubernetes": True, "slurm": True, "local": False, "ssh": False}.items()
+
+    class Limited(LocalBackend):
+        name = "limited"
+        enforces_resources = True
+
+    class ThirdParty(LocalBackend):  # any backend that does not declare it
+        name = "third-party"
+
+    with Limited() as limited, ThirdParty() as other, caplog.at_level(logging.INFO):
+        note_unenforced(other, Resources())
+        note_unenforced(limited, Resources(cpu=1, memory=2**30))
+        assert caplog.text == ""
+        note_unenforced(other, Resources(memory=2**30))
+    assert "the third-party backend does not enforce" in caplog.text
 
 
 # -- set-up as the README says, and what CI runs -------------------------------------------------

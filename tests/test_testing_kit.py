@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import pytest
 
-from fiberexec.backend import WorkerHandle, WorkerState, WorkerStatus
+from fiberexec.backend import ExitListener, WorkerHandle, WorkerState, WorkerStatus
 from fiberexec.backends.local import LocalBackend
 from fiberexec.testing import CHECKS, Harness
 
@@ -16,19 +16,19 @@ from fiberexec.testing import CHECKS, Harness
 class ShellExitCodes(LocalBackend):
     """Reports death by signal N as 128 + N, as a shell would."""
 
-    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
-        code = status.exit_code
-        if code is not None and code < 0:
-            status = WorkerStatus(status.state, exit_code=128 - code)
-        super()._report_exit(handle, status)
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        def as_shell(h: WorkerHandle, status: WorkerStatus) -> None:
+            code = status.exit_code
+            if code is not None and code < 0:
+                status = WorkerStatus(status.state, exit_code=128 - code)
+            listener(h, status)
+
+        super().watch(handle, as_shell)
 
 
 class ReportsTwice(LocalBackend):
-    def _report_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
-        listener = self._listeners.get(self._watch_key(handle))
-        super()._report_exit(handle, status)
-        if listener is not None:
-            listener(handle, status)
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        super().watch(handle, lambda h, status: (listener(h, status), listener(h, status)))
 
 
 class GuessesUnknown(LocalBackend):
@@ -40,8 +40,16 @@ class GuessesUnknown(LocalBackend):
 class ReportsStops(LocalBackend):
     """Tells the listener about a deliberate stop, as if the worker had died."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: dict[str, ExitListener] = {}
+
+    def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
+        self.listeners[handle.worker_id] = listener
+        super().watch(handle, listener)
+
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
-        listener = self._listeners.get(self._watch_key(handle))
+        listener = self.listeners.pop(handle.worker_id, None)
         super().stop(handle, grace=grace)
         if listener is not None:
             listener(handle, WorkerStatus(WorkerState.EXITED, exit_code=-15))

@@ -116,6 +116,7 @@ def meta_of(fn: object) -> Meta | None:
 
 
 def note_unenforced(backend: Backend, resources: Resources) -> None:
-    if backend.name == "local" and resources != Resources():
-        log.info("the local backend does not enforce %s; the work runs without limits",
-                 resources)
+    """Log that ``resources`` are asked of a backend that does not enforce them."""
+    if not backend.enforces_resources and resources != Resources():
+        log.info("the %s backend does not enforce %s; the work may run without limits",
+                 backend.name, resources)
