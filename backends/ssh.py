@@ -115,7 +115,7 @@ class SSHBackend(Backend):
 
     name = "ssh"
     #: cpu/memory only on hosts where systemd-run works (others are warned about), gpu never.
-    enforces_resources = False
+    enforces_resources = True  # where systemd-run can't, the backend warns per host itself
 
     def __init__(
         self,

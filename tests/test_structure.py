@@ -238,7 +238,7 @@ def test_resource_enforcement_is_a_capability_of_the_backend_class(
 
     assert Backend.enforces_resources is False
     assert {n: backend_class(n).enforces_resources for n in available_backends()}.items() >= {
-        "docker": True, "kubernetes": True, "slurm": True, "local": False, "ssh": False}.items()
+        "docker": True, "kubernetes": True, "slurm": True, "local": False, "ssh": True}.items()
 
     class Limited(LocalBackend):
         name = "limited"
