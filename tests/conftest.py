@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -21,6 +22,10 @@ from fiberexec.backend import Backend
 from tests.support.kit import BackendKit
 
 BACKEND = os.environ.get("FIBEREXEC_TEST_BACKEND", "local")
+# The stdlib side of the parametrized tests starts its processes as Python 3.14 does on Linux:
+# "fork" in this process (full of executor and nng threads) can copy a lock another thread
+# holds, and the child then aborts or hangs; that is the stdlib's own hazard, not a contract.
+multiprocessing.set_start_method("forkserver", force=True)
 # A backend's own adapter tests are collected only in its tox env, so no env reports skips.
 _ONLY_ON = {"k8s": "kubernetes", "docker": "docker", "slurm": "slurm",
             "test_local_backend.py": "local", "ssh": "ssh", "testbed": "ssh"}

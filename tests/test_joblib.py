@@ -273,7 +273,9 @@ def test_sklearn_cross_val_score_matches_sequential(opts: Options) -> None:
 def test_generator_unordered_returns_the_fastest_task_first(opts: Options, backend: str) -> None:
     extra = opts if backend == "fiber" else {}
     with parallel_config(backend=backend, n_jobs=2, **extra):
-        Parallel()(delayed(abs)(i) for i in range(4))  # warm both workers
+        # Warm both workers: two slow tasks at once run on two workers, whichever way the
+        # backend places them, so neither is still starting when the timing begins.
+        Parallel()(delayed(jt.sleep_return)(1.0, i) for i in range(2))
         start = time.monotonic()
         results = Parallel(return_as="generator_unordered", batch_size=1)(
             delayed(jt.sleep_return)(s, s) for s in (1.5, 0.0)

@@ -119,12 +119,17 @@ def test_manager_join_and_connect(mpm: ModuleType) -> None:
     assert mpm.active_children() == []
 
 
+class StdlibMathsManager(multiprocessing.managers.BaseManager):
+    """Module level, so a server started by "spawn" or "forkserver" can unpickle it."""
+
+
+class FiberMathsManager(fiberexec.multiprocessing.managers.BaseManager):
+    pass
+
+
 def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
     managers = _managers(mpm)
-
-    class MyManager(managers.BaseManager):
-        pass
-
+    MyManager = StdlibMathsManager if mpm is multiprocessing else FiberMathsManager
     MyManager.register("Maths", t.Maths, exposed=("add", "child"),
                        method_to_typeid={"child": "Child"})
     MyManager.register("Child", exposed=("add",), create_method=False)
