@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from fiberexec import FiberExecutor
@@ -40,7 +41,20 @@ def kit() -> Iterator[BackendKit]:
 
 
 def _shm_files() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("fiberexec-*")}
+    """fiberexec's files in /dev/shm, less those of live processes outside this test run.
+
+    /dev/shm is the machine's: a shared value named ``fiberexec-mp<pid>-...`` whose creator
+    is alive and not of this run belongs to another program, not to a test's leak.
+    """
+    ours = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
+    found = set()
+    for path in Path("/dev/shm").glob("fiberexec-*"):
+        creator = path.name.removeprefix("fiberexec-mp").split("-", 1)[0]
+        if (path.name.startswith("fiberexec-mp") and creator.isdigit()
+                and int(creator) not in ours and psutil.pid_exists(int(creator))):
+            continue
+        found.add(path.name)
+    return found
 
 
 @pytest.fixture(autouse=True)
