@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import struct
 import threading
 import time
@@ -29,7 +31,7 @@ from multiprocessing import AuthenticationError as _StdAuthError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers
+from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers, client_for
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
@@ -131,9 +133,13 @@ class Hub:
 class Stream:
     """This process's stream to one broker: sends frames, receives subscribed items."""
 
-    def __init__(self, address: tuple[str, int], secret: bytes, where: str) -> None:
-        self.where = where
-        self.conn = Client(address, family="AF_INET", authkey=secret)
+    def __init__(self, address: tuple[str, int], endpoint: Endpoint) -> None:
+        self.where = endpoint.address
+        self.conn = Client(address, family="AF_INET", authkey=endpoint.secret)
+        # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
+        # lost, so is this stream, and whoever waits on it wakes
+        self.rpc = client_for(endpoint.address, endpoint.secret)
+        self.why = f"the process that created this pipe or queue ({self.where}) is gone"
         self.send_lock = threading.Lock()
         self.cond = threading.Condition()
         self.inbox: defaultdict[int, deque[bytes]] = defaultdict(deque)
@@ -142,14 +148,29 @@ class Stream:
         self.lost = False
         self.reading = False  # a thread is reading the socket for everyone (leader)
         self.send(TOKEN, 0, _TOKEN.encode())
+        self.rpc.on_lost(self._abort)
+
+    def _abort(self) -> None:
+        """The broker's process is gone: end the stream, waking a thread blocked reading it."""
+        self.why = f"{self.why}: {self.rpc.why}"
+        with contextlib.suppress(OSError):
+            dup = socket.socket(fileno=os.dup(self.conn.fileno()))
+            with contextlib.suppress(OSError):
+                dup.shutdown(socket.SHUT_RDWR)
+            dup.close()
+        with self.cond:
+            self.lost = True
+            self.cond.notify_all()
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+        if self.lost:
+            raise BrokenPipeError(self.why)
         try:
             with self.send_lock:
                 self.conn.send_bytes(_frame(tag, cid, body))
         except OSError as exc:
-            raise ConnectionError(f"the process that created this pipe or queue "
-                                  f"({self.where}) is gone") from exc
+            self.lost = True
+            raise BrokenPipeError(self.why) from exc
 
     def _await(self, cid: int, timeout: float | None) -> bool:
         """Wait for an item or EOF of ``cid``. No thread of its own: the first waiter reads
@@ -166,7 +187,8 @@ class Stream:
             self.reading = True
             self.cond.release()
             try:
-                frame = self._read_one(left)
+                with self.rpc.busy():
+                    frame = self._read_one(left)
             finally:
                 self.cond.acquire()
                 self.reading = False
@@ -222,7 +244,7 @@ class Stream:
                 return self.inbox[cid].popleft()
             if cid in self.eof:
                 raise EOFError
-        raise ConnectionError(f"the process that created this pipe ({self.where}) is gone")
+        raise ConnectionError(self.why)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -242,6 +264,5 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
         stream = _streams.get(endpoint.address)
         if stream is None or stream.lost:
             address = endpoint.call("stream", ())[0]
-            stream = _streams[endpoint.address] = Stream(tuple(address), endpoint.secret,
-                                                         endpoint.address)
+            stream = _streams[endpoint.address] = Stream(tuple(address), endpoint)
         return stream
