@@ -9,6 +9,7 @@ anywhere else it uses that process's `_stream` to the creator (no round trip per
 
 from __future__ import annotations
 
+import queue
 import secrets
 import threading
 import weakref
@@ -33,7 +34,8 @@ class Connection:
         self._stream = st.stream_for(endpoint)  # None in the creating process
         self._subscribed = False
         if send_id is not None:
-            self._closer = weakref.finalize(self, _release, endpoint, send_id)
+            _start_releaser()
+            self._closer = weakref.finalize(self, _released.put, (endpoint, send_id))
             _open.add(self)
 
     readable = property(lambda self: self._recv_id is not None)
@@ -148,8 +150,8 @@ class Connection:
 
     def close(self) -> None:
         """Close this end; once every copy of it is closed, the other end sees EOF."""
-        if self._closer is not None:
-            self._closer()
+        if self._closer is not None and self._closer.detach() is not None:
+            _release(self._endpoint, self._send_id)  # type: ignore[arg-type]
         if self._subscribed and self._stream is not None and self._recv_id is not None:
             self._stream.unsubscribe(self._recv_id)
             self._subscribed = False
@@ -181,6 +183,28 @@ def release_all() -> None:
     """Close every connection end still open here (a `Process` child does it on exit)."""
     for conn in list(_open):
         conn.close()
+
+
+# An end collected by the garbage collector is released by a thread of its own: the
+# collector may run anywhere, even while this thread holds a lock `_release` needs.
+_released: queue.SimpleQueue[tuple[Endpoint, int]] = queue.SimpleQueue()
+_releaser: list[threading.Thread] = []
+_releaser_lock = threading.Lock()
+
+
+def _start_releaser() -> None:
+    if _releaser:
+        return
+    with _releaser_lock:
+        if not _releaser:
+            _releaser.append(threading.Thread(target=_release_collected, daemon=True,
+                                              name="fiberexec-mp-release"))
+            _releaser[0].start()
+
+
+def _release_collected() -> None:
+    while True:
+        _release(*_released.get())
 
 
 def _release(endpoint: Endpoint, cid: int) -> None:

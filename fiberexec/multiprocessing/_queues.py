@@ -86,6 +86,19 @@ class Queue:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+        try:
+            consumer = st.stream_for(self._ep())
+            if consumer is not None:
+                data = (consumer.get(self._cid, None if timeout is None else max(0.0, timeout))
+                        if block else consumer.get_nowait(self._cid))
+                if data is not None:
+                    return loads(data, what="queue item")
+                if block:
+                    raise queue.Empty
+        except ConnectionError as exc:
+            raise _gone(self, exc) from exc
         found: list[bytes] = []
 
         def attempt(wait: float) -> bool:

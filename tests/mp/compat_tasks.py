@@ -163,3 +163,20 @@ class Maths:
     def child(self) -> Maths:
         return Maths()
 
+
+
+def take_one_then_idle(q: Any, got: Any, stop: Any) -> None:
+    """Take one item, report it, then stay alive without taking more until told."""
+    got.put(q.get(timeout=60))
+    stop.wait(60)
+
+
+def take_n(q: Any, got: Any, n: int) -> None:
+    got.put([q.get(timeout=60) for _ in range(n)])
+
+
+def take_until_none(q: Any, got: Any) -> None:
+    taken = []
+    while (item := q.get(timeout=60)) is not None:
+        taken.append(item)
+    got.put(taken)
