@@ -242,6 +242,30 @@ class Broker:
             chan.cond.notify_all()
         return OK, item
 
+    def put_item(self, cid: int, body: bytes) -> None:
+        """A pipe end here sends (no RPC layer in between)."""
+        chan = self.chan(cid)
+        with chan.cond:
+            chan.items.append(body)
+            chan.cond.notify_all()
+            chan.push()
+
+    def take_item(self, cid: int) -> bytes:
+        """A pipe end here receives (blocking); EOFError once no writer is left."""
+        chan = self.chan(cid)
+        with chan.cond:
+            while not chan.items:
+                if chan.writers == 0:
+                    raise EOFError
+                chan.cond.wait()
+            return chan.items.popleft()
+
+    def ready(self, cid: int, timeout: float | None) -> bool:
+        """Whether a pipe end here has data or end-of-file, waiting up to ``timeout``."""
+        chan = self.chan(cid)
+        with chan.cond:
+            return bool(chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout))
+
     def _poll(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
@@ -474,6 +498,15 @@ def _alias(server: RpcServer, address: str) -> None:
 
 _broker: Broker | None = None
 _broker_lock = threading.Lock()
+
+
+def local_broker(endpoint: Endpoint) -> Broker | None:
+    """This process's broker if ``endpoint`` is it (its objects are then called directly)."""
+    broker = _broker
+    if broker is not None and broker.address == endpoint.address and (
+            broker.secret == endpoint.secret):
+        return broker
+    return None
 
 
 def get_broker() -> Broker:

@@ -25,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -67,7 +69,8 @@ class Wire:
     def __init__(self, conn: Connection) -> None:
         self.sock = socket.socket(fileno=os.dup(conn.fileno()))
         conn.close()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.sock.family in (socket.AF_INET, socket.AF_INET6):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
         self._at = 0
 
@@ -160,15 +163,25 @@ class Hub:
     def __init__(self, broker: Any, host: str, advertise: str) -> None:
         self.broker = broker
         self.listener = Listener((host, 0), family="AF_INET", authkey=broker.secret)
-        self.address = (advertise, self.listener.address[1])
         self.rejected = 0
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="fiberexec-mp-hub").start()
+        # on Linux, processes of this host (and network namespace) connect to an abstract
+        # Unix socket instead: same challenge, no TCP stack on every message
+        self.local: Any = None
+        unix = ""
+        if sys.platform == "linux":
+            unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
+            self.local = Listener(unix, family="AF_UNIX", authkey=broker.secret)
+        self.address = (advertise, self.listener.address[1], unix)
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                                 name="fiberexec-mp-hub").start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: Listener) -> None:
         while not self._closed:
             try:
-                conn = self.listener.accept()  # the HMAC challenge runs here
+                conn = listener.accept()  # the HMAC challenge runs here
             except (_StdAuthError, EOFError, ConnectionError) as exc:
                 self.rejected += 1
                 log.warning("rejected a stream to the broker: %s", exc)
@@ -219,8 +232,10 @@ class Hub:
 
     def close(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            self.listener.close()
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.close()
 
 
 # ---------------------------------------------------------------------------- client side
@@ -253,9 +268,9 @@ class Stream:
     reader drops them and answers with what was taken (``N``); the rest go to the others.
     """
 
-    def __init__(self, address: tuple[str, int], endpoint: Endpoint) -> None:
+    def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
         self.where = endpoint.address
-        self.conn = Wire(Client(address, family="AF_INET", authkey=endpoint.secret))
+        self.conn = Wire(_connect(address, endpoint.secret))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
         self.rpc = client_for(endpoint.address, endpoint.secret)
@@ -440,6 +455,17 @@ class Stream:
             self.conn.close()
 
 
+def _connect(address: tuple[str, int, str], secret: bytes) -> Connection:
+    """Connect to a hub: by its Unix socket if it is on this host, else over TCP."""
+    host, port, unix = address
+    if unix and sys.platform == "linux":
+        try:
+            return Client(unix, family="AF_UNIX", authkey=secret)
+        except OSError:  # another host, or another network namespace
+            pass
+    return Client((host, port), family="AF_INET", authkey=secret)
+
+
 def _unbatch(frame: bytes) -> list[bytes]:
     view, at, items = memoryview(frame), _HEAD.size, []
     while at < len(frame):
@@ -462,7 +488,7 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
     with _streams_lock:
         stream = _streams.get(endpoint.address)
         if stream is None or stream.lost:
-            address = endpoint.call("stream", ())[0]
-            stream = _streams[endpoint.address] = Stream(tuple(address), endpoint)
+            host, port, unix = endpoint.call("stream", ())[0]
+            stream = _streams[endpoint.address] = Stream((host, port, unix), endpoint)
         return stream
 

@@ -93,6 +93,9 @@ def test_stream_refuses_a_wrong_key() -> None:
 
     fmp.Pipe()
     broker = get_broker()
-    address = broker.endpoint.call("stream", ())[0]
+    host, port, unix = broker.endpoint.call("stream", ())[0]
     with pytest.raises(multiprocessing.AuthenticationError):
-        multiprocessing.connection.Client(tuple(address), authkey=b"w" * 32)
+        multiprocessing.connection.Client((host, port), authkey=b"w" * 32)
+    if unix:  # the same challenge on the Unix socket processes of this host use
+        with pytest.raises(multiprocessing.AuthenticationError):
+            multiprocessing.connection.Client(unix, family="AF_UNIX", authkey=b"w" * 32)
