@@ -49,9 +49,10 @@ class Lease:
     outstanding: deque[bytes] = field(default_factory=deque)  # sent, not reported taken
     nbytes: int = 0  # their size
     revoking: bool = False  # asked to hand back what it has not taken; nothing is sent
+    gone: bool = False  # sending to it failed: nothing more is sent; its stream is ending
 
     def taken(self, consumed: int) -> None:
-        for _ in range(consumed - self.consumed):
+        for _ in range(min(consumed - self.consumed, len(self.outstanding))):
             self.nbytes -= len(self.outstanding.popleft())
         self.consumed = max(self.consumed, consumed)
 
@@ -69,8 +70,15 @@ class Chan:
     # claimed (None: dropped because the process it was pickled for ended without it)
     subscriber: Any = None  # the `_stream.Peer` whose process reads this pipe direction
     cid: int = 0
+    signal: Any = None  # a `_stream.Signal` set while a reader here would not block
     leases: dict[Any, Lease] = field(default_factory=dict)  # queue consumers elsewhere, by peer
     local_waiters: int = 0  # threads here (or RPC gets) waiting for an item
+
+    def changed(self) -> None:
+        """Items arrived, were taken, or the last writer left (under ``cond``)."""
+        self.cond.notify_all()
+        if self.signal is not None:
+            self.signal.set(bool(self.items) or self.writers == 0)
 
     def size(self) -> int:
         """Items put and not yet taken (those sent ahead to consumers included)."""
@@ -88,7 +96,7 @@ class Chan:
         for lease in list(self.leases.values()):
             if spare <= 0:
                 break
-            if lease.wanted > 0 and not lease.revoking:
+            if lease.wanted > 0 and not (lease.revoking or lease.gone):
                 n = min(lease.wanted, spare)
                 lease.wanted -= n
                 spare -= n
@@ -101,7 +109,7 @@ class Chan:
                 break
             n, size = 0, lease.nbytes
             while (n < spare and len(lease.outstanding) + n < lease.window
-                   and size < LEASE_BYTES and not lease.revoking):
+                   and size < LEASE_BYTES and not (lease.revoking or lease.gone)):
                 size += len(self.items[n])
                 n += 1
             if n:
@@ -112,9 +120,10 @@ class Chan:
         batch = [self.items.popleft() for _ in range(n)]
         try:
             lease.peer.send_items(self.cid, batch)
-        except OSError:  # the consumer's process is gone: its items stay here
+        except OSError:  # the consumer's process is ending: this batch stays here, and what
+            # it was sent before goes back once its last reports are read (`peer_lost`)
             self.items.extendleft(reversed(batch))
-            self.drop_lease(lease.peer)
+            lease.gone = lease.peer.gone = True
             return
         lease.outstanding.extend(batch)
         lease.nbytes += sum(len(item) for item in batch)
@@ -126,7 +135,7 @@ class Chan:
         if len(self.items) > self.local_waiters:
             return
         for peer, lease in self.leases.items():
-            if peer is waiter or lease.revoking or len(lease.outstanding) == 0:
+            if peer is waiter or lease.revoking or lease.gone or not lease.outstanding:
                 continue
             try:
                 peer.send_revoke(self.cid)
@@ -218,7 +227,7 @@ class Broker:
                 return FULL, b""
             chan.items.append(body)
             chan.unfinished += 1
-            chan.cond.notify_all()
+            chan.changed()
             chan.push()
             chan.dispatch()
         return OK, b""
@@ -239,7 +248,7 @@ class Broker:
             if not chan.items:
                 return EOF, b""
             item = chan.items.popleft()
-            chan.cond.notify_all()
+            chan.changed()
         return OK, item
 
     def put_item(self, cid: int, body: bytes) -> None:
@@ -247,7 +256,7 @@ class Broker:
         chan = self.chan(cid)
         with chan.cond:
             chan.items.append(body)
-            chan.cond.notify_all()
+            chan.changed()
             chan.push()
 
     def take_item(self, cid: int) -> bytes:
@@ -258,7 +267,29 @@ class Broker:
                 if chan.writers == 0:
                     raise EOFError
                 chan.cond.wait()
-            return chan.items.popleft()
+            item = chan.items.popleft()
+            if chan.signal is not None:
+                chan.signal.set(bool(chan.items))
+            return item
+
+    def drop_signal(self, cid: int) -> None:
+        chan = self.chans.get(cid)
+        if chan is not None and chan.signal is not None:
+            with chan.cond:
+                sig, chan.signal = chan.signal, None
+            if sig is not None:
+                sig.close()
+
+    def signal(self, cid: int) -> int:
+        """A descriptor readable while pipe ``cid`` has data or EOF here (`_stream.Signal`)."""
+        from fiberexec.multiprocessing._stream import Signal
+
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.signal is None:
+                chan.signal = Signal()
+            chan.signal.set(bool(chan.items) or chan.writers == 0)
+            return int(chan.signal.r)
 
     def ready(self, cid: int, timeout: float | None) -> bool:
         """Whether a pipe end here has data or end-of-file, waiting up to ``timeout``."""
@@ -338,7 +369,7 @@ class Broker:
                 held[cid] -= 1
             if chan.writers > 0:
                 chan.writers = max(0, chan.writers - count)
-                chan.cond.notify_all()
+                chan.changed()
                 chan.push()
 
     def drop_tickets(self, tickets: list[tuple[int, str]]) -> None:
@@ -375,6 +406,8 @@ class Broker:
         with chan.cond:
             lease = chan.leases.get(peer)
             if lease is None:
+                if peer.gone:
+                    return
                 lease = chan.leases[peer] = Lease(peer)
             lease.taken(consumed)
             lease.window = window

@@ -159,13 +159,27 @@ class Connection:
         return b.wait_slices(timeout, SLICE, lambda w: bool(
             self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
 
+    def fileno(self) -> int:
+        """A descriptor readable exactly while `recv` would not block (data or end-of-file
+        waiting), for `select`, selectors and `multiprocessing.connection.wait`."""
+        cid = self._check(readable=True)
+        if self._stream is not None:
+            self._subscribe(self._stream, cid)
+            return self._stream.signal(cid)
+        if self._broker is not None:
+            return self._broker.signal(cid)
+        raise OSError("fileno() is not available for this pipe end")
+
     def close(self) -> None:
         """Close this end; once every copy of it is closed, the other end sees EOF."""
         if self._closer is not None and self._closer.detach() is not None:
             _release(self._endpoint, self._send_id)  # type: ignore[arg-type]
         if self._subscribed and self._stream is not None and self._recv_id is not None:
             self._stream.unsubscribe(self._recv_id)
+            self._stream.drop_signal(self._recv_id)
             self._subscribed = False
+        if self._broker is not None and self._recv_id is not None:
+            self._broker.drop_signal(self._recv_id)
         self._recv_id = self._send_id = None
 
     def __enter__(self) -> Connection:

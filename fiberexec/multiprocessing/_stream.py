@@ -60,6 +60,31 @@ _SIZE = struct.Struct("!Q")
 _CHUNK = 1 << 16
 
 
+class Signal:
+    """A file descriptor that is readable exactly while it is set: what a pipe end's
+    ``fileno()`` returns, so `select`, selectors and `multiprocessing.connection.wait`
+    see it ready when ``recv()`` would not block."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.on = False
+
+    def set(self, on: bool) -> None:
+        if on and not self.on:
+            os.write(self.w, b"!")
+        elif not on and self.on:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.r, 64)
+        self.on = on
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class Wire:
     """A stream socket once `multiprocessing.connection` has authenticated it: frames of an
     8-byte length and data, read in large chunks (one system call brings every frame that
@@ -138,6 +163,7 @@ class Peer:
     def __init__(self, conn: Wire) -> None:
         self.conn = conn
         self.lock = threading.Lock()
+        self.gone = False  # a send to it failed: its process is ending
 
     def send_item(self, cid: int, body: bytes) -> None:
         with self.lock:
@@ -281,6 +307,7 @@ class Stream:
         self.eof: set[int] = set()
         self.subscribed: defaultdict[int, int] = defaultdict(int)
         self.lanes: dict[int, _Lane] = {}
+        self.signals: dict[int, Signal] = {}  # pipe ends whose fileno() was asked for
         self.lost = False
         self.reading = False  # a thread is reading the socket for everyone (leader)
         self.reader: threading.Thread | None = None  # the permanent leader, once needed
@@ -293,7 +320,12 @@ class Stream:
         self.conn.shutdown()
         with self.cond:
             self.lost = True
+            self._signal_all()
             self.cond.notify_all()
+
+    def _signal_all(self) -> None:
+        for sig in self.signals.values():  # recv() raises at once: ready
+            sig.set(True)
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
         if self.lost:
@@ -336,6 +368,7 @@ class Stream:
             return self.conn.recv_bytes()
         except (EOFError, OSError):
             self.lost = True
+            self._signal_all()
             return None
 
     def _read_forever(self) -> None:
@@ -356,10 +389,14 @@ class Stream:
     def _file(self, frame: bytes) -> None:
         """File one frame from the broker (under ``cond``)."""
         tag, cid = _HEAD.unpack_from(frame)
-        if tag == ITEM:
-            self.inbox[cid].append(frame[_HEAD.size:])
-        elif tag == EOF:
-            self.eof.add(cid)
+        if tag in (ITEM, EOF):
+            if tag == ITEM:
+                self.inbox[cid].append(frame[_HEAD.size:])
+            else:
+                self.eof.add(cid)
+            sig = self.signals.get(cid)
+            if sig is not None:
+                sig.set(True)
         elif tag == ITEMS:
             lane = self._lane(cid)
             got = _unbatch(frame)
@@ -396,10 +433,38 @@ class Stream:
         with self.cond:
             self._await(lambda: self.inbox[cid] or cid in self.eof, None)
             if self.inbox[cid]:
-                return self.inbox[cid].popleft()
+                item = self.inbox[cid].popleft()
+                sig = self.signals.get(cid)
+                if sig is not None:
+                    sig.set(bool(self.inbox[cid]) or cid in self.eof)
+                return item
             if cid in self.eof:
                 raise EOFError
         raise ConnectionError(self.why)
+
+    def signal(self, cid: int) -> int:
+        """A descriptor readable while pipe ``cid`` has data or EOF here (see `Signal`).
+
+        Whoever waits on it does not read the stream: from now on a reader thread does."""
+        with self.cond:
+            sig = self.signals.get(cid)
+            if sig is None:
+                sig = self.signals[cid] = Signal()
+                self._start_reader()
+            sig.set(bool(self.inbox[cid]) or cid in self.eof or self.lost)
+            return sig.r
+
+    def drop_signal(self, cid: int) -> None:
+        with self.cond:
+            sig = self.signals.pop(cid, None)
+        if sig is not None:
+            sig.close()
+
+    def _start_reader(self) -> None:
+        if self.reader is None:
+            self.reader = threading.Thread(target=self._read_forever, daemon=True,
+                                           name="fiberexec-mp-stream-reader")
+            self.reader.start()
 
     # -------------------------------------------------------------- queue consumption
 
@@ -407,10 +472,7 @@ class Stream:
         lane = self.lanes.get(cid)
         if lane is None:
             lane = self.lanes[cid] = _Lane()
-            if self.reader is None:
-                self.reader = threading.Thread(target=self._read_forever, daemon=True,
-                                               name="fiberexec-mp-stream-reader")
-                self.reader.start()
+            self._start_reader()
         return lane
 
     def _tell(self, cid: int, lane: _Lane) -> None:

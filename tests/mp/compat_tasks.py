@@ -180,3 +180,14 @@ def take_until_none(q: Any, got: Any) -> None:
     while (item := q.get(timeout=60)) is not None:
         taken.append(item)
     got.put(taken)
+
+
+def wait_then_double(conn: Any) -> None:
+    """Wait for the pipe with `multiprocessing.connection.wait`, then answer each message."""
+    import multiprocessing.connection
+
+    while multiprocessing.connection.wait([conn], timeout=60) == [conn]:
+        try:
+            conn.send(conn.recv() * 2)
+        except EOFError:
+            return
