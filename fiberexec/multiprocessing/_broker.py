@@ -414,8 +414,10 @@ class Broker:
             lease.wanted = max(0, wanted - (lease.sent - received))  # minus those on the way
             if lease.wanted and not chan.items:
                 chan.revoke(peer)
-            chan.dispatch()
-            chan.cond.notify_all()  # a bounded queue's put may go on; qsize() changed
+            if chan.items:
+                chan.dispatch()
+            if chan.maxsize:
+                chan.cond.notify_all()  # a put waiting for room may go on
 
     def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int) -> None:
         """A consumer answered a revoke: it took ``consumed`` in all, the rest come back;

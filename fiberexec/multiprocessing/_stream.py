@@ -241,6 +241,8 @@ class Hub:
         broker = self.broker
         if tag == PUT:
             broker._put(body, cid, 0.0)
+        elif tag == WANT:
+            broker.lease(cid, peer, _WANT.unpack(body))
         elif tag == SUBSCRIBE:
             broker.subscribe(cid, peer)
         elif tag == UNSUBSCRIBE:
@@ -249,8 +251,6 @@ class Hub:
             broker.claim(cid, body.decode(), holder)
         elif tag == RELEASE:
             broker.unref(cid, holder)
-        elif tag == WANT:
-            broker.lease(cid, peer, _WANT.unpack(body))
         elif tag == RETURNED:
             broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
         else:
