@@ -29,6 +29,32 @@ from fiberexec.multiprocessing._wire import loads
 
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
+LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
+
+
+@dataclass
+class Lease:
+    """Queue items sent ahead to one consumer process (see `_stream.Stream`).
+
+    Items stay here (in ``outstanding``) until the consumer says it took them, so they can
+    be taken back (revoked) for a consumer that waits while they sit unread elsewhere, and
+    go back to the queue if the consumer's process ends.
+    """
+
+    peer: Any
+    window: int = 0  # items the consumer accepts ahead of its gets
+    wanted: int = 0  # its threads waiting in get() for which nothing is on the way
+    sent: int = 0  # items sent in total
+    consumed: int = 0  # items it reported taken in total
+    outstanding: deque[bytes] = field(default_factory=deque)  # sent, not reported taken
+    nbytes: int = 0  # their size
+    revoking: bool = False  # asked to hand back what it has not taken; nothing is sent
+    gone: bool = False  # sending to it failed: nothing more is sent; its stream is ending
+
+    def taken(self, consumed: int) -> None:
+        for _ in range(min(consumed - self.consumed, len(self.outstanding))):
+            self.nbytes -= len(self.outstanding.popleft())
+        self.consumed = max(self.consumed, consumed)
 
 
 @dataclass
@@ -44,6 +70,93 @@ class Chan:
     # claimed (None: dropped because the process it was pickled for ended without it)
     subscriber: Any = None  # the `_stream.Peer` whose process reads this pipe direction
     cid: int = 0
+    signal: Any = None  # a `_stream.Signal` set while a reader here would not block
+    leases: dict[Any, Lease] = field(default_factory=dict)  # queue consumers elsewhere, by peer
+    local_waiters: int = 0  # threads here (or RPC gets) waiting for an item
+
+    def changed(self) -> None:
+        """Items arrived, were taken, or the last writer left (under ``cond``)."""
+        self.cond.notify_all()
+        if self.signal is not None:
+            self.signal.set(bool(self.items) or self.writers == 0)
+
+    def size(self) -> int:
+        """Items put and not yet taken (those sent ahead to consumers included)."""
+        return len(self.items) + sum(len(lease.outstanding) for lease in self.leases.values())
+
+    def dispatch(self) -> None:
+        """Send items to consumer processes (under ``cond``), never ahead of a waiter.
+
+        Threads waiting here keep the first items; then each consumer thread waiting
+        elsewhere gets one; only when nobody waits are items sent ahead to consumers.
+        """
+        if not self.leases:
+            return
+        spare = len(self.items) - self.local_waiters
+        for lease in list(self.leases.values()):
+            if spare <= 0:
+                break
+            if lease.wanted > 0 and not (lease.revoking or lease.gone):
+                n = min(lease.wanted, spare)
+                lease.wanted -= n
+                spare -= n
+                self._send(lease, n)
+        if spare <= 0 or self.local_waiters or any(
+                lease.wanted > 0 for lease in self.leases.values()):
+            return
+        for lease in list(self.leases.values()):
+            if spare <= 0:
+                break
+            n, size = 0, lease.nbytes
+            while (n < spare and len(lease.outstanding) + n < lease.window
+                   and size < LEASE_BYTES and not (lease.revoking or lease.gone)):
+                size += len(self.items[n])
+                n += 1
+            if n:
+                spare -= n
+                self._send(lease, n)
+
+    def _send(self, lease: Lease, n: int) -> None:
+        batch = [self.items.popleft() for _ in range(n)]
+        try:
+            lease.peer.send_items(self.cid, batch)
+        except OSError:  # the consumer's process is ending: this batch stays here, and what
+            # it was sent before goes back once its last reports are read (`peer_lost`)
+            self.items.extendleft(reversed(batch))
+            lease.gone = lease.peer.gone = True
+            return
+        lease.outstanding.extend(batch)
+        lease.nbytes += sum(len(item) for item in batch)
+        lease.sent += n
+
+    def revoke(self, waiter: Any = None) -> None:
+        """Someone (``waiter``: a consumer's peer, or None for a thread here) waits and
+        nothing is here: ask every other consumer for the items it has not taken."""
+        if len(self.items) > self.local_waiters:
+            return
+        for peer, lease in self.leases.items():
+            if peer is waiter or lease.revoking or lease.gone or not lease.outstanding:
+                continue
+            try:
+                peer.send_revoke(self.cid)
+                lease.revoking = True
+            except OSError:
+                pass  # its stream is closing: `drop_lease` follows
+
+    def drop_lease(self, peer: Any, consumed: int | None = None) -> None:
+        """Items sent to ``peer`` and not taken come back to the front of the queue."""
+        lease = self.leases.get(peer)
+        if lease is None:
+            return
+        if consumed is not None:
+            lease.taken(consumed)
+        self.items.extendleft(reversed(lease.outstanding))
+        lease.outstanding.clear()
+        lease.nbytes = 0
+        lease.revoking = False
+        if consumed is None:
+            del self.leases[peer]
+        self.cond.notify_all()
 
     def push(self) -> None:
         """Hand queued items (and end-of-file) to the subscribed reader (under ``cond``)."""
@@ -110,24 +223,79 @@ class Broker:
         chan = self.chan(cid)
         with chan.cond:
             if chan.maxsize and not chan.cond.wait_for(
-                    lambda: len(chan.items) < chan.maxsize, timeout=wait):
+                    lambda: chan.size() < chan.maxsize, timeout=wait):
                 return FULL, b""
             chan.items.append(body)
             chan.unfinished += 1
-            chan.cond.notify_all()
+            chan.changed()
             chan.push()
+            chan.dispatch()
         return OK, b""
 
     def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
-            if not chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout=wait):
+            chan.local_waiters += 1
+            chan.revoke()
+            try:
+                ready = chan.cond.wait_for(lambda: chan.items or chan.writers == 0,
+                                           timeout=wait)
+            finally:
+                chan.local_waiters -= 1
+            if not ready:
+                chan.dispatch()  # what it left for us may go to consumers elsewhere
                 return EMPTY, b""
             if not chan.items:
                 return EOF, b""
             item = chan.items.popleft()
-            chan.cond.notify_all()
+            chan.changed()
         return OK, item
+
+    def put_item(self, cid: int, body: bytes) -> None:
+        """A pipe end here sends (no RPC layer in between)."""
+        chan = self.chan(cid)
+        with chan.cond:
+            chan.items.append(body)
+            chan.changed()
+            chan.push()
+
+    def take_item(self, cid: int) -> bytes:
+        """A pipe end here receives (blocking); EOFError once no writer is left."""
+        chan = self.chan(cid)
+        with chan.cond:
+            while not chan.items:
+                if chan.writers == 0:
+                    raise EOFError
+                chan.cond.wait()
+            item = chan.items.popleft()
+            if chan.signal is not None:
+                chan.signal.set(bool(chan.items))
+            return item
+
+    def drop_signal(self, cid: int) -> None:
+        chan = self.chans.get(cid)
+        if chan is not None and chan.signal is not None:
+            with chan.cond:
+                sig, chan.signal = chan.signal, None
+            if sig is not None:
+                sig.close()
+
+    def signal(self, cid: int) -> int:
+        """A descriptor readable while pipe ``cid`` has data or EOF here (`_stream.Signal`)."""
+        from fiberexec.multiprocessing._stream import Signal
+
+        chan = self.chan(cid)
+        with chan.cond:
+            if chan.signal is None:
+                chan.signal = Signal()
+            chan.signal.set(bool(chan.items) or chan.writers == 0)
+            return int(chan.signal.r)
+
+    def ready(self, cid: int, timeout: float | None) -> bool:
+        """Whether a pipe end here has data or end-of-file, waiting up to ``timeout``."""
+        chan = self.chan(cid)
+        with chan.cond:
+            return bool(chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout))
 
     def _poll(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
@@ -138,7 +306,7 @@ class Broker:
     def _qsize(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
-            return (len(chan.items), chan.maxsize), b""
+            return (chan.size(), chan.maxsize), b""
 
     def _task_done(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
         chan = self.chan(cid)
@@ -201,7 +369,7 @@ class Broker:
                 held[cid] -= 1
             if chan.writers > 0:
                 chan.writers = max(0, chan.writers - count)
-                chan.cond.notify_all()
+                chan.changed()
                 chan.push()
 
     def drop_tickets(self, tickets: list[tuple[int, str]]) -> None:
@@ -230,11 +398,47 @@ class Broker:
                 if chan.subscriber is peer:
                     chan.subscriber = None
 
+    def lease(self, cid: int, peer: Any, state: tuple[int, int, int, int]) -> None:
+        """A consumer's state: it took ``consumed`` items of the ``received`` sent to it in
+        all, ``wanted`` threads of it wait with nothing at hand, it accepts ``window``."""
+        consumed, received, wanted, window = state
+        chan = self.chan(cid)
+        with chan.cond:
+            lease = chan.leases.get(peer)
+            if lease is None:
+                if peer.gone:
+                    return
+                lease = chan.leases[peer] = Lease(peer)
+            lease.taken(consumed)
+            lease.window = window
+            lease.wanted = max(0, wanted - (lease.sent - received))  # minus those on the way
+            if lease.wanted and not chan.items:
+                chan.revoke(peer)
+            if chan.items:
+                chan.dispatch()
+            if chan.maxsize:
+                chan.cond.notify_all()  # a put waiting for room may go on
+
+    def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int) -> None:
+        """A consumer answered a revoke: it took ``consumed`` in all, the rest come back;
+        ``wanted`` of its threads wait."""
+        chan = self.chan(cid)
+        with chan.cond:
+            chan.drop_lease(peer, consumed)
+            lease = chan.leases.get(peer)
+            if lease is not None:
+                lease.wanted = wanted
+            chan.dispatch()
+
     def peer_lost(self, peer: Any, holder: str | None) -> None:
         """A process's stream closed (it exited or died): release all it held."""
         for chan in list(self.chans.values()):
             if chan.subscriber is peer:
                 self.unsubscribe(chan.cid, peer)
+            if peer in chan.leases:
+                with chan.cond:
+                    chan.drop_lease(peer)
+                    chan.dispatch()
         held = self.held.pop(holder, None) if holder is not None else None
         for cid, count in (held or Counter()).items():
             if count > 0 and cid in self.chans:
@@ -329,6 +533,15 @@ def _alias(server: RpcServer, address: str) -> None:
 
 _broker: Broker | None = None
 _broker_lock = threading.Lock()
+
+
+def local_broker(endpoint: Endpoint) -> Broker | None:
+    """This process's broker if ``endpoint`` is it (its objects are then called directly)."""
+    broker = _broker
+    if broker is not None and broker.address == endpoint.address and (
+            broker.secret == endpoint.secret):
+        return broker
+    return None
 
 
 def get_broker() -> Broker:

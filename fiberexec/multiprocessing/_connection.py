@@ -9,6 +9,8 @@ anywhere else it uses that process's `_stream` to the creator (no round trip per
 
 from __future__ import annotations
 
+import atexit
+import queue
 import secrets
 import threading
 import weakref
@@ -18,7 +20,7 @@ from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._queues import SLICE
-from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._rpc import _TOKEN, CALL_TIMEOUT, Endpoint
 from fiberexec.multiprocessing._wire import dumps, loads
 
 
@@ -31,9 +33,14 @@ class Connection:
         self._closer: weakref.finalize | None = None  # type: ignore[type-arg]
         self._ticket = secrets.token_hex(8)
         self._stream = st.stream_for(endpoint)  # None in the creating process
+        self._broker = b.local_broker(endpoint) if self._stream is None else None
         self._subscribed = False
         if send_id is not None:
-            self._closer = weakref.finalize(self, _release, endpoint, send_id)
+            _start_releaser()
+            self._closer = weakref.finalize(self, _released.put, (endpoint, send_id))
+            # not at exit: the releaser would race the transport's own shutdown (a child
+            # closes its ends explicitly first, see `release_all`)
+            self._closer.atexit = False
             _open.add(self)
 
     readable = property(lambda self: self._recv_id is not None)
@@ -86,6 +93,8 @@ class Connection:
         data = bytes(view[offset:offset + size])
         if self._stream is not None:
             self._stream.send(st.PUT, cid, data)
+        elif self._broker is not None:
+            self._broker.put_item(cid, data)
         else:
             self._endpoint.call("put", (cid, 0.0), data)
 
@@ -124,6 +133,8 @@ class Connection:
         if self._stream is not None:
             self._subscribe(self._stream, cid)
             return self._stream.take(cid)
+        if self._broker is not None:
+            return self._broker.take_item(cid)
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
@@ -143,16 +154,32 @@ class Connection:
         if self._stream is not None:
             self._subscribe(self._stream, cid)
             return self._stream.wait(cid, timeout)
+        if self._broker is not None:
+            return self._broker.ready(cid, timeout)
         return b.wait_slices(timeout, SLICE, lambda w: bool(
             self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
 
+    def fileno(self) -> int:
+        """A descriptor readable exactly while `recv` would not block (data or end-of-file
+        waiting), for `select`, selectors and `multiprocessing.connection.wait`."""
+        cid = self._check(readable=True)
+        if self._stream is not None:
+            self._subscribe(self._stream, cid)
+            return self._stream.signal(cid)
+        if self._broker is not None:
+            return self._broker.signal(cid)
+        raise OSError("fileno() is not available for this pipe end")
+
     def close(self) -> None:
         """Close this end; once every copy of it is closed, the other end sees EOF."""
-        if self._closer is not None:
-            self._closer()
+        if self._closer is not None and self._closer.detach() is not None:
+            _release(self._endpoint, self._send_id)  # type: ignore[arg-type]
         if self._subscribed and self._stream is not None and self._recv_id is not None:
             self._stream.unsubscribe(self._recv_id)
+            self._stream.drop_signal(self._recv_id)
             self._subscribed = False
+        if self._broker is not None and self._recv_id is not None:
+            self._broker.drop_signal(self._recv_id)
         self._recv_id = self._send_id = None
 
     def __enter__(self) -> Connection:
@@ -183,7 +210,47 @@ def release_all() -> None:
         conn.close()
 
 
+# An end collected by the garbage collector is released by a thread of its own: the
+# collector may run anywhere, even while this thread holds a lock `_release` needs.
+# At exit it stops (after the release under way, if any), before the transport shuts down.
+_released: queue.SimpleQueue[tuple[Endpoint, int]] = queue.SimpleQueue()
+_releaser: list[threading.Thread] = []
+_releaser_lock = threading.Lock()
+_releasing = threading.Lock()  # held while the releaser releases
+_exiting = threading.Event()
+
+
+def _start_releaser() -> None:
+    if _releaser:
+        return
+    with _releaser_lock:
+        if not _releaser:
+            _releaser.append(threading.Thread(target=_release_collected, daemon=True,
+                                              name="fiberexec-mp-release"))
+            _releaser[0].start()
+            atexit.register(_stop_releaser)  # runs before the transport's own exit hook
+
+
+def _stop_releaser() -> None:
+    _exiting.set()
+    if _releasing.acquire(timeout=5.0):
+        _releasing.release()
+
+
+def _release_collected() -> None:
+    while True:
+        endpoint, cid = _released.get()
+        with _releasing:
+            if _exiting.is_set():
+                return
+            _release(endpoint, cid)
+
+
 def _release(endpoint: Endpoint, cid: int) -> None:
+    broker = b.local_broker(endpoint)
+    if broker is not None:  # never through the network to ourselves (nor once closed)
+        broker.unref(cid, _TOKEN)
+        return
     try:
         stream = st.stream_for(endpoint)
         if stream is not None:

@@ -44,7 +44,10 @@ class Queue:
             Any, bytes]:
         if self._closed:
             raise ValueError(f"{type(self).__name__} {self!r} is closed")
-        return self._ep().call(op, (self._cid, *args), body, timeout=wait + CALL_TIMEOUT)
+        try:
+            return self._ep().call(op, (self._cid, *args), body, timeout=wait + CALL_TIMEOUT)
+        except ConnectionError as exc:
+            raise _gone(self, exc) from exc
 
     def __reduce__(self) -> tuple[Any, ...]:
         ep = self._ep()
@@ -63,13 +66,21 @@ class Queue:
         arrive in the order they were put.
         """
         data = dumps(obj, what="queue item")
-        if not self._maxsize and self._streamed:
+        if not self._maxsize:
             if self._closed:
                 raise ValueError(f"{type(self).__name__} {self!r} is closed")
-            stream = _stream_of(self._ep())
-            if stream is not None:
-                stream.send(st.PUT, self._cid, data)
+            broker = b.local_broker(self._ep())
+            if broker is not None:  # created here: a direct call, no RPC layer
+                broker._put(data, self._cid, 0.0)
                 return
+        if not self._maxsize and self._streamed:
+            try:
+                stream = _stream_of(self._ep())
+                if stream is not None:
+                    stream.send(st.PUT, self._cid, data)
+                    return
+            except ConnectionError as exc:
+                raise _gone(self, exc) from exc
 
         def attempt(wait: float) -> bool:
             status, _ = self._call("put", wait, body=data, wait=wait)
@@ -80,6 +91,19 @@ class Queue:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+        try:
+            consumer = st.stream_for(self._ep())
+            if consumer is not None:
+                data = (consumer.get(self._cid, None if timeout is None else max(0.0, timeout))
+                        if block else consumer.get_nowait(self._cid))
+                if data is not None:
+                    return loads(data, what="queue item")
+                if block:
+                    raise queue.Empty
+        except ConnectionError as exc:
+            raise _gone(self, exc) from exc
         found: list[bytes] = []
 
         def attempt(wait: float) -> bool:
@@ -120,16 +144,17 @@ class Queue:
 
 
 class SimpleQueue(Queue):
-    """An unbounded queue with ``get``, ``put``, ``empty`` and ``close``."""
+    """An unbounded queue with ``get``, ``put``, ``empty`` and ``close``.
+
+    ``get`` also takes ``block`` and ``timeout`` (the standard library's takes neither) and
+    raises `queue.Empty` when nothing arrives in time.
+    """
 
     def __init__(self, *, ctx: object = None) -> None:
         super().__init__(0)
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         super().put(obj)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        return super().get()
 
 
 class JoinableQueue(Queue):
@@ -144,6 +169,12 @@ class JoinableQueue(Queue):
     def join(self, timeout: float | None = None) -> bool:
         """Block until every item put has been marked done (``timeout``: an extension)."""
         return _blocking(True, timeout, lambda w: bool(self._call("join", w, wait=w)[0]))
+
+
+def _gone(q: Queue, exc: ConnectionError) -> ConnectionError:
+    """The error for a queue whose creating process (which holds its items) is gone."""
+    return type(exc)(f"the process that created {type(q).__name__} {q._cid} is gone or not "
+                     f"answering; its items are lost ({exc})")
 
 
 def _stream_of(endpoint: Endpoint) -> st.Stream | None:

@@ -12,6 +12,13 @@ Only frames from an authenticated pipe are unpickled; anything else is answered 
 ``b"D"`` and its pipe closed. Each request runs on its own server thread, so one blocking
 request (a ``get`` waiting for an item) never holds up the others; a new receiving thread is
 started whenever none is idle. Servers that live in this process are called directly.
+
+A server that dies normally closes its connection, and every call waiting on it raises
+`ConnectionError` at once. One that dies silently (its host or container vanished, or it
+stopped) is found by the client: while calls are waiting, it asks the server every
+``HEARTBEAT`` seconds whether it is alive (``b"R"`` op ``"__ping__"``, answered by the
+transport itself); no answer within ``PING_TIMEOUT`` and the client is declared lost, which
+wakes every waiting call with a `ConnectionError` that names the server.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import pickle
 import secrets
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pynng
@@ -35,6 +42,9 @@ log = logging.getLogger("fiberexec.multiprocessing")
 MAX_MESSAGE = 1 << 31
 MAX_THREADS = 1024
 CALL_TIMEOUT = 120.0  # seconds an answer may take beyond the time the request asks to wait
+HEARTBEAT = 5.0  # seconds a call waits before the client checks that its server is alive
+PING_TIMEOUT = 30.0  # seconds a live server has to answer that check
+PING = "__ping__"
 _LEN = struct.Struct("!I")
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[str, tuple[Any, ...], bytes, Caller], tuple[Any, bytes]]
@@ -152,6 +162,8 @@ class RpcServer:
     def _dispatch(self, frame: bytes) -> bytes:
         try:
             (op, args, caller), body = _split(frame)
+            if op == PING:
+                return b"".join(_frame(b"O", None, b""))
             result, out = self.handler(op, args, bytes(body), caller)
             return b"".join(_frame(b"O", result, out))
         except BaseException as exc:  # the caller re-raises it
@@ -172,6 +184,17 @@ class RpcServer:
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
         self._sock.close()
+
+
+def _set_timeout(ctx: Any, ms: int) -> None:
+    """Bound a context's send and receive (pynng's `Context` has no timeout attributes)."""
+    if getattr(ctx, "_fiberexec_timeout", None) == ms:
+        return
+    for option in (b"recv-timeout", b"send-timeout"):
+        err = pynng.lib.nng_ctx_set_ms(ctx.context, option, ms)
+        if err:
+            pynng.check_err(err)
+    ctx._fiberexec_timeout = ms
 
 
 def _close_quietly(pipe: Any) -> None:
@@ -200,6 +223,12 @@ class RpcClient:
         self._local = threading.local()
         self._contexts: list[Any] = []
         self._lock = threading.Lock()
+        self.why = (f"the connection to {address} was lost: the process serving it exited, or "
+                    "its host is unreachable")
+        self._busy = 0  # calls (and stream reads, see `busy`) waiting on this server
+        self._watch = threading.Condition()
+        self._watcher: threading.Thread | None = None
+        self._closed = False
         self._sock.dial_timeout = int(timeout * 1000)
         try:
             self._sock.dial(address, block=True)
@@ -217,15 +246,14 @@ class RpcClient:
         if ctx is None:
             with self._lock:
                 if self.lost.is_set():
-                    raise ConnectionError(f"the connection to {self.address} was lost")
+                    raise ConnectionError(self.why)
                 ctx = self._local.ctx = self._sock.new_context()
                 self._contexts.append(ctx)
         return ctx
 
     def _roundtrip(self, parts: list[bytes | memoryview], timeout: float | None) -> bytes:
         ctx = self._context()
-        ctx.recv_timeout = -1 if timeout is None else max(1, int(timeout * 1000))
-        ctx.send_timeout = ctx.recv_timeout
+        _set_timeout(ctx, -1 if timeout is None else max(1, int(timeout * 1000)))
         try:
             ctx.send(b"".join(parts) if len(parts) > 1 else parts[0])
             return bytes(ctx.recv())
@@ -234,7 +262,44 @@ class RpcClient:
                 f"{self.address} did not answer within {timeout}s; is its owner alive?"
             ) from None
         except (pynng.NNGException, TypeError):  # TypeError: pynng's closed context
-            raise ConnectionError(f"the connection to {self.address} was lost") from None
+            raise ConnectionError(self.why) from None
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Mark a wait on this server: while any lasts, the server's liveness is checked."""
+        with self._watch:
+            self._busy += 1
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._check_alive, daemon=True,
+                                                 name="fiberexec-mp-heartbeat")
+                self._watcher.start()
+            self._watch.notify_all()
+        try:
+            yield
+        finally:
+            with self._watch:
+                self._busy -= 1
+
+    def _check_alive(self) -> None:
+        """While calls wait, ask the server every beat whether it lives; if not, lose it."""
+        while True:
+            with self._watch:
+                self._watch.wait_for(lambda: self._busy > 0 or self._closed)
+                if self._closed:
+                    return
+            if self.lost.wait(HEARTBEAT):
+                return
+            with self._watch:
+                if self._busy == 0:
+                    continue
+            try:
+                self._roundtrip(_frame(b"R", (PING, (), (_TOKEN, 0)), b""), PING_TIMEOUT)
+            except ConnectionError:
+                if not self._closed:
+                    self._lose(f"the process serving {self.address} stopped answering (no "
+                               f"reply to a liveness check within {PING_TIMEOUT}s): it died "
+                               "or hangs")
+                return
 
     def _handshake(self, secret: bytes, timeout: float) -> None:
         nonce_c = _auth.new_nonce()
@@ -255,7 +320,8 @@ class RpcClient:
              timeout: float | None = CALL_TIMEOUT) -> tuple[Any, bytes]:
         """Run ``op`` on the server; re-raise what it raised."""
         caller = (_TOKEN, threading.get_ident())
-        answer = self._roundtrip(_frame(b"R", (op, args, caller), body), timeout)
+        with self.busy():
+            answer = self._roundtrip(_frame(b"R", (op, args, caller), body), timeout)
         tag = answer[:1]
         if tag == b"O":
             head, out = _split(answer)
@@ -270,7 +336,14 @@ class RpcClient:
             fn()
 
     def _on_remove(self, _pipe: Any) -> None:
-        self.lost.set()
+        self._lose(f"the process serving {self.address} is gone (its connection closed)")
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if self.lost.is_set():
+                return
+            self.why = why
+            self.lost.set()
         for fn in list(self._listeners):
             fn()
         threading.Thread(target=self._close_contexts, daemon=True).start()  # wake waiters
@@ -283,6 +356,9 @@ class RpcClient:
                 ctx.close()
 
     def close(self) -> None:
+        with self._watch:
+            self._closed = True
+            self._watch.notify_all()
         self._close_contexts()
         self._sock.close()
 

@@ -1,12 +1,14 @@
 """Pipe and queue traffic without round trips: one authenticated stream per process pair.
 
     process C (holds pipe ends or queues of broker B)        B (the creating process)
-      Stream ----- multiprocessing.connection, HMAC -----> Hub: a thread per stream
-        send(x)       -> b"P" cid data   (no reply)      ->  put into the channel
+      Stream ----- TCP, HMAC challenge, then `Wire` -----> Hub: a thread per stream
+        send(x) / put(x) -> b"P" cid data   (no reply)   ->  put into the channel
         first recv    -> b"S" cid        (subscribe)     ->  queued items, then each new
         recv()        <- b"I" cid data / b"E" cid (EOF)  <-  item as it arrives
-                         (read by whichever thread waits; it files items for the others)
         unpickle end  -> b"C" cid ticket; close -> b"R" cid
+        queue get     -> b"W" cid counts (waiting, taken) -> items for waiters, then ahead
+                      <- b"B" cid items / b"V" cid (give back what you have not taken)
+                      -> b"N" cid counts (answer to b"V")
 
 The stream is opened once, through the broker's RPC (``"stream"``), and authenticated with
 the broker's secret by `multiprocessing.connection`'s challenge before any frame is read;
@@ -14,31 +16,142 @@ frames are a tag, a channel id and raw bytes (nothing here is unpickled). A pipe
 the creating process and another process thus flows over one direct connection between
 them, with no round trip per message; a pipe between two other processes is relayed by the
 creator. When a stream closes (its process exited or died), the broker releases every pipe
-end that process held, so the reader at the other end sees EOF instead of waiting forever.
+end that process held, so the reader at the other end sees EOF instead of waiting forever,
+and queue items sent ahead to it that it had not taken go back to the queue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import secrets
+import select
+import socket
 import struct
+import sys
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from multiprocessing import AuthenticationError as _StdAuthError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers
+from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers, client_for
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
 PUT, SUBSCRIBE, UNSUBSCRIBE, CLAIM, RELEASE, TOKEN = b"P", b"S", b"U", b"C", b"R", b"T"
 ITEM, EOF = b"I", b"E"
+WANT, RETURNED = b"W", b"N"  # queue consumer -> broker
+ITEMS, REVOKE = b"B", b"V"  # broker -> queue consumer
+_WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
+_RETURNED = struct.Struct("!QI")  # consumed, wanted
+_LEN = struct.Struct("!I")
+WINDOW = 256  # queue items a consumer accepts ahead of its gets
 
 
 def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
     return _HEAD.pack(tag, cid) + body
+
+
+_SIZE = struct.Struct("!Q")
+_CHUNK = 1 << 16
+
+
+class Signal:
+    """A file descriptor that is readable exactly while it is set: what a pipe end's
+    ``fileno()`` returns, so `select`, selectors and `multiprocessing.connection.wait`
+    see it ready when ``recv()`` would not block."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.on = False
+
+    def set(self, on: bool) -> None:
+        if on and not self.on:
+            os.write(self.w, b"!")
+        elif not on and self.on:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.r, 64)
+        self.on = on
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Wire:
+    """A stream socket once `multiprocessing.connection` has authenticated it: frames of an
+    8-byte length and data, read in large chunks (one system call brings every frame that
+    has arrived), written in one call each. One thread reads at a time; sends may come from
+    any thread while another reads (callers serialise their sends)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.sock = socket.socket(fileno=os.dup(conn.fileno()))
+        conn.close()
+        if self.sock.family in (socket.AF_INET, socket.AF_INET6):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = bytearray()
+        self._at = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send_bytes(self, data: bytes) -> None:
+        if len(data) < _CHUNK:
+            self.sock.sendall(_SIZE.pack(len(data)) + data)
+        else:
+            self.sock.sendall(_SIZE.pack(len(data)))
+            self.sock.sendall(data)
+
+    def _frame_ready(self) -> bool:
+        have = len(self._buf) - self._at
+        if have < _SIZE.size:
+            return False
+        size: int = _SIZE.unpack_from(self._buf, self._at)[0]
+        return have >= _SIZE.size + size
+
+    def poll(self, timeout: float | None) -> bool:
+        """Whether a whole frame can be read without waiting, waiting up to ``timeout``."""
+        if self._frame_ready():
+            return True
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        return bool(ready)
+
+    def recv_bytes(self) -> bytes:
+        """The next frame (blocking); EOFError when the other end closed."""
+        while not self._frame_ready():
+            if self._at and self._at * 2 >= len(self._buf):
+                del self._buf[:self._at]
+                self._at = 0
+            need = _SIZE.size
+            if len(self._buf) - self._at >= need:
+                need += _SIZE.unpack_from(self._buf, self._at)[0]
+            chunk = self.sock.recv(max(_CHUNK, need - (len(self._buf) - self._at)))
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+        (size,) = _SIZE.unpack_from(self._buf, self._at)
+        start = self._at + _SIZE.size
+        frame = bytes(self._buf[start:start + size])
+        self._at = start + size
+        if self._at == len(self._buf):
+            self._buf.clear()
+            self._at = 0
+        return frame
+
+    def shutdown(self) -> None:
+        """End the connection, waking a thread blocked reading it."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 # ---------------------------------------------------------------------------- broker side
@@ -47,9 +160,10 @@ def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
 class Peer:
     """The broker's end of one process's stream; sends are serialised."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Wire) -> None:
         self.conn = conn
         self.lock = threading.Lock()
+        self.gone = False  # a send to it failed: its process is ending
 
     def send_item(self, cid: int, body: bytes) -> None:
         with self.lock:
@@ -59,6 +173,15 @@ class Peer:
         with self.lock:
             self.conn.send_bytes(_frame(EOF, cid))
 
+    def send_items(self, cid: int, items: list[bytes]) -> None:
+        body = b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
+        with self.lock:
+            self.conn.send_bytes(_frame(ITEMS, cid, body))
+
+    def send_revoke(self, cid: int) -> None:
+        with self.lock:
+            self.conn.send_bytes(_frame(REVOKE, cid))
+
 
 class Hub:
     """Accepts streams for a broker and applies their frames to its channels."""
@@ -66,22 +189,32 @@ class Hub:
     def __init__(self, broker: Any, host: str, advertise: str) -> None:
         self.broker = broker
         self.listener = Listener((host, 0), family="AF_INET", authkey=broker.secret)
-        self.address = (advertise, self.listener.address[1])
         self.rejected = 0
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="fiberexec-mp-hub").start()
+        # on Linux, processes of this host (and network namespace) connect to an abstract
+        # Unix socket instead: same challenge, no TCP stack on every message
+        self.local: Any = None
+        unix = ""
+        if sys.platform == "linux":
+            unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
+            self.local = Listener(unix, family="AF_UNIX", authkey=broker.secret)
+        self.address = (advertise, self.listener.address[1], unix)
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                                 name="fiberexec-mp-hub").start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: Listener) -> None:
         while not self._closed:
             try:
-                conn = self.listener.accept()  # the HMAC challenge runs here
+                conn = listener.accept()  # the HMAC challenge runs here
             except (_StdAuthError, EOFError, ConnectionError) as exc:
                 self.rejected += 1
                 log.warning("rejected a stream to the broker: %s", exc)
                 continue
             except OSError:  # closed
                 return
-            threading.Thread(target=self._serve, args=(Peer(conn),), daemon=True,
+            threading.Thread(target=self._serve, args=(Peer(Wire(conn)),), daemon=True,
                              name="fiberexec-mp-stream").start()
 
     def _serve(self, peer: Peer) -> None:
@@ -108,6 +241,8 @@ class Hub:
         broker = self.broker
         if tag == PUT:
             broker._put(body, cid, 0.0)
+        elif tag == WANT:
+            broker.lease(cid, peer, _WANT.unpack(body))
         elif tag == SUBSCRIBE:
             broker.subscribe(cid, peer)
         elif tag == UNSUBSCRIBE:
@@ -116,63 +251,114 @@ class Hub:
             broker.claim(cid, body.decode(), holder)
         elif tag == RELEASE:
             broker.unref(cid, holder)
+        elif tag == RETURNED:
+            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
         else:
             raise ValueError(f"unknown stream frame {tag!r}")
 
     def close(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            self.listener.close()
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.close()
 
 
 # ---------------------------------------------------------------------------- client side
 
 
-class Stream:
-    """This process's stream to one broker: sends frames, receives subscribed items."""
+class _Lane:
+    """One queue as consumed in this process: the items sent ahead, and counts."""
 
-    def __init__(self, address: tuple[str, int], secret: bytes, where: str) -> None:
-        self.where = where
-        self.conn = Client(address, family="AF_INET", authkey=secret)
+    def __init__(self) -> None:
+        self.items: deque[bytes] = deque()
+        self.received = 0  # items the broker sent here in all
+        self.consumed = 0  # items taken here in all
+        self.waiting = 0  # threads here waiting in get()
+
+
+class Stream:
+    """This process's stream to one broker: sends frames, receives pipe and queue items.
+
+    Reading has no thread of its own while only pipes are read: the first waiter reads the
+    socket for all (and files what it reads), the others wait for it; so a message costs no
+    thread switch on the way in. Once this process consumes a queue of the broker, a reader
+    thread takes that role for good, as the broker may ask for items back at any time.
+
+    Queue consumption: a get that finds nothing here tells the broker how many threads wait
+    (``W``), and the broker sends items as they come; once nobody waits anywhere, it also
+    sends up to `WINDOW` items ahead, so a consumer that keeps up takes them with no round
+    trip. Every get reports what was taken (``W``) before it returns, which keeps ``qsize()``
+    in the creator true and tells the broker what to hand back if this process ends. When
+    another consumer waits while items sit unread here, the broker revokes them (``V``): the
+    reader drops them and answers with what was taken (``N``); the rest go to the others.
+    """
+
+    def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
+        self.where = endpoint.address
+        self.conn = Wire(_connect(address, endpoint.secret))
+        # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
+        # lost, so is this stream, and whoever waits on it wakes
+        self.rpc = client_for(endpoint.address, endpoint.secret)
+        self.why = f"the process that created this pipe or queue ({self.where}) is gone"
         self.send_lock = threading.Lock()
         self.cond = threading.Condition()
         self.inbox: defaultdict[int, deque[bytes]] = defaultdict(deque)
         self.eof: set[int] = set()
         self.subscribed: defaultdict[int, int] = defaultdict(int)
+        self.lanes: dict[int, _Lane] = {}
+        self.signals: dict[int, Signal] = {}  # pipe ends whose fileno() was asked for
         self.lost = False
         self.reading = False  # a thread is reading the socket for everyone (leader)
+        self.reader: threading.Thread | None = None  # the permanent leader, once needed
         self.send(TOKEN, 0, _TOKEN.encode())
+        self.rpc.on_lost(self._abort)
+
+    def _abort(self) -> None:
+        """The broker's process is gone: end the stream, waking a thread blocked reading it."""
+        self.why = f"{self.why}: {self.rpc.why}"
+        self.conn.shutdown()
+        with self.cond:
+            self.lost = True
+            self._signal_all()
+            self.cond.notify_all()
+
+    def _signal_all(self) -> None:
+        for sig in self.signals.values():  # recv() raises at once: ready
+            sig.set(True)
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+        if self.lost:
+            raise BrokenPipeError(self.why)
         try:
             with self.send_lock:
                 self.conn.send_bytes(_frame(tag, cid, body))
         except OSError as exc:
-            raise ConnectionError(f"the process that created this pipe or queue "
-                                  f"({self.where}) is gone") from exc
+            self.lost = True
+            raise BrokenPipeError(self.why) from exc
 
-    def _await(self, cid: int, timeout: float | None) -> bool:
-        """Wait for an item or EOF of ``cid``. No thread of its own: the first waiter reads
-        the socket for all (and files what it reads), the others wait for it to finish;
-        so a message costs no thread switch on the way in. Call with ``cond`` held."""
+    def _await(self, ready: Callable[[], object], timeout: float | None) -> bool:
+        """Wait until ``ready()`` (or the stream is lost), reading the socket as leader when
+        no one else does. Call with ``cond`` held."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready(cid):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            if self.reading:
-                self.cond.wait(left)
-                continue
-            self.reading = True
-            self.cond.release()
-            try:
-                frame = self._read_one(left)
-            finally:
-                self.cond.acquire()
-                self.reading = False
-                self.cond.notify_all()
-            if frame is not None:
-                self._file(frame)
+        with self.rpc.busy():
+            while not (ready() or self.lost):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if self.reading:
+                    self.cond.wait(left)
+                    continue
+                self.reading = True
+                self.cond.release()
+                try:
+                    frame = self._read_one(left)
+                finally:
+                    self.cond.acquire()
+                    self.reading = False
+                    self.cond.notify_all()
+                if frame is not None:
+                    self._file(frame)
         return True
 
     def _read_one(self, timeout: float | None) -> bytes | None:
@@ -182,14 +368,45 @@ class Stream:
             return self.conn.recv_bytes()
         except (EOFError, OSError):
             self.lost = True
+            self._signal_all()
             return None
 
+    def _read_forever(self) -> None:
+        with self.cond:
+            while self.reading and not self.lost:
+                self.cond.wait()  # the current leader finishes its frame, then notifies
+            self.reading = True
+            while not self.lost:
+                self.cond.release()
+                try:
+                    frame = self._read_one(None)
+                finally:
+                    self.cond.acquire()
+                if frame is not None:
+                    self._file(frame)
+                self.cond.notify_all()
+
     def _file(self, frame: bytes) -> None:
+        """File one frame from the broker (under ``cond``)."""
         tag, cid = _HEAD.unpack_from(frame)
-        if tag == ITEM:
-            self.inbox[cid].append(frame[_HEAD.size:])
-        else:
-            self.eof.add(cid)
+        if tag in (ITEM, EOF):
+            if tag == ITEM:
+                self.inbox[cid].append(frame[_HEAD.size:])
+            else:
+                self.eof.add(cid)
+            sig = self.signals.get(cid)
+            if sig is not None:
+                sig.set(True)
+        elif tag == ITEMS:
+            lane = self._lane(cid)
+            got = _unbatch(frame)
+            lane.items.extend(got)
+            lane.received += len(got)
+        elif tag == REVOKE:
+            lane = self._lane(cid)
+            lane.items.clear()
+            with contextlib.suppress(ConnectionError):
+                self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting))
 
     def subscribe(self, cid: int) -> None:
         with self.cond:
@@ -206,27 +423,119 @@ class Stream:
             with contextlib.suppress(ConnectionError):
                 self.send(UNSUBSCRIBE, cid)
 
-    def _ready(self, cid: int) -> bool:
-        return bool(self.inbox[cid]) or cid in self.eof or self.lost
-
     def wait(self, cid: int, timeout: float | None) -> bool:
         """Whether an item or end-of-file for ``cid`` is here, waiting up to ``timeout``."""
         with self.cond:
-            return self._await(cid, timeout)
+            return self._await(lambda: self.inbox[cid] or cid in self.eof, timeout)
 
     def take(self, cid: int) -> bytes:
         """The next item for ``cid`` (blocking); EOFError at end-of-file."""
         with self.cond:
-            self._await(cid, None)
+            self._await(lambda: self.inbox[cid] or cid in self.eof, None)
             if self.inbox[cid]:
-                return self.inbox[cid].popleft()
+                item = self.inbox[cid].popleft()
+                sig = self.signals.get(cid)
+                if sig is not None:
+                    sig.set(bool(self.inbox[cid]) or cid in self.eof)
+                return item
             if cid in self.eof:
                 raise EOFError
-        raise ConnectionError(f"the process that created this pipe ({self.where}) is gone")
+        raise ConnectionError(self.why)
+
+    def signal(self, cid: int) -> int:
+        """A descriptor readable while pipe ``cid`` has data or EOF here (see `Signal`).
+
+        Whoever waits on it does not read the stream: from now on a reader thread does."""
+        with self.cond:
+            sig = self.signals.get(cid)
+            if sig is None:
+                sig = self.signals[cid] = Signal()
+                self._start_reader()
+            sig.set(bool(self.inbox[cid]) or cid in self.eof or self.lost)
+            return sig.r
+
+    def drop_signal(self, cid: int) -> None:
+        with self.cond:
+            sig = self.signals.pop(cid, None)
+        if sig is not None:
+            sig.close()
+
+    def _start_reader(self) -> None:
+        if self.reader is None:
+            self.reader = threading.Thread(target=self._read_forever, daemon=True,
+                                           name="fiberexec-mp-stream-reader")
+            self.reader.start()
+
+    # -------------------------------------------------------------- queue consumption
+
+    def _lane(self, cid: int) -> _Lane:
+        lane = self.lanes.get(cid)
+        if lane is None:
+            lane = self.lanes[cid] = _Lane()
+            self._start_reader()
+        return lane
+
+    def _tell(self, cid: int, lane: _Lane) -> None:
+        """Send this lane's state (under ``cond``)."""
+        wanted = max(0, lane.waiting - len(lane.items))
+        self.send(WANT, cid, _WANT.pack(lane.consumed, lane.received, wanted, WINDOW))
+
+    def get(self, cid: int, timeout: float | None) -> bytes | None:
+        """The next item of queue ``cid``, waiting up to ``timeout``; None if none came."""
+        with self.cond:
+            lane = self._lane(cid)
+            if not lane.items:
+                if self.lost:
+                    raise ConnectionError(self.why)
+                lane.waiting += 1
+                try:
+                    self._tell(cid, lane)
+                    self._await(lambda: lane.items, timeout)
+                finally:
+                    lane.waiting -= 1
+                if not lane.items:
+                    if self.lost:
+                        raise ConnectionError(self.why)
+                    self._tell(cid, lane)  # one waiter fewer
+                    return None
+            return self._take(cid, lane)
+
+    def get_nowait(self, cid: int) -> bytes | None:
+        """An item of queue ``cid`` already here, or None."""
+        with self.cond:
+            lane = self._lane(cid)
+            return self._take(cid, lane) if lane.items else None
+
+    def _take(self, cid: int, lane: _Lane) -> bytes:
+        item = lane.items.popleft()
+        lane.consumed += 1
+        self._tell(cid, lane)  # sent before the item is returned: never handed out twice
+        return item
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.close()
+
+
+def _connect(address: tuple[str, int, str], secret: bytes) -> Connection:
+    """Connect to a hub: by its Unix socket if it is on this host, else over TCP."""
+    host, port, unix = address
+    if unix and sys.platform == "linux":
+        try:
+            return Client(unix, family="AF_UNIX", authkey=secret)
+        except OSError:  # another host, or another network namespace
+            pass
+    return Client((host, port), family="AF_INET", authkey=secret)
+
+
+def _unbatch(frame: bytes) -> list[bytes]:
+    view, at, items = memoryview(frame), _HEAD.size, []
+    while at < len(frame):
+        (size,) = _LEN.unpack_from(view, at)
+        at += _LEN.size
+        items.append(bytes(view[at:at + size]))
+        at += size
+    return items
 
 
 _streams: dict[str, Stream] = {}
@@ -241,7 +550,7 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
     with _streams_lock:
         stream = _streams.get(endpoint.address)
         if stream is None or stream.lost:
-            address = endpoint.call("stream", ())[0]
-            stream = _streams[endpoint.address] = Stream(tuple(address), endpoint.secret,
-                                                         endpoint.address)
+            host, port, unix = endpoint.call("stream", ())[0]
+            stream = _streams[endpoint.address] = Stream((host, port, unix), endpoint)
         return stream
+

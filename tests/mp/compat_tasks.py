@@ -163,3 +163,31 @@ class Maths:
     def child(self) -> Maths:
         return Maths()
 
+
+
+def take_one_then_idle(q: Any, got: Any, stop: Any) -> None:
+    """Take one item, report it, then stay alive without taking more until told."""
+    got.put(q.get(timeout=60))
+    stop.wait(60)
+
+
+def take_n(q: Any, got: Any, n: int) -> None:
+    got.put([q.get(timeout=60) for _ in range(n)])
+
+
+def take_until_none(q: Any, got: Any) -> None:
+    taken = []
+    while (item := q.get(timeout=60)) is not None:
+        taken.append(item)
+    got.put(taken)
+
+
+def wait_then_double(conn: Any) -> None:
+    """Wait for the pipe with `multiprocessing.connection.wait`, then answer each message."""
+    import multiprocessing.connection
+
+    while multiprocessing.connection.wait([conn], timeout=60) == [conn]:
+        try:
+            conn.send(conn.recv() * 2)
+        except EOFError:
+            return

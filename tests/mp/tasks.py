@@ -125,3 +125,22 @@ def worker_id() -> str:
 
 def unpicklable_x(_: Any) -> threading.Lock:
     return threading.Lock()
+
+
+def hand_out_handles(out: Any) -> None:
+    """Create a queue, a simple queue and a pipe here, send them out, and stay alive."""
+    q, sq = mp.Queue(), mp.SimpleQueue()
+    mine, theirs = mp.Pipe()
+    out.put((q, sq, theirs, os.getpid()))
+    time.sleep(600)
+    mine.close()
+
+
+def simple_get_with_timeout(sq: Any, out: Any) -> None:
+    import queue
+
+    start = time.monotonic()
+    try:
+        sq.get(timeout=0.2)
+    except queue.Empty:
+        out.put(("empty", time.monotonic() - start))

@@ -93,6 +93,45 @@ def test_stream_refuses_a_wrong_key() -> None:
 
     fmp.Pipe()
     broker = get_broker()
-    address = broker.endpoint.call("stream", ())[0]
+    host, port, unix = broker.endpoint.call("stream", ())[0]
     with pytest.raises(multiprocessing.AuthenticationError):
-        multiprocessing.connection.Client(tuple(address), authkey=b"w" * 32)
+        multiprocessing.connection.Client((host, port), authkey=b"w" * 32)
+    if unix:  # the same challenge on the Unix socket processes of this host use
+        with pytest.raises(multiprocessing.AuthenticationError):
+            multiprocessing.connection.Client(unix, family="AF_UNIX", authkey=b"w" * 32)
+
+
+def test_pipe_ends_have_a_fileno_for_wait_and_selectors(mpm: ModuleType) -> None:
+    import selectors
+
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe()
+    idle, _idle_other = ctx.Pipe()
+    p = ctx.Process(target=t.wait_then_double, args=(there,))  # waits in the child
+    p.start()
+    there.close()
+    assert isinstance(here.fileno(), int)
+    assert multiprocessing.connection.wait([here, idle], timeout=0.05) == []
+    here.send(21)
+    assert multiprocessing.connection.wait([here, idle], timeout=60) == [here]
+    assert multiprocessing.connection.wait([here], timeout=0) == [here]  # still unread
+    assert here.recv() == 42
+    assert multiprocessing.connection.wait([here], timeout=0) == []
+    with selectors.DefaultSelector() as sel:
+        sel.register(here, selectors.EVENT_READ)
+        assert sel.select(0.05) == []
+        here.send(5)
+        assert [key.fileobj for key, _ in sel.select(60)] == [here]
+        assert here.recv() == 10
+        sel.unregister(here)
+    here.close()  # the child sees EOF and exits: its end closes, so ours would see EOF
+    p.join(60)
+    assert p.exitcode == 0
+    reader, writer = ctx.Pipe(duplex=False)
+    writer.close()
+    assert multiprocessing.connection.wait([reader], timeout=60) == [reader]  # EOF: ready
+    with pytest.raises(EOFError):
+        reader.recv()
+    reader.close()
+    with pytest.raises(OSError):
+        reader.fileno()

@@ -1,0 +1,75 @@
+"""Queues consumed by several processes: no consumer keeps items another one waits for.
+
+Items may travel to a consumer ahead of its gets (as they sit in the standard library's
+pipe); whatever the consumer has not taken stays available to any other consumer that
+waits, to ``qsize()``, and to the queue once the consumer's process ends.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+import pytest
+
+from tests.mp import compat_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _idle_consumer(mpm: ModuleType) -> tuple[ModuleType, object, object, object, object]:
+    """A child that took one item and now idles; then ten more items are put."""
+    ctx = mpm.get_context("spawn")
+    q, got, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    idle = ctx.Process(target=t.take_one_then_idle, args=(q, got, stop))
+    idle.start()
+    q.put("first")
+    assert got.get(timeout=60) == "first"
+    for i in range(10):
+        q.put(i)
+    time.sleep(0.3)  # time for items to travel ahead to the idle consumer, if they would
+    return ctx, q, got, stop, idle
+
+
+def test_a_waiting_consumer_gets_what_an_idle_one_was_sent(mpm: ModuleType) -> None:
+    ctx, q, got, stop, idle = _idle_consumer(mpm)
+    assert q.qsize() == 10 and not q.empty()  # type: ignore[attr-defined]
+    other = ctx.Process(target=t.take_n, args=(q, got, 5))  # type: ignore[attr-defined]
+    other.start()
+    assert got.get(timeout=30) == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]
+    other.join(60)
+    assert [q.get(timeout=10) for _ in range(5)] == [5, 6, 7, 8, 9]  # type: ignore[attr-defined]
+    assert q.empty() and q.qsize() == 0  # type: ignore[attr-defined]
+    stop.set()  # type: ignore[attr-defined]
+    idle.join(60)  # type: ignore[attr-defined]
+    assert (idle.exitcode, other.exitcode) == (0, 0)  # type: ignore[attr-defined]
+
+
+def test_items_a_killed_consumer_had_not_taken_stay_in_the_queue(mpm: ModuleType) -> None:
+    _, q, _, _, idle = _idle_consumer(mpm)
+    idle.kill()  # type: ignore[attr-defined]
+    idle.join(60)  # type: ignore[attr-defined]
+    assert [q.get(timeout=10) for _ in range(10)] == list(range(10))  # type: ignore[attr-defined]
+    assert q.empty()  # type: ignore[attr-defined]
+
+
+def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    q, got = ctx.Queue(), ctx.Queue()
+    consumers = [ctx.Process(target=t.take_until_none, args=(q, got)) for _ in range(3)]
+    for p in consumers:
+        p.start()
+    for i in range(600):
+        q.put(i)
+    here = [q.get(timeout=30) for _ in range(50)]  # the creator consumes too
+    for _ in consumers:
+        q.put(None)
+    taken = [got.get(timeout=60) for _ in consumers]
+    for p in consumers:
+        p.join(60)
+    everything = sorted(here + [item for part in taken for item in part])
+    assert everything == list(range(600))
+    assert q.empty() and q.qsize() == 0
