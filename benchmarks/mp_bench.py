@@ -4,8 +4,13 @@ Each measurement runs in a fresh process (``python -m benchmarks.mp_bench --one 
 standard library first, then fiberexec, and each row shows the ratio to the stdlib and its
 target. Run from the repository root::
 
-    python -m benchmarks.mp_bench            # about a minute
-    python -m benchmarks.mp_bench --quick    # smaller sizes
+    python -m benchmarks.mp_bench                 # about a minute
+    python -m benchmarks.mp_bench --quick         # smaller sizes
+    python -m benchmarks.mp_bench --repeat 3      # each row 3 times: median of the ratios
+
+With ``--repeat``, each repeat measures the stdlib and then fiberexec, so every ratio is
+taken in the same moment of a noisy machine; the row shows the median ratio (and the
+rates of that repeat) and lists every ratio.
 
 Rows: Pipe round trips per second (parent <-> child echo), Queue put/get items per second
 (a child puts, the parent gets; and the parent puts, a child gets; timed once the other
@@ -135,19 +140,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--one", nargs=2, metavar=("ROW", "SYSTEM"))
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure each row this many times; report the median ratio")
     args = parser.parse_args()
     if args.one:
         print(measure(args.one[0], args.one[1], args.quick))
         return
     rows = []
-    print("| row | stdlib | fiberexec | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
+    print("| row | stdlib | fiberexec | ratio (median) | all ratios | target | met |")
+    print("|---|---|---|---|---|---|---|")
     for row, target in TARGETS.items():
-        std, ours = _fresh(row, "stdlib", args.quick), _fresh(row, "fiberexec", args.quick)
-        ratio = ours / std
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            std = _fresh(row, "stdlib", args.quick)
+            ours = _fresh(row, "fiberexec", args.quick)
+            runs.append((ours / std, std, ours))
+        runs.sort()
+        ratio, std, ours = runs[len(runs) // 2]
         rows.append({"row": row, "stdlib": std, "fiberexec": ours, "ratio": ratio,
-                     "target": target})
-        print(f"| {row} | {std:.0f}/s | {ours:.0f}/s | {ratio:.2f}x | >= {target}x | "
+                     "ratios": [r for r, _, _ in runs], "target": target})
+        print(f"| {row} | {std:.0f}/s | {ours:.0f}/s | {ratio:.2f}x | "
+              f"{', '.join(f'{r:.2f}' for r, _, _ in runs)} | >= {target}x | "
               f"{'yes' if ratio >= target else 'NO'} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
