@@ -8,7 +8,6 @@ container vanished; here: it is stopped) is found by the liveness check of `_rpc
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import sys
@@ -127,7 +126,9 @@ def test_waits_on_a_silent_broker_raise(handles: tuple[Any, Any, Any, Any],
     monkeypatch.setattr(_rpc, "HEARTBEAT", 0.2)
     monkeypatch.setattr(_rpc, "PING_TIMEOUT", 1.0)
     q, sq, conn, p = handles
-    os.kill(p.pid, signal.SIGSTOP)  # its connections stay open; it answers nothing
+    # Stopped through its backend (p.pid is the pid in its own container, not ours): its
+    # connections stay open and it answers nothing.
+    p._signal(signal.SIGSTOP)
     start = time.monotonic()
     results, join = _blocked({"get": q.get, "simple_get": lambda: sq.get(timeout=50),
                               "recv": conn.recv})
