@@ -24,6 +24,8 @@ from typing import Any
 
 from fiberexec import _auth
 from fiberexec.multiprocessing import _sync_server
+from fiberexec.multiprocessing._cond import Condition
+from fiberexec.multiprocessing._hub import thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._wire import loads
 
@@ -63,22 +65,51 @@ class Chan:
 
     maxsize: int = 0
     items: deque[bytes] = field(default_factory=deque)
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = field(default_factory=Condition)
     unfinished: int = 0  # JoinableQueue: put() minus task_done()
     writers: int = -1  # pipe ends that may still send here; 0 means EOF (-1: not counted)
     tickets: dict[str, bool | None] = field(default_factory=dict)  # pickled ends: ticket ->
     # claimed (None: dropped because the process it was pickled for ended without it)
-    subscriber: Any = None  # the `_stream.Peer` whose process reads this pipe direction
+    subscriber: Any = None  # the `_hub.Peer` whose process reads this pipe direction
     cid: int = 0
     signal: Any = None  # a `_stream.Signal` set while a reader here would not block
     leases: dict[Any, Lease] = field(default_factory=dict)  # queue consumers elsewhere, by peer
     local_waiters: int = 0  # threads here (or RPC gets) waiting for an item
+    source: Any = None  # the `_hub.Peer` that last sent an item here
+    leader: Any = None  # the `_hub.Wake` of a thread here reading ``source`` for this pipe
 
     def changed(self) -> None:
         """Items arrived, were taken, or the last writer left (under ``cond``)."""
         self.cond.notify_all()
+        if self.leader is not None:
+            self.leader.set()
         if self.signal is not None:
             self.signal.set(bool(self.items) or self.writers == 0)
+
+    def await_item(self, timeout: float | None) -> bool:
+        """Wait (under ``cond``) until an item or end-of-file is here, up to ``timeout``.
+
+        If the last sender is another process and no thread reads its stream, this thread
+        reads it itself (see `_hub`), instead of being woken by the thread that would."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self.items or self.writers == 0):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            peer = self.source
+            if self.leader is None and peer is not None and peer.leadable and (
+                    peer.role.acquire(blocking=False)):
+                wake = self.leader = thread_wake()
+                wake.clear()
+                self.cond.release()
+                try:
+                    peer.lead(wake, left)
+                finally:
+                    self.cond.acquire()
+                    self.leader = None
+            else:
+                self.cond.wait(left)
+        return True
 
     def size(self) -> int:
         """Items put and not yet taken (those sent ahead to consumers included)."""
@@ -182,7 +213,7 @@ class Broker:
         self.fetched = threading.Condition()  # notified when a child reports its pid
         self.objects: dict[int, Any] = {}  # locks, events, ... (see `_sync_server`)
         self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
-        self.hub: Any = None  # the `_stream.Hub` (started when a remote process asks)
+        self.hub: Any = None  # the `_hub.Hub` (started when a remote process asks)
         self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
@@ -225,12 +256,27 @@ class Broker:
             if chan.maxsize and not chan.cond.wait_for(
                     lambda: chan.size() < chan.maxsize, timeout=wait):
                 return FULL, b""
-            chan.items.append(body)
-            chan.unfinished += 1
-            chan.changed()
-            chan.push()
-            chan.dispatch()
+            self._append(chan, body)
         return OK, b""
+
+    def append(self, cid: int, body: bytes, source: Any = None) -> None:
+        """Add an item to a pipe direction or an unbounded queue (no RPC layer in between);
+        ``source`` is the `_hub.Peer` it came from, if it came from another process."""
+        chan = self.chans.get(cid) or self.chan(cid)
+        with chan.cond:
+            if source is not None:
+                chan.source = source
+            self._append(chan, body)
+
+    @staticmethod
+    def _append(chan: Chan, body: bytes) -> None:
+        chan.items.append(body)
+        chan.unfinished += 1
+        chan.changed()
+        if chan.subscriber is not None:
+            chan.push()
+        if chan.leases:
+            chan.dispatch()
 
     def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
@@ -251,22 +297,23 @@ class Broker:
             chan.changed()
         return OK, item
 
-    def put_item(self, cid: int, body: bytes) -> None:
-        """A pipe end here sends (no RPC layer in between)."""
-        chan = self.chan(cid)
-        with chan.cond:
-            chan.items.append(body)
-            chan.changed()
-            chan.push()
+    def expect(self, cid: int) -> None:
+        """A thread here is about to send on a duplex pipe end that reads ``cid``: if the
+        answer will come from another process, hold that process's stream for this thread
+        to read (see `_hub.Peer.hold`); not when ``fileno()`` was asked for (a `select` on
+        it must see the answer as soon as it arrives)."""
+        chan = self.chans.get(cid)
+        if chan is not None and chan.signal is None and chan.leader is None and (
+                chan.source is not None and not chan.items):
+            chan.source.hold()
 
     def take_item(self, cid: int) -> bytes:
         """A pipe end here receives (blocking); EOFError once no writer is left."""
-        chan = self.chan(cid)
+        chan = self.chans.get(cid) or self.chan(cid)
         with chan.cond:
-            while not chan.items:
-                if chan.writers == 0:
-                    raise EOFError
-                chan.cond.wait()
+            chan.await_item(None)
+            if not chan.items:
+                raise EOFError
             item = chan.items.popleft()
             if chan.signal is not None:
                 chan.signal.set(bool(chan.items))
@@ -288,6 +335,8 @@ class Broker:
         with chan.cond:
             if chan.signal is None:
                 chan.signal = Signal()
+                if chan.source is not None:  # a select on it must see the answer at once
+                    chan.source.unhold()
             chan.signal.set(bool(chan.items) or chan.writers == 0)
             return int(chan.signal.r)
 
@@ -295,7 +344,7 @@ class Broker:
         """Whether a pipe end here has data or end-of-file, waiting up to ``timeout``."""
         chan = self.chan(cid)
         with chan.cond:
-            return bool(chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout))
+            return chan.await_item(timeout)
 
     def _poll(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
@@ -490,7 +539,7 @@ class Broker:
 
     def _stream(self, _body: bytes) -> tuple[Any, bytes]:
         """The address of this broker's stream listener (see `_stream`), started now."""
-        from fiberexec.multiprocessing._stream import Hub
+        from fiberexec.multiprocessing._hub import Hub
 
         with self.lock:
             if self.hub is None:

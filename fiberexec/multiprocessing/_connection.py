@@ -80,21 +80,16 @@ class Connection:
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         """Send bytes from a bytes-like object (``offset``/``size`` select a slice)."""
         cid = self._check(readable=False)
-        view = memoryview(buf).cast("B")
-        if offset < 0:
-            raise ValueError("offset is negative")
-        if len(view) < offset:
-            raise ValueError("buffer length < offset")
-        size = len(view) - offset if size is None else size
-        if size < 0:
-            raise ValueError("size is negative")
-        if offset + size > len(view):
-            raise ValueError("buffer length < offset + size")
-        data = bytes(view[offset:offset + size])
+        if type(buf) is bytes and offset == 0 and size is None:
+            data = buf  # the common case: nothing to check or copy
+        else:
+            data = _slice(buf, offset, size)
         if self._stream is not None:
             self._stream.send(st.PUT, cid, data)
         elif self._broker is not None:
-            self._broker.put_item(cid, data)
+            if self._recv_id is not None:
+                self._broker.expect(self._recv_id)
+            self._broker.append(cid, data)
         else:
             self._endpoint.call("put", (cid, 0.0), data)
 
@@ -282,3 +277,18 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:  # stdlib name
         return Connection(ep, forward, None), Connection(ep, None, forward)
     backward = ep.call("new", (0, 1))[0]
     return Connection(ep, backward, forward), Connection(ep, forward, backward)
+
+
+def _slice(buf: Any, offset: int, size: int | None) -> bytes:
+    """``buf[offset:offset + size]`` as bytes, checked as the standard library does."""
+    view = memoryview(buf).cast("B")
+    if offset < 0:
+        raise ValueError("offset is negative")
+    if len(view) < offset:
+        raise ValueError("buffer length < offset")
+    size = len(view) - offset if size is None else size
+    if size < 0:
+        raise ValueError("size is negative")
+    if offset + size > len(view):
+        raise ValueError("buffer length < offset + size")
+    return bytes(view[offset:offset + size])

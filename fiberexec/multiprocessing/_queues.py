@@ -71,7 +71,7 @@ class Queue:
                 raise ValueError(f"{type(self).__name__} {self!r} is closed")
             broker = b.local_broker(self._ep())
             if broker is not None:  # created here: a direct call, no RPC layer
-                broker._put(data, self._cid, 0.0)
+                broker.append(self._cid, data)
                 return
         if not self._maxsize and self._streamed:
             try:

@@ -29,13 +29,14 @@ import pickle
 import secrets
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pynng
 
 from fiberexec import _auth
 from fiberexec._errors import ProtocolError
+from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
 
 log = logging.getLogger("fiberexec.multiprocessing")
@@ -211,6 +212,19 @@ def _pickle_error(exc: BaseException) -> bytes:
         return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=5)
 
 
+class _Busy:
+    """`RpcClient.busy`'s context manager (a class: it is entered on every stream wait)."""
+
+    def __init__(self, client: RpcClient) -> None:
+        self.client = client
+
+    def __enter__(self) -> None:
+        self.client._enter_busy()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.client._leave_busy()
+
+
 class RpcClient:
     """One authenticated Req0 connection to a server; thread-safe (a context per thread)."""
 
@@ -226,7 +240,8 @@ class RpcClient:
         self.why = (f"the connection to {address} was lost: the process serving it exited, or "
                     "its host is unreachable")
         self._busy = 0  # calls (and stream reads, see `busy`) waiting on this server
-        self._watch = threading.Condition()
+        self._watch = Condition()
+        self._busy_mark = _Busy(self)
         self._watcher: threading.Thread | None = None
         self._closed = False
         self._sock.dial_timeout = int(timeout * 1000)
@@ -264,9 +279,12 @@ class RpcClient:
         except (pynng.NNGException, TypeError):  # TypeError: pynng's closed context
             raise ConnectionError(self.why) from None
 
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        """Mark a wait on this server: while any lasts, the server's liveness is checked."""
+    def busy(self) -> _Busy:
+        """Mark a wait on this server (``with client.busy(): ...``): while any lasts, the
+        server's liveness is checked."""
+        return self._busy_mark
+
+    def _enter_busy(self) -> None:
         with self._watch:
             self._busy += 1
             if self._watcher is None:
@@ -274,11 +292,10 @@ class RpcClient:
                                                  name="fiberexec-mp-heartbeat")
                 self._watcher.start()
             self._watch.notify_all()
-        try:
-            yield
-        finally:
-            with self._watch:
-                self._busy -= 1
+
+    def _leave_busy(self) -> None:
+        with self._watch:
+            self._busy -= 1
 
     def _check_alive(self) -> None:
         """While calls wait, ask the server every beat whether it lives; if not, lose it."""

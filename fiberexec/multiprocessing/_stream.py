@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
-import secrets
 import select
 import socket
 import struct
@@ -34,10 +34,9 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from multiprocessing import AuthenticationError as _StdAuthError
-from multiprocessing.connection import Client, Connection, Listener
-from typing import Any
+from multiprocessing.connection import Client, Connection
 
+from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers, client_for
 
 log = logging.getLogger("fiberexec.multiprocessing")
@@ -57,6 +56,8 @@ def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
 
 
 _SIZE = struct.Struct("!Q")
+_SIZED_HEAD = struct.Struct("!QcQ")  # a frame's length, then its head (`_HEAD`)
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _CHUNK = 1 << 16
 
 
@@ -102,6 +103,14 @@ class Wire:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def send_frame(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+        """Send one frame (`_frame`'s layout) with a single copy and system call."""
+        if len(body) < _CHUNK:
+            self.sock.sendall(_SIZED_HEAD.pack(_HEAD.size + len(body), tag, cid) + body)
+        else:
+            self.sock.sendall(_SIZED_HEAD.pack(_HEAD.size + len(body), tag, cid))
+            self.sock.sendall(body)
+
     def send_bytes(self, data: bytes) -> None:
         if len(data) < _CHUNK:
             self.sock.sendall(_SIZE.pack(len(data)) + data)
@@ -109,23 +118,39 @@ class Wire:
             self.sock.sendall(_SIZE.pack(len(data)))
             self.sock.sendall(data)
 
-    def _frame_ready(self) -> bool:
+    def frame_ready(self) -> bool:
         have = len(self._buf) - self._at
         if have < _SIZE.size:
             return False
         size: int = _SIZE.unpack_from(self._buf, self._at)[0]
         return have >= _SIZE.size + size
 
-    def poll(self, timeout: float | None) -> bool:
-        """Whether a whole frame can be read without waiting, waiting up to ``timeout``."""
-        if self._frame_ready():
+    def poll(self, timeout: float | None, wake: int | None = None) -> bool:
+        """Whether a frame has begun to arrive (or the stream ended), waiting up to
+        ``timeout`` (None: forever); a readable ``wake`` descriptor ends the wait early."""
+        if self.frame_ready():
             return True
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        return bool(ready)
+        poller = select.poll()
+        poller.register(self.sock, _READABLE)
+        if wake is not None:
+            poller.register(wake, _READABLE)
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        return any(fd == self.sock.fileno() for fd, _ in poller.poll(ms))
 
     def recv_bytes(self) -> bytes:
         """The next frame (blocking); EOFError when the other end closed."""
-        while not self._frame_ready():
+        buf, at = self._buf, self._at
+        if len(buf) - at >= _SIZE.size:  # the common case: a whole frame is here
+            end = at + _SIZE.size + _SIZE.unpack_from(buf, at)[0]
+            if end <= len(buf):
+                frame = bytes(buf[at + _SIZE.size:end])
+                if end == len(buf):
+                    buf.clear()
+                    self._at = 0
+                else:
+                    self._at = end
+                return frame
+        while not self.frame_ready():
             if self._at and self._at * 2 >= len(self._buf):
                 del self._buf[:self._at]
                 self._at = 0
@@ -152,116 +177,6 @@ class Wire:
 
     def close(self) -> None:
         self.sock.close()
-
-
-# ---------------------------------------------------------------------------- broker side
-
-
-class Peer:
-    """The broker's end of one process's stream; sends are serialised."""
-
-    def __init__(self, conn: Wire) -> None:
-        self.conn = conn
-        self.lock = threading.Lock()
-        self.gone = False  # a send to it failed: its process is ending
-
-    def send_item(self, cid: int, body: bytes) -> None:
-        with self.lock:
-            self.conn.send_bytes(_frame(ITEM, cid, body))
-
-    def send_eof(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_bytes(_frame(EOF, cid))
-
-    def send_items(self, cid: int, items: list[bytes]) -> None:
-        body = b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
-        with self.lock:
-            self.conn.send_bytes(_frame(ITEMS, cid, body))
-
-    def send_revoke(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_bytes(_frame(REVOKE, cid))
-
-
-class Hub:
-    """Accepts streams for a broker and applies their frames to its channels."""
-
-    def __init__(self, broker: Any, host: str, advertise: str) -> None:
-        self.broker = broker
-        self.listener = Listener((host, 0), family="AF_INET", authkey=broker.secret)
-        self.rejected = 0
-        self._closed = False
-        # on Linux, processes of this host (and network namespace) connect to an abstract
-        # Unix socket instead: same challenge, no TCP stack on every message
-        self.local: Any = None
-        unix = ""
-        if sys.platform == "linux":
-            unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
-            self.local = Listener(unix, family="AF_UNIX", authkey=broker.secret)
-        self.address = (advertise, self.listener.address[1], unix)
-        for listener in (self.listener, self.local):
-            if listener is not None:
-                threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                                 name="fiberexec-mp-hub").start()
-
-    def _accept(self, listener: Listener) -> None:
-        while not self._closed:
-            try:
-                conn = listener.accept()  # the HMAC challenge runs here
-            except (_StdAuthError, EOFError, ConnectionError) as exc:
-                self.rejected += 1
-                log.warning("rejected a stream to the broker: %s", exc)
-                continue
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._serve, args=(Peer(Wire(conn)),), daemon=True,
-                             name="fiberexec-mp-stream").start()
-
-    def _serve(self, peer: Peer) -> None:
-        holder: str | None = None
-        try:
-            while True:
-                frame = peer.conn.recv_bytes()
-                tag, cid = _HEAD.unpack_from(frame)
-                body = frame[_HEAD.size:]
-                if tag == TOKEN:
-                    holder = body.decode()
-                else:
-                    self._apply(peer, holder or "", tag, cid, body)
-        except (EOFError, OSError):
-            pass
-        except Exception:
-            log.exception("a stream sent a frame the broker could not apply; closing it")
-        finally:
-            self.broker.peer_lost(peer, holder)
-            with contextlib.suppress(OSError):
-                peer.conn.close()
-
-    def _apply(self, peer: Peer, holder: str, tag: bytes, cid: int, body: bytes) -> None:
-        broker = self.broker
-        if tag == PUT:
-            broker._put(body, cid, 0.0)
-        elif tag == WANT:
-            broker.lease(cid, peer, _WANT.unpack(body))
-        elif tag == SUBSCRIBE:
-            broker.subscribe(cid, peer)
-        elif tag == UNSUBSCRIBE:
-            broker.unsubscribe(cid, peer)
-        elif tag == CLAIM:
-            broker.claim(cid, body.decode(), holder)
-        elif tag == RELEASE:
-            broker.unref(cid, holder)
-        elif tag == RETURNED:
-            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
-        else:
-            raise ValueError(f"unknown stream frame {tag!r}")
-
-    def close(self) -> None:
-        self._closed = True
-        for listener in (self.listener, self.local):
-            if listener is not None:
-                with contextlib.suppress(OSError):
-                    listener.close()
 
 
 # ---------------------------------------------------------------------------- client side
@@ -302,7 +217,7 @@ class Stream:
         self.rpc = client_for(endpoint.address, endpoint.secret)
         self.why = f"the process that created this pipe or queue ({self.where}) is gone"
         self.send_lock = threading.Lock()
-        self.cond = threading.Condition()
+        self.cond = Condition()
         self.inbox: defaultdict[int, deque[bytes]] = defaultdict(deque)
         self.eof: set[int] = set()
         self.subscribed: defaultdict[int, int] = defaultdict(int)
@@ -332,7 +247,7 @@ class Stream:
             raise BrokenPipeError(self.why)
         try:
             with self.send_lock:
-                self.conn.send_bytes(_frame(tag, cid, body))
+                self.conn.send_frame(tag, cid, body)
         except OSError as exc:
             self.lost = True
             raise BrokenPipeError(self.why) from exc
@@ -431,7 +346,8 @@ class Stream:
     def take(self, cid: int) -> bytes:
         """The next item for ``cid`` (blocking); EOFError at end-of-file."""
         with self.cond:
-            self._await(lambda: self.inbox[cid] or cid in self.eof, None)
+            if not self.inbox[cid]:
+                self._await(lambda: self.inbox[cid] or cid in self.eof, None)
             if self.inbox[cid]:
                 item = self.inbox[cid].popleft()
                 sig = self.signals.get(cid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pickle
@@ -191,3 +192,14 @@ def wait_then_double(conn: Any) -> None:
             conn.send(conn.recv() * 2)
         except EOFError:
             return
+
+
+def answer_then_queue(conn: Any, q: Any) -> None:
+    """Answer a message on ``conn``; at the next, first put into ``q`` (over the same
+    stream to the creator), then answer."""
+    conn.send(conn.recv() * 2)
+    item = conn.recv()
+    q.put("queued")
+    conn.send(item * 2)
+    with contextlib.suppress(EOFError):
+        conn.recv()  # until the creator closes its end

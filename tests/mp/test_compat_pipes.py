@@ -135,3 +135,63 @@ def test_pipe_ends_have_a_fileno_for_wait_and_selectors(mpm: ModuleType) -> None
     reader.close()
     with pytest.raises(OSError):
         reader.fileno()
+
+
+def test_recv_from_a_child_also_wakes_for_a_local_sender(mpm: ModuleType) -> None:
+    """The creator's `recv` reads the child's stream itself; an item sent meanwhile by
+    another thread here, into the same pipe direction, still ends the wait."""
+    import threading
+
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=t.relay, args=(there, there))
+    p.start()
+    here.send(1)
+    assert here.recv() == 2  # the last item came from the child
+    sender = threading.Timer(0.3, there.send, args=("from a thread here",))
+    sender.start()
+    assert here.poll(60)
+    assert here.recv() == "from a thread here"
+    sender.join()
+    there.close()
+    here.close()
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_an_answer_awaited_elsewhere_is_not_held_back(mpm: ModuleType) -> None:
+    """After a send on a duplex end, the child's stream is kept for this thread to read the
+    answer; anything else the child sends meanwhile (here a queue item another thread
+    waits for) must still arrive, though this thread never calls `recv`."""
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe()
+    q = ctx.Queue()
+    p = ctx.Process(target=t.answer_then_queue, args=(there, q))
+    p.start()
+    there.close()
+    here.send(1)
+    assert here.recv() == 2  # from now on, a send here expects the child's answer
+    here.send(21)
+    assert q.get(timeout=60) == "queued"
+    assert here.recv() == 42
+    here.close()
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_recv_reading_a_child_that_is_killed_ends_in_eof(mpm: ModuleType) -> None:
+    import threading
+
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=t.relay, args=(there, there))
+    p.start()
+    there.close()
+    here.send(1)
+    assert here.recv() == 2
+    killer = threading.Timer(0.3, p.kill)
+    killer.start()
+    with pytest.raises(EOFError):
+        here.recv()  # blocked reading the child's stream when it dies
+    killer.join()
+    p.join(60)

@@ -1,0 +1,313 @@
+"""The broker's side of the streams (see `_stream`): a `Peer` per connected process.
+
+Each peer's frames are read by one thread at a time, the holder of its ``role``. Normally
+that is the peer's own serving thread, which waits for data in an epoll set without holding
+the role. A thread here blocked in ``recv()`` on a pipe end whose data comes from that peer
+takes the role instead and reads the socket itself (`Peer.lead`), so a message from another
+process reaches its reader with no thread in between: the same path the standard library's
+socket pipe takes. While a thread leads, the peer's socket is taken out of the serving
+thread's epoll set (one-shot), and put back when it lets go; a frame that arrives for any
+other channel is applied by whoever reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing import AuthenticationError as _StdAuthError
+from multiprocessing.connection import Listener
+from typing import Any
+
+from fiberexec.multiprocessing._stream import (
+    _HEAD,
+    _LEN,
+    _RETURNED,
+    _WANT,
+    CLAIM,
+    EOF,
+    ITEM,
+    ITEMS,
+    PUT,
+    RELEASE,
+    RETURNED,
+    REVOKE,
+    SUBSCRIBE,
+    TOKEN,
+    UNSUBSCRIBE,
+    WANT,
+    Wire,
+)
+
+log = logging.getLogger("fiberexec.multiprocessing")
+_ONESHOT = getattr(select, "EPOLLONESHOT", 0)
+_ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
+HOLD = 0.002  # how long a socket is kept from the serving thread for an expected answer
+
+
+class Wake:
+    """One thread's wake-up descriptor while it leads a peer: set by whoever else makes
+    the channel it waits on ready (an item, or end-of-file)."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.owner = threading.get_ident()
+        self.pending = False
+
+    def set(self) -> None:
+        if not self.pending and threading.get_ident() != self.owner:
+            self.pending = True
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.w, b"!")
+
+    def clear(self) -> None:
+        if self.pending:
+            self.pending = False
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.r, 64)
+
+    def __del__(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_wakes = threading.local()
+
+
+def thread_wake() -> Wake:
+    """This thread's `Wake` (closed when the thread ends)."""
+    wake: Wake | None = getattr(_wakes, "wake", None)
+    if wake is None:
+        wake = _wakes.wake = Wake()
+    return wake
+
+
+class Peer:
+    """The broker's end of one process's stream; sends are serialised."""
+
+    def __init__(self, conn: Wire, apply: Callable[[Peer, bytes], None]) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()  # serialises sends
+        self.role = threading.Lock()  # held by the one thread reading the socket
+        self.apply = apply
+        self.holder: str | None = None  # the process token it sent first
+        self.gone = False  # a send to it failed: its process is ending
+        self.ended = False  # its stream ended: nobody reads it any more
+        self.poller: Any = None
+        self.held: float | None = None  # when `hold` took the socket from the serving thread
+        self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
+        self.kick_r, self.kick_w = os.pipe()  # wakes the serving thread to check holds
+        os.set_blocking(self.kick_r, False)
+        os.set_blocking(self.kick_w, False)
+        if _ONESHOT:
+            self.poller = select.epoll(2)
+            self.poller.register(conn.fileno(), _ARMED)
+            self.poller.register(self.kick_r, select.EPOLLIN)
+
+    # ------------------------------------------------------------------ sending
+
+    def send_item(self, cid: int, body: bytes) -> None:
+        with self.lock:
+            self.conn.send_frame(ITEM, cid, body)
+
+    def send_eof(self, cid: int) -> None:
+        with self.lock:
+            self.conn.send_frame(EOF, cid)
+
+    def send_items(self, cid: int, items: list[bytes]) -> None:
+        body = b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
+        with self.lock:
+            self.conn.send_frame(ITEMS, cid, body)
+
+    def send_revoke(self, cid: int) -> None:
+        with self.lock:
+            self.conn.send_frame(REVOKE, cid)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def leadable(self) -> bool:
+        """Whether a thread here may read this peer's socket itself (see the module)."""
+        return self.poller is not None and not self.ended
+
+    def _arm(self, events: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # closed: the stream has ended
+            self.poller.modify(self.conn.fileno(), events)
+
+    def _drain(self, first: bool) -> None:
+        """Read and apply every whole frame at hand (and, if ``first``, wait for one)."""
+        if first:
+            self.apply(self, self.conn.recv_bytes())
+        while self.conn.frame_ready():
+            self.apply(self, self.conn.recv_bytes())
+
+    def serve(self) -> None:
+        """The serving thread: read whatever arrives while no other thread leads.
+
+        Returns when the stream ends (EOF, a socket error, or a frame it cannot apply)."""
+        if self.poller is None:  # no epoll: this thread is the only reader
+            while True:
+                self.apply(self, self.conn.recv_bytes())
+        while True:
+            timeout = HOLD if time.monotonic() < self.holding_until else -1
+            readable = False
+            for fd, _ in self.poller.poll(timeout):
+                if fd == self.kick_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.kick_r, 64)
+                else:
+                    readable = True
+            held = self.held
+            if held is None and not readable:
+                continue  # a timeout or a kick: only an expired hold needs this thread
+            if held is not None and time.monotonic() - held < HOLD:
+                continue  # a thread here is about to read the answer it asked for
+            if not self.role.acquire(blocking=False):
+                continue  # a leader reads; it arms the socket again when it lets go
+            self.held = None
+            try:
+                if self.conn.frame_ready() or self.conn.poll(0):
+                    self._drain(first=True)
+            finally:
+                self.role.release()
+                self._arm(_ARMED)
+
+    def lead(self, wake: Wake, timeout: float | None) -> None:
+        """Read this peer's frames in the calling thread (which holds ``role``) until one
+        was applied, ``wake`` is set, or ``timeout`` passes; then let go of the role."""
+        if self.held is None:
+            self._arm(_ONESHOT)  # the serving thread stops watching
+        self.held = None
+        try:
+            if not self.conn.poll(timeout, wake.r):
+                return
+            self._drain(first=True)
+        except (EOFError, OSError):
+            self.conn.shutdown()  # the serving thread sees the end and cleans up
+        except Exception:
+            log.exception("a stream sent a frame the broker could not apply; closing it")
+            self.conn.shutdown()
+        finally:
+            self.role.release()
+            self._arm(_ARMED)
+
+    def hold(self) -> None:
+        """A thread here is about to send this peer something it answers, then read the
+        answer (a duplex pipe end, see `Broker.expect`): take the socket from the serving
+        thread now, so that the answer is not read there first and handed over. The
+        serving thread takes it back if no thread has come to read within `HOLD`."""
+        if not self.leadable or self.held is not None or self.role.locked():
+            return
+        now = time.monotonic()
+        self._arm(_ONESHOT)
+        self.held = now
+        waits_forever = now >= self.holding_until
+        self.holding_until = now + 100 * HOLD  # set before the kick: the thread reads it
+        if waits_forever:  # the serving thread waits without a timeout: wake it
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.kick_w, b"!")
+
+    def unhold(self) -> None:
+        """Give a held socket back to the serving thread now (see `hold`)."""
+        if self.held is not None:
+            self.held = None
+            if not self.role.locked():
+                self._arm(_ARMED)
+
+    def close(self) -> None:
+        self.ended = True
+        for fd in (self.kick_r, self.kick_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.poller is not None:
+            with contextlib.suppress(OSError):
+                self.poller.close()
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+class Hub:
+    """Accepts streams for a broker and applies their frames to its channels."""
+
+    def __init__(self, broker: Any, host: str, advertise: str) -> None:
+        self.broker = broker
+        self.listener = Listener((host, 0), family="AF_INET", authkey=broker.secret)
+        self.rejected = 0
+        self._closed = False
+        # on Linux, processes of this host (and network namespace) connect to an abstract
+        # Unix socket instead: same challenge, no TCP stack on every message
+        self.local: Any = None
+        unix = ""
+        if sys.platform == "linux":
+            unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
+            self.local = Listener(unix, family="AF_UNIX", authkey=broker.secret)
+        self.address = (advertise, self.listener.address[1], unix)
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                                 name="fiberexec-mp-hub").start()
+
+    def _accept(self, listener: Listener) -> None:
+        while not self._closed:
+            try:
+                conn = listener.accept()  # the HMAC challenge runs here
+            except (_StdAuthError, EOFError, ConnectionError) as exc:
+                self.rejected += 1
+                log.warning("rejected a stream to the broker: %s", exc)
+                continue
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(Peer(Wire(conn), self._apply),),
+                             daemon=True, name="fiberexec-mp-stream").start()
+
+    def _serve(self, peer: Peer) -> None:
+        try:
+            peer.serve()
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("a stream sent a frame the broker could not apply; closing it")
+        finally:
+            with peer.role:  # a leader finishes its frame first
+                peer.ended = True
+            self.broker.peer_lost(peer, peer.holder)
+            peer.close()
+
+    def _apply(self, peer: Peer, frame: bytes) -> None:
+        tag, cid = _HEAD.unpack_from(frame)
+        body = frame[_HEAD.size:]
+        broker = self.broker
+        if tag == PUT:
+            broker.append(cid, body, peer)
+        elif tag == WANT:
+            broker.lease(cid, peer, _WANT.unpack(body))
+        elif tag == SUBSCRIBE:
+            broker.subscribe(cid, peer)
+        elif tag == UNSUBSCRIBE:
+            broker.unsubscribe(cid, peer)
+        elif tag == CLAIM:
+            broker.claim(cid, body.decode(), peer.holder or "")
+        elif tag == RELEASE:
+            broker.unref(cid, peer.holder or "")
+        elif tag == RETURNED:
+            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
+        elif tag == TOKEN:
+            peer.holder = body.decode()
+        else:
+            raise ValueError(f"unknown stream frame {tag!r}")
+
+    def close(self) -> None:
+        self._closed = True
+        for listener in (self.listener, self.local):
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.close()
