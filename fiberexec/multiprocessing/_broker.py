@@ -82,7 +82,7 @@ class Chan:
         """Items arrived, were taken, or the last writer left (under ``cond``)."""
         self.cond.notify_all()
         if self.leader is not None:
-            self.leader.set()
+            self.leader.wake()
         if self.signal is not None:
             self.signal.set(bool(self.items) or self.writers == 0)
 
@@ -100,7 +100,7 @@ class Chan:
             if self.leader is None and peer is not None and peer.leadable and (
                     peer.role.acquire(blocking=False)):
                 wake = self.leader = thread_wake()
-                wake.clear()
+                wake.set(False)
                 self.cond.release()
                 try:
                     peer.lead(wake, left)

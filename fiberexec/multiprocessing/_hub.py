@@ -42,6 +42,7 @@ from fiberexec.multiprocessing._stream import (
     TOKEN,
     UNSUBSCRIBE,
     WANT,
+    Signal,
     Wire,
 )
 
@@ -51,33 +52,20 @@ _ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
 HOLD = 0.002  # how long a socket is kept from the serving thread for an expected answer
 
 
-class Wake:
+class Wake(Signal):
     """One thread's wake-up descriptor while it leads a peer: set by whoever else makes
     the channel it waits on ready (an item, or end-of-file)."""
 
     def __init__(self) -> None:
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        os.set_blocking(self.w, False)
+        super().__init__()
         self.owner = threading.get_ident()
-        self.pending = False
 
-    def set(self) -> None:
-        if not self.pending and threading.get_ident() != self.owner:
-            self.pending = True
-            with contextlib.suppress(BlockingIOError):
-                os.write(self.w, b"!")
-
-    def clear(self) -> None:
-        if self.pending:
-            self.pending = False
-            with contextlib.suppress(BlockingIOError):
-                os.read(self.r, 64)
+    def wake(self) -> None:
+        if threading.get_ident() != self.owner:  # the leader itself needs no wake-up
+            self.set(True)
 
     def __del__(self) -> None:
-        for fd in (self.r, self.w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self.close()
 
 
 _wakes = threading.local()
@@ -105,13 +93,11 @@ class Peer:
         self.poller: Any = None
         self.held: float | None = None  # when `hold` took the socket from the serving thread
         self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
-        self.kick_r, self.kick_w = os.pipe()  # wakes the serving thread to check holds
-        os.set_blocking(self.kick_r, False)
-        os.set_blocking(self.kick_w, False)
+        self.kick = Signal()  # wakes the serving thread to check holds
         if _ONESHOT:
             self.poller = select.epoll(2)
             self.poller.register(conn.fileno(), _ARMED)
-            self.poller.register(self.kick_r, select.EPOLLIN)
+            self.poller.register(self.kick.r, select.EPOLLIN)
 
     # ------------------------------------------------------------------ sending
 
@@ -161,9 +147,8 @@ class Peer:
             timeout = HOLD if time.monotonic() < self.holding_until else -1
             readable = False
             for fd, _ in self.poller.poll(timeout):
-                if fd == self.kick_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self.kick_r, 64)
+                if fd == self.kick.r:
+                    self.kick.set(False)
                 else:
                     readable = True
             held = self.held
@@ -213,8 +198,7 @@ class Peer:
         waits_forever = now >= self.holding_until
         self.holding_until = now + 100 * HOLD  # set before the kick: the thread reads it
         if waits_forever:  # the serving thread waits without a timeout: wake it
-            with contextlib.suppress(BlockingIOError):
-                os.write(self.kick_w, b"!")
+            self.kick.set(True)
 
     def unhold(self) -> None:
         """Give a held socket back to the serving thread now (see `hold`)."""
@@ -225,9 +209,7 @@ class Peer:
 
     def close(self) -> None:
         self.ended = True
-        for fd in (self.kick_r, self.kick_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self.kick.close()
         if self.poller is not None:
             with contextlib.suppress(OSError):
                 self.poller.close()
