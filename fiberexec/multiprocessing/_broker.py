@@ -103,7 +103,7 @@ class Chan:
                 wake.set(False)
                 self.cond.release()
                 try:
-                    peer.lead(wake, left)
+                    peer.lead(wake, left, keep=self.signal is None)
                 finally:
                     self.cond.acquire()
                     self.leader = None

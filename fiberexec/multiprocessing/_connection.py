@@ -79,7 +79,9 @@ class Connection:
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         """Send bytes from a bytes-like object (``offset``/``size`` select a slice)."""
-        cid = self._check(readable=False)
+        cid = self._send_id
+        if cid is None:
+            cid = self._check(readable=False)  # raises
         if type(buf) is bytes and offset == 0 and size is None:
             data = buf  # the common case: nothing to check or copy
         else:
@@ -124,9 +126,12 @@ class Connection:
             self._subscribed = True
 
     def _receive(self) -> bytes:
-        cid = self._check(readable=True)
+        cid = self._recv_id
+        if cid is None:
+            cid = self._check(readable=True)  # raises
         if self._stream is not None:
-            self._subscribe(self._stream, cid)
+            if not self._subscribed:
+                self._subscribe(self._stream, cid)
             return self._stream.take(cid)
         if self._broker is not None:
             return self._broker.take_item(cid)

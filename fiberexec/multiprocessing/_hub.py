@@ -6,8 +6,10 @@ the role. A thread here blocked in ``recv()`` on a pipe end whose data comes fro
 takes the role instead and reads the socket itself (`Peer.lead`), so a message from another
 process reaches its reader with no thread in between: the same path the standard library's
 socket pipe takes. While a thread leads, the peer's socket is taken out of the serving
-thread's epoll set (one-shot), and put back when it lets go; a frame that arrives for any
-other channel is applied by whoever reads it.
+thread's epoll set (one-shot), and given back `HOLD` after the last read or `Peer.hold`
+(so a thread that asks and reads answer after answer pays no system call per answer to
+take it out and put it back); a frame that arrives for any other channel is applied by
+whoever reads it, and one that nobody here waits for may wait up to about `HOLD`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from fiberexec.multiprocessing._stream import (
 log = logging.getLogger("fiberexec.multiprocessing")
 _ONESHOT = getattr(select, "EPOLLONESHOT", 0)
 _ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
-HOLD = 0.002  # how long a socket is kept from the serving thread for an expected answer
+HOLD = 0.002  # how long a socket is kept from the serving thread for the next answer
 
 
 class Wake(Signal):
@@ -91,7 +93,8 @@ class Peer:
         self.gone = False  # a send to it failed: its process is ending
         self.ended = False  # its stream ended: nobody reads it any more
         self.poller: Any = None
-        self.held: float | None = None  # when `hold` took the socket from the serving thread
+        self.held: float | None = None  # since when the socket is kept from the serving
+        # thread (by `hold`, or after a `lead`); None while it watches it or a leader reads
         self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
         self.kick = Signal()  # wakes the serving thread to check holds
         if _ONESHOT:
@@ -155,7 +158,7 @@ class Peer:
             if held is None and not readable:
                 continue  # a timeout or a kick: only an expired hold needs this thread
             if held is not None and time.monotonic() - held < HOLD:
-                continue  # a thread here is about to read the answer it asked for
+                continue  # a thread here reads answers from this peer (see `_keep`)
             if not self.role.acquire(blocking=False):
                 continue  # a leader reads; it arms the socket again when it lets go
             self.held = None
@@ -166,39 +169,53 @@ class Peer:
                 self.role.release()
                 self._arm(_ARMED)
 
-    def lead(self, wake: Wake, timeout: float | None) -> None:
+    def lead(self, wake: Wake, timeout: float | None, keep: bool = True) -> None:
         """Read this peer's frames in the calling thread (which holds ``role``) until one
-        was applied, ``wake`` is set, or ``timeout`` passes; then let go of the role."""
+        was applied, ``wake`` is set, or ``timeout`` passes; then let go of the role, and
+        unless not ``keep``, keep the socket from the serving thread a little longer."""
         if self.held is None:
             self._arm(_ONESHOT)  # the serving thread stops watching
         self.held = None
         try:
-            if not self.conn.poll(timeout, wake.r):
-                return
-            self._drain(first=True)
+            if self.conn.poll(timeout, wake.r):
+                self._drain(first=True)
         except (EOFError, OSError):
             self.conn.shutdown()  # the serving thread sees the end and cleans up
+            keep = False
         except Exception:
             log.exception("a stream sent a frame the broker could not apply; closing it")
             self.conn.shutdown()
+            keep = False
         finally:
+            # the socket stays out of the serving thread's set for `HOLD` more: a thread
+            # that reads one answer after another (a request loop) then pays no system
+            # call to take it out and put it back each time; the serving thread takes it
+            # back once nobody has led or held it for that long
+            if keep:
+                self._keep(time.monotonic())
             self.role.release()
-            self._arm(_ARMED)
+            if not keep:
+                self._arm(_ARMED)
+
+    def _keep(self, now: float) -> None:
+        """Keep the (disarmed) socket from the serving thread until ``now + HOLD``."""
+        self.held = now
+        waits_forever = now >= self.holding_until
+        self.holding_until = now + 100 * HOLD  # set before the kick: the thread reads it
+        if waits_forever:  # the serving thread waits without a timeout: wake it
+            self.kick.set(True)
 
     def hold(self) -> None:
         """A thread here is about to send this peer something it answers, then read the
         answer (a duplex pipe end, see `Broker.expect`): take the socket from the serving
         thread now, so that the answer is not read there first and handed over. The
         serving thread takes it back if no thread has come to read within `HOLD`."""
-        if not self.leadable or self.held is not None or self.role.locked():
+        if not self.leadable or self.role.locked():
             return
         now = time.monotonic()
-        self._arm(_ONESHOT)
-        self.held = now
-        waits_forever = now >= self.holding_until
-        self.holding_until = now + 100 * HOLD  # set before the kick: the thread reads it
-        if waits_forever:  # the serving thread waits without a timeout: wake it
-            self.kick.set(True)
+        if self.held is None:
+            self._arm(_ONESHOT)
+        self._keep(now)
 
     def unhold(self) -> None:
         """Give a held socket back to the serving thread now (see `hold`)."""

@@ -219,10 +219,17 @@ class _Busy:
         self.client = client
 
     def __enter__(self) -> None:
-        self.client._enter_busy()
+        client = self.client
+        with client._count:
+            client._busy += 1
+            first = client._busy == 1
+        if first and (client._watcher is None or client._idle):
+            client._enter_busy()  # start the watcher, or wake it: it waits for a wait
 
     def __exit__(self, *exc_info: object) -> None:
-        self.client._leave_busy()
+        client = self.client
+        with client._count:
+            client._busy -= 1
 
 
 class RpcClient:
@@ -240,6 +247,8 @@ class RpcClient:
         self.why = (f"the connection to {address} was lost: the process serving it exited, or "
                     "its host is unreachable")
         self._busy = 0  # calls (and stream reads, see `busy`) waiting on this server
+        self._count = threading.Lock()  # guards ``_busy`` (cheaper than ``_watch``)
+        self._idle = False  # the watcher waits for ``_busy`` to become positive
         self._watch = Condition()
         self._busy_mark = _Busy(self)
         self._watcher: threading.Thread | None = None
@@ -285,23 +294,21 @@ class RpcClient:
         return self._busy_mark
 
     def _enter_busy(self) -> None:
+        """A first wait began: start the watcher, or wake it (see `_check_alive`)."""
         with self._watch:
-            self._busy += 1
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._check_alive, daemon=True,
                                                  name="fiberexec-mp-heartbeat")
                 self._watcher.start()
             self._watch.notify_all()
 
-    def _leave_busy(self) -> None:
-        with self._watch:
-            self._busy -= 1
-
     def _check_alive(self) -> None:
         """While calls wait, ask the server every beat whether it lives; if not, lose it."""
         while True:
             with self._watch:
+                self._idle = True  # set before the check: see `_Busy.__enter__`
                 self._watch.wait_for(lambda: self._busy > 0 or self._closed)
+                self._idle = False
                 if self._closed:
                     return
             if self.lost.wait(HEARTBEAT):

@@ -99,6 +99,9 @@ class Wire:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
         self._at = 0
+        self._poller = select.poll()  # the socket, and the ``wake`` of the last `poll`
+        self._poller.register(self.sock, _READABLE)
+        self._wake: int | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -128,14 +131,17 @@ class Wire:
     def poll(self, timeout: float | None, wake: int | None = None) -> bool:
         """Whether a frame has begun to arrive (or the stream ended), waiting up to
         ``timeout`` (None: forever); a readable ``wake`` descriptor ends the wait early."""
-        if self.frame_ready():
+        if self._at < len(self._buf) and self.frame_ready():
             return True
-        poller = select.poll()
-        poller.register(self.sock, _READABLE)
-        if wake is not None:
-            poller.register(wake, _READABLE)
+        if wake != self._wake:  # one reader at a time: only the current wake is watched
+            if self._wake is not None:
+                self._poller.unregister(self._wake)
+            if wake is not None:
+                self._poller.register(wake, _READABLE)
+            self._wake = wake
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-        return any(fd == self.sock.fileno() for fd, _ in poller.poll(ms))
+        mine = self.sock.fileno()
+        return any(fd == mine for fd, _ in self._poller.poll(ms))
 
     def recv_bytes(self) -> bytes:
         """The next frame (blocking); EOFError when the other end closed."""
@@ -150,6 +156,14 @@ class Wire:
                 else:
                     self._at = end
                 return frame
+        if not buf:  # nothing buffered: if one whole frame comes, return it as it is
+            chunk = self.sock.recv(_CHUNK)
+            if not chunk:
+                raise EOFError
+            if len(chunk) >= _SIZE.size and (
+                    _SIZE.size + _SIZE.unpack_from(chunk)[0] == len(chunk)):
+                return chunk[_SIZE.size:]
+            buf += chunk
         while not self.frame_ready():
             if self._at and self._at * 2 >= len(self._buf):
                 del self._buf[:self._at]
@@ -346,13 +360,15 @@ class Stream:
     def take(self, cid: int) -> bytes:
         """The next item for ``cid`` (blocking); EOFError at end-of-file."""
         with self.cond:
-            if not self.inbox[cid]:
-                self._await(lambda: self.inbox[cid] or cid in self.eof, None)
-            if self.inbox[cid]:
-                item = self.inbox[cid].popleft()
-                sig = self.signals.get(cid)
-                if sig is not None:
-                    sig.set(bool(self.inbox[cid]) or cid in self.eof)
+            box = self.inbox[cid]
+            if not box:
+                self._await(lambda: box or cid in self.eof, None)
+            if box:
+                item = box.popleft()
+                if self.signals:
+                    sig = self.signals.get(cid)
+                    if sig is not None:
+                        sig.set(bool(box) or cid in self.eof)
                 return item
             if cid in self.eof:
                 raise EOFError

@@ -194,6 +194,17 @@ def wait_then_double(conn: Any) -> None:
             return
 
 
+def answer_then_queue_on_event(conn: Any, q: Any, go: Any, answers: int) -> None:
+    """Answer ``answers`` messages on ``conn``; once ``go`` is set, put into ``q`` (over
+    the same stream to the creator) with no message on ``conn`` to follow it."""
+    for _ in range(answers):
+        conn.send(conn.recv() * 2)
+    go.wait(60)
+    q.put("queued")
+    with contextlib.suppress(EOFError):
+        conn.recv()  # until the creator closes its end
+
+
 def answer_then_queue(conn: Any, q: Any) -> None:
     """Answer a message on ``conn``; at the next, first put into ``q`` (over the same
     stream to the creator), then answer."""

@@ -179,6 +179,26 @@ def test_an_answer_awaited_elsewhere_is_not_held_back(mpm: ModuleType) -> None:
     assert p.exitcode == 0
 
 
+def test_queue_item_after_an_answer_is_not_held_back(mpm: ModuleType) -> None:
+    """The stream a recv() here just read stays with this thread a moment (for the next
+    answer); an item for someone else that comes next still arrives though this thread
+    neither sends nor receives again."""
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe()
+    q, go = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=t.answer_then_queue_on_event, args=(there, q, go, 3))
+    p.start()
+    there.close()
+    for i in range(3):  # the first answer may pass through the serving thread; not later
+        here.send(i)
+        assert here.recv() == 2 * i
+    go.set()
+    assert q.get(timeout=60) == "queued"
+    here.close()
+    p.join(60)
+    assert p.exitcode == 0
+
+
 def test_recv_reading_a_child_that_is_killed_ends_in_eof(mpm: ModuleType) -> None:
     import threading
 
