@@ -17,6 +17,12 @@ Rows: Pipe round trips per second (parent <-> child echo), Queue put/get items p
 process runs), and the PPO-style rollout of ``examples/ppo_rollout.py``
 (4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
 per environment step.
+
+The pipe row times 40,000 round trips and the 10 us rollout 4,000 steps (a second or two
+each): a run of a few hundred milliseconds mostly catches the two processes of a pair still
+sharing the CPU they started on, before the scheduler spreads them over the machine's CPUs,
+and measures that start instead of the steady state a long rollout runs in (see
+``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -115,14 +121,14 @@ def measure(row: str, system: str, quick: bool) -> float:
     mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
     scale = 1 if quick else 4
     if row == "pipe_roundtrips":
-        return pipe_roundtrips(mp, 500 * scale)
+        return pipe_roundtrips(mp, 10000 * scale)
     if row == "queue_items":
         return queue_items(mp, 1000 * scale)
     if row == "queue_items_to_child":
         return queue_items_to_child(mp, 1000 * scale)
     if row == "rollout_1ms":
         return rollout(mp, 50 * scale, 1e-3)
-    return rollout(mp, 100 * scale, 1e-5)
+    return rollout(mp, 1000 * scale, 1e-5)
 
 
 def _fresh(row: str, system: str, quick: bool) -> float:
