@@ -52,7 +52,9 @@ Handler = Callable[[str, tuple[Any, ...], bytes, Caller], tuple[Any, bytes]]
 
 _local_servers: dict[str, RpcServer] = {}
 _clients: dict[str, RpcClient] = {}
-_clients_lock = threading.Lock()
+# re-entrant: a garbage collection inside it (say while a client is made) may run a dropped
+# manager's or proxy's finalizer in this very thread, and that calls a server too
+_clients_lock = threading.RLock()
 _TOKEN = secrets.token_hex(8)
 
 
@@ -243,7 +245,7 @@ class RpcClient:
         self._listeners: list[Callable[[], None]] = []
         self._local = threading.local()
         self._contexts: list[Any] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant for finalizers, as `_clients_lock`
         self.why = (f"the connection to {address} was lost: the process serving it exited, or "
                     "its host is unreachable")
         self._busy = 0  # calls (and stream reads, see `busy`) waiting on this server

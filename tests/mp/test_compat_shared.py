@@ -104,6 +104,32 @@ def test_manager_is_shut_down_when_dropped(mpm: ModuleType) -> None:
     assert mpm.active_children() == []
 
 
+def test_manager_dropped_while_this_thread_is_inside_the_rpc_layer_shuts_down() -> None:
+    """A garbage collection can run a dropped manager's (and its proxies') finalizers at
+    any allocation, in whatever thread allocates: also while that thread is inside the
+    RPC layer's table of connections, which those finalizers need to call the server."""
+    import threading
+
+    from fiberexec.multiprocessing import _rpc
+
+    m = fmp.Manager()
+    d = m.dict()
+    d["a"] = 1
+    held: list[object] = [m, d]
+    del m, d
+    finished = threading.Event()
+
+    def drop() -> None:
+        with _rpc._clients_lock:  # where such a collection may happen
+            held.clear()
+            gc.collect()
+        finished.set()
+
+    threading.Thread(target=drop, daemon=True).start()
+    assert finished.wait(60), "the finalizers deadlocked on the connection table"
+    assert fmp.active_children() == []
+
+
 def test_manager_join_and_connect(mpm: ModuleType) -> None:
     managers = _managers(mpm)
     with mpm.Manager() as m:
