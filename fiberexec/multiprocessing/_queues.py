@@ -73,14 +73,14 @@ class Queue:
             if broker is not None:  # created here: a direct call, no RPC layer
                 broker.append(self._cid, data)
                 return
-        if not self._maxsize and self._streamed:
-            try:
-                stream = _stream_of(self._ep())
-                if stream is not None:
-                    stream.send(st.PUT, self._cid, data)
-                    return
-            except ConnectionError as exc:
-                raise _gone(self, exc) from exc
+            if self._streamed:
+                try:
+                    stream = st.stream_for(self._ep())
+                    if stream is not None:
+                        stream.send(st.PUT, self._cid, data)
+                        return
+                except ConnectionError as exc:
+                    raise _gone(self, exc) from exc
 
         def attempt(wait: float) -> bool:
             status, _ = self._call("put", wait, body=data, wait=wait)
@@ -175,10 +175,6 @@ def _gone(q: Queue, exc: ConnectionError) -> ConnectionError:
     """The error for a queue whose creating process (which holds its items) is gone."""
     return type(exc)(f"the process that created {type(q).__name__} {q._cid} is gone or not "
                      f"answering; its items are lost ({exc})")
-
-
-def _stream_of(endpoint: Endpoint) -> st.Stream | None:
-    return st.stream_for(endpoint)
 
 
 def _blocking(block: bool, timeout: float | None, attempt: Any) -> bool:
