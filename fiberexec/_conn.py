@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 MAX_WINDOW = 1024  # tasks one worker may hold
 WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
-LONG_TASK = 0.01  # a task this long (or of unknown length) is never queued two deep
+LONG_TASK = 0.01  # nothing is queued behind a task this long (or of unknown length)
 MAX_RTT = 0.05  # a handshake slower than this says more about the peer than the link
 
 
@@ -62,10 +62,10 @@ class Conn:
 
         Prefetch is measured in time, not tasks. A task of unknown length is sent only to a
         worker that holds nothing (as a free process takes the next task from the standard
-        library's call queue); behind a task of known length a worker holds one more, or as
-        many known short tasks as fit in its window (`WINDOW_TIME` plus two round trips). So
-        no task waits behind a slow one while another worker could run it, and a future is
-        marked running shortly before it runs.
+        library's call queue); behind a known short task (under `LONG_TASK`) a worker holds
+        one more, or as many known short tasks as fit in its window (`WINDOW_TIME` plus two
+        round trips); behind a long one, nothing. So no task waits behind a slow one while
+        another worker could run it, and a future is marked running shortly before it runs.
         """
         if self.state is not State.READY:
             return False
@@ -77,7 +77,7 @@ class Conn:
         if estimate is None or self.unknown:
             return False
         if held == 1:
-            return True
+            return self.load < LONG_TASK
         return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= self.window
 
     def measured_rtt(self, seconds: float) -> None:

@@ -104,6 +104,20 @@ def test_wait_first_completed_sees_the_quick_task(make_pool: PoolFactory) -> Non
     assert quick.result() == 256
 
 
+def test_a_task_does_not_wait_behind_a_slow_one_while_a_worker_is_free(
+        make_pool: PoolFactory) -> None:
+    ex = make_pool(2)
+    assert list(ex.map(time.sleep, [0.5, 0.5])) == [None, None]  # both workers run sleeps
+    start = time.monotonic()
+    slow = ex.submit(time.sleep, 1.5)
+    time.sleep(0.2)  # the next task comes while one worker runs the slow one, one is free
+    quick = ex.submit(time.sleep, 0)
+    quick.result(timeout=30)
+    elapsed = time.monotonic() - start
+    assert not slow.done() and elapsed < 1.0, f"the quick task took {elapsed:.2f}s"
+    slow.result(timeout=30)
+
+
 # ---------------------------------------------------------------- running and cancelling
 
 
