@@ -12,7 +12,8 @@ With ``--repeat``, each repeat measures the stdlib and then fiberexec, so every 
 taken in the same moment of a noisy machine; the row shows the median ratio (and the
 rates of that repeat) and lists every ratio.
 
-Rows: Pipe round trips per second (parent <-> child echo), Queue put/get items per second
+Rows: Pipe round trips per second (parent <-> child echo, and between two children of
+the parent that created the pipe), Queue put/get items per second
 (a child puts, the parent gets; and the parent puts, a child gets; timed once the other
 process runs), and the PPO-style rollout of ``examples/ppo_rollout.py``
 (4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
@@ -38,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = {"pipe_roundtrips": 0.5, "queue_items": 0.5, "queue_items_to_child": 0.5,
-           "rollout_1ms": 0.9, "rollout_10us": 0.5}
+TARGETS = {"pipe_roundtrips": 0.5, "pipe_roundtrips_children": 0.5, "queue_items": 0.5,
+           "queue_items_to_child": 0.5, "rollout_1ms": 0.9, "rollout_10us": 0.5}
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
 
@@ -49,6 +50,33 @@ def echo(conn: Any) -> None:
             conn.send_bytes(conn.recv_bytes())
         except EOFError:
             return
+
+
+def drive(conn: Any, n: int, out: Any) -> None:
+    conn.send_bytes(b"warm")
+    conn.recv_bytes()
+    start = time.perf_counter()
+    for _ in range(n):
+        conn.send_bytes(b"x" * 64)
+        conn.recv_bytes()
+    out.put(n / (time.perf_counter() - start))
+    conn.close()
+
+
+def pipe_roundtrips_children(mp: Any, n: int) -> float:
+    """Round trips between two children over a pipe the parent created."""
+    one, other = mp.Pipe()
+    out = mp.Queue()
+    echoer = mp.Process(target=echo, args=(other,))
+    driver = mp.Process(target=drive, args=(one, n, out))
+    echoer.start()
+    driver.start()
+    one.close()
+    other.close()
+    rate = float(out.get(timeout=120))
+    driver.join(30)
+    echoer.join(30)
+    return rate
 
 
 def produce(q: Any, n: int) -> None:
@@ -122,6 +150,8 @@ def measure(row: str, system: str, quick: bool) -> float:
     scale = 1 if quick else 4
     if row == "pipe_roundtrips":
         return pipe_roundtrips(mp, 10000 * scale)
+    if row == "pipe_roundtrips_children":
+        return pipe_roundtrips_children(mp, 10000 * scale)
     if row == "queue_items":
         return queue_items(mp, 1000 * scale)
     if row == "queue_items_to_child":

@@ -13,6 +13,7 @@ authenticated channel. Whoever holds a handle's pickle holds the secret: do not 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import threading
@@ -214,6 +215,7 @@ class Broker:
         self.objects: dict[int, Any] = {}  # locks, events, ... (see `_sync_server`)
         self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
         self.hub: Any = None  # the `_hub.Hub` (started when a remote process asks)
+        self.inlets: dict[str, Any] = {}  # pipe readers' `_route.Inlet` addresses -> peer
         self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
@@ -228,6 +230,7 @@ class Broker:
             "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
             "obj_new": self._obj_new, "obj_call": self._obj_call, "obj_get": self._obj_get,
             "buf_read": self._buf_read, "buf_write": self._buf_write, "stream": self._stream,
+            "route": self._route,
         }
 
     def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
@@ -437,8 +440,40 @@ class Broker:
         """``peer``'s process reads ``cid``: items go to it as they arrive."""
         chan = self.chan(cid)
         with chan.cond:
-            chan.subscriber = peer
+            old, chan.subscriber = chan.subscriber, peer
+            if old is not None and old is not peer and old.inlet:
+                with contextlib.suppress(OSError):  # writers sending to it directly stop
+                    old.send_unroute(cid)
             chan.push()
+
+    def add_inlet(self, peer: Any, address: str) -> None:
+        with self.lock:
+            peer.inlet = address
+            self.inlets[address] = peer
+
+    def _route(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+        """Where a writer of pipe ``cid`` may send directly (see `_route`): the address of
+        its reading process's inlet, or "" (no reader elsewhere, or the caller reads it)."""
+        chan = self.chan(cid)
+        with chan.cond:
+            peer = chan.subscriber
+            if peer is None or not peer.inlet or peer.gone or peer.ended or (
+                    peer.holder == _sync_server.caller.value[0]):
+                return "", b""
+            return peer.inlet, b""
+
+    def flush(self, cid: int, nonce: bytes, inlet: str) -> None:
+        """A writer will send ``cid`` directly to ``inlet``'s process from now on: tell that
+        process once all the writer relayed before is on its way to it (``ok``), or that it
+        is not (the pipe is read elsewhere now), in the order of what was pushed to it."""
+        peer = self.inlets.get(inlet)
+        chan = self.chans.get(cid)
+        if peer is None or chan is None:
+            return
+        with chan.cond:
+            ok = chan.subscriber is peer and not chan.items
+            with contextlib.suppress(OSError):
+                peer.send_flushed(cid, ok, nonce)
 
     def unsubscribe(self, cid: int, peer: Any) -> None:
         chan = self.chans.get(cid)
@@ -481,6 +516,7 @@ class Broker:
 
     def peer_lost(self, peer: Any, holder: str | None) -> None:
         """A process's stream closed (it exited or died): release all it held."""
+        inlet: str = peer.inlet
         for chan in list(self.chans.values()):
             if chan.subscriber is peer:
                 self.unsubscribe(chan.cid, peer)
@@ -488,6 +524,10 @@ class Broker:
                 with chan.cond:
                     chan.drop_lease(peer)
                     chan.dispatch()
+        if inlet:
+            with self.lock:
+                if self.inlets.get(inlet) is peer:
+                    del self.inlets[inlet]
         held = self.held.pop(holder, None) if holder is not None else None
         for cid, count in (held or Counter()).items():
             if count > 0 and cid in self.chans:

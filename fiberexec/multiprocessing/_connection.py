@@ -87,7 +87,7 @@ class Connection:
         else:
             data = _slice(buf, offset, size)
         if self._stream is not None:
-            self._stream.send(st.PUT, cid, data)
+            self._stream.put(cid, data)
         elif self._broker is not None:
             if self._recv_id is not None:
                 self._broker.expect(self._recv_id)

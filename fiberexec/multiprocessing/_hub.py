@@ -34,14 +34,18 @@ from fiberexec.multiprocessing._stream import (
     _WANT,
     CLAIM,
     EOF,
+    FLUSH,
+    FLUSHED,
     ITEM,
     ITEMS,
+    NONCE,
     PUT,
     RELEASE,
     RETURNED,
     REVOKE,
     SUBSCRIBE,
     TOKEN,
+    UNROUTE,
     UNSUBSCRIBE,
     WANT,
     Signal,
@@ -90,6 +94,7 @@ class Peer:
         self.role = threading.Lock()  # held by the one thread reading the socket
         self.apply = apply
         self.holder: str | None = None  # the process token it sent first
+        self.inlet = ""  # where writers elsewhere may send its pipes directly (`_route`)
         self.gone = False  # a send to it failed: its process is ending
         self.ended = False  # its stream ended: nobody reads it any more
         self.poller: Any = None
@@ -120,6 +125,14 @@ class Peer:
     def send_revoke(self, cid: int) -> None:
         with self.lock:
             self.conn.send_frame(REVOKE, cid)
+
+    def send_flushed(self, cid: int, ok: bool, nonce: bytes) -> None:
+        with self.lock:
+            self.conn.send_frame(FLUSHED, cid, (b"1" if ok else b"0") + nonce)
+
+    def send_unroute(self, cid: int) -> None:
+        with self.lock:
+            self.conn.send_frame(UNROUTE, cid)
 
     # ------------------------------------------------------------------ reading
 
@@ -290,6 +303,8 @@ class Hub:
         elif tag == WANT:
             broker.lease(cid, peer, _WANT.unpack(body))
         elif tag == SUBSCRIBE:
+            if body:
+                broker.add_inlet(peer, body.decode())
             broker.subscribe(cid, peer)
         elif tag == UNSUBSCRIBE:
             broker.unsubscribe(cid, peer)
@@ -301,6 +316,8 @@ class Hub:
             broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
         elif tag == TOKEN:
             peer.holder = body.decode()
+        elif tag == FLUSH:
+            broker.flush(cid, body[:NONCE], body[NONCE:].decode())
         else:
             raise ValueError(f"unknown stream frame {tag!r}")
 

@@ -104,6 +104,9 @@ def _run(process: object) -> int:
         join_children()  # as the stdlib: daemonic children terminated, the others joined
     finally:
         release_all()  # our pipe ends close, so readers elsewhere see EOF
+        from fiberexec.multiprocessing._stream import settle_all
+
+        settle_all(5.0)  # writers that sent here directly take back what was not read
     return code
 
 

@@ -35,6 +35,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
+from typing import Any
 
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers, client_for
@@ -45,6 +46,9 @@ PUT, SUBSCRIBE, UNSUBSCRIBE, CLAIM, RELEASE, TOKEN = b"P", b"S", b"U", b"C", b"R
 ITEM, EOF = b"I", b"E"
 WANT, RETURNED = b"W", b"N"  # queue consumer -> broker
 ITEMS, REVOKE = b"B", b"V"  # broker -> queue consumer
+FLUSH = b"F"  # pipe writer -> broker (see `_route`)
+FLUSHED, UNROUTE = b"D", b"O"  # broker -> pipe reader (see `_route`)
+NONCE = 8  # bytes of a direct route's nonce
 _WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
 _RETURNED = struct.Struct("!QI")  # consumed, wanted
 _LEN = struct.Struct("!I")
@@ -225,6 +229,10 @@ class Stream:
 
     def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
         self.where = endpoint.address
+        self.endpoint = endpoint
+        self.secret = endpoint.secret
+        self.inlet: Any = None  # `_route.Inlet`: writers elsewhere send here directly
+        self.outlets: Any = None  # `_route.Outlets`: pipes this process writes
         self.conn = Wire(_connect(address, endpoint.secret))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
@@ -251,6 +259,8 @@ class Stream:
             self.lost = True
             self._signal_all()
             self.cond.notify_all()
+            if self.inlet is not None:
+                self.inlet.wake()
 
     def _signal_all(self) -> None:
         for sig in self.signals.values():  # recv() raises at once: ready
@@ -266,17 +276,33 @@ class Stream:
             self.lost = True
             raise BrokenPipeError(self.why) from exc
 
-    def _await(self, ready: Callable[[], object], timeout: float | None) -> bool:
+    def put(self, cid: int, data: bytes) -> None:
+        """Send a pipe item: directly to its reader when that is another process on this
+        host (see `_route`), else through the broker."""
+        outlets = self.outlets
+        if outlets is None:
+            from fiberexec.multiprocessing._route import Outlets
+
+            with self.cond:
+                if self.outlets is None:
+                    self.outlets = Outlets(self)
+                outlets = self.outlets
+        outlets.put(cid, data)
+
+    def _await(self, ready: Callable[[], object], timeout: float | None,
+               cid: int | None = None) -> bool:
         """Wait until ``ready()`` (or the stream is lost), reading the socket as leader when
-        no one else does. Call with ``cond`` held."""
+        no one else does, or the direct connection pipe ``cid``'s items come over (see
+        `_route.Inlet.lead`). Call with ``cond`` held."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.rpc.busy():
             while not (ready() or self.lost):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                if self.reading:
-                    self.cond.wait(left)
+                if self.reading or self.reader is not None:  # once it exists, it reads
+                    if cid is None or self.inlet is None or not self.inlet.lead(cid, left):
+                        self.cond.wait(left)
                     continue
                 self.reading = True
                 self.cond.release()
@@ -321,8 +347,12 @@ class Stream:
         if tag in (ITEM, EOF):
             if tag == ITEM:
                 self.inbox[cid].append(frame[_HEAD.size:])
-            else:
+                if self.inlet is not None and self.inlet.leaders:
+                    self.inlet.wake(cid)
+            elif self.inlet is None or self.inlet.eof(cid):
                 self.eof.add(cid)
+            else:
+                return  # after the items of writers that send here directly (`_route`)
             sig = self.signals.get(cid)
             if sig is not None:
                 sig.set(True)
@@ -336,18 +366,47 @@ class Stream:
             lane.items.clear()
             with contextlib.suppress(ConnectionError):
                 self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting))
+        elif tag == FLUSHED:
+            body = frame[_HEAD.size:]
+            self.inlet.flushed(cid, body[:1] == b"1", body[1:])
+        elif tag == UNROUTE and self.inlet is not None:
+            self.inlet.stop(cid)
+
+    def deliver(self, cid: int, data: bytes) -> None:
+        """An item for pipe ``cid`` came directly from its writer (under ``cond``)."""
+        self.inbox[cid].append(data)
+        if self.inlet.leaders:
+            self.inlet.wake(cid)
+        sig = self.signals.get(cid)
+        if sig is not None:
+            sig.set(True)
+
+    def end(self, cid: int) -> None:
+        """End-of-file for pipe ``cid``, deferred until direct writers settled (``cond``)."""
+        self.eof.add(cid)
+        self.inlet.wake(cid)
+        sig = self.signals.get(cid)
+        if sig is not None:
+            sig.set(True)
+        self.cond.notify_all()
 
     def subscribe(self, cid: int) -> None:
         with self.cond:
             self.subscribed[cid] += 1
             first = self.subscribed[cid] == 1
-        if first:
-            self.send(SUBSCRIBE, cid)
+            if first and self.inlet is None and sys.platform == "linux":
+                from fiberexec.multiprocessing._route import Inlet
+
+                self.inlet = Inlet(self)
+        if first:  # where writers in other processes may send directly (`_route`)
+            self.send(SUBSCRIBE, cid, self.inlet.address.encode() if self.inlet else b"")
 
     def unsubscribe(self, cid: int) -> None:
         with self.cond:
             self.subscribed[cid] -= 1
             last = self.subscribed[cid] == 0
+            if last and self.inlet is not None:
+                self.inlet.stop(cid)
         if last:
             with contextlib.suppress(ConnectionError):
                 self.send(UNSUBSCRIBE, cid)
@@ -355,14 +414,14 @@ class Stream:
     def wait(self, cid: int, timeout: float | None) -> bool:
         """Whether an item or end-of-file for ``cid`` is here, waiting up to ``timeout``."""
         with self.cond:
-            return self._await(lambda: self.inbox[cid] or cid in self.eof, timeout)
+            return self._await(lambda: self.inbox[cid] or cid in self.eof, timeout, cid)
 
     def take(self, cid: int) -> bytes:
         """The next item for ``cid`` (blocking); EOFError at end-of-file."""
         with self.cond:
             box = self.inbox[cid]
             if not box:
-                self._await(lambda: box or cid in self.eof, None)
+                self._await(lambda: box or cid in self.eof, None, cid)
             if box:
                 item = box.popleft()
                 if self.signals:
@@ -391,6 +450,17 @@ class Stream:
             sig = self.signals.pop(cid, None)
         if sig is not None:
             sig.close()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` until writers told to stop sending here directly have
+        taken back what this process did not read (a process does it before it exits)."""
+        with self.cond:
+            return self.inlet is None or self.cond.wait_for(
+                lambda: self.lost or not self.inlet.stopping(), timeout)
+
+    def start_reader(self) -> None:
+        """From now on a thread reads the broker's frames as they come (under ``cond``)."""
+        self._start_reader()
 
     def _start_reader(self) -> None:
         if self.reader is None:
@@ -445,6 +515,9 @@ class Stream:
         return item
 
     def close(self) -> None:
+        for part in (self.inlet, self.outlets):
+            if part is not None:
+                part.close()
         with contextlib.suppress(OSError):
             self.conn.close()
 
@@ -486,3 +559,13 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
             stream = _streams[endpoint.address] = Stream((host, port, unix), endpoint)
         return stream
 
+
+
+def settle_all(timeout: float) -> None:
+    """Before this process exits: let writers that sent here directly take back what was
+    not read (see `Stream.settle`)."""
+    deadline = time.monotonic() + timeout
+    with _streams_lock:
+        streams = list(_streams.values())
+    for stream in streams:
+        stream.settle(max(0.0, deadline - time.monotonic()))

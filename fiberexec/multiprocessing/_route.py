@@ -1,0 +1,539 @@
+"""Direct pipe connections between two processes that are not the pipe's creator.
+
+A pipe created in process B and held by processes A (writing) and R (reading) would
+otherwise be relayed by B: A's stream to B, then B's stream to R (see `_stream`). Here
+A sends its items to R itself, over a connection the broker only introduces:
+
+    R, reading a pipe of B, listens (`Inlet`, an abstract Unix socket: this host and
+      network namespace only) and says where in its subscribe frame
+    A, on its first send, asks B for the reader's address (``"route"``), connects,
+      proves the broker's secret (the HMAC challenge of `multiprocessing.connection`,
+      before anything is read), and says ``HELLO`` for the pipe; R answers ``ACK``
+    A -> B: ``FLUSH`` after what A relayed so far; B -> R: ``FLUSHED`` once all of it has
+      been handed to R (``ok``), or ``not ok`` when R no longer reads the pipe there
+    A -> R: items, directly. R holds them until ``FLUSHED``: nothing A sent through the
+      relay can come after something it sent directly.
+
+R stops reading (its end closed, its process ends, another process reads the pipe:
+B says ``UNROUTE``, or ``FLUSHED`` was not ok): R asks A to ``STOP``; A answers
+``STOPPED`` after its last direct item; R sends back (``RETURN``) every item it had not
+accepted since, and A puts them to B, in order, before anything it sends next, which goes
+through B again (A asks B for a route again later, see `REQUERY`).
+
+End-of-file comes from B (it counts the writers). R files it only once every writer
+routed to it has answered a ``SYNC`` sent after it (so every item that writer sent
+directly is in), or its connection has closed. A connection that closes (its process
+ended) ends the routes over it: A sends through B again; R sends what it had not accepted
+from a stopping writer to B itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener
+from typing import Any
+
+from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
+from fiberexec.multiprocessing._stream import (
+    _HEAD,
+    _LEN,
+    FLUSH,
+    ITEM,
+    NONCE,
+    PUT,
+    Wire,
+    _unbatch,
+)
+
+log = logging.getLogger("fiberexec.multiprocessing")
+
+HELLO, ACK, NACK = b"H", b"A", b"K"  # writer -> reader; reader's answers
+STOP, STOPPED, RETURN = b"X", b"Y", b"Z"  # reader -> writer, writer -> reader, reader -> writer
+SYNC, SYNCED = b"Q", b"J"  # reader -> writer, writer -> reader
+REQUERY = (0.02, 1.0)  # a writer sent through the broker asks for a route again after the
+# first, then twice as long each time, up to the second (a reader that has not yet started
+# reading is found soon; a pipe read by its creator costs a call a second)
+HELLO_TIMEOUT = 10.0  # a reader that does not answer HELLO by then is sent through the broker
+
+
+class Link:
+    """One connection between a writing process and a reading process; sends are
+    serialised by ``lock``."""
+
+    def __init__(self, wire: Wire, address: str = "") -> None:
+        self.wire = wire
+        self.address = address
+        self.lock = threading.Lock()
+        self.closed = False
+        self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
+        self.reader: Any = None  # on the reader's side: the `_hub.Peer` reading it
+
+    def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+        with self.lock:
+            self.wire.send_frame(tag, cid, body)
+
+    def close(self) -> None:
+        self.closed = True
+        self.wire.shutdown()
+        self.wire.close()
+
+
+def _batch(items: list[bytes]) -> bytes:
+    return b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
+
+
+def _frames(link: Link) -> Any:
+    """The link's frames as (tag, cid, body), a whole batch at a time (blocking)."""
+    wire = link.wire
+    while True:
+        batch = [wire.recv_bytes()]
+        while wire.frame_ready():
+            batch.append(wire.recv_bytes())
+        yield [(*_HEAD.unpack_from(frame), frame[_HEAD.size:]) for frame in batch]
+
+
+def _thread(target: Any, *args: Any) -> None:
+    threading.Thread(target=target, args=args, daemon=True, name="fiberexec-mp-route").start()
+
+
+# ------------------------------------------------------------------------- reading side
+
+
+@dataclass
+class Inflow:
+    """One writer's direct items for one pipe read here."""
+
+    link: Link
+    nonce: bytes
+    flushed: bool = False  # the broker said every relayed item of this writer is here
+    stopping: bool = False  # this process asked the writer to stop (items go back)
+    sync_sent: bool = False
+    synced: bool = False  # answered a SYNC sent after end-of-file
+    held: list[bytes] = field(default_factory=list)  # items not accepted (yet)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more from this writer can reach the reader before end-of-file."""
+        return self.stopping or (self.flushed and self.synced)
+
+
+class Inlet:
+    """Where writers of pipes read in this process connect (see the module).
+
+    Its state is guarded by the stream's ``cond``; its threads (one per connection, and
+    one accepting) file items into the stream's inbox as its own reader does."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.address = f"\0fiberexec-mp-in-{os.getpid()}-{secrets.token_hex(8)}"
+        self.listener = Listener(self.address, family="AF_UNIX", authkey=stream.secret)
+        self.flows: dict[int, dict[Link, Inflow]] = {}
+        self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
+        self.links: set[Link] = set()
+        self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
+        _thread(self._accept)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()  # the HMAC challenge runs here
+            except (AuthenticationError, EOFError, ConnectionError) as exc:
+                log.warning("rejected a pipe connection: %s", exc)
+                continue
+            except OSError:  # closed
+                return
+            link = Link(Wire(conn))
+            # read by its own thread, or by a thread here waiting for its items (`lead`)
+            link.reader = Peer(link.wire, functools.partial(self._on, link))
+            with self.stream.cond:
+                self.links.add(link)
+            _thread(self._serve, link)
+
+    def _serve(self, link: Link) -> None:
+        peer = link.reader
+        try:
+            peer.serve()
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("a pipe connection sent a frame this process cannot apply")
+        finally:
+            with peer.role:  # a thread leading finishes its frame first
+                peer.ended = True
+            with self.stream.cond:
+                self._lost(link)
+                self.stream.cond.notify_all()
+            peer.close()
+
+    def _on(self, link: Link, _peer: Peer, frame: bytes) -> None:
+        tag, cid = _HEAD.unpack_from(frame)
+        with self.stream.cond:
+            self._apply(link, tag, cid, frame[_HEAD.size:])
+            self.stream.cond.notify_all()
+
+    def lead(self, cid: int, timeout: float | None) -> bool:
+        """A thread here waits for ``cid`` (under the stream's ``cond``): if its items come
+        directly from one writer, read that connection in this thread until something
+        was applied, ``cid`` is woken (`wake`) or ``timeout`` passes, as the broker's
+        threads read a stream they wait on (`_hub.Peer.lead`): no thread in between.
+        False if it cannot (the caller then waits on ``cond``)."""
+        flows = self.flows.get(cid)
+        if flows is None or len(flows) != 1 or cid in self.leaders:
+            return False
+        ((link, flow),) = flows.items()
+        peer = link.reader
+        if not (flow.flushed and not flow.stopping and peer.leadable) or (
+                not peer.role.acquire(blocking=False)):
+            return False
+        wake = self.leaders[cid] = thread_wake()
+        wake.set(False)
+        cond = self.stream.cond
+        cond.release()
+        try:
+            peer.lead(wake, timeout, keep=cid not in self.stream.signals)
+        finally:
+            cond.acquire()
+            del self.leaders[cid]
+        return True
+
+    def wake(self, cid: int | None = None) -> None:
+        """``cid`` (None: every pipe) became ready some other way: its leader stops."""
+        for key, wake in list(self.leaders.items()):
+            if cid is None or key == cid:
+                wake.wake()
+
+    def _apply(self, link: Link, tag: bytes, cid: int, body: bytes) -> None:
+        stream = self.stream
+        if tag == ITEM:
+            flow = self.flows[cid][link]
+            if flow.flushed and not flow.stopping:
+                stream.deliver(cid, body)
+            else:
+                flow.held.append(body)
+        elif tag == HELLO:
+            if stream.subscribed[cid] > 0 and not stream.lost:
+                self.flows.setdefault(cid, {})[link] = Inflow(link, body)
+                stream.start_reader()  # the broker's frames must be read as they come
+                link.send(ACK, cid)
+            else:
+                link.send(NACK, cid)
+        elif tag == STOPPED:
+            stopped = self._drop(link, cid)
+            link.send(RETURN, cid, _batch(stopped.held if stopped is not None else []))
+            self._settle(cid)
+        elif tag == SYNCED:
+            synced = self.flows.get(cid, {}).get(link)
+            if synced is not None:
+                synced.synced = True
+                self._settle(cid)
+        else:
+            raise ValueError(f"unknown pipe frame {tag!r}")
+
+    def _drop(self, link: Link, cid: int) -> Inflow | None:
+        flows = self.flows.get(cid)
+        flow = flows.pop(link, None) if flows is not None else None
+        if flows is not None and not flows:
+            del self.flows[cid]
+        return flow
+
+    def _give_back(self, cid: int, flow: Inflow) -> None:
+        """The writer is gone: items of it not accepted here go to the broker (in order)."""
+        for item in flow.held:
+            with contextlib.suppress(ConnectionError):
+                self.stream.send(PUT, cid, item)
+        flow.held.clear()
+
+    def _lost(self, link: Link) -> None:
+        link.closed = True
+        self.links.discard(link)
+        for cid in list(self.flows):
+            flow = self.flows[cid].get(link)
+            if flow is None:
+                continue
+            if flow.flushed or flow.stopping:
+                self._give_back(cid, flow)
+                self._drop(link, cid)
+            elif not flow.held:
+                self._drop(link, cid)
+            # else: the broker's FLUSHED is on its way (the writer sent FLUSH first)
+            self._settle(cid)
+
+    # ------------------------------------------------------------ from the broker's stream
+
+    def flushed(self, cid: int, ok: bool, nonce: bytes) -> None:
+        for link, flow in list(self.flows.get(cid, {}).items()):
+            if flow.nonce != nonce or flow.stopping:
+                continue
+            if not ok:
+                if link.closed:
+                    self._give_back(cid, flow)
+                    self._drop(link, cid)
+                else:
+                    self._stop(cid, flow)
+            else:
+                for item in flow.held:
+                    self.stream.deliver(cid, item)
+                flow.held.clear()
+                flow.flushed = True
+                if link.closed:
+                    self._drop(link, cid)
+                elif cid in self.eof_wait:
+                    self._sync(flow, cid)
+            self._settle(cid)
+
+    def stop(self, cid: int) -> None:
+        """This process no longer reads ``cid``: its writers send through the broker."""
+        for flow in list(self.flows.get(cid, {}).values()):
+            self._stop(cid, flow)
+
+    def _stop(self, cid: int, flow: Inflow) -> None:
+        if flow.stopping:
+            return
+        flow.stopping = True
+        try:
+            flow.link.send(STOP, cid)
+        except OSError:  # the writer is gone; `_lost` follows
+            pass
+
+    def _sync(self, flow: Inflow, cid: int) -> None:
+        if flow.flushed and not (flow.stopping or flow.sync_sent or flow.link.closed):
+            flow.sync_sent = True
+            try:
+                flow.link.send(SYNC, cid)
+            except OSError:
+                pass
+
+    def eof(self, cid: int) -> bool:
+        """The broker says ``cid`` has no writer left: whether to file end-of-file now."""
+        flows = self.flows.get(cid)
+        if not flows:
+            return True
+        self.eof_wait.add(cid)
+        for flow in list(flows.values()):
+            self._sync(flow, cid)
+        return False
+
+    def _settle(self, cid: int) -> None:
+        if cid in self.eof_wait and all(
+                flow.settled for flow in self.flows.get(cid, {}).values()):
+            self.eof_wait.discard(cid)
+            self.stream.end(cid)
+
+    def stopping(self) -> bool:
+        return any(flow.stopping for flows in self.flows.values() for flow in flows.values())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        for link in list(self.links):
+            link.wire.shutdown()
+            if link.reader is not None:
+                link.reader.kick.set(True)
+
+
+# ------------------------------------------------------------------------- writing side
+
+HELLOING, ACKED, NACKED, DIRECT, STOPPING, DEAD = range(6)
+
+
+class Route:
+    """One pipe this process writes, sent directly over ``link``."""
+
+    __slots__ = ("direct", "link", "nonce", "state")
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.state = HELLOING
+        self.direct = False  # state == DIRECT, read without the lock on the fast path
+        self.nonce = secrets.token_bytes(NONCE)
+
+
+class Outlets:
+    """The pipes this process writes to readers in other processes (see the module).
+
+    ``routes`` maps a pipe to its `Route`, or to the time until which it is sent through
+    the broker. ``cond`` guards it, serialises every send that does not go directly, and
+    changes of route, so that a thread's items never overtake one another."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.cond = threading.Condition(threading.Lock())
+        self.routes: dict[int, Route | float] = {}
+        self.links: dict[str, Link] = {}
+        self.unreachable: set[str] = set()  # readers on another host or network namespace
+        self.backoff: dict[int, float] = {}  # the next wait before asking for a route
+
+    def put(self, cid: int, data: bytes) -> None:
+        route = self.routes.get(cid)
+        if isinstance(route, Route) and route.direct and self._direct(route, cid, data):
+            return
+        with self.cond:
+            while True:
+                route = self.routes.get(cid)
+                if isinstance(route, Route):
+                    if route.state == DIRECT:
+                        if self._direct(route, cid, data):
+                            return
+                        continue
+                    if route.state in (ACKED, STOPPING):  # settles soon: wait for it
+                        self.cond.wait(1.0)
+                        continue
+                    if route.state != HELLOING:  # the reader refused, or is gone
+                        self._relay_for_now(cid, route)
+                elif route is None or time.monotonic() >= route:
+                    self._establish(cid)
+                    continue
+                break
+            self.stream.send(PUT, cid, data)
+
+    def _direct(self, route: Route, cid: int, data: bytes) -> bool:
+        link = route.link
+        with link.lock:
+            if not route.direct:
+                return False
+            try:
+                link.wire.send_frame(ITEM, cid, data)
+                return True
+            except OSError:  # the reader's process is gone: what it had is lost with it
+                route.direct = False
+                route.state = DEAD
+                link.closed = True
+                return False
+
+    def _relay_for_now(self, cid: int, route: Route | None = None) -> None:
+        if route is not None:
+            route.link.routes.pop(cid, None)
+        if route is None or self.routes.get(cid) is route:
+            wait = self.backoff.get(cid, REQUERY[0])
+            self.backoff[cid] = min(wait * 2, REQUERY[1])
+            self.routes[cid] = time.monotonic() + wait
+
+    def _establish(self, cid: int) -> None:
+        """Ask the broker where ``cid`` is read and route it there (under ``cond``, which
+        is let go while waiting: other threads send through the broker meanwhile)."""
+        self._relay_for_now(cid)
+        link = self._link_for(cid)
+        if link is None:
+            return
+        route = Route(link)
+        self.routes[cid] = link.routes[cid] = route
+        try:
+            link.send(HELLO, cid, route.nonce)
+        except OSError:
+            self._relay_for_now(cid, route)
+            return
+        deadline = time.monotonic() + HELLO_TIMEOUT
+        while route.state == HELLOING and not link.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.cond.wait(min(left, 1.0))
+        if route.state == ACKED:
+            # after everything relayed so far; until the broker passes it on, the reader
+            # holds what comes directly
+            self.stream.send(FLUSH, cid, route.nonce + link.address.encode())
+            with link.lock:
+                route.state = DIRECT
+                route.direct = True
+            self.cond.notify_all()
+        elif route.state != STOPPING:  # refused, gone, or no answer in time
+            route.state = DEAD
+            self._relay_for_now(cid, route)
+
+    def _link_for(self, cid: int) -> Link | None:
+        """The connection to ``cid``'s reader, if it is elsewhere on this host."""
+        self.cond.release()
+        try:
+            address = str(self.stream.endpoint.call("route", (cid,))[0] or "")
+        except Exception:  # the broker is gone: the relay will say so
+            address = ""
+        finally:
+            self.cond.acquire()
+        if not address or address in self.unreachable:
+            return None
+        link = self.links.get(address)
+        if link is not None and not link.closed:
+            return link
+        self.cond.release()
+        try:
+            conn = Client(address, family="AF_UNIX", authkey=self.stream.secret)
+        except (OSError, AuthenticationError, EOFError):
+            conn = None
+        finally:
+            self.cond.acquire()
+        if conn is None:
+            self.unreachable.add(address)
+            return None
+        link = Link(Wire(conn), address)
+        self.links[address] = link
+        _thread(self._serve, link)
+        return link
+
+    def _serve(self, link: Link) -> None:
+        """Read the reader's answers over ``link`` (this thread sends no items)."""
+        try:
+            for batch in _frames(link):
+                for tag, cid, body in batch:
+                    self._apply(link, tag, cid, body)
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("a pipe connection sent a frame this process cannot apply")
+        finally:
+            with self.cond:
+                link.closed = True
+                for cid, route in list(link.routes.items()):
+                    with link.lock:
+                        route.direct = False
+                        route.state = DEAD
+                    self._relay_for_now(cid, route)
+                if self.links.get(link.address) is link:
+                    del self.links[link.address]
+                self.cond.notify_all()
+            link.close()
+
+    def _apply(self, link: Link, tag: bytes, cid: int, body: bytes) -> None:
+        if tag in (ACK, NACK):
+            with self.cond:
+                route = link.routes.get(cid)
+                if route is not None and route.state == HELLOING:
+                    route.state = ACKED if tag == ACK else NACKED
+                    self.cond.notify_all()
+                    return
+            if tag == ACK:  # too late: we send through the broker; the reader forgets us
+                link.send(STOPPED, cid)
+        elif tag == STOP:
+            with self.cond:
+                route = link.routes.get(cid)
+                with link.lock:
+                    if route is not None:
+                        route.direct = False
+                        route.state = STOPPING
+                    link.wire.send_frame(STOPPED, cid)  # after our last direct item
+        elif tag == RETURN:
+            with self.cond:
+                for item in _unbatch(_HEAD.pack(RETURN, cid) + body):
+                    with contextlib.suppress(ConnectionError):
+                        self.stream.send(PUT, cid, item)
+                route = link.routes.get(cid)
+                if route is not None and route.state == STOPPING:
+                    self._relay_for_now(cid, route)
+                self.cond.notify_all()
+        elif tag == SYNC:
+            link.send(SYNCED, cid)
+        else:
+            raise ValueError(f"unknown pipe frame {tag!r}")
+
+    def close(self) -> None:
+        with self.cond:
+            links = list(self.links.values())
+        for link in links:
+            link.wire.shutdown()

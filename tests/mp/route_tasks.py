@@ -1,0 +1,78 @@
+"""Process targets for the direct-pipe tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def send_paced(conn: Any, n: int, every: int, pause: float) -> None:
+    """Send 0..n-1, pausing ``pause`` after every ``every`` items, then close."""
+    for i in range(n):
+        conn.send(i)
+        if i % every == every - 1:
+            time.sleep(pause)
+    conn.close()
+
+
+def read_to_eof(conn: Any, out: Any) -> None:
+    got = []
+    while True:
+        try:
+            got.append(conn.recv())
+        except EOFError:
+            break
+    out.put(got)
+
+
+def read_to_eof_slowly(conn: Any, out: Any) -> None:
+    """As `read_to_eof`, slower than a writer that sends as fast as it can."""
+    got = []
+    while True:
+        try:
+            got.append(conn.recv())
+        except EOFError:
+            break
+        if len(got) % 100 == 0:
+            time.sleep(0.002)
+    out.put(got)
+
+
+def double_until_eof(conn: Any) -> None:
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        conn.send(item * 2)
+
+
+def ask_and_check(conn: Any, n: int, out: Any) -> None:
+    """``n`` round trips with a pause now and then; put how many answers were wrong."""
+    wrong = 0
+    for i in range(n):
+        conn.send(i)
+        if conn.recv() != i * 2:
+            wrong += 1
+        if i % 50 == 49:
+            time.sleep(0.005)
+    conn.close()
+    out.put(wrong)
+
+
+def send_until_direct(conn: Any, n: int, out: Any) -> None:
+    """Send 0..n-1 slowly until this process sends the pipe directly to its reader (or 10 s
+    passed), then the rest at once; put whether it got there (fiberexec only)."""
+    from fiberexec.multiprocessing import _route, _stream
+
+    (stream,) = _stream._streams.values()
+    deadline = time.monotonic() + 10
+    direct = False
+    for i in range(n):
+        conn.send(i)
+        if not direct and time.monotonic() < deadline:
+            route = stream.outlets.routes.get(conn._send_id)
+            direct = isinstance(route, _route.Route) and route.direct
+            time.sleep(0 if direct else 0.01)
+    conn.close()
+    out.put(direct)

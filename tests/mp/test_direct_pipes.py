@@ -1,0 +1,107 @@
+"""Pipes between two children: the writer sends to the reader directly (`_route`), and
+order, end-of-file and dead peers behave as with the standard library's pipes."""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+import fiberexec.multiprocessing as fmp
+from tests.mp import route_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+
+def _start(ctx: object, target: object, *args: object) -> object:
+    p = ctx.Process(target=target, args=args)  # type: ignore[attr-defined]
+    p.start()
+    return p
+
+
+def test_items_keep_their_order_across_the_switch_to_a_direct_connection(
+        mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    out = ctx.Queue()
+    # about a second of sending: the writer starts through the creator and goes direct
+    writer = _start(ctx, t.send_paced, there, 3000, 30, 0.01)
+    reader = _start(ctx, t.read_to_eof, here, out)
+    here.close()
+    there.close()
+    assert out.get(timeout=60) == list(range(3000))
+    for p in (writer, reader):
+        p.join(60)  # type: ignore[attr-defined]
+        assert p.exitcode == 0  # type: ignore[attr-defined]
+
+
+def test_round_trips_between_two_children_over_a_duplex_pipe(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    left, right = ctx.Pipe()
+    out = ctx.Queue()
+    echo = _start(ctx, t.double_until_eof, right)
+    asker = _start(ctx, t.ask_and_check, left, 2000, out)
+    left.close()
+    right.close()
+    assert out.get(timeout=60) == 0
+    for p in (asker, echo):
+        p.join(60)  # type: ignore[attr-defined]
+        assert p.exitcode == 0  # type: ignore[attr-defined]
+
+
+def test_a_killed_direct_writer_gives_the_reader_what_it_sent_then_eof(
+        mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    out = ctx.Queue()
+    writer = _start(ctx, t.send_paced, there, 10**6, 10, 0.01)
+    reader = _start(ctx, t.read_to_eof, here, out)
+    here.close()
+    there.close()
+    time.sleep(1.5)  # long enough for the writer to send directly
+    writer.kill()  # type: ignore[attr-defined]
+    got = out.get(timeout=60)
+    assert len(got) > 50
+    assert got == list(range(len(got)))
+    reader.join(60)  # type: ignore[attr-defined]
+    assert reader.exitcode == 0  # type: ignore[attr-defined]
+    writer.join(60)  # type: ignore[attr-defined]
+
+
+def test_after_a_direct_reader_is_killed_another_reader_gets_the_rest(
+        mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    out = ctx.Queue()
+    writer = _start(ctx, t.send_paced, there, 3000, 10, 0.005)
+    reader = _start(ctx, t.read_to_eof, here, out)
+    there.close()
+    time.sleep(1.0)
+    reader.kill()  # type: ignore[attr-defined]
+    reader.join(60)  # type: ignore[attr-defined]
+    rest = []
+    while True:  # what the killed reader had not taken may be lost, as it is in a pipe
+        try:  # the standard library's reader had read from the pipe
+            rest.append(here.recv())
+        except EOFError:
+            break
+    assert rest, "nothing reached the second reader"
+    assert rest[-1] == 2999
+    assert rest == sorted(set(rest))
+    writer.join(60)  # type: ignore[attr-defined]
+    assert writer.exitcode == 0  # type: ignore[attr-defined]
+
+
+def test_the_writer_sends_directly_to_a_reader_on_this_host() -> None:
+    ctx = fmp.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    out, got = ctx.Queue(), ctx.Queue()
+    writer = _start(ctx, t.send_until_direct, there, 20000, out)
+    reader = _start(ctx, t.read_to_eof_slowly, here, got)
+    here.close()
+    there.close()
+    assert out.get(timeout=60) is True
+    assert got.get(timeout=60) == list(range(20000))  # a burst, then EOF at once
+    for p in (writer, reader):
+        p.join(60)  # type: ignore[attr-defined]
+        assert p.exitcode == 0  # type: ignore[attr-defined]
