@@ -52,14 +52,19 @@ def echo(conn: Any) -> None:
             return
 
 
-def drive(conn: Any, n: int, out: Any) -> None:
+def roundtrips(conn: Any, n: int) -> float:
+    """Round trips per second over ``conn`` to an `echo` (after one to warm up)."""
     conn.send_bytes(b"warm")
     conn.recv_bytes()
     start = time.perf_counter()
     for _ in range(n):
         conn.send_bytes(b"x" * 64)
         conn.recv_bytes()
-    out.put(n / (time.perf_counter() - start))
+    return n / (time.perf_counter() - start)
+
+
+def drive(conn: Any, n: int, out: Any) -> None:
+    out.put(roundtrips(conn, n))
     conn.close()
 
 
@@ -89,13 +94,7 @@ def pipe_roundtrips(mp: Any, n: int) -> float:
     p = mp.Process(target=echo, args=(there,))
     p.start()
     there.close()
-    here.send_bytes(b"warm")
-    here.recv_bytes()
-    start = time.perf_counter()
-    for _ in range(n):
-        here.send_bytes(b"x" * 64)
-        here.recv_bytes()
-    rate = n / (time.perf_counter() - start)
+    rate = roundtrips(here, n)
     here.close()
     p.join(30)
     return rate

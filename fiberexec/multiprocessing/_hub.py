@@ -196,7 +196,7 @@ class Peer:
             self.conn.shutdown()  # the serving thread sees the end and cleans up
             keep = False
         except Exception:
-            log.exception("a stream sent a frame the broker could not apply; closing it")
+            log.exception("a stream sent a frame this process could not apply; closing it")
             self.conn.shutdown()
             keep = False
         finally:
@@ -236,6 +236,21 @@ class Peer:
             self.held = None
             if not self.role.locked():
                 self._arm(_ARMED)
+
+    def run(self, lost: Callable[[], None]) -> None:
+        """The serving thread's body: `serve` until the stream ends, then ``lost()`` (once
+        a leader has finished its frame) and close."""
+        try:
+            self.serve()
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("a stream sent a frame this process could not apply; closing it")
+        finally:
+            with self.role:  # a leader finishes its frame first
+                self.ended = True
+            lost()
+            self.close()
 
     def close(self) -> None:
         self.ended = True
@@ -282,17 +297,7 @@ class Hub:
                              daemon=True, name="fiberexec-mp-stream").start()
 
     def _serve(self, peer: Peer) -> None:
-        try:
-            peer.serve()
-        except (EOFError, OSError):
-            pass
-        except Exception:
-            log.exception("a stream sent a frame the broker could not apply; closing it")
-        finally:
-            with peer.role:  # a leader finishes its frame first
-                peer.ended = True
-            self.broker.peer_lost(peer, peer.holder)
-            peer.close()
+        peer.run(lambda: self.broker.peer_lost(peer, peer.holder))
 
     def _apply(self, peer: Peer, frame: bytes) -> None:
         tag, cid = _HEAD.unpack_from(frame)

@@ -158,20 +158,12 @@ class Inlet:
             _thread(self._serve, link)
 
     def _serve(self, link: Link) -> None:
-        peer = link.reader
-        try:
-            peer.serve()
-        except (EOFError, OSError):
-            pass
-        except Exception:
-            log.exception("a pipe connection sent a frame this process cannot apply")
-        finally:
-            with peer.role:  # a thread leading finishes its frame first
-                peer.ended = True
-            with self.stream.cond:
-                self._lost(link)
-                self.stream.cond.notify_all()
-            peer.close()
+        link.reader.run(functools.partial(self._lost_link, link))
+
+    def _lost_link(self, link: Link) -> None:
+        with self.stream.cond:
+            self._lost(link)
+            self.stream.cond.notify_all()
 
     def _on(self, link: Link, _peer: Peer, frame: bytes) -> None:
         tag, cid = _HEAD.unpack_from(frame)
@@ -336,7 +328,8 @@ class Inlet:
         for link in list(self.links):
             link.wire.shutdown()
             if link.reader is not None:
-                link.reader.kick.set(True)
+                with contextlib.suppress(OSError):  # its serving thread sees the end
+                    link.reader.kick.set(True)
 
 
 # ------------------------------------------------------------------------- writing side

@@ -15,25 +15,16 @@ def send_paced(conn: Any, n: int, every: int, pause: float) -> None:
     conn.close()
 
 
-def read_to_eof(conn: Any, out: Any) -> None:
+def read_to_eof(conn: Any, out: Any, slowly: bool = False) -> None:
+    """Put every item received until end-of-file; ``slowly``: slower than a writer that
+    sends as fast as it can."""
     got = []
     while True:
         try:
             got.append(conn.recv())
         except EOFError:
             break
-    out.put(got)
-
-
-def read_to_eof_slowly(conn: Any, out: Any) -> None:
-    """As `read_to_eof`, slower than a writer that sends as fast as it can."""
-    got = []
-    while True:
-        try:
-            got.append(conn.recv())
-        except EOFError:
-            break
-        if len(got) % 100 == 0:
+        if slowly and len(got) % 100 == 0:
             time.sleep(0.002)
     out.put(got)
 

@@ -97,7 +97,7 @@ def test_the_writer_sends_directly_to_a_reader_on_this_host() -> None:
     here, there = ctx.Pipe(duplex=False)
     out, got = ctx.Queue(), ctx.Queue()
     writer = _start(ctx, t.send_until_direct, there, 20000, out)
-    reader = _start(ctx, t.read_to_eof_slowly, here, got)
+    reader = _start(ctx, t.read_to_eof, here, got, True)
     here.close()
     there.close()
     assert out.get(timeout=60) is True
