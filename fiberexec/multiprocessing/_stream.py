@@ -344,18 +344,12 @@ class Stream:
     def _file(self, frame: bytes) -> None:
         """File one frame from the broker (under ``cond``)."""
         tag, cid = _HEAD.unpack_from(frame)
-        if tag in (ITEM, EOF):
-            if tag == ITEM:
-                self.inbox[cid].append(frame[_HEAD.size:])
-                if self.inlet is not None and self.inlet.leaders:
-                    self.inlet.wake(cid)
-            elif self.inlet is None or self.inlet.eof(cid):
-                self.eof.add(cid)
-            else:
-                return  # after the items of writers that send here directly (`_route`)
-            sig = self.signals.get(cid)
-            if sig is not None:
-                sig.set(True)
+        if tag == ITEM:
+            self.deliver(cid, frame[_HEAD.size:])
+        elif tag == EOF:
+            if self.inlet is None or self.inlet.eof(cid):
+                self.end(cid)
+            # else: after the items of writers that send here directly (`_route`)
         elif tag == ITEMS:
             lane = self._lane(cid)
             got = _unbatch(frame)
@@ -373,22 +367,25 @@ class Stream:
             self.inlet.stop(cid)
 
     def deliver(self, cid: int, data: bytes) -> None:
-        """An item for pipe ``cid`` came directly from its writer (under ``cond``)."""
+        """File an item for pipe ``cid``, from the broker or directly from its writer
+        (under ``cond``)."""
         self.inbox[cid].append(data)
-        if self.inlet.leaders:
+        self._ready(cid)
+
+    def end(self, cid: int) -> None:
+        """File end-of-file for pipe ``cid`` (under ``cond``)."""
+        self.eof.add(cid)
+        self._ready(cid)
+        self.cond.notify_all()
+
+    def _ready(self, cid: int) -> None:
+        """``cid`` has something to read: wake a thread reading its writer's connection
+        (`_route.Inlet.lead`) and set its `Signal`."""
+        if self.inlet is not None and self.inlet.leaders:
             self.inlet.wake(cid)
         sig = self.signals.get(cid)
         if sig is not None:
             sig.set(True)
-
-    def end(self, cid: int) -> None:
-        """End-of-file for pipe ``cid``, deferred until direct writers settled (``cond``)."""
-        self.eof.add(cid)
-        self.inlet.wake(cid)
-        sig = self.signals.get(cid)
-        if sig is not None:
-            sig.set(True)
-        self.cond.notify_all()
 
     def subscribe(self, cid: int) -> None:
         with self.cond:
@@ -441,7 +438,7 @@ class Stream:
             sig = self.signals.get(cid)
             if sig is None:
                 sig = self.signals[cid] = Signal()
-                self._start_reader()
+                self.start_reader()
             sig.set(bool(self.inbox[cid]) or cid in self.eof or self.lost)
             return sig.r
 
@@ -460,9 +457,6 @@ class Stream:
 
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come (under ``cond``)."""
-        self._start_reader()
-
-    def _start_reader(self) -> None:
         if self.reader is None:
             self.reader = threading.Thread(target=self._read_forever, daemon=True,
                                            name="fiberexec-mp-stream-reader")
@@ -474,7 +468,7 @@ class Stream:
         lane = self.lanes.get(cid)
         if lane is None:
             lane = self.lanes[cid] = _Lane()
-            self._start_reader()
+            self.start_reader()
         return lane
 
     def _tell(self, cid: int, lane: _Lane) -> None:
@@ -558,7 +552,6 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
             host, port, unix = endpoint.call("stream", ())[0]
             stream = _streams[endpoint.address] = Stream((host, port, unix), endpoint)
         return stream
-
 
 
 def settle_all(timeout: float) -> None:
