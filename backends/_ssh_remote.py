@@ -131,8 +131,8 @@ def _end(proc: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def _obey(proc: subprocess.Popen[bytes], grace: float, watchdog: float | None) -> None:
-    """Commands from the executor on stdin (``term``, ``kill``; ``ping`` only proves it is
-    there). End of input, or no word for ``watchdog`` seconds, ends the worker."""
+    """Commands from the executor on stdin (``term``, ``kill``, ``sync N``; ``ping`` only
+    proves it is there). End of input, or no word for ``watchdog`` seconds, ends the worker."""
     pending = b""
     while True:
         readable = select.select([0], [], [], watchdog)[0]
@@ -148,6 +148,9 @@ def _obey(proc: subprocess.Popen[bytes], grace: float, watchdog: float | None) -
                 _signal_group(proc, signal.SIGTERM)
             elif line.strip() == b"kill":
                 _signal_group(proc, signal.SIGKILL)
+            elif line.startswith(b"sync "):  # the worker shares our stdout: whatever it
+                # wrote before this reaches the executor before the answer
+                say(event="synced", n=int(line.split()[1]))
     _end(proc, grace)
 
 

@@ -116,6 +116,8 @@ class Session:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr_reader: threading.Thread | None = None
+        self._synced = threading.Condition()  # `sync`: answers seen, and asked
+        self._syncs = [0, 0]
 
     # ------------------------------------------------------------ starting
 
@@ -207,6 +209,10 @@ class Session:
             self._exit_code = int(event["code"])
         elif kind == "note":
             self.lines.append(f"fiberexec-ssh: {event.get('text')}\n")
+        elif kind == "synced":
+            with self._synced:
+                self._syncs[0] = max(self._syncs[0], int(event["n"]))
+                self._synced.notify_all()
 
     def _settle(self, client_code: int) -> None:
         if self._exit_code is not None:
@@ -221,6 +227,8 @@ class Session:
             callback, self._on_exit = self._on_exit, None
         self._ended.set()
         self._ready.set()  # wake a start() still waiting
+        with self._synced:
+            self._synced.notify_all()
         if callback is not None and self.pid is not None:
             callback(status)
 
@@ -281,6 +289,19 @@ class Session:
             proc.kill()
         self.close_stdin()
         self._ended.wait(30)
+
+    def sync(self, timeout: float) -> bool:
+        """Wait until everything the worker wrote before this call has been read here (the
+        wrapper answers through the same output, after it), up to ``timeout``."""
+        if self.pid is None or self._ended.is_set():
+            return True
+        with self._synced:
+            self._syncs[1] += 1
+            asked = self._syncs[1]
+        self.send(f"sync {asked}")
+        with self._synced:
+            return self._synced.wait_for(
+                lambda: self._syncs[0] >= asked or self._ended.is_set(), timeout)
 
     def tail(self, n: int) -> str:
         lines = list(self.lines)

@@ -75,6 +75,7 @@ log = logging.getLogger("fiberexec.ssh")
 HostEntry = str | Mapping[str, Any] | SSHHost
 KEPT_SESSIONS = 1024  # stopped workers whose output logs() still returns
 PING_INTERVAL = 1.0  # seconds between pings to every remote wrapper
+SYNC_TIMEOUT = 5.0  # seconds logs() waits for output the worker wrote before the call
 WATCHDOG_SLACK = 2.0  # seconds a wrapper waits beyond three missed pings or heartbeats
 STRAY_RETRY = RetryPolicy(attempts=3, deadline=30.0)  # per host, for transient ssh errors
 ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # the worker's heartbeat, also the wrappers' pace
@@ -355,10 +356,14 @@ class SSHBackend(Backend):
                 self._finished.popitem(last=False)
 
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
-        """The worker's last output lines (and ssh's own messages), also after it stopped."""
+        """The worker's last output lines (and ssh's own messages), also after it stopped;
+        while it runs, everything it wrote before the call (waited for, up to
+        `SYNC_TIMEOUT`: its output travels through ssh)."""
         with self._lock:
-            session = self._sessions.get(handle.worker_id) or self._finished.get(
-                handle.worker_id)
+            running = self._sessions.get(handle.worker_id)
+            session = running or self._finished.get(handle.worker_id)
+        if running is not None:  # its output travels through ssh: let what it wrote arrive
+            running.sync(SYNC_TIMEOUT)
         return session.tail(tail) if session else ""
 
     def placements(self) -> dict[str, tuple[str, int]]:
