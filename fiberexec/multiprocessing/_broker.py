@@ -33,6 +33,7 @@ from fiberexec.multiprocessing._wire import loads
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
+COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for a routed consumer's count of direct items
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Lease:
     nbytes: int = 0  # their size
     revoking: bool = False  # asked to hand back what it has not taken; nothing is sent
     gone: bool = False  # sending to it failed: nothing more is sent; its stream is ending
+    direct: int = 0  # items producers sent it directly (`_route`) that it had not taken
+    asked: int = 0  # the last count of those asked for (see `Chan.count_direct`)
+    answered: int = 0  # the last count answered
 
     def taken(self, consumed: int) -> None:
         for _ in range(min(consumed - self.consumed, len(self.outstanding))):
@@ -78,6 +82,46 @@ class Chan:
     local_waiters: int = 0  # threads here (or RPC gets) waiting for an item
     source: Any = None  # the `_hub.Peer` that last sent an item here
     leader: Any = None  # the `_hub.Wake` of a thread here reading ``source`` for this pipe
+    routed: Any = None  # queue: the consumer's peer producers elsewhere may send to directly
+    got_here: bool = False  # queue: a get was served here (it has a consumer besides leases)
+    marks: list[list[Any]] = field(default_factory=list)  # queue flushes waiting to be
+    # answered: [peer, nonce, items to send it first] (see `Broker.flush`)
+
+    def sole(self) -> Any:
+        """The peer of this queue's only consumer, if it has exactly one, elsewhere."""
+        if self.writers >= 0 or self.maxsize or self.got_here or len(self.leases) != 1:
+            return None
+        (peer,) = self.leases
+        return peer
+
+    def share(self) -> None:
+        """A second consumer came (under ``cond``): producers stop sending to the routed
+        one directly, and it hands back what they sent it (see `_route`)."""
+        peer, self.routed = self.routed, None
+        self.marks.clear()  # its flows stop: what they held goes back to their writers
+        if peer is None:
+            return
+        lease = self.leases.get(peer)
+        if lease is not None:
+            lease.direct = 0  # on their way back through the producers
+        with contextlib.suppress(OSError):
+            peer.send_unroute(self.cid)
+
+    def count_direct(self) -> None:
+        """Ask the routed consumer how many items sent to it directly it has not taken,
+        and wait up to `COUNT_TIMEOUT` for the answer (under ``cond``)."""
+        peer = self.routed
+        lease = self.leases.get(peer) if peer is not None else None
+        if lease is None or lease.gone:
+            return
+        lease.asked += 1
+        asked = lease.asked
+        try:
+            peer.send_count(self.cid, asked)
+        except OSError:
+            return
+        self.cond.wait_for(lambda: lease.answered >= asked or lease.gone or peer.ended
+                           or self.routed is not peer, COUNT_TIMEOUT)
 
     def changed(self) -> None:
         """Items arrived, were taken, or the last writer left (under ``cond``)."""
@@ -113,8 +157,10 @@ class Chan:
         return True
 
     def size(self) -> int:
-        """Items put and not yet taken (those sent ahead to consumers included)."""
-        return len(self.items) + sum(len(lease.outstanding) for lease in self.leases.values())
+        """Items put and not yet taken (those sent ahead to consumers, or sent to them
+        directly by producers, included)."""
+        return len(self.items) + sum(len(lease.outstanding) + lease.direct
+                                     for lease in self.leases.values())
 
     def dispatch(self) -> None:
         """Send items to consumer processes (under ``cond``), never ahead of a waiter.
@@ -160,6 +206,14 @@ class Chan:
         lease.outstanding.extend(batch)
         lease.nbytes += sum(len(item) for item in batch)
         lease.sent += n
+        for mark in list(self.marks):
+            if mark[0] is lease.peer:
+                mark[2] -= n
+                if mark[2] <= 0:  # what was here at the flush is sent: its producer's
+                    # direct items may follow
+                    self.marks.remove(mark)
+                    with contextlib.suppress(OSError):
+                        lease.peer.send_flushed(self.cid, True, mark[1])
 
     def revoke(self, waiter: Any = None) -> None:
         """Someone (``waiter``: a consumer's peer, or None for a thread here) waits and
@@ -284,6 +338,9 @@ class Broker:
     def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
+            if not chan.got_here:
+                chan.got_here = True
+                chan.share()
             chan.local_waiters += 1
             chan.revoke()
             try:
@@ -358,6 +415,7 @@ class Broker:
     def _qsize(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
+            chan.count_direct()
             return (chan.size(), chan.maxsize), b""
 
     def _task_done(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
@@ -452,14 +510,17 @@ class Broker:
             self.inlets[address] = peer
 
     def _route(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
-        """Where a writer of pipe ``cid`` may send directly (see `_route`): the address of
-        its reading process's inlet, or "" (no reader elsewhere, or the caller reads it)."""
+        """Where a writer of pipe ``cid``, or a producer of unbounded queue ``cid``, may
+        send directly (see `_route`): the address of the inlet of the process that reads
+        the pipe, or of the queue's only consumer; or "" (none elsewhere, or the caller)."""
         chan = self.chan(cid)
         with chan.cond:
-            peer = chan.subscriber
+            peer = chan.subscriber if chan.writers >= 0 else chan.sole()
             if peer is None or not peer.inlet or peer.gone or peer.ended or (
                     peer.holder == _sync_server.caller.value[0]):
                 return "", b""
+            if chan.writers < 0:
+                chan.routed = peer
             return peer.inlet, b""
 
     def flush(self, cid: int, nonce: bytes, inlet: str) -> None:
@@ -471,7 +532,14 @@ class Broker:
         if peer is None or chan is None:
             return
         with chan.cond:
-            ok = chan.subscriber is peer and not chan.items
+            if chan.writers < 0 and chan.routed is peer and chan.items:
+                # a queue: its consumer is told once what is here now was sent to it
+                # (as its window allows), as long as it stays the only consumer
+                chan.marks.append([peer, nonce, len(chan.items)])
+                chan.dispatch()
+                return
+            ok = (chan.subscriber if chan.writers >= 0 else chan.routed) is peer and (
+                not chan.items)
             with contextlib.suppress(OSError):
                 peer.send_flushed(cid, ok, nonce)
 
@@ -493,6 +561,8 @@ class Broker:
                 if peer.gone:
                     return
                 lease = chan.leases[peer] = Lease(peer)
+                if chan.routed is not None and chan.routed is not peer:
+                    chan.share()
             lease.taken(consumed)
             lease.window = window
             lease.wanted = max(0, wanted - (lease.sent - received))  # minus those on the way
@@ -514,6 +584,16 @@ class Broker:
                 lease.wanted = wanted
             chan.dispatch()
 
+    def counted(self, cid: int, peer: Any, asked: int, direct: int) -> None:
+        """A routed consumer's answer to `Chan.count_direct`."""
+        chan = self.chan(cid)
+        with chan.cond:
+            lease = chan.leases.get(peer)
+            if lease is not None and asked > lease.answered:
+                lease.answered = asked
+                lease.direct = direct if chan.routed is peer else 0
+                chan.cond.notify_all()
+
     def peer_lost(self, peer: Any, holder: str | None) -> None:
         """A process's stream closed (it exited or died): release all it held."""
         inlet: str = peer.inlet
@@ -522,6 +602,9 @@ class Broker:
                 self.unsubscribe(chan.cid, peer)
             if peer in chan.leases:
                 with chan.cond:
+                    if chan.routed is peer:
+                        chan.routed = None
+                        chan.marks = [mark for mark in chan.marks if mark[0] is not peer]
                     chan.drop_lease(peer)
                     chan.dispatch()
         if inlet:

@@ -28,14 +28,18 @@ from multiprocessing.connection import Listener
 from typing import Any
 
 from fiberexec.multiprocessing._stream import (
+    _COUNTED,
     _HEAD,
     _LEN,
     _RETURNED,
     _WANT,
     CLAIM,
+    COUNT,
+    COUNTED,
     EOF,
     FLUSH,
     FLUSHED,
+    INLET,
     ITEM,
     ITEMS,
     NONCE,
@@ -133,6 +137,10 @@ class Peer:
     def send_unroute(self, cid: int) -> None:
         with self.lock:
             self.conn.send_frame(UNROUTE, cid)
+
+    def send_count(self, cid: int, asked: int) -> None:
+        with self.lock:
+            self.conn.send_frame(COUNT, cid, _COUNTED.pack(asked, 0))
 
     # ------------------------------------------------------------------ reading
 
@@ -308,8 +316,6 @@ class Hub:
         elif tag == WANT:
             broker.lease(cid, peer, _WANT.unpack(body))
         elif tag == SUBSCRIBE:
-            if body:
-                broker.add_inlet(peer, body.decode())
             broker.subscribe(cid, peer)
         elif tag == UNSUBSCRIBE:
             broker.unsubscribe(cid, peer)
@@ -323,6 +329,10 @@ class Hub:
             peer.holder = body.decode()
         elif tag == FLUSH:
             broker.flush(cid, body[:NONCE], body[NONCE:].decode())
+        elif tag == INLET:
+            broker.add_inlet(peer, body.decode())
+        elif tag == COUNTED:
+            broker.counted(cid, peer, *_COUNTED.unpack(body))
         else:
             raise ValueError(f"unknown stream frame {tag!r}")
 

@@ -76,8 +76,8 @@ class Queue:
             if self._streamed:
                 try:
                     stream = st.stream_for(self._ep())
-                    if stream is not None:
-                        stream.send(st.PUT, self._cid, data)
+                    if stream is not None:  # to its only consumer directly, if it can
+                        stream.put(self._cid, data, queue=True)
                         return
                 except ConnectionError as exc:
                     raise _gone(self, exc) from exc

@@ -1,11 +1,11 @@
-"""Direct pipe connections between two processes that are not the pipe's creator.
+"""Direct connections between two processes that are not the creator of a pipe or queue.
 
 A pipe created in process B and held by processes A (writing) and R (reading) would
 otherwise be relayed by B: A's stream to B, then B's stream to R (see `_stream`). Here
 A sends its items to R itself, over a connection the broker only introduces:
 
     R, reading a pipe of B, listens (`Inlet`, an abstract Unix socket: this host and
-      network namespace only) and says where in its subscribe frame
+      network namespace only) and tells B where (``INLET``)
     A, on its first send, asks B for the reader's address (``"route"``), connects,
       proves the broker's secret (the HMAC challenge of `multiprocessing.connection`,
       before anything is read), and says ``HELLO`` for the pipe; R answers ``ACK``
@@ -25,6 +25,21 @@ routed to it has answered a ``SYNC`` sent after it (so every item that writer se
 directly is in), or its connection has closed. A connection that closes (its process
 ended) ends the routes over it: A sends through B again; R sends what it had not accepted
 from a stopping writer to B itself.
+
+An unbounded queue of B goes the same way from a producer A to its consumer R while R is
+its only consumer (B routes it only then). The differences:
+
+- ``FLUSHED`` comes once the items B held at the ``FLUSH`` have been sent to R (as R's
+  window allows; see `_broker.Chan.dispatch`), so they come before A's direct ones.
+- Items wait in R's queue lane among those B sends ahead, and are counted by B's
+  ``qsize()`` (it asks R, ``COUNT``). A keeps a copy of each until R says it was taken
+  (``TAKEN``, before R hands it out): if R's process dies, A puts the copies to B, so
+  what R had not taken stays in the queue, as in the standard library's pipe.
+- A second consumer (another process, or a get in B) makes B say ``UNROUTE``: R stops its
+  producers and sends back, with ``RETURN``, the items it had not taken, which A puts to B.
+- A producer that exits says ``STOPPED`` unasked, and R sends back what it had not taken
+  (so a consumer that dies later cannot lose it); a consumer that exits stops its
+  producers likewise (`_stream.Stream.settle`).
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
@@ -45,6 +61,7 @@ from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
 from fiberexec.multiprocessing._stream import (
     _HEAD,
     _LEN,
+    _SIZE,
     FLUSH,
     ITEM,
     NONCE,
@@ -58,6 +75,7 @@ log = logging.getLogger("fiberexec.multiprocessing")
 HELLO, ACK, NACK = b"H", b"A", b"K"  # writer -> reader; reader's answers
 STOP, STOPPED, RETURN = b"X", b"Y", b"Z"  # reader -> writer, writer -> reader, reader -> writer
 SYNC, SYNCED = b"Q", b"J"  # reader -> writer, writer -> reader
+TAKEN = b"G"  # queue consumer -> producer: how many of its direct items were taken in all
 REQUERY = (0.02, 1.0)  # a writer sent through the broker asks for a route again after the
 # first, then twice as long each time, up to the second (a reader that has not yet started
 # reading is found soon; a pipe read by its creator costs a call a second)
@@ -107,6 +125,34 @@ def _thread(target: Any, *args: Any) -> None:
 # ------------------------------------------------------------------------- reading side
 
 
+class Direct:
+    """A queue item a producer sent here directly, waiting in the consumer's lane.
+
+    Its producer keeps a copy until told it was taken: `take` (under the stream's
+    ``cond``) counts it, then `handed` tells the producer, before the item is handed out
+    (so it is never handed out twice), without ``cond``: the producer's connection thread
+    must be free to read (it never waits for this process while we wait for it)."""
+
+    __slots__ = ("data", "flow", "taken")
+
+    def __init__(self, data: bytes, flow: Inflow) -> None:
+        self.data = data
+        self.flow = flow
+        self.taken = 0
+
+    def take(self) -> Direct:
+        self.flow.taken += 1
+        self.taken = self.flow.taken
+        return self
+
+    def handed(self, cid: int) -> bytes:
+        link = self.flow.link
+        if not link.closed:
+            with contextlib.suppress(OSError):
+                link.send(TAKEN, cid, _SIZE.pack(self.taken))
+        return self.data
+
+
 @dataclass
 class Inflow:
     """One writer's direct items for one pipe read here."""
@@ -118,6 +164,7 @@ class Inflow:
     sync_sent: bool = False
     synced: bool = False  # answered a SYNC sent after end-of-file
     held: list[bytes] = field(default_factory=list)  # items not accepted (yet)
+    taken: int = 0  # queue: items of this writer taken here in all
 
     @property
     def settled(self) -> bool:
@@ -207,20 +254,22 @@ class Inlet:
         if tag == ITEM:
             flow = self.flows[cid][link]
             if flow.flushed and not flow.stopping:
-                stream.deliver(cid, body)
+                self._deliver(cid, flow, body)
             else:
                 flow.held.append(body)
         elif tag == HELLO:
-            if stream.subscribed[cid] > 0 and not stream.lost:
+            if (stream.subscribed[cid] > 0 or cid in stream.lanes) and not stream.lost:
                 self.flows.setdefault(cid, {})[link] = Inflow(link, body)
                 stream.start_reader()  # the broker's frames must be read as they come
                 link.send(ACK, cid)
             else:
                 link.send(NACK, cid)
-        elif tag == STOPPED:
+        elif tag == STOPPED:  # asked for, or the writer's process ends
             stopped = self._drop(link, cid)
-            link.send(RETURN, cid, _batch(stopped.held if stopped is not None else []))
+            link.send(RETURN, cid, _batch(self._unread(cid, stopped)))
             self._settle(cid)
+            if cid in stream.lanes:
+                stream.told(cid)
         elif tag == SYNCED:
             synced = self.flows.get(cid, {}).get(link)
             if synced is not None:
@@ -228,6 +277,38 @@ class Inlet:
                 self._settle(cid)
         else:
             raise ValueError(f"unknown pipe frame {tag!r}")
+
+    def _deliver(self, cid: int, flow: Inflow, data: bytes) -> None:
+        lane = self.stream.lanes.get(cid)
+        if lane is None:  # a pipe
+            self.stream.deliver(cid, data)
+        else:
+            lane.items.append(Direct(data, flow))
+            lane.direct += 1
+
+    def _unread(self, cid: int, flow: Inflow | None) -> list[bytes]:
+        """What a stopped writer sent here that was not taken: what was held, and for a
+        queue, its items not yet taken from the lane (they go back to it)."""
+        if flow is None:
+            return []
+        lane = self.stream.lanes.get(cid)
+        if lane is None or not lane.direct:
+            return flow.held
+        mine = [item for item in lane.items if type(item) is Direct and item.flow is flow]
+        if mine:
+            lane.items = type(lane.items)(
+                item for item in lane.items if not (type(item) is Direct and item.flow is flow))
+            lane.direct -= len(mine)
+        return [item.data for item in mine] + flow.held
+
+    def fed(self, cid: int) -> bool:
+        """Whether a producer sends queue ``cid`` here directly (it is its only consumer)."""
+        return any(flow.flushed and not flow.stopping
+                   for flow in self.flows.get(cid, {}).values())
+
+    def held(self, cid: int) -> int:
+        """Items writers sent ``cid`` directly that wait here for the broker's word."""
+        return sum(len(flow.held) for flow in self.flows.get(cid, {}).values())
 
     def _drop(self, link: Link, cid: int) -> Inflow | None:
         flows = self.flows.get(cid)
@@ -272,7 +353,7 @@ class Inlet:
                     self._stop(cid, flow)
             else:
                 for item in flow.held:
-                    self.stream.deliver(cid, item)
+                    self._deliver(cid, flow, item)
                 flow.held.clear()
                 flow.flushed = True
                 if link.closed:
@@ -338,15 +419,45 @@ HELLOING, ACKED, NACKED, DIRECT, STOPPING, DEAD = range(6)
 
 
 class Route:
-    """One pipe this process writes, sent directly over ``link``."""
+    """One pipe this process writes, or queue it puts to, sent directly over ``link``."""
 
-    __slots__ = ("direct", "link", "nonce", "state")
+    __slots__ = ("acked", "acks", "direct", "link", "nonce", "state", "unacked")
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, queue: bool) -> None:
         self.link = link
         self.state = HELLOING
         self.direct = False  # state == DIRECT, read without the lock on the fast path
         self.nonce = secrets.token_bytes(NONCE)
+        # a queue's items sent directly and not yet taken: if the consumer's process
+        # ends, they go to the broker instead of being lost with it. Under ``acks``, never
+        # held while waiting (the thread reading the consumer's answers takes it)
+        self.unacked: deque[bytes] | None = deque() if queue else None
+        self.acked = 0
+        self.acks = threading.Lock()
+
+    def sent(self, data: bytes) -> None:
+        if self.unacked is not None:
+            with self.acks:
+                self.unacked.append(data)
+
+    def taken(self, taken: int) -> None:
+        """The consumer took ``taken`` of this route's items in all: drop their copies."""
+        if self.unacked is not None:
+            with self.acks:
+                for _ in range(min(taken - self.acked, len(self.unacked))):
+                    self.unacked.popleft()
+                self.acked = max(self.acked, taken)
+
+    def forget(self) -> list[bytes]:
+        """Stop sending directly (under ``link.lock``, or after STOPPED was sent); the
+        items sent that were not taken."""
+        self.direct = False
+        if self.unacked is None:
+            return []
+        with self.acks:
+            items = list(self.unacked)
+            self.unacked.clear()
+        return items
 
 
 class Outlets:
@@ -364,7 +475,7 @@ class Outlets:
         self.unreachable: set[str] = set()  # readers on another host or network namespace
         self.backoff: dict[int, float] = {}  # the next wait before asking for a route
 
-    def put(self, cid: int, data: bytes) -> None:
+    def put(self, cid: int, data: bytes, queue: bool = False) -> None:
         route = self.routes.get(cid)
         if isinstance(route, Route) and route.direct and self._direct(route, cid, data):
             return
@@ -382,7 +493,7 @@ class Outlets:
                     if route.state != HELLOING:  # the reader refused, or is gone
                         self._relay_for_now(cid, route)
                 elif route is None or time.monotonic() >= route:
-                    self._establish(cid)
+                    self._establish(cid, queue)
                     continue
                 break
             self.stream.send(PUT, cid, data)
@@ -394,12 +505,13 @@ class Outlets:
                 return False
             try:
                 link.wire.send_frame(ITEM, cid, data)
-                return True
-            except OSError:  # the reader's process is gone: what it had is lost with it
-                route.direct = False
+            except OSError:  # the reader's process is gone: what a pipe's had is lost
+                route.direct = False  # with it (a queue's come back: `_serve`)
                 route.state = DEAD
                 link.closed = True
                 return False
+            route.sent(data)
+            return True
 
     def _relay_for_now(self, cid: int, route: Route | None = None) -> None:
         if route is not None:
@@ -409,14 +521,14 @@ class Outlets:
             self.backoff[cid] = min(wait * 2, REQUERY[1])
             self.routes[cid] = time.monotonic() + wait
 
-    def _establish(self, cid: int) -> None:
+    def _establish(self, cid: int, queue: bool) -> None:
         """Ask the broker where ``cid`` is read and route it there (under ``cond``, which
         is let go while waiting: other threads send through the broker meanwhile)."""
         self._relay_for_now(cid)
         link = self._link_for(cid)
         if link is None:
             return
-        route = Route(link)
+        route = Route(link, queue)
         self.routes[cid] = link.routes[cid] = route
         try:
             link.send(HELLO, cid, route.nonce)
@@ -485,8 +597,9 @@ class Outlets:
                 link.closed = True
                 for cid, route in list(link.routes.items()):
                     with link.lock:
-                        route.direct = False
+                        untaken = route.forget()
                         route.state = DEAD
+                    self._resend(cid, untaken)
                     self._relay_for_now(cid, route)
                 if self.links.get(link.address) is link:
                     del self.links[link.address]
@@ -503,27 +616,67 @@ class Outlets:
                     return
             if tag == ACK:  # too late: we send through the broker; the reader forgets us
                 link.send(STOPPED, cid)
-        elif tag == STOP:
-            with self.cond:
-                route = link.routes.get(cid)
-                with link.lock:
-                    if route is not None:
-                        route.direct = False
-                        route.state = STOPPING
-                    link.wire.send_frame(STOPPED, cid)  # after our last direct item
+        elif tag == STOP:  # answered by another thread: this one keeps reading, so a
+            # sender blocked on a full connection (holding its lock) is never waited for
+            _thread(self._stop, link, cid)
         elif tag == RETURN:
-            with self.cond:
-                for item in _unbatch(_HEAD.pack(RETURN, cid) + body):
-                    with contextlib.suppress(ConnectionError):
-                        self.stream.send(PUT, cid, item)
-                route = link.routes.get(cid)
-                if route is not None and route.state == STOPPING:
-                    self._relay_for_now(cid, route)
-                self.cond.notify_all()
+            self._returned(link, cid, _unbatch(_HEAD.pack(RETURN, cid) + body))
+        elif tag == TAKEN:
+            route = link.routes.get(cid)
+            if route is not None:
+                route.taken(_SIZE.unpack(body)[0])
         elif tag == SYNC:
             link.send(SYNCED, cid)
         else:
             raise ValueError(f"unknown pipe frame {tag!r}")
+
+    def _stop(self, link: Link, cid: int) -> None:
+        with self.cond:
+            route = link.routes.get(cid)
+            with link.lock:
+                if route is not None:
+                    route.direct = False
+                    route.state = STOPPING
+                with contextlib.suppress(OSError):  # closed: `_serve` cleans up
+                    link.wire.send_frame(STOPPED, cid)  # after our last direct item
+
+    def _returned(self, link: Link, cid: int, items: list[bytes]) -> None:
+        """The reader stopped ``cid``'s route and sent back what it had not taken (for a
+        queue, exactly the route's unacked items): they go through the broker."""
+        with self.cond:
+            route = link.routes.get(cid)
+            if route is not None:
+                route.forget()
+            self._resend(cid, items)
+            if route is not None and route.state == STOPPING:
+                self._relay_for_now(cid, route)
+            self.cond.notify_all()
+
+    def _resend(self, cid: int, items: list[bytes]) -> None:
+        """Put items that came back through the broker, in order (under ``cond``, so that
+        they go before anything sent next)."""
+        for item in items:
+            with contextlib.suppress(ConnectionError):
+                self.stream.send(PUT, cid, item)
+
+    def leave(self, timeout: float) -> bool:
+        """This process ends: the consumers of queues it sent items to directly hand back
+        those they have not taken, which then go through the broker (a consumer that
+        dies later cannot lose them); waits up to ``timeout``."""
+        with self.cond:
+            leaving = []
+            for cid, route in self.routes.items():
+                if isinstance(route, Route) and route.unacked and route.state == DIRECT:
+                    with route.link.lock:
+                        route.direct = False
+                        route.state = STOPPING
+                        try:
+                            route.link.wire.send_frame(STOPPED, cid)
+                        except OSError:
+                            continue  # `_serve` sends them through the broker
+                    leaving.append(route)
+            return self.cond.wait_for(lambda: all(
+                route.state != STOPPING or route.link.closed for route in leaving), timeout)
 
     def close(self) -> None:
         with self.cond:

@@ -14,10 +14,12 @@ The stream is opened once, through the broker's RPC (``"stream"``), and authenti
 the broker's secret by `multiprocessing.connection`'s challenge before any frame is read;
 frames are a tag, a channel id and raw bytes (nothing here is unpickled). A pipe between
 the creating process and another process thus flows over one direct connection between
-them, with no round trip per message; a pipe between two other processes is relayed by the
-creator. When a stream closes (its process exited or died), the broker releases every pipe
-end that process held, so the reader at the other end sees EOF instead of waiting forever,
-and queue items sent ahead to it that it had not taken go back to the queue.
+them, with no round trip per message; a pipe between two other processes, and a queue
+between a producer and its only consumer, go directly between them once the creator has
+introduced them (see `_route`), else through the creator. When a stream closes (its
+process exited or died), the broker releases every pipe end that process held, so the
+reader at the other end sees EOF instead of waiting forever, and queue items sent ahead
+to it that it had not taken go back to the queue.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ ITEM, EOF = b"I", b"E"
 WANT, RETURNED = b"W", b"N"  # queue consumer -> broker
 ITEMS, REVOKE = b"B", b"V"  # broker -> queue consumer
 FLUSH = b"F"  # pipe writer -> broker (see `_route`)
-FLUSHED, UNROUTE = b"D", b"O"  # broker -> pipe reader (see `_route`)
+FLUSHED, UNROUTE = b"D", b"O"  # broker -> pipe reader or queue consumer (see `_route`)
+INLET, COUNTED = b"L", b"m"  # a reader's or consumer's inlet address; direct items it has
+COUNT = b"M"  # broker -> queue consumer: how many items sent directly have you not taken?
+_COUNTED = struct.Struct("!QQ")  # the count asked for, items
 NONCE = 8  # bytes of a direct route's nonce
 _WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
 _RETURNED = struct.Struct("!QI")  # consumed, wanted
@@ -201,13 +206,17 @@ class Wire:
 
 
 class _Lane:
-    """One queue as consumed in this process: the items sent ahead, and counts."""
+    """One queue as consumed in this process: the items at hand, and counts.
+
+    ``items`` holds, in the order they arrived, the broker's items (bytes) and items its
+    producers sent here directly (`_route.Direct`, which carry their writer's flow)."""
 
     def __init__(self) -> None:
-        self.items: deque[bytes] = deque()
+        self.items: deque[Any] = deque()
         self.received = 0  # items the broker sent here in all
-        self.consumed = 0  # items taken here in all
+        self.consumed = 0  # of those, taken here in all
         self.waiting = 0  # threads here waiting in get()
+        self.direct = 0  # items at hand that producers sent here directly
 
 
 class Stream:
@@ -276,9 +285,10 @@ class Stream:
             self.lost = True
             raise BrokenPipeError(self.why) from exc
 
-    def put(self, cid: int, data: bytes) -> None:
-        """Send a pipe item: directly to its reader when that is another process on this
-        host (see `_route`), else through the broker."""
+    def put(self, cid: int, data: bytes, queue: bool = False) -> None:
+        """Send a pipe item, or an item of an unbounded ``queue``: directly to the pipe's
+        reader or the queue's only consumer when that is another process on this host
+        (see `_route`), else through the broker."""
         outlets = self.outlets
         if outlets is None:
             from fiberexec.multiprocessing._route import Outlets
@@ -287,7 +297,7 @@ class Stream:
                 if self.outlets is None:
                     self.outlets = Outlets(self)
                 outlets = self.outlets
-        outlets.put(cid, data)
+        outlets.put(cid, data, queue)
 
     def _await(self, ready: Callable[[], object], timeout: float | None,
                cid: int | None = None) -> bool:
@@ -355,11 +365,18 @@ class Stream:
             got = _unbatch(frame)
             lane.items.extend(got)
             lane.received += len(got)
-        elif tag == REVOKE:
+            if self.inlet is not None and self.inlet.leaders:
+                self.inlet.wake(cid)  # a thread reading a producer's connection for them
+        elif tag == REVOKE:  # the broker's items go back; it has them (direct ones stay)
             lane = self._lane(cid)
-            lane.items.clear()
+            lane.items = deque(item for item in lane.items if type(item) is not bytes)
             with contextlib.suppress(ConnectionError):
                 self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting))
+        elif tag == COUNT:
+            held = self.inlet.held(cid) if self.inlet is not None else 0
+            asked = _COUNTED.unpack(frame[_HEAD.size:])[0]
+            with contextlib.suppress(ConnectionError):
+                self.send(COUNTED, cid, _COUNTED.pack(asked, self._lane(cid).direct + held))
         elif tag == FLUSHED:
             body = frame[_HEAD.size:]
             self.inlet.flushed(cid, body[:1] == b"1", body[1:])
@@ -387,16 +404,24 @@ class Stream:
         if sig is not None:
             sig.set(True)
 
+    def _open_inlet(self) -> None:
+        """Listen for writers and producers elsewhere (`_route`) on first need, and tell
+        the broker where (under ``cond``)."""
+        if self.inlet is not None or sys.platform != "linux":
+            return
+        from fiberexec.multiprocessing._route import Inlet
+
+        self.inlet = Inlet(self)
+        self.send(INLET, 0, self.inlet.address.encode())  # before anything it reads
+
     def subscribe(self, cid: int) -> None:
         with self.cond:
             self.subscribed[cid] += 1
             first = self.subscribed[cid] == 1
-            if first and self.inlet is None and sys.platform == "linux":
-                from fiberexec.multiprocessing._route import Inlet
-
-                self.inlet = Inlet(self)
-        if first:  # where writers in other processes may send directly (`_route`)
-            self.send(SUBSCRIBE, cid, self.inlet.address.encode() if self.inlet else b"")
+            if first:
+                self._open_inlet()
+        if first:
+            self.send(SUBSCRIBE, cid)
 
     def unsubscribe(self, cid: int) -> None:
         with self.cond:
@@ -449,11 +474,20 @@ class Stream:
             sig.close()
 
     def settle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` until writers told to stop sending here directly have
-        taken back what this process did not read (a process does it before it exits)."""
+        """Before this process exits, up to ``timeout``: producers that sent its queues
+        items directly take back what it did not take (and what this process sent to
+        consumers directly that they did not take comes back, to go through the broker);
+        writers told to stop sending here directly take back what it did not read."""
+        deadline = time.monotonic() + timeout
+        if self.outlets is not None:
+            self.outlets.leave(timeout)
         with self.cond:
-            return self.inlet is None or self.cond.wait_for(
-                lambda: self.lost or not self.inlet.stopping(), timeout)
+            if self.inlet is None:
+                return True
+            for cid in self.lanes:
+                self.inlet.stop(cid)
+            return self.cond.wait_for(lambda: self.lost or not self.inlet.stopping(),
+                                      max(0.0, deadline - time.monotonic()))
 
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come (under ``cond``)."""
@@ -469,12 +503,21 @@ class Stream:
         if lane is None:
             lane = self.lanes[cid] = _Lane()
             self.start_reader()
+            self._open_inlet()  # where producers elsewhere may send directly
         return lane
 
     def _tell(self, cid: int, lane: _Lane) -> None:
         """Send this lane's state (under ``cond``)."""
         wanted = max(0, lane.waiting - len(lane.items))
         self.send(WANT, cid, _WANT.pack(lane.consumed, lane.received, wanted, WINDOW))
+
+    def told(self, cid: int) -> None:
+        """Producers stopped sending queue ``cid`` here directly: the broker learns how
+        many threads here wait (they did not say while items came directly; see `get`)."""
+        lane = self.lanes.get(cid)
+        if lane is not None:
+            with contextlib.suppress(ConnectionError):
+                self._tell(cid, lane)
 
     def get(self, cid: int, timeout: float | None) -> bytes | None:
         """The next item of queue ``cid``, waiting up to ``timeout``; None if none came."""
@@ -485,8 +528,11 @@ class Stream:
                     raise ConnectionError(self.why)
                 lane.waiting += 1
                 try:
-                    self._tell(cid, lane)
-                    self._await(lambda: lane.items, timeout)
+                    # the only consumer, fed directly, need not say it waits: the broker
+                    # sends it items ahead anyway (see `_broker.Chan.dispatch`)
+                    if self.inlet is None or not self.inlet.fed(cid):
+                        self._tell(cid, lane)
+                    self._await(lambda: lane.items, timeout, cid)
                 finally:
                     lane.waiting -= 1
                 if not lane.items:
@@ -494,19 +540,29 @@ class Stream:
                         raise ConnectionError(self.why)
                     self._tell(cid, lane)  # one waiter fewer
                     return None
-            return self._take(cid, lane)
+            item = self._take(cid, lane)
+        return _handed(cid, item)
 
     def get_nowait(self, cid: int) -> bytes | None:
         """An item of queue ``cid`` already here, or None."""
         with self.cond:
             lane = self._lane(cid)
-            return self._take(cid, lane) if lane.items else None
+            if not lane.items:
+                return None
+            item = self._take(cid, lane)
+        return _handed(cid, item)
 
-    def _take(self, cid: int, lane: _Lane) -> bytes:
+    def _take(self, cid: int, lane: _Lane) -> Any:
+        """The next item at hand (under ``cond``): bytes, or a `_route.Direct` to pass
+        to `_handed` once ``cond`` is let go."""
         item = lane.items.popleft()
-        lane.consumed += 1
-        self._tell(cid, lane)  # sent before the item is returned: never handed out twice
-        return item
+        if type(item) is bytes:
+            lane.consumed += 1
+            self._tell(cid, lane)  # sent before the item is returned: never handed out twice
+            return item
+        lane.direct -= 1
+        return item.take()
+
 
     def close(self) -> None:
         for part in (self.inlet, self.outlets):
@@ -514,6 +570,11 @@ class Stream:
                 part.close()
         with contextlib.suppress(OSError):
             self.conn.close()
+
+
+def _handed(cid: int, item: Any) -> bytes:
+    """What `Stream._take` took, once its producer knows (see `_route.Direct`)."""
+    return item if type(item) is bytes else bytes(item.handed(cid))
 
 
 def _connect(address: tuple[str, int, str], secret: bytes) -> Connection:

@@ -67,3 +67,52 @@ def send_until_direct(conn: Any, n: int, out: Any) -> None:
             time.sleep(0 if direct else 0.01)
     conn.close()
     out.put(direct)
+
+
+def route_state(q: Any) -> str:
+    """How this process sends to queue ``q``: ``direct`` (to its consumer), ``relay``
+    (through its creator), or ``stdlib`` (the standard library's queue)."""
+    if not type(q).__module__.startswith("fiberexec"):
+        return "stdlib"
+    from fiberexec.multiprocessing import _route, _stream
+
+    stream = _stream.stream_for(q._ep())
+    route = stream.outlets.routes.get(q._cid) if stream and stream.outlets else None
+    direct = isinstance(route, _route.Route) and route.state == _route.DIRECT
+    return "direct" if direct else "relay"
+
+
+def put_paced(q: Any, n: int, done: Any, tag: Any = None, hold: Any = None) -> None:
+    """Put 0..n-1 (as ``(tag, i)`` if ``tag``) over about half a second, report how the
+    last went (`route_state`), then, if ``hold``, stay alive until it is set."""
+    for i in range(n):
+        q.put(i if tag is None else (tag, i))
+        if i % 20 == 19:
+            time.sleep(0.01)
+    done.put(route_state(q))
+    if hold is not None:
+        hold.wait(60)
+
+
+def put_in_two_parts(  # noqa: PLR0917  # a Process target takes positional args
+        q: Any, first: int, n: int, go: Any, done: Any, hold: Any) -> None:
+    """Put 0..first-1 at once, report, wait for ``go``, put first..n-1 (paced), report
+    how the last went, then stay alive until ``hold`` is set."""
+    for i in range(first):
+        q.put(i)
+    done.put("part one")
+    go.wait(60)
+    for i in range(first, n):
+        q.put(i)
+        if i % 20 == 19:
+            time.sleep(0.01)
+    done.put(route_state(q))
+    hold.wait(60)
+
+
+def take_one_then_rest(q: Any, got: Any, resume: Any, n: int) -> None:
+    """Take one item and report it; once ``resume`` is set, take n - 1 more; report all."""
+    first = q.get(timeout=60)
+    got.put(first)
+    resume.wait(60)
+    got.put([first, *(q.get(timeout=60) for _ in range(n - 1))])
