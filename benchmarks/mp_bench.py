@@ -14,8 +14,9 @@ rates of that repeat) and lists every ratio.
 
 Rows: Pipe round trips per second (parent <-> child echo, and between two children of
 the parent that created the pipe), Queue put/get items per second
-(a child puts, the parent gets; and the parent puts, a child gets; timed once the other
-process runs), and the PPO-style rollout of ``examples/ppo_rollout.py``
+(a child puts, the parent gets; the parent puts, a child gets; and one child puts, another
+gets, through a queue the parent created; timed once the other process runs), and the
+PPO-style rollout of ``examples/ppo_rollout.py``
 (4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
 per environment step.
 
@@ -40,7 +41,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"pipe_roundtrips": 0.5, "pipe_roundtrips_children": 0.5, "queue_items": 0.5,
-           "queue_items_to_child": 0.5, "rollout_1ms": 0.9, "rollout_10us": 0.5}
+           "queue_items_to_child": 0.5, "queue_items_children": 0.5, "rollout_1ms": 0.9,
+           "rollout_10us": 0.5}
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
 
@@ -136,6 +138,35 @@ def queue_items_to_child(mp: Any, n: int) -> float:
     return rate
 
 
+def produce_on_cue(q: Any, go: Any, n: int) -> None:
+    q.put(-1)
+    go.wait(60)
+    produce(q, n)
+
+
+def consume_in_order(q: Any, go: Any, out: Any, n: int) -> None:
+    assert q.get(timeout=60) == -1
+    go.set()  # the consumer waits: from here on, only put/get are timed
+    start = time.perf_counter()
+    for i in range(n):
+        if q.get(timeout=60) != i:
+            raise AssertionError(f"item {i} out of order")
+    out.put(n / (time.perf_counter() - start))
+
+
+def queue_items_children(mp: Any, n: int) -> float:
+    """Items per second from one child to another through a queue the parent created."""
+    q, go, out = mp.Queue(), mp.Event(), mp.Queue()
+    consumer = mp.Process(target=consume_in_order, args=(q, go, out, n))
+    producer = mp.Process(target=produce_on_cue, args=(q, go, n))
+    consumer.start()
+    producer.start()
+    rate = float(out.get(timeout=120))
+    producer.join(30)
+    consumer.join(30)
+    return rate
+
+
 def rollout(mp: Any, steps: int, cost: float) -> float:
     import ppo_rollout  # on PYTHONPATH (see `_fresh`), so children import it by name
 
@@ -155,6 +186,8 @@ def measure(row: str, system: str, quick: bool) -> float:
         return queue_items(mp, 1000 * scale)
     if row == "queue_items_to_child":
         return queue_items_to_child(mp, 1000 * scale)
+    if row == "queue_items_children":
+        return queue_items_children(mp, 25000 * scale)
     if row == "rollout_1ms":
         return rollout(mp, 50 * scale, 1e-3)
     return rollout(mp, 1000 * scale, 1e-5)
