@@ -76,13 +76,19 @@ def pipe_roundtrips_children(mp: Any, n: int) -> float:
     out = mp.Queue()
     echoer = mp.Process(target=echo, args=(other,))
     driver = mp.Process(target=drive, args=(one, n, out))
-    echoer.start()
-    driver.start()
-    one.close()
-    other.close()
+    return _pair_rate(out, echoer, driver, (one, other))
+
+
+def _pair_rate(out: Any, first: Any, second: Any, close: tuple[Any, ...] = ()) -> float:
+    """Start two children, close the ends in ``close`` here, and return the rate one of
+    them puts to ``out``."""
+    first.start()
+    second.start()
+    for end in close:
+        end.close()
     rate = float(out.get(timeout=120))
-    driver.join(30)
-    echoer.join(30)
+    second.join(30)
+    first.join(30)
     return rate
 
 
@@ -159,12 +165,7 @@ def queue_items_children(mp: Any, n: int) -> float:
     q, go, out = mp.Queue(), mp.Event(), mp.Queue()
     consumer = mp.Process(target=consume_in_order, args=(q, go, out, n))
     producer = mp.Process(target=produce_on_cue, args=(q, go, n))
-    consumer.start()
-    producer.start()
-    rate = float(out.get(timeout=120))
-    producer.join(30)
-    consumer.join(30)
-    return rate
+    return _pair_rate(out, consumer, producer)
 
 
 def rollout(mp: Any, steps: int, cost: float) -> float:
