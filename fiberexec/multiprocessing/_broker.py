@@ -512,9 +512,12 @@ class Broker:
     def _route(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
         """Where a writer of pipe ``cid``, or a producer of unbounded queue ``cid``, may
         send directly (see `_route`): the address of the inlet of the process that reads
-        the pipe, or of the queue's only consumer; or "" (none elsewhere, or the caller)."""
+        the pipe, or of the queue's only consumer; or "" (none elsewhere, or the caller);
+        None for a queue that will never be routed (bounded, or consumed here)."""
         chan = self.chan(cid)
         with chan.cond:
+            if chan.writers < 0 and (chan.maxsize or chan.got_here):
+                return None, b""
             peer = chan.subscriber if chan.writers >= 0 else chan.sole()
             if peer is None or not peer.inlet or peer.gone or peer.ended or (
                     peer.holder == _sync_server.caller.value[0]):

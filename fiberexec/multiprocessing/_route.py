@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import secrets
 import threading
@@ -296,7 +297,7 @@ class Inlet:
             return flow.held
         mine = [item for item in lane.items if type(item) is Direct and item.flow is flow]
         if mine:
-            lane.items = type(lane.items)(
+            lane.items = deque(
                 item for item in lane.items if not (type(item) is Direct and item.flow is flow))
             lane.direct -= len(mine)
         return [item.data for item in mine] + flow.held
@@ -554,14 +555,18 @@ class Outlets:
             self._relay_for_now(cid, route)
 
     def _link_for(self, cid: int) -> Link | None:
-        """The connection to ``cid``'s reader, if it is elsewhere on this host."""
+        """The connection to ``cid``'s reader, if it is elsewhere on this host (under
+        ``cond``, which is let go while asking the broker)."""
         self.cond.release()
         try:
-            address = str(self.stream.endpoint.call("route", (cid,))[0] or "")
+            address = self.stream.endpoint.call("route", (cid,))[0]
         except Exception:  # the broker is gone: the relay will say so
             address = ""
         finally:
             self.cond.acquire()
+        if address is None:  # a queue its creator consumes: relayed for good
+            self.routes[cid] = math.inf
+            return None
         if not address or address in self.unreachable:
             return None
         link = self.links.get(address)
@@ -632,13 +637,22 @@ class Outlets:
 
     def _stop(self, link: Link, cid: int) -> None:
         with self.cond:
-            route = link.routes.get(cid)
-            with link.lock:
-                if route is not None:
-                    route.direct = False
-                    route.state = STOPPING
-                with contextlib.suppress(OSError):  # closed: `_serve` cleans up
-                    link.wire.send_frame(STOPPED, cid)  # after our last direct item
+            self._stopping(link, cid, link.routes.get(cid))
+
+    @staticmethod
+    def _stopping(link: Link, cid: int, route: Route | None) -> bool:
+        """Send ``cid`` through the broker from now on, and tell the reader after the
+        last direct item (under ``cond``); False if the connection is closed (`_serve`
+        then sends what was not taken through the broker)."""
+        with link.lock:
+            if route is not None:
+                route.direct = False
+                route.state = STOPPING
+            try:
+                link.wire.send_frame(STOPPED, cid)
+            except OSError:
+                return False
+        return True
 
     def _returned(self, link: Link, cid: int, items: list[bytes]) -> None:
         """The reader stopped ``cid``'s route and sent back what it had not taken (for a
@@ -666,14 +680,8 @@ class Outlets:
         with self.cond:
             leaving = []
             for cid, route in self.routes.items():
-                if isinstance(route, Route) and route.unacked and route.state == DIRECT:
-                    with route.link.lock:
-                        route.direct = False
-                        route.state = STOPPING
-                        try:
-                            route.link.wire.send_frame(STOPPED, cid)
-                        except OSError:
-                            continue  # `_serve` sends them through the broker
+                if isinstance(route, Route) and route.unacked and route.state == DIRECT and (
+                        self._stopping(route.link, cid, route)):
                     leaving.append(route)
             return self.cond.wait_for(lambda: all(
                 route.state != STOPPING or route.link.closed for route in leaving), timeout)
