@@ -21,6 +21,7 @@ import itertools
 import logging
 import pickle
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -72,11 +73,15 @@ def _as_stdlib(exc: BaseException) -> BaseException:
     cause = exc.__cause__
     if _is_remote_traceback(cause) and not isinstance(cause, _REMOTE_TRACEBACK):
         exc.__cause__ = _REMOTE_TRACEBACK(str(cause))
-    if isinstance(exc, SerializationError | pickle.PicklingError) and (
-            "pickle the result" in str(exc)):
-        unsent = _MAYBE_ENCODING(exc, "<the result>")
-        unsent.__cause__ = exc.__cause__
-        return unsent
+    if isinstance(exc, SerializationError | pickle.PicklingError):
+        if "pickle the result" in str(exc):
+            unsent = _MAYBE_ENCODING(exc, "<the result>")
+            unsent.__cause__ = exc.__cause__
+            return unsent
+        original = exc.__cause__
+        if "pickle the arguments" in str(exc) and isinstance(original, Exception):
+            original.add_note(str(exc))  # the stdlib raises what the pickler raised
+            return original
     return exc
 
 
@@ -286,6 +291,11 @@ class Pool:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if getattr(self, "_state", None) == RUN:  # as the stdlib's (the workers stop anyway)
+            _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
+                  source=self)
 
     # ------------------------------------------------------------ the executor
 

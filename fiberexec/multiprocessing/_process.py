@@ -39,6 +39,7 @@ ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
 ENV_SECRET = "FIBEREXEC_MP_SECRET"
 ENV_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
 ENV_PARENT = "FIBEREXEC_MP_PARENT"  # "<pid> <name>" of the parent
+ENV_LOG = "FIBEREXEC_MP_LOG"  # "<level> <to stderr: 0|1>" of the stdlib's multiprocessing logger
 PID_WAIT = 30.0  # seconds `pid` waits for a started child to report its pid
 COMMAND = ("python", "-m", "fiberexec.multiprocessing._process_main")
 _counter = itertools.count(1)
@@ -59,6 +60,41 @@ class _Runtime:
         self.sentinel_r, self.sentinel_w = os.pipe()
         self.signalled: int | None = None
         self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
+        self.pid: int | None = None  # the child's, once asked for (see `Process.pid`)
+
+    # the standard library's ``Process._popen`` interface: code that calls
+    # ``multiprocessing.Process.kill(p)`` or checks ``p._popen`` works on ours
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exitcode
+
+    @property
+    def sentinel(self) -> int:
+        return self.sentinel_r
+
+    def poll(self, flag: int = 0) -> int | None:
+        return self.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.done.wait(timeout)
+        return self.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.done.is_set() or self.handle is None:
+            return
+        self.signalled = sig
+        try:
+            self.backend.signal(self.handle, sig)
+        except SignalNotSupportedError:  # the backend can only stop the job
+            self.backend.stop(self.handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
+            self.finish(-sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def finish(self, code: int | None) -> None:
         if self.done.is_set():
@@ -143,7 +179,7 @@ class Process:
 
         tickets = _connection.capture_tickets()
         try:
-            payload = dumps(self, what="process")
+            payload = dumps(self, what="process", spawning=True)
         finally:
             _connection.stop_capture()
         runtime = _Runtime(backend, broker.add_process(payload))
@@ -152,6 +188,9 @@ class Process:
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)
         self._fx = runtime
+        # as the stdlib: the parent lets go of what the child runs (a target that refers
+        # to the process object would otherwise keep both alive)
+        del self._target, self._args, self._kwargs
         with _children_lock:
             _children.add(self)
         backend.watch(runtime.handle, self._on_exit)
@@ -164,7 +203,7 @@ class Process:
             executor_id=f"mp{os.getpid()}",
             command=COMMAND,
             env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
-                 ENV_PARENT: f"{os.getpid()} {current_process().name}"},
+                 ENV_PARENT: f"{os.getpid()} {current_process().name}", **_logging_env()},
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
             workdir=os.getcwd(),
             resources=resources,
@@ -183,9 +222,17 @@ class Process:
         # Not on this (the backend's watch) thread: stopping may wait for that very watch.
         threading.Thread(target=_clean_up, args=(runtime, handle, code), daemon=True).start()
 
-    def _runtime(self) -> _Runtime:
+    def _check_closed(self) -> None:
         if self._closed:
             raise ValueError("process object is closed")
+
+    @property
+    def _popen(self) -> _Runtime | None:
+        """None until started (code written for the stdlib tests this)."""
+        return self._fx
+
+    def _runtime(self) -> _Runtime:
+        self._check_closed()
         if self._fx is None:
             raise AssertionError("can only use a started process")
         return self._fx
@@ -215,15 +262,7 @@ class Process:
         return None if self._fx is None else self._fx.exitcode
 
     def _signal(self, sig: int) -> None:
-        runtime = self._runtime()
-        if runtime.done.is_set() or runtime.handle is None:
-            return
-        runtime.signalled = sig
-        try:
-            runtime.backend.signal(runtime.handle, sig)
-        except SignalNotSupportedError:  # the backend can only stop the job
-            runtime.backend.stop(runtime.handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
-            runtime.finish(-sig)
+        self._runtime().send_signal(sig)
 
     def terminate(self) -> None:
         """Send SIGTERM; `exitcode` becomes ``-SIGTERM`` (see `Backend.signal`)."""
@@ -246,8 +285,12 @@ class Process:
 
     @property
     def sentinel(self) -> int:
-        """A file descriptor that becomes readable when the process ends."""
-        return self._runtime().sentinel_r
+        """A file descriptor that becomes readable when the process ends; ValueError
+        before `start`, as in the stdlib."""
+        self._check_closed()
+        if self._fx is None:
+            raise ValueError("process not started")
+        return self._fx.sentinel_r
 
     @property
     def pid(self) -> int | None:
@@ -369,6 +412,17 @@ def active_children() -> list[Process]:
             if child._fx is not None and child._fx.done.is_set():
                 _children.discard(child)
         return list(_children)
+
+
+def _logging_env() -> dict[str, str]:
+    """The stdlib's multiprocessing logger, as its spawned children get it: its level,
+    and whether it logs to stderr (`_process_main` sets both up)."""
+    from multiprocessing import util
+
+    if util._logger is None:  # type: ignore[attr-defined]
+        return {}
+    level = util._logger.getEffectiveLevel()  # type: ignore[attr-defined]
+    return {ENV_LOG: f"{level} {int(bool(util._log_to_stderr))}"}  # type: ignore[attr-defined]
 
 
 def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:

@@ -14,6 +14,7 @@ import traceback
 from typing import Any
 
 EXIT_NO_PARENT = 4
+_leaving = threading.Event()  # the process's code is done: exit handlers run
 
 
 def _exit(code: int) -> None:
@@ -55,6 +56,7 @@ def main() -> None:
         import multiprocessing
 
         multiprocessing.current_process().authkey = authkey
+    _set_logging(os.environ.get(_process.ENV_LOG, ""))
     _, payload = client.call("fetch", (proc_id, os.getpid()))
     process = loads(payload, what="process")
     _become(process, authkey)
@@ -62,10 +64,25 @@ def main() -> None:
 
 
 def _set_parent(lost: threading.Event) -> None:
+    import multiprocessing.process
+
     from fiberexec.multiprocessing import _process
 
     pid, _, name = os.environ.get(_process.ENV_PARENT, "0 ?").partition(" ")
     _process._parent = _process._ParentProcess(int(pid), name, lost)
+    # code that asks the stdlib (``multiprocessing.parent_process()``) gets the same
+    multiprocessing.process._parent_process = _process._parent  # type: ignore[attr-defined]
+
+
+def _set_logging(setting: str) -> None:
+    if not setting:
+        return
+    from multiprocessing import util
+
+    level, to_stderr = setting.split()
+    if to_stderr == "1":
+        util.log_to_stderr()
+    util.get_logger().setLevel(int(level))
 
 
 def _become(process: Any, authkey: bytes) -> None:
@@ -80,28 +97,53 @@ def _become(process: Any, authkey: bytes) -> None:
     multiprocessing.current_process().name = process.name
 
 
+def _guarded(call: Any) -> int:
+    """Call ``call()`` as the stdlib runs a process's code: 0, the SystemExit code, or 1
+    with the traceback on stderr."""
+    try:
+        call()
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException:
+        print(f"Process {_current_name()}:", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _current_name() -> str:
+    from fiberexec.multiprocessing import _process
+
+    return _process.current_process().name
+
+
+def _stdlib_exit_function() -> None:
+    from multiprocessing import util
+
+    util._exit_function()  # type: ignore[attr-defined]
+
+
 def _parent_gone(address: str) -> None:
+    if _leaving.is_set():  # our own exit closes the connection
+        return
     print(f"fiberexec process {os.getpid()}: parent at {address} is gone; exiting",
           file=sys.stderr, flush=True)
     threading.Thread(target=_exit, args=(EXIT_NO_PARENT,), daemon=True).start()
 
 
 def _run(process: object) -> int:
-    try:
-        process.run()  # type: ignore[attr-defined]
-        code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException:
-        name = getattr(process, "name", "?")
-        print(f"Process {name}:", file=sys.stderr)
-        traceback.print_exc()
-        code = 1
+    code = _guarded(process.run)  # type: ignore[attr-defined]
+    _leaving.set()
     from fiberexec.multiprocessing._connection import release_all
     from fiberexec.multiprocessing._process import join_children
 
     try:
-        join_children()  # as the stdlib: daemonic children terminated, the others joined
+        # as the stdlib's children: its finalizers and children, our children (daemonic
+        # ones terminated, the others joined), then threads that are not daemons. Like a
+        # forked child (not a spawned one), no atexit handler runs
+        code = _guarded(_stdlib_exit_function) or code
+        join_children()
+        code = _guarded(threading._shutdown) or code  # type: ignore[attr-defined]
     finally:
         release_all()  # our pipe ends close, so readers elsewhere see EOF
         from fiberexec.multiprocessing._stream import settle_all

@@ -199,6 +199,10 @@ class Event(_Shared):
         """Wait until the flag is set or ``timeout`` passes; return the flag."""
         return b.wait_slices(timeout, SLICE, lambda w: bool(self._call("wait", w, wait=w)))
 
+    def __repr__(self) -> str:
+        state = "set" if self.is_set() else "unset"
+        return f"<{type(self).__qualname__} at {id(self):#x} {state}>"
+
 
 class Barrier(_Shared):
     """A barrier for ``parties`` processes (`multiprocessing.Barrier`).
@@ -211,7 +215,7 @@ class Barrier(_Shared):
 
     def __init__(self, parties: int, action: Callable[[], object] | None = None,
                  timeout: float | None = None, *, ctx: object = None) -> None:
-        body = dumps(action, what="barrier action") if action is not None else b""
+        body = dumps(action, what="barrier action", spawning=True) if action is not None else b""
         super().__init__(parties, timeout, _action=body)
 
     def wait(self, timeout: float | None = None) -> int:

@@ -1,27 +1,88 @@
-"""Pickling for queues, pipes, processes and managers: pickle 5, cloudpickle when needed."""
+"""Pickling for queues, pipes, processes and managers: pickle 5, cloudpickle when needed.
+
+Objects of the standard library's `multiprocessing` travel as its own pickler sends them
+(`multiprocessing.reduction.ForkingPickler`'s reducers): a stdlib `Connection` or socket
+is handed to the process that unpickles it on this host (`multiprocessing.resource_sharer`).
+While a `Process` is pickled to start it (``spawning``), stdlib objects that may only be
+"shared through inheritance" (locks, semaphores, conditions, events, shared ctypes, queues)
+may be pickled too, as the stdlib allows when it spawns a child: they are re-opened by
+name or file descriptor there, so on this host only.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
-from typing import Any
+from collections import ChainMap
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, ClassVar
 
 import cloudpickle
 
 from fiberexec._errors import SerializationError
 
 PROTOCOL = 5
+# a plain pickle that names this module needs the standard library's reducers (a stdlib
+# Connection pickles without them, but as a file descriptor number that means nothing in
+# another process)
+_NEEDS_STDLIB = b"multiprocessing.connection"
 
 
-def dumps(obj: Any, *, what: str = "object") -> bytes:
-    """Pickle ``obj`` by reference when possible, by value (cloudpickle) otherwise."""
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with the standard library multiprocessing's reducers first (the
+    pickler reads its class's table as it is made; later registrations are seen)."""
+
+    dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
+        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        cloudpickle.Pickler.dispatch_table,
+    )
+
+
+class _Spawning:
+    """Stands for the stdlib's ``Popen`` while a `Process` is pickled to start it: stdlib
+    objects then pickle as they do for a spawned child, their file descriptors passed on
+    by `multiprocessing.resource_sharer` (the child fetches them as it unpickles)."""
+
+    @staticmethod
+    def duplicate_for_child(fd: int) -> int:
+        return fd
+
+    @staticmethod
+    def DupFd(fd: int) -> Any:  # the stdlib's name for it
+        from multiprocessing import resource_sharer
+
+        return resource_sharer.DupFd(fd)
+
+
+@contextlib.contextmanager
+def _spawning() -> Iterator[None]:
+    from multiprocessing import context
+
+    before = context.get_spawning_popen()
+    context.set_spawning_popen(_Spawning())  # type: ignore[arg-type]
     try:
-        data = pickle.dumps(obj, protocol=PROTOCOL)
-        if b"__main__" not in data:
-            return data
-    except Exception:
-        pass
+        yield
+    finally:
+        context.set_spawning_popen(before)
+
+
+def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
+    """Pickle ``obj`` by reference when possible, by value (cloudpickle) otherwise;
+    ``spawning``: ``obj`` starts a process (see the module)."""
+    if not spawning:
+        try:
+            data = pickle.dumps(obj, protocol=PROTOCOL)
+            if b"__main__" not in data and _NEEDS_STDLIB not in data:
+                return data
+        except Exception:
+            pass
     try:
-        return bytes(cloudpickle.dumps(obj, protocol=PROTOCOL))
+        buffer = io.BytesIO()
+        with _spawning() if spawning else contextlib.nullcontext():
+            _Pickler(buffer, protocol=PROTOCOL).dump(obj)
+        return buffer.getvalue()
     except Exception as exc:
         raise SerializationError(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "

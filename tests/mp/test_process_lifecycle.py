@@ -1,0 +1,94 @@
+"""How a process starts and ends, as the standard library's: what the parent keeps, what
+the child waits for before it exits, what it inherits, and what a pool raises."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import weakref
+from types import ModuleType
+
+import pytest
+
+from tests.mp import exit_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+
+class _Target:
+    def __call__(self) -> None:
+        pass
+
+
+def test_before_start_there_is_no_sentinel_and_after_it_the_target_is_let_go(
+        mpm: ModuleType) -> None:
+    target = _Target()
+    watch = weakref.ref(target)
+    p = mpm.Process(target=target)
+    assert p._popen is None  # code written for the stdlib checks this
+    with pytest.raises(ValueError, match="not started"):
+        _ = p.sentinel
+    p.start()
+    del target
+    p.join(60)
+    gc.collect()
+    assert watch() is None
+    assert p.exitcode == 0
+
+
+def test_the_stdlib_kill_and_terminate_work_on_the_process(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    for method, code in ((multiprocessing.Process.kill, -9),
+                         (multiprocessing.Process.terminate, -15)):
+        event = ctx.Event()
+        p = ctx.Process(target=event.wait, args=(60,))
+        p.start()
+        method(p)  # type: ignore[arg-type]
+        p.join(60)
+        assert p.exitcode == code
+
+
+def test_a_child_waits_for_its_threads_before_it_exits(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    event = ctx.Event()
+    p = ctx.Process(target=t.set_later, args=(event, 0.5))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert event.is_set()
+
+
+def test_a_child_gets_the_stdlib_logger_level_and_its_parent(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    logger = multiprocessing.get_logger()
+    before = logger.level
+    logger.setLevel(33)
+    try:
+        here, there = ctx.Pipe(duplex=False)
+        for target, expected in ((t.report_log_level, 33), (t.report_parent, None)):
+            p = ctx.Process(target=target, args=(there,))
+            p.start()
+            got = here.recv()
+            p.join(60)
+            if expected is None:  # the parent, asked through the stdlib's own function
+                assert got == (mpm.current_process().pid)
+            else:
+                assert got == expected
+    finally:
+        logger.setLevel(before or logging.NOTSET)
+
+
+def test_a_pool_raises_what_the_pickler_raised(mpm: ModuleType) -> None:
+    with mpm.Pool(1) as pool, pytest.raises(RuntimeError, match="refuses to be pickled"):
+        pool.map(t.identity, [t.Unpicklable()])
+
+
+def test_a_pool_dropped_while_running_warns(mpm: ModuleType) -> None:
+    pool = mpm.Pool(1)
+    assert pool.apply(t.identity, (5,)) == 5
+    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+        pool.__del__()
+    pool.terminate()
+    pool.join()
