@@ -29,7 +29,8 @@ BACKEND = os.environ.get("FIBEREXEC_TEST_BACKEND", "local")
 multiprocessing.set_start_method("forkserver", force=True)
 # A backend's own adapter tests are collected only in its tox env, so no env reports skips.
 _ONLY_ON = {"k8s": "kubernetes", "docker": "docker", "slurm": "slurm",
-            "test_local_backend.py": "local", "ssh": "ssh", "testbed": "ssh"}
+            "test_local_backend.py": "local", "ssh": "ssh", "testbed": "ssh",
+            "stdlib_suite": "local"}
 collect_ignore = [path for path, name in _ONLY_ON.items() if name != BACKEND]
 
 
