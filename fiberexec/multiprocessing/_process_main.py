@@ -58,7 +58,12 @@ def main() -> None:
         multiprocessing.current_process().authkey = authkey
     _set_logging(os.environ.get(_process.ENV_LOG, ""))
     _, payload = client.call("fetch", (proc_id, os.getpid()))
-    process = loads(payload, what="process")
+    try:
+        process = loads(payload, what="process")
+    except Exception:  # a failure of this process, not its parent's absence (exit code 4)
+        _leaving.set()
+        traceback.print_exc()
+        _exit(1)
     _become(process, authkey)
     _exit(_run(process))
 

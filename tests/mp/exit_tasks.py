@@ -7,6 +7,13 @@ import time
 from typing import Any
 
 
+class Target:
+    """A target object whose collection a test can watch."""
+
+    def __call__(self) -> None:
+        pass
+
+
 def set_later(event: Any, delay: float) -> None:
     """Start a thread that is not a daemon, which sets ``event`` after ``delay``, and return."""
     threading.Thread(target=lambda: (time.sleep(delay), event.set())).start()
@@ -43,3 +50,14 @@ def bump(lock: Any, value: Any, conn: Any, n: int) -> None:
             value.value += 1
     conn.send("done")
     conn.close()
+
+
+def _refuse() -> None:
+    raise RuntimeError("this object refuses to be unpickled")
+
+
+class UnpicklableThere:
+    """Pickles, but fails to unpickle (in the child)."""
+
+    def __reduce__(self) -> Any:
+        return (_refuse, ())

@@ -17,14 +17,9 @@ from tests.mp.compat import mpm
 __all__ = ["mpm"]
 
 
-class _Target:
-    def __call__(self) -> None:
-        pass
-
-
 def test_before_start_there_is_no_sentinel_and_after_it_the_target_is_let_go(
         mpm: ModuleType) -> None:
-    target = _Target()
+    target = t.Target()
     watch = weakref.ref(target)
     p = mpm.Process(target=target)
     assert p._popen is None  # code written for the stdlib checks this
@@ -92,3 +87,10 @@ def test_a_pool_dropped_while_running_warns(mpm: ModuleType) -> None:
         pool.__del__()
     pool.terminate()
     pool.join()
+
+
+def test_a_child_that_cannot_unpickle_its_process_exits_with_1(mpm: ModuleType) -> None:
+    p = mpm.get_context("spawn").Process(target=t.identity, args=(t.UnpicklableThere(),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 1
