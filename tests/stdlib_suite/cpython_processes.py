@@ -1,4 +1,5 @@
-"""CPython's own multiprocessing test suite (its "processes" tests), on fiberexec.
+"""CPython's own multiprocessing test suite (its "processes" tests), on fiberexec; run
+alone by `test_cpython_suite`.
 
 The interpreter's ``test._test_multiprocessing`` builds its test classes over a mixin that
 names the module's API (``self.Process``, ``self.Pipe``, ``self.Lock``...). Here that mixin
