@@ -28,6 +28,7 @@ PROTOCOL = 5
 # Connection pickles without them, but as a file descriptor number that means nothing in
 # another process)
 _NEEDS_STDLIB = b"multiprocessing.connection"
+_GLOBAL = pickle.STACK_GLOBAL  # how protocol 5 refers to any class or function
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
@@ -74,8 +75,8 @@ def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
     if not spawning:
         try:
             data = pickle.dumps(obj, protocol=PROTOCOL)
-            if b"__main__" not in data and _NEEDS_STDLIB not in data:
-                return data
+            if _GLOBAL not in data or (b"__main__" not in data and _NEEDS_STDLIB not in data):
+                return data  # plain data names no global at all: one byte scan decides
         except Exception:
             pass
     try:

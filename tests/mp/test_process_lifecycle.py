@@ -4,9 +4,9 @@ the child waits for before it exits, what it inherits, and what a pool raises.""
 from __future__ import annotations
 
 import gc
-import logging
 import multiprocessing
 import weakref
+from multiprocessing import util
 from types import ModuleType
 
 import pytest
@@ -57,8 +57,9 @@ def test_a_child_waits_for_its_threads_before_it_exits(mpm: ModuleType) -> None:
 
 def test_a_child_gets_the_stdlib_logger_level_and_its_parent(mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
+    made = util._logger  # type: ignore[attr-defined]
     logger = multiprocessing.get_logger()
-    before = logger.level
+    before, handlers = logger.level, list(logger.handlers)
     logger.setLevel(33)
     try:
         here, there = ctx.Pipe(duplex=False)
@@ -71,8 +72,10 @@ def test_a_child_gets_the_stdlib_logger_level_and_its_parent(mpm: ModuleType) ->
                 assert got == (mpm.current_process().pid)
             else:
                 assert got == expected
-    finally:
-        logger.setLevel(before or logging.NOTSET)
+    finally:  # the stdlib's logger as it was (later tests' children inherit it, as ours do)
+        logger.setLevel(before)
+        logger.handlers[:] = handlers
+        util._logger = made  # type: ignore[attr-defined]
 
 
 def test_a_pool_raises_what_the_pickler_raised(mpm: ModuleType) -> None:
