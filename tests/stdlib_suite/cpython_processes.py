@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import unittest
 from collections.abc import Callable
-from multiprocessing import resource_sharer
 from typing import Any
 
 import pytest
@@ -81,16 +80,6 @@ def _marked(test: Callable[..., Any], mark: Any) -> Callable[..., Any]:
 def _install(namespace: dict[str, Any]) -> None:
     _use_fiberexec()
     suite.install_tests_in_module_dict(namespace, "spawn", only_type="processes")
-    tear_down = namespace["tearDownModule"]
-
-    def tear_down_module() -> None:
-        # the suite's teardown removes the stdlib's temporary directory, where
-        # `multiprocessing.resource_sharer` listens: stop the sharer first, so the next
-        # process given a stdlib object starts a new one
-        resource_sharer.stop(timeout=10)
-        tear_down()
-
-    namespace["tearDownModule"] = tear_down_module
     for table, mark_for in ((DIFFERENT, lambda why: pytest.mark.xfail(strict=True, reason=why)),
                             (NOT_RUN, unittest.skip)):
         for (base, test), why in table.items():
