@@ -60,10 +60,14 @@ class _Runtime:
         self.sentinel_r, self.sentinel_w = os.pipe()
         self.signalled: int | None = None
         self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
-        self.pid: int | None = None  # the child's, once asked for (see `Process.pid`)
 
     # the standard library's ``Process._popen`` interface: code that calls
     # ``multiprocessing.Process.kill(p)`` or checks ``p._popen`` works on ours
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid, once it reports it (waits up to `PID_WAIT`)."""
+        return get_broker().pid_of(self.proc_id, PID_WAIT, self.done.is_set)
 
     @property
     def returncode(self) -> int | None:
@@ -290,7 +294,7 @@ class Process:
         self._check_closed()
         if self._fx is None:
             raise ValueError("process not started")
-        return self._fx.sentinel_r
+        return self._fx.sentinel
 
     @property
     def pid(self) -> int | None:
@@ -300,10 +304,7 @@ class Process:
         """
         if self._child_pid is not None:
             return self._child_pid
-        runtime = self._fx
-        if runtime is None:
-            return None
-        return get_broker().pid_of(runtime.proc_id, PID_WAIT, runtime.done.is_set)
+        return None if self._fx is None else self._fx.pid
 
     ident = pid
 

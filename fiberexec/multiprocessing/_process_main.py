@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 EXIT_NO_PARENT = 4
@@ -102,7 +103,7 @@ def _become(process: Any, authkey: bytes) -> None:
     multiprocessing.current_process().name = process.name
 
 
-def _guarded(call: Any) -> int:
+def _guarded(call: Callable[[], object]) -> int:
     """Call ``call()`` as the stdlib runs a process's code: 0, the SystemExit code, or 1
     with the traceback on stderr."""
     try:
