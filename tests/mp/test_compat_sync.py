@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from types import ModuleType
 
@@ -179,3 +180,10 @@ def test_barrier_rounds_and_abort(mpm: ModuleType) -> None:
     aborted.abort()  # before or while the child waits: either way its wait raises
     assert q2.get(timeout=60) == "BrokenBarrierError"
     p.join(60)
+
+
+def test_an_event_says_whether_it_is_set(mpm: ModuleType) -> None:
+    event = mpm.Event()
+    assert re.fullmatch(r"<Event at 0x[0-9a-f]+ unset>", repr(event))
+    event.set()
+    assert re.fullmatch(r"<Event at 0x[0-9a-f]+ set>", repr(event))

@@ -97,3 +97,14 @@ def test_a_child_that_cannot_unpickle_its_process_exits_with_1(mpm: ModuleType) 
     p.start()
     p.join(60)
     assert p.exitcode == 1
+
+
+def test_the_popen_object_knows_the_child(mpm: ModuleType) -> None:
+    ctx = mpm.get_context("spawn")
+    event = ctx.Event()
+    p = ctx.Process(target=event.wait, args=(60,))
+    p.start()
+    assert p._popen.pid == p.pid
+    assert p._popen.poll() is None
+    event.set()
+    assert p._popen.wait(60) == 0 == p.exitcode
