@@ -1,38 +1,49 @@
-"""Authenticated request/reply over pynng: the transport of queues, pipes, processes, managers.
+"""Authenticated request/reply over sockets: the transport of processes, locks, managers.
 
-    client (Req0, a context per thread)          server (Rep0, a thread per request in flight)
+    client (a connection per thread)              server (a thread per connection)
       | -- b"H" nonce_c ---------------------> |   nothing is trusted yet; frames are raw
       | <-- b"C" nonce_s HMAC("mp-server") --- |   the server proves it holds the secret
-      | -- b"A" HMAC("mp-client") -----------> |   the client proves it; its pipe is trusted
-      | <-- b"K" ----------------------------- |
+      | -- b"A" HMAC("mp-client") -----------> |   the client proves it; the connection is
+      | <-- b"K" local name ------------------ |   trusted
       | -- b"R" len head body ---------------> |   head: pickled (op, args, caller)
       | <-- b"O" len head body / b"E" error -- |
 
-Only frames from an authenticated pipe are unpickled; anything else is answered with
-``b"D"`` and its pipe closed. Each request runs on its own server thread, so one blocking
-request (a ``get`` waiting for an item) never holds up the others; a new receiving thread is
-started whenever none is idle. Servers that live in this process are called directly.
+A frame is an 8-byte length and its bytes. Only frames from an authenticated connection are
+unpickled; before that a frame may be `HELLO_MAX` bytes at most, and anything unexpected is
+answered with ``b"D"`` and the connection closed. Each client thread has its own
+connection and each connection its own server thread, so one blocking request (a ``get``
+waiting for an item) never holds up the others, and a call waits in a plain socket read:
+Ctrl-C interrupts it, as it interrupts the standard library's manager calls. Servers that
+live in this process are called directly.
 
-A server that dies normally closes its connection, and every call waiting on it raises
-`ConnectionError` at once. One that dies silently (its host or container vanished, or it
-stopped) is found by the client: while calls are waiting, it asks the server every
-``HEARTBEAT`` seconds whether it is alive (``b"R"`` op ``"__ping__"``, answered by the
-transport itself); no answer within ``PING_TIMEOUT`` and the client is declared lost, which
-wakes every waiting call with a `ConnectionError` that names the server.
+The server listens on TCP, and on Linux also on an abstract Unix socket whose name it
+gives in ``b"K"``: a client of the same host and network namespace uses that one, so
+calls skip the TCP stack (as the standard library's managers use a Unix socket).
+
+A server that dies normally closes its connections: the client's first connection, which
+it keeps open and reads in a thread (`RpcClient.lost`), sees that at once, even while no
+call waits, and every waiting call raises `ConnectionError`. One that dies silently (its
+host or container vanished, or it stopped) is found by the client: while calls are
+waiting, it asks the server every ``HEARTBEAT`` seconds whether it is alive (``b"R"`` op
+``"__ping__"``, answered by the transport itself); no answer within ``PING_TIMEOUT`` and
+the client is declared lost, which wakes every waiting call with a `ConnectionError` that
+names the server.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import secrets
+import socket
 import struct
+import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
-
-import pynng
 
 from fiberexec import _auth
 from fiberexec._errors import ProtocolError
@@ -41,12 +52,15 @@ from fiberexec.multiprocessing._errors import AuthenticationError
 
 log = logging.getLogger("fiberexec.multiprocessing")
 MAX_MESSAGE = 1 << 31
-MAX_THREADS = 1024
+HELLO_MAX = 64  # bytes a frame may have before its connection is authenticated
+HANDSHAKE_TIMEOUT = 30.0  # seconds a new connection has to authenticate
 CALL_TIMEOUT = 120.0  # seconds an answer may take beyond the time the request asks to wait
 HEARTBEAT = 5.0  # seconds a call waits before the client checks that its server is alive
 PING_TIMEOUT = 30.0  # seconds a live server has to answer that check
 PING = "__ping__"
 _LEN = struct.Struct("!I")
+_SIZE = struct.Struct("!Q")
+_CHUNK = 1 << 16  # the first read of a frame: small frames arrive whole in one read
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[str, tuple[Any, ...], bytes, Caller], tuple[Any, bytes]]
 
@@ -70,139 +84,80 @@ def _split(frame: bytes) -> tuple[Any, memoryview]:
     return head, view[1 + _LEN.size + size :]
 
 
-class RpcServer:
-    """Serve ``handler(op, args, body, caller) -> (result, body)`` to authenticated clients."""
-
-    def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1") -> None:
-        self.secret = secret
-        self.handler = handler
-        self._sock = pynng.Rep0(recv_max_size=MAX_MESSAGE)
-        self._sock.add_post_pipe_remove_cb(self._forget_pipe)
-        bracketed = f"[{host}]" if ":" in host else host
-        listener = self._sock.listen(f"tcp://{bracketed}:0")
-        self.port = int(str(listener.local_address).rsplit(":", 1)[1])
-        self.address = f"tcp://{bracketed}:{self.port}"
-        self.rejected = 0
-        self._lock = threading.Lock()
-        self._pending: dict[int, tuple[bytes, bytes]] = {}
-        self._trusted: set[int] = set()
-        self._contexts: list[Any] = []
-        self._idle = 0
-        self._closed = False
-        self._threads: list[threading.Thread] = []
-        _local_servers[self.address] = self
-        self._spawn()
-
-    def advertised(self, host: str) -> str:
-        """The address clients elsewhere dial: this server's port on ``host``."""
-        return f"tcp://{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def _spawn(self) -> None:
-        ctx = self._sock.new_context()
-        self._contexts.append(ctx)
-        thread = threading.Thread(target=self._serve, args=(ctx,), daemon=True,
-                                  name="fiberexec-mp-rpc")
-        self._threads.append(thread)
-        thread.start()
-
-    def _serve(self, ctx: Any) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            try:
-                msg = ctx.recv_msg()
-            except (pynng.NNGException, TypeError):  # TypeError: pynng's closed context
-                return
-            with self._lock:
-                self._idle -= 1
-                if self._idle == 0 and not self._closed and len(self._threads) < MAX_THREADS:
-                    self._spawn()
-            reply = self._answer(msg.bytes, msg.pipe)
-            try:
-                ctx.send(reply)
-            except (pynng.NNGException, TypeError):
-                return
-
-    def _answer(self, frame: bytes, pipe: Any) -> bytes:
-        tag = frame[:1]
-        with self._lock:
-            trusted = pipe.id in self._trusted
-        if trusted and tag == b"R":
-            return self._dispatch(frame)
-        if not trusted and tag == b"H" and len(frame) == 17:
-            return self._challenge(pipe, frame[1:])
-        if not trusted and tag == b"A" and len(frame) == 33:
-            return self._check(pipe, frame[1:])
-        return self._reject(pipe, f"unexpected {tag!r} frame before authentication")
-
-    def _challenge(self, pipe: Any, nonce_c: bytes) -> bytes:
-        nonce_s = _auth.new_nonce()
-        with self._lock:
-            self._pending[pipe.id] = (nonce_c, nonce_s)
-        return b"C" + nonce_s + _auth.proof(self.secret, "mp-server", nonce_c, nonce_s)
-
-    def _check(self, pipe: Any, proof: bytes) -> bytes:
-        with self._lock:
-            nonces = self._pending.pop(pipe.id, None)
-        if nonces is None or not _auth.verify(_auth.proof(self.secret, "mp-client", *nonces),
-                                              proof):
-            return self._reject(pipe, "wrong proof")
-        with self._lock:
-            self._trusted.add(pipe.id)
-        return b"K"
-
-    def _reject(self, pipe: Any, why: str) -> bytes:
-        self.rejected += 1
-        log.warning("rejected a connection to %s: %s", self.address, why)
-        threading.Timer(0.05, _close_quietly, args=(pipe,)).start()  # after the reply leaves
-        return b"D" + why.encode()
-
-    def _forget_pipe(self, pipe: Any) -> None:
-        with self._lock:
-            self._trusted.discard(pipe.id)
-            self._pending.pop(pipe.id, None)
-
-    def _dispatch(self, frame: bytes) -> bytes:
-        try:
-            (op, args, caller), body = _split(frame)
-            if op == PING:
-                return b"".join(_frame(b"O", None, b""))
-            result, out = self.handler(op, args, bytes(body), caller)
-            return b"".join(_frame(b"O", result, out))
-        except BaseException as exc:  # the caller re-raises it
-            return b"E" + _pickle_error(exc)
-
-    def call_local(self, op: str, args: tuple[Any, ...], body: bytes) -> tuple[Any, bytes]:
-        return self.handler(op, args, body, (_TOKEN, threading.get_ident()))
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            contexts, self._contexts = self._contexts, []
-        _local_servers.pop(self.address, None)
-        for ctx in contexts:
-            with contextlib.suppress(pynng.NNGException):
-                ctx.close()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
-        self._sock.close()
-
-
-def _set_timeout(ctx: Any, ms: int) -> None:
-    """Bound a context's send and receive (pynng's `Context` has no timeout attributes)."""
-    if getattr(ctx, "_fiberexec_timeout", None) == ms:
+def send_frame(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
+    """Write one frame (its length, then ``parts``); small frames in one write."""
+    size = sum(len(p) for p in parts)
+    if size > MAX_MESSAGE:
+        raise ValueError(f"a message of {size} bytes is over the {MAX_MESSAGE}-byte limit; "
+                         "send large data in pieces, or through shared memory")
+    if size <= _CHUNK:
+        sock.sendall(b"".join([_SIZE.pack(size), *parts]))
         return
-    for option in (b"recv-timeout", b"send-timeout"):
-        err = pynng.lib.nng_ctx_set_ms(ctx.context, option, ms)
-        if err:
-            pynng.check_err(err)
-    ctx._fiberexec_timeout = ms
+    sock.sendall(_SIZE.pack(size))
+    for part in parts:
+        sock.sendall(part)
 
 
-def _close_quietly(pipe: Any) -> None:
-    with contextlib.suppress(Exception):
-        pipe.close()
+def recv_frame(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
+    """Read one frame; EOFError if the peer closed, ProtocolError past ``limit`` bytes."""
+    data = sock.recv(_CHUNK)
+    while len(data) < _SIZE.size:
+        more = sock.recv(_CHUNK)
+        if not more:
+            raise EOFError("the connection closed")
+        data += more
+    (size,) = _SIZE.unpack_from(data)
+    if size > limit:
+        raise ProtocolError(f"a frame of {size} bytes is over this connection's limit "
+                            f"of {limit}")
+    have = len(data) - _SIZE.size
+    if have == size:
+        return data[_SIZE.size:]
+    frame = bytearray(size)
+    frame[:have] = data[_SIZE.size:]
+    view = memoryview(frame)
+    while have < size:
+        got = sock.recv_into(view[have:])
+        if not got:
+            raise EOFError("the connection closed mid-frame")
+        have += got
+    return bytes(frame)
+
+
+def _drop(sock: socket.socket) -> None:
+    """Close ``sock``, waking any thread blocked reading it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def _tcp_address(address: str) -> tuple[str, int]:
+    if not address.startswith("tcp://"):
+        raise ValueError(f"not a server address: {address!r} (expected tcp://host:port)")
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _connect_tcp(address: str, timeout: float) -> socket.socket:
+    try:
+        sock = socket.create_connection(_tcp_address(address), timeout=timeout)
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach {address}: {exc}; is its owner alive?") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _connect_local(name: str, timeout: float) -> socket.socket | None:
+    """A connection to the abstract Unix socket ``name``, or None if this host has none."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect("\0" + name)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _pickle_error(exc: BaseException) -> bytes:
@@ -212,6 +167,130 @@ def _pickle_error(exc: BaseException) -> bytes:
         from fiberexec.multiprocessing._errors import RemoteError
 
         return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=5)
+
+
+class RpcServer:
+    """Serve ``handler(op, args, body, caller) -> (result, body)`` to authenticated clients."""
+
+    def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1") -> None:
+        self.secret = secret
+        self.handler = handler
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind((host, 0))
+        self._listener.listen(128)
+        self.port = int(self._listener.getsockname()[1])
+        bracketed = f"[{host}]" if ":" in host else host
+        self.address = f"tcp://{bracketed}:{self.port}"
+        self.local_name = ""
+        self._local: socket.socket | None = None
+        if sys.platform == "linux":
+            self.local_name = f"fiberexec-rpc-{os.getpid()}-{secrets.token_hex(8)}"
+            self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._local.bind("\0" + self.local_name)
+            self._local.listen(128)
+        self.rejected = 0
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        _local_servers[self.address] = self
+        for listener in (self._listener, self._local):
+            if listener is not None:
+                thread = threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                                          name="fiberexec-mp-rpc-accept")
+                self._threads.append(thread)
+                thread.start()
+
+    def advertised(self, host: str) -> str:
+        """The address clients elsewhere dial: this server's port on ``host``."""
+        return f"tcp://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:  # closed
+                return
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._closed:
+                    _drop(sock)
+                    return
+                self._conns.add(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True,
+                             name="fiberexec-mp-rpc").start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            if self._authenticate(sock):
+                sock.settimeout(None)
+                while True:
+                    frame = recv_frame(sock)
+                    if frame[:1] != b"R":
+                        send_frame(sock, [self._reject(f"unexpected {frame[:1]!r} frame")])
+                        return
+                    send_frame(sock, self._dispatch(frame))
+        except (OSError, EOFError, ProtocolError):
+            pass  # the client went away (or broke the protocol): its connection ends
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+            _drop(sock)
+
+    def _authenticate(self, sock: socket.socket) -> bool:
+        """Run the challenge of the module docstring; False (and the client told) if it
+        fails."""
+        hello = recv_frame(sock, HELLO_MAX)
+        if hello[:1] != b"H" or len(hello) != 17:
+            send_frame(sock, [self._reject(f"unexpected {hello[:1]!r} frame before "
+                                           "authentication")])
+            return False
+        nonce_c, nonce_s = hello[1:], _auth.new_nonce()
+        send_frame(sock, [b"C", nonce_s, _auth.proof(self.secret, "mp-server", nonce_c,
+                                                     nonce_s)])
+        answer = recv_frame(sock, HELLO_MAX)
+        expected = _auth.proof(self.secret, "mp-client", nonce_c, nonce_s)
+        if answer[:1] != b"A" or len(answer) != 33 or not _auth.verify(expected, answer[1:]):
+            send_frame(sock, [self._reject("wrong proof")])
+            return False
+        send_frame(sock, [b"K", self.local_name.encode()])
+        return True
+
+    def _reject(self, why: str) -> bytes:
+        with self._lock:
+            self.rejected += 1
+        log.warning("rejected a connection to %s: %s", self.address, why)
+        return b"D" + why.encode()
+
+    def _dispatch(self, frame: bytes) -> list[bytes | memoryview]:
+        try:
+            (op, args, caller), body = _split(frame)
+            if op == PING:
+                return _frame(b"O", None, b"")
+            result, out = self.handler(op, args, bytes(body), caller)
+            return _frame(b"O", result, out)
+        except BaseException as exc:  # the caller re-raises it
+            return [b"E", _pickle_error(exc)]
+
+    def call_local(self, op: str, args: tuple[Any, ...], body: bytes) -> tuple[Any, bytes]:
+        return self.handler(op, args, body, (_TOKEN, threading.get_ident()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+        _local_servers.pop(self.address, None)
+        for listener in (self._listener, self._local):
+            if listener is not None:
+                _drop(listener)
+        for sock in conns:
+            _drop(sock)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
 
 
 class _Busy:
@@ -234,17 +313,33 @@ class _Busy:
             client._busy -= 1
 
 
+
+
+class _Channel:
+    """One client thread's connection to a server (closed when the thread's state goes)."""
+
+    __slots__ = ("__weakref__", "sock", "timeout")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.timeout: float | None = -1.0  # the socket's timeout: not yet set here
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
 class RpcClient:
-    """One authenticated Req0 connection to a server; thread-safe (a context per thread)."""
+    """Authenticated connections to a server; thread-safe (a connection per thread)."""
 
     def __init__(self, address: str, secret: bytes, *, timeout: float = 30.0) -> None:
         self.address = address
         self.lost = threading.Event()
-        self._sock = pynng.Req0(recv_max_size=MAX_MESSAGE, resend_time=-1)
-        self._sock.add_post_pipe_remove_cb(self._on_remove)
+        self._secret = secret
+        self._connect_timeout = timeout
         self._listeners: list[Callable[[], None]] = []
         self._local = threading.local()
-        self._contexts: list[Any] = []
+        self._channels: weakref.WeakSet[_Channel] = weakref.WeakSet()
         self._lock = threading.RLock()  # re-entrant for finalizers, as `_clients_lock`
         self.why = (f"the connection to {address} was lost: the process serving it exited, or "
                     "its host is unreachable")
@@ -255,40 +350,100 @@ class RpcClient:
         self._busy_mark = _Busy(self)
         self._watcher: threading.Thread | None = None
         self._closed = False
-        self._sock.dial_timeout = int(timeout * 1000)
+        self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
+        self._monitor = _connect_tcp(address, timeout)
         try:
-            self._sock.dial(address, block=True)
-        except pynng.NNGException as exc:
-            self._sock.close()
-            raise ConnectionError(f"cannot reach {address}: {exc}; is its owner alive?") from exc
-        try:
-            self._handshake(secret, timeout)
+            self._local_name = self._handshake(self._monitor, timeout)
         except BaseException:
-            self.close()
+            _drop(self._monitor)
             raise
+        threading.Thread(target=self._await_end, daemon=True,
+                         name="fiberexec-mp-rpc-watch").start()
 
-    def _context(self) -> Any:
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            with self._lock:
-                if self.lost.is_set():
-                    raise ConnectionError(self.why)
-                ctx = self._local.ctx = self._sock.new_context()
-                self._contexts.append(ctx)
-        return ctx
+    def _await_end(self) -> None:
+        """Read the first connection, on which the server never writes: this returns when
+        the server's end closes."""
+        with contextlib.suppress(OSError):
+            self._monitor.settimeout(None)
+            self._monitor.recv(1)
+        if not self._closed:
+            self._lose(f"the process serving {self.address} is gone (its connection closed)")
+
+    def _handshake(self, sock: socket.socket, timeout: float) -> str:
+        sock.settimeout(timeout)
+        nonce_c = _auth.new_nonce()
+        try:
+            send_frame(sock, [b"H", nonce_c])
+            answer = recv_frame(sock, HELLO_MAX)
+            if answer[:1] != b"C" or len(answer) != 49:
+                raise ProtocolError(f"it answered {answer[:1]!r}")
+            nonce_s, proof = answer[1:17], answer[17:]
+            if not _auth.verify(_auth.proof(self._secret, "mp-server", nonce_c, nonce_s),
+                                proof):
+                raise AuthenticationError(
+                    f"{self.address} failed authentication: it does not hold this handle's "
+                    "secret")
+            send_frame(sock, [b"A", _auth.proof(self._secret, "mp-client", nonce_c, nonce_s)])
+            ok = recv_frame(sock, HELLO_MAX)
+        except AuthenticationError:
+            raise
+        except (OSError, EOFError, ProtocolError) as exc:
+            raise ConnectionError(f"{self.address} broke off the handshake: {exc}") from None
+        if ok[:1] != b"K":
+            raise AuthenticationError(f"{self.address} refused our proof: {ok[1:]!r}")
+        return ok[1:].decode()
+
+    def _channel(self, limit: float | None) -> _Channel:
+        """This thread's connection, made (within ``limit`` seconds, if given) on first use."""
+        channel: _Channel | None = getattr(self._local, "channel", None)
+        if channel is not None:
+            return channel
+        if self.lost.is_set():
+            raise ConnectionError(self.why)
+        timeout = self._connect_timeout if limit is None else min(limit,
+                                                                   self._connect_timeout)
+        sock = _connect_local(self._local_name, timeout) if self._local_name else None
+        if sock is None:
+            sock = _connect_tcp(self.address, timeout)
+        try:
+            self._handshake(sock, timeout)
+        except BaseException:
+            _drop(sock)
+            raise
+        channel = self._local.channel = _Channel(sock)
+        with self._lock:
+            self._channels.add(channel)
+        if self.lost.is_set():  # lost while connecting: `_close_channels` may have missed it
+            self._forget(channel)
+            raise ConnectionError(self.why)
+        return channel
+
+    def _forget(self, channel: _Channel) -> None:
+        """Drop this thread's connection (its state is unknown after a failed call)."""
+        if getattr(self._local, "channel", None) is channel:
+            del self._local.channel
+        _drop(channel.sock)
 
     def _roundtrip(self, parts: list[bytes | memoryview], timeout: float | None) -> bytes:
-        ctx = self._context()
-        _set_timeout(ctx, -1 if timeout is None else max(1, int(timeout * 1000)))
+        channel = self._channel(timeout)
+        sock = channel.sock
         try:
-            ctx.send(b"".join(parts) if len(parts) > 1 else parts[0])
-            return bytes(ctx.recv())
-        except pynng.Timeout:
+            if channel.timeout != timeout:
+                sock.settimeout(timeout)
+                channel.timeout = timeout
+            send_frame(sock, parts)
+            return recv_frame(sock)
+        except TimeoutError:
+            self._forget(channel)
             raise ConnectionError(
                 f"{self.address} did not answer within {timeout}s; is its owner alive?"
             ) from None
-        except (pynng.NNGException, TypeError):  # TypeError: pynng's closed context
+        except (OSError, EOFError, ProtocolError):
+            self._forget(channel)
             raise ConnectionError(self.why) from None
+        except BaseException:  # Ctrl-C mid-call: the answer would come to the next call
+            self._forget(channel)
+            raise
 
     def busy(self) -> _Busy:
         """Mark a wait on this server (``with client.busy(): ...``): while any lasts, the
@@ -327,21 +482,6 @@ class RpcClient:
                                "or hangs")
                 return
 
-    def _handshake(self, secret: bytes, timeout: float) -> None:
-        nonce_c = _auth.new_nonce()
-        answer = self._roundtrip([b"H" + nonce_c], timeout)
-        if answer[:1] != b"C" or len(answer) != 49:
-            raise AuthenticationError(f"{self.address} did not answer the handshake")
-        nonce_s, proof = answer[1:17], answer[17:]
-        if not _auth.verify(_auth.proof(secret, "mp-server", nonce_c, nonce_s), proof):
-            raise AuthenticationError(
-                f"{self.address} failed authentication: it does not hold this handle's secret"
-            )
-        ok = self._roundtrip([b"A" + _auth.proof(secret, "mp-client", nonce_c, nonce_s)],
-                             timeout)
-        if ok != b"K":
-            raise AuthenticationError(f"{self.address} refused our proof: {ok[1:]!r}")
-
     def call(self, op: str, args: tuple[Any, ...], body: bytes = b"", *,
              timeout: float | None = CALL_TIMEOUT) -> tuple[Any, bytes]:
         """Run ``op`` on the server; re-raise what it raised."""
@@ -361,9 +501,6 @@ class RpcClient:
         if self.lost.is_set():
             fn()
 
-    def _on_remove(self, _pipe: Any) -> None:
-        self._lose(f"the process serving {self.address} is gone (its connection closed)")
-
     def _lose(self, why: str) -> None:
         with self._lock:
             if self.lost.is_set():
@@ -372,21 +509,22 @@ class RpcClient:
             self.lost.set()
         for fn in list(self._listeners):
             fn()
-        threading.Thread(target=self._close_contexts, daemon=True).start()  # wake waiters
+        self._close_channels()  # wake the calls waiting for an answer
 
-    def _close_contexts(self) -> None:
+    def _close_channels(self) -> None:
         with self._lock:
-            contexts, self._contexts = self._contexts, []
-        for ctx in contexts:
-            with contextlib.suppress(pynng.NNGException):
-                ctx.close()
+            channels = list(self._channels)
+        for channel in channels:
+            _drop(channel.sock)
 
     def close(self) -> None:
         with self._watch:
             self._closed = True
             self._watch.notify_all()
-        self._close_contexts()
-        self._sock.close()
+        with self._lock:
+            self.lost.set()
+        _drop(self._monitor)
+        self._close_channels()
 
 
 class Endpoint:

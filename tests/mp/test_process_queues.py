@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 import select
 import signal
+import socket
+import struct
 
 import pytest
 
@@ -162,6 +164,41 @@ def test_wrong_secret_is_refused() -> None:
     from fiberexec.multiprocessing._rpc import RpcClient
 
     broker = get_broker()
-    with pytest.raises(mp.AuthenticationError):
+    with pytest.raises(mp.AuthenticationError, match="does not hold"):
         RpcClient(broker.address, b"x" * 32, timeout=10)
-    assert broker.server.rejected >= 0
+
+
+def _raw_frame(sock: socket.socket, payload: bytes) -> bytes:
+    sock.sendall(struct.pack("!Q", len(payload)) + payload)
+    head = sock.recv(8)
+    if not head:
+        return b""
+    (size,) = struct.unpack("!Q", head)
+    answer = b""
+    while len(answer) < size:
+        answer += sock.recv(size - len(answer))
+    return answer
+
+
+@pytest.mark.parametrize("payload", [b"R" + b"\x80\x05N." * 4, b"A" + bytes(32)])
+def test_a_request_before_authentication_is_rejected_unread(payload: bytes) -> None:
+    from fiberexec.multiprocessing._broker import get_broker
+
+    server = get_broker().server
+    before = server.rejected
+    host, port = server.address[len("tcp://"):].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        answer = _raw_frame(sock, payload)
+        assert answer.startswith(b"D") and b"before authentication" in answer
+        assert sock.recv(1) == b""  # and the connection is closed
+    assert server.rejected == before + 1
+
+
+def test_an_oversized_frame_before_authentication_closes_the_connection() -> None:
+    from fiberexec.multiprocessing._broker import get_broker
+
+    server = get_broker().server
+    host, port = server.address[len("tcp://"):].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(struct.pack("!Q", 1 << 40))  # a terabyte announced, nothing allocated
+        assert sock.recv(1) == b""
