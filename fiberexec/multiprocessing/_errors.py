@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins as _builtins
 import multiprocessing as _std
+import multiprocessing.managers as _std_managers
 
 from fiberexec._errors import AuthenticationError as _FiberAuthenticationError
 
@@ -27,8 +28,13 @@ class AuthenticationError(_FiberAuthenticationError, _std.AuthenticationError):
     """A peer failed the HMAC handshake of a queue, pipe, process or manager connection."""
 
 
-class RemoteError(ProcessError):
-    """A manager-side error that could not be sent back as itself (its text is kept)."""
+class RemoteError(ProcessError, _std_managers.RemoteError):
+    """A manager-side error that could not be sent back as itself (its text is kept), or
+    one raised making a shared object (as the standard library's managers raise it); also
+    the standard library's ``multiprocessing.managers.RemoteError``."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
 
 
 __all__ = ["AuthenticationError", "BufferTooShort", "ProcessError", "RemoteError", "TimeoutError"]

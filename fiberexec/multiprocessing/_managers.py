@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fiberexec.multiprocessing import _backends, _sync_server
-from fiberexec.multiprocessing._errors import ProcessError
+from fiberexec.multiprocessing._errors import ProcessError, RemoteError
+from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
 from fiberexec.multiprocessing._proxies import (
     AcquirerProxy,
@@ -40,14 +41,18 @@ from fiberexec.multiprocessing._proxies import (
     BaseProxy,
     ConditionProxy,
     DictProxy,
+    EventProxy,
+    IteratorProxy,
     ListProxy,
     NamespaceProxy,
+    PoolProxy,
     ValueProxy,
     _proxy_types,
+    _releaser,
 )
 from fiberexec.multiprocessing._queues import SimpleQueue
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
-from fiberexec.multiprocessing._wire import dumps, loads
+from fiberexec.multiprocessing._wire import dumps, dumps_as_stdlib, loads
 
 START_TIMEOUT = 120.0
 SHUTDOWN_TIMEOUT = 5.0
@@ -95,18 +100,53 @@ class _Server:
     def __init__(self, registry: dict[str, TypeInfo]) -> None:
         self.registry = registry
         self.objects: dict[int, tuple[Any, str]] = {}
+        self.refs: dict[int, int] = {}  # proxies alive per object (see `_proxies`)
         self.ids = itertools.count(1)
         self.stop = threading.Event()
-        self.lock = threading.Lock()
+        # re-entrant: freeing an object may free proxies it held, whose releases come here
+        self.lock = threading.RLock()
 
     def _add(self, obj: Any, typeid: str) -> int:
+        """Keep ``obj``; the proxy made for it holds its first reference."""
         with self.lock:
             oid = next(self.ids)
             self.objects[oid] = (obj, typeid)
+            self.refs[oid] = 1
         return oid
 
+    def _lookup(self, oid: int) -> tuple[Any, str]:
+        try:
+            return self.objects[oid]
+        except KeyError:
+            raise ReferenceError(
+                f"the manager holds no object {oid}: it was freed when the last proxy to it "
+                "was dropped; keep a proxy alive while other processes may still receive "
+                "copies of it") from None
+
+    def _incref(self, oid: int) -> None:
+        with self.lock:
+            self._lookup(oid)
+            self.refs[oid] += 1
+
+    def _decref(self, oids: list[int]) -> None:
+        freed = []
+        with self.lock:
+            for oid in oids:
+                left = self.refs.get(oid, 0) - 1
+                if left > 0:
+                    self.refs[oid] = left
+                elif oid in self.refs:
+                    del self.refs[oid]
+                    freed.append(self.objects.pop(oid))
+        freed.clear()  # the objects go here, outside the lock
+
+    def _debug_info(self) -> str:
+        with self.lock:
+            return "".join(f"  {oid}: refcount={self.refs[oid]}\n    {str(obj)[:75]}\n"
+                           for oid, (obj, _) in sorted(self.objects.items()))
+
     def _call(self, oid: int, name: str, body: bytes) -> tuple[Any, bytes]:
-        obj, typeid = self.objects[oid]
+        obj, typeid = self._lookup(oid)
         info = self.registry[typeid]
         if info.exposed is not None and name not in info.exposed:
             raise AttributeError(f"method {name!r} of {type(obj)!r} object is not in "
@@ -135,17 +175,23 @@ class _Server:
         if op == "call":
             return self._call(args[0], args[1], body)
         if op == "getattr":
-            return None, dumps(getattr(self.objects[args[0]][0], args[1]), what="attribute")
+            return None, dumps(getattr(self._lookup(args[0])[0], args[1]), what="attribute")
         if op == "setattr":
-            setattr(self.objects[args[0]][0], args[1], loads(body, what="attribute"))
+            setattr(self._lookup(args[0])[0], args[1], loads(body, what="attribute"))
             return None, b""
         if op == "delattr":
-            delattr(self.objects[args[0]][0], args[1])
+            delattr(self._lookup(args[0])[0], args[1])
+            return None, b""
+        if op == "incref":
+            self._incref(args[0])
             return None, b""
         if op == "decref":
-            with self.lock:
-                self.objects.pop(args[0], None)
+            self._decref(args[0])
             return None, b""
+        if op == "count":
+            return len(self.objects), b""
+        if op == "debug_info":
+            return self._debug_info(), b""
         if op == "shutdown":
             self.stop.set()
             return None, b""
@@ -328,7 +374,14 @@ class BaseManager:
             raise ProcessError("the manager is not started; call start() or use `with`")
         address = addresses[next(self._next) % len(addresses)]
         endpoint = Endpoint(address, self._secret)
-        oid, _ = endpoint.call("create", (typeid,), dumps((args, kwds), what="arguments"))
+        body = dumps_as_stdlib((args, kwds), what="arguments")
+        try:
+            oid, _ = endpoint.call("create", (typeid,), body)
+        except (ConnectionError, ReferenceError):
+            raise
+        except Exception as exc:  # as the standard library's managers report it
+            raise RemoteError(f"making the manager's {typeid!r} raised "
+                              f"{type(exc).__name__}: {exc}") from exc
         proxytype = self._registry[typeid][1]
         return proxytype(address, self._secret, oid, typeid, self._servers.pool)
 
@@ -341,6 +394,19 @@ class BaseManager:
         """Wait until the server processes exit (after `shutdown`, or if they die)."""
         for proc in list(self._servers.procs):
             proc.join(timeout)
+
+    def _ask_servers(self, op: str) -> list[Any]:
+        _releaser.flush()  # this process's dropped proxies first
+        return [Endpoint(address, self._secret).call(op, ())[0]
+                for address in self._servers.addresses]
+
+    def _number_of_objects(self) -> int:
+        """How many shared objects the servers hold (the standard library's debug aid)."""
+        return int(sum(self._ask_servers("count")))
+
+    def _debug_info(self) -> str:
+        """Each shared object the servers hold, with its count of proxies."""
+        return "".join(self._ask_servers("debug_info"))
 
     def __enter__(self) -> BaseManager:
         if not self._servers.addresses:
@@ -358,7 +424,7 @@ class SyncManager(BaseManager):
 _TYPES: list[tuple[str, Callable[..., Any], type[BaseProxy]]] = [
     ("Queue", queue.Queue, BaseProxy),
     ("JoinableQueue", queue.Queue, BaseProxy),
-    ("Event", threading.Event, BaseProxy),
+    ("Event", threading.Event, EventProxy),
     ("Lock", threading.Lock, AcquirerProxy),
     ("RLock", _sync_server.ThreadRLock, AcquirerProxy),
     ("Semaphore", threading.Semaphore, AcquirerProxy),
@@ -370,9 +436,12 @@ _TYPES: list[tuple[str, Callable[..., Any], type[BaseProxy]]] = [
     ("Namespace", Namespace, NamespaceProxy),
     ("Value", _Value, ValueProxy),
     ("Array", _array, ArrayProxy),
+    ("Pool", Pool, PoolProxy),
 ]
 for _typeid, _callable, _proxy in _TYPES:
     SyncManager.register(_typeid, _callable, _proxy)
+SyncManager.register("Iterator", proxytype=IteratorProxy, create_method=False)
+SyncManager.register("AsyncResult", create_method=False)
 
 
 class AsyncManager(SyncManager):

@@ -1,39 +1,59 @@
 """Manager proxies: references to objects in a manager's server, with the stdlib's operators.
 
 A proxy pickles to (address, secret, object id, typeid), so it works in any process of ours.
+As in the standard library, the server counts the proxies of each object and frees it when
+the last is gone: creating an object (or a method returning one, ``method_to_typeid``)
+gives its first reference, unpickling a proxy adds one, and a proxy garbage collected
+releases its own. The release is queued and sent by a thread of its own (`_Releaser`),
+never from the finalizer: a garbage collection may run it in the middle of another call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import multiprocessing.util as std_util
+import queue
+import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._rpc import Endpoint
-from fiberexec.multiprocessing._wire import dumps, loads
+from fiberexec.multiprocessing._wire import dumps, dumps_as_stdlib, loads
 
 
 class BaseProxy:
     """A reference to an object in a manager's server; picklable (to any of our processes)."""
 
     _exposed_: ClassVar[tuple[str, ...] | None] = None
+    _method_to_typeid_: ClassVar[dict[str, str] | None] = None
 
     def __init__(self, address: str, secret: bytes, oid: int, typeid: str,
-                 pool: ThreadPoolExecutor | None = None) -> None:
-        object.__setattr__(self, "_fx", (Endpoint(address, secret), oid, typeid))
+                 pool: ThreadPoolExecutor | None = None, *, incref: bool = False) -> None:
+        endpoint = Endpoint(address, secret)
+        object.__setattr__(self, "_fx", (endpoint, oid, typeid))
         object.__setattr__(self, "_fx_pool", pool)
+        if incref:  # a copy (unpickled): its own reference, if the object still exists
+            try:
+                endpoint.call("incref", (oid,))
+            except (KeyError, ConnectionError, OSError):
+                return  # freed, or its manager stopped: calls say so; nothing to release
+        _releaser.watch(self, address, secret, oid)
 
     def _callmethod(self, methodname: str, args: tuple[Any, ...] = (),
                     kwds: dict[str, Any] | None = None) -> Any:
         """Call ``methodname`` on the referent and return its result."""
         endpoint, oid, _ = self._fx
-        made, body = endpoint.call("call", (oid, methodname), dumps((args, kwds or {})),
+        made, body = endpoint.call("call", (oid, methodname),
+                                   dumps_as_stdlib((args, kwds or {}), what="arguments"),
                                    timeout=None)
         if made is not None:  # method_to_typeid: a proxy for an object left in the server
-            new_oid, typeid = made
+            new_oid, typeid = made  # the server counted this proxy's reference
             proxytype = _proxy_types.get(typeid, BaseProxy)
-            return proxytype(endpoint.address, endpoint.secret, new_oid, typeid)
+            return proxytype(endpoint.address, endpoint.secret, new_oid, typeid, self._fx_pool)
         return loads(body, what=f"result of {methodname}()")
 
     def _remote(self, op: str, name: str, body: bytes = b"") -> Any:
@@ -51,8 +71,7 @@ class BaseProxy:
         return (_rebuild_proxy, (type(self), endpoint.address, endpoint.secret, oid, typeid))
 
     def __repr__(self) -> str:
-        _, oid, typeid = self._fx
-        return f"<{type(self).__name__} object, typeid {typeid!r} at {oid}>"
+        return f"<{type(self).__name__} object, typeid {self._fx[2]!r} at {id(self):#x}>"
 
     def __str__(self) -> str:
         return str(self._callmethod("__repr__"))
@@ -63,7 +82,71 @@ _proxy_types: dict[str, type[BaseProxy]] = {}  # typeid -> proxy type, for metho
 
 def _rebuild_proxy(cls: type[BaseProxy], address: str, secret: bytes, oid: int,
                    typeid: str) -> BaseProxy:
-    return cls(address, secret, oid, typeid)
+    return cls(address, secret, oid, typeid, incref=True)
+
+
+class _Releaser:
+    """Sends the releases of garbage-collected proxies to their servers, from a thread."""
+
+    def __init__(self) -> None:
+        self.pending: queue.SimpleQueue[tuple[str, bytes, int]] = queue.SimpleQueue()
+        self.sending = threading.Lock()  # one batch at a time (see `flush`)
+        self.thread: threading.Thread | None = None
+        self.start_lock = threading.Lock()
+        self.live: dict[int, weakref.finalize[Any, Any]] = {}  # proxies not yet released
+        self.keys = itertools.count()
+        # at exit, this process's proxies release their references, as the standard
+        # library's do: its exit function runs in our children too (`_process_main`)
+        std_util.Finalize(None, self.release_all, exitpriority=10)
+
+    def watch(self, proxy: BaseProxy, address: str, secret: bytes, oid: int) -> None:
+        if self.thread is None:
+            with self.start_lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._run, daemon=True,
+                                                   name="fiberexec-mp-proxy-release")
+                    self.thread.start()
+        key = next(self.keys)
+        finalizer = weakref.finalize(proxy, self._release, key, (address, secret, oid))
+        finalizer.atexit = False  # `release_all` runs them, then sends
+        self.live[key] = finalizer
+
+    def _release(self, key: int, ref: tuple[str, bytes, int]) -> None:
+        # no call from here: this may run in a garbage collection, inside another call;
+        # SimpleQueue.put is safe there
+        self.live.pop(key, None)
+        self.pending.put(ref)
+
+    def release_all(self) -> None:
+        """Release every proxy still alive here and send it all (at exit)."""
+        for finalizer in list(self.live.values()):
+            finalizer()
+        self.flush()
+
+    def _run(self) -> None:
+        while True:
+            first = self.pending.get()
+            with self.sending:
+                self._send([first])
+
+    def flush(self) -> None:
+        """Send every release queued so far, and wait until they are in."""
+        with self.sending:
+            self._send([])
+
+    def _send(self, batch: list[tuple[str, bytes, int]]) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                batch.append(self.pending.get_nowait())
+        by_server: dict[tuple[str, bytes], list[int]] = {}
+        for address, secret, oid in batch:
+            by_server.setdefault((address, secret), []).append(oid)
+        for (address, secret), oids in by_server.items():
+            with contextlib.suppress(ConnectionError, OSError):  # a stopped manager freed all
+                Endpoint(address, secret).call("decref", (oids,))
+
+
+_releaser = _Releaser()
 
 
 class _Sequence(BaseProxy):
@@ -84,10 +167,10 @@ class _Sequence(BaseProxy):
 
 
 class ListProxy(_Sequence):
-    """A list in the manager; ``+``, ``*``, ``+=``, ``*=`` as the standard library's."""
+    """A list in the manager; ``+``, ``*``, ``+=``, ``*=`` as the standard library's.
 
-    def __iter__(self) -> Any:
-        return iter(self._callmethod("copy"))
+    Iterating reads item after item (``__getitem__``), as the standard library's does: an
+    iterator sees the changes made while it runs."""
 
     def __add__(self, other: Any) -> Any:
         return self._callmethod("__add__", (other,))
@@ -111,13 +194,70 @@ class ListProxy(_Sequence):
 
 
 class DictProxy(_Sequence):
+    """A dict in the manager; its iterator lives there too (changing the dict's size while
+    it runs raises RuntimeError, as a dict's own)."""
+
+    _method_to_typeid_: ClassVar[dict[str, str] | None] = {"__iter__": "Iterator"}
+
     def __iter__(self) -> Any:
-        return iter(self._callmethod("keys"))
+        return self._callmethod("__iter__")
 
 
 class ArrayProxy(_Sequence):
-    def __iter__(self) -> Any:
-        return iter(self._callmethod("tolist"))
+    """An array in the manager, iterated item after item as the standard library's."""
+
+
+class IteratorProxy(BaseProxy):
+    """An iterator (or generator) left in the manager: each ``next`` asks it."""
+
+    def __iter__(self) -> IteratorProxy:
+        return self
+
+    def __next__(self) -> Any:
+        return self._callmethod("__next__")
+
+    def send(self, value: Any) -> Any:
+        return self._callmethod("send", (value,))
+
+    def throw(self, *args: Any) -> Any:
+        return self._callmethod("throw", args)
+
+    def close(self) -> Any:
+        return self._callmethod("close")
+
+
+class EventProxy(BaseProxy):
+    """An `threading.Event` in the manager."""
+
+    def is_set(self) -> bool:
+        return bool(self._callmethod("is_set"))
+
+    def set(self) -> None:
+        self._callmethod("set")
+
+    def clear(self) -> None:
+        self._callmethod("clear")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(self._callmethod("wait", (timeout,)))
+
+
+class PoolProxy(BaseProxy):
+    """A `Pool` run by the manager's server: results of ``*_async`` and iterators of
+    ``imap*`` stay there, behind proxies."""
+
+    _exposed_: ClassVar[tuple[str, ...] | None] = (
+        "apply", "apply_async", "close", "imap", "imap_unordered", "join", "map",
+        "map_async", "starmap", "starmap_async", "terminate")
+    _method_to_typeid_: ClassVar[dict[str, str] | None] = {
+        "apply_async": "AsyncResult", "map_async": "AsyncResult",
+        "starmap_async": "AsyncResult", "imap": "Iterator", "imap_unordered": "Iterator"}
+
+    def __enter__(self) -> PoolProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.terminate()
 
 
 class NamespaceProxy(BaseProxy):

@@ -91,6 +91,19 @@ def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
         ) from exc
 
 
+def dumps_as_stdlib(obj: Any, *, what: str = "object") -> bytes:
+    """`dumps`, but raising what the pickler raised (``RuntimeError``, ``TypeError``...), as
+    the standard library does where it pickles, with our explanation attached as a note."""
+    try:
+        return dumps(obj, what=what)
+    except SerializationError as exc:
+        original = exc.__cause__
+        if not isinstance(original, Exception):
+            raise
+        original.add_note(str(exc))
+        raise original from None
+
+
 def loads(data: bytes | memoryview, *, what: str = "object") -> Any:
     """Unpickle bytes that came from an authenticated peer."""
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fiberexec.multiprocessing._errors import RemoteError
 from fiberexec.multiprocessing._managers import (
     AsyncManager,
     BaseManager,
@@ -16,8 +17,11 @@ from fiberexec.multiprocessing._proxies import (
     BaseProxy,
     ConditionProxy,
     DictProxy,
+    EventProxy,
+    IteratorProxy,
     ListProxy,
     NamespaceProxy,
+    PoolProxy,
     ValueProxy,
 )
 
@@ -31,9 +35,13 @@ __all__ = [
     "BaseProxy",
     "ConditionProxy",
     "DictProxy",
+    "EventProxy",
+    "IteratorProxy",
     "ListProxy",
     "Namespace",
     "NamespaceProxy",
+    "PoolProxy",
+    "RemoteError",
     "SyncManager",
     "ValueProxy",
 ]

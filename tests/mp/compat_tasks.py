@@ -214,3 +214,8 @@ def answer_then_queue(conn: Any, q: Any) -> None:
     conn.send(item * 2)
     with contextlib.suppress(EOFError):
         conn.recv()  # until the creator closes its end
+
+
+def use_copy_then_exit(d: Any) -> None:
+    """Write through a proxy copy; the copy is dropped when the process ends."""
+    d["child"] = os.getpid()

@@ -85,6 +85,12 @@ def test_after_a_direct_reader_is_killed_another_reader_gets_the_rest(
             rest.append(here.recv())
         except EOFError:
             break
+    if mpm is not fmp and not rest:
+        # the stdlib's reader killed between a message's header and its body tears the
+        # pipe: the next reader takes body bytes for a length and reads to end-of-file.
+        # fiberexec moves whole messages, so for it the rest must arrive
+        writer.join(60)  # type: ignore[attr-defined]
+        return
     assert rest, "nothing reached the second reader"
     assert rest[-1] == 2999
     assert rest == sorted(set(rest))
