@@ -18,7 +18,7 @@ the parent that created the pipe), Queue put/get items per second
 gets, through a queue the parent created; timed once the other process runs), and the
 PPO-style rollout of ``examples/ppo_rollout.py``
 (4 environments stepped through pipes, observations in a shared `Array`) at 1 ms and 10 us
-per environment step.
+per environment step, and method calls on a `Manager` dict's proxy.
 
 The pipe row times 40,000 round trips and the 10 us rollout 4,000 steps (a second or two
 each): a run of a few hundred milliseconds mostly catches the two processes of a pair still
@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"pipe_roundtrips": 0.5, "pipe_roundtrips_children": 0.5, "queue_items": 0.5,
            "queue_items_to_child": 0.5, "queue_items_children": 0.5, "rollout_1ms": 0.9,
-           "rollout_10us": 0.5}
+           "rollout_10us": 0.5, "manager_calls": 0.5}
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
 
@@ -175,6 +175,18 @@ def rollout(mp: Any, steps: int, cost: float) -> float:
     return float(rate)
 
 
+def manager_calls(mp: Any, n: int) -> float:
+    """Proxy method calls per second on a manager's dict, from the main thread."""
+    with mp.Manager() as manager:
+        shared = manager.dict({1: 2})
+        for _ in range(200):  # the connection is made and warm
+            shared[1]
+        start = time.perf_counter()
+        for _ in range(n):
+            shared[1]
+        return n / (time.perf_counter() - start)
+
+
 def measure(row: str, system: str, quick: bool) -> float:
     # spawn for both: a forked child would also hold the parent's pipe ends open
     mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
@@ -191,6 +203,8 @@ def measure(row: str, system: str, quick: bool) -> float:
         return queue_items_children(mp, 25000 * scale)
     if row == "rollout_1ms":
         return rollout(mp, 50 * scale, 1e-3)
+    if row == "manager_calls":
+        return manager_calls(mp, 5000 * scale)
     return rollout(mp, 1000 * scale, 1e-5)
 
 

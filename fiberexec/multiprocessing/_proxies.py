@@ -227,7 +227,7 @@ class IteratorProxy(BaseProxy):
 
 
 class EventProxy(BaseProxy):
-    """An `threading.Event` in the manager."""
+    """A `threading.Event` in the manager."""
 
     def is_set(self) -> bool:
         return bool(self._callmethod("is_set"))
