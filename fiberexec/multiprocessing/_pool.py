@@ -40,6 +40,7 @@ from fiberexec.multiprocessing._backends import (
     note_unenforced,
 )
 from fiberexec.multiprocessing._errors import ProcessError, TimeoutError
+from fiberexec.multiprocessing._wire import pickler_error
 
 log = logging.getLogger("fiberexec.multiprocessing")
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
@@ -78,10 +79,8 @@ def _as_stdlib(exc: BaseException) -> BaseException:
             unsent = _MAYBE_ENCODING(exc, "<the result>")
             unsent.__cause__ = exc.__cause__
             return unsent
-        original = exc.__cause__
-        if "pickle the arguments" in str(exc) and isinstance(original, Exception):
-            original.add_note(str(exc))  # the stdlib raises what the pickler raised
-            return original
+        if "pickle the arguments" in str(exc):
+            return pickler_error(exc)  # the stdlib raises what the pickler raised
     return exc
 
 

@@ -91,17 +91,27 @@ def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
         ) from exc
 
 
+def pickler_error(exc: BaseException) -> BaseException:
+    """What the pickler raised under our pickling error ``exc`` (``RuntimeError``,
+    ``TypeError``...), as the standard library raises it, with our explanation attached as
+    a note; ``exc`` itself if there is no such error."""
+    original = exc.__cause__
+    if not isinstance(original, Exception):
+        return exc
+    original.add_note(str(exc))
+    return original
+
+
 def dumps_as_stdlib(obj: Any, *, what: str = "object") -> bytes:
-    """`dumps`, but raising what the pickler raised (``RuntimeError``, ``TypeError``...), as
-    the standard library does where it pickles, with our explanation attached as a note."""
+    """`dumps`, but raising what the pickler raised (see `pickler_error`), as the standard
+    library does where it pickles."""
     try:
         return dumps(obj, what=what)
     except SerializationError as exc:
-        original = exc.__cause__
-        if not isinstance(original, Exception):
+        error = pickler_error(exc)
+        if error is exc:
             raise
-        original.add_note(str(exc))
-        raise original from None
+        raise error from None
 
 
 def loads(data: bytes | memoryview, *, what: str = "object") -> Any:
