@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import threading
@@ -46,7 +47,7 @@ def _attacks(marker: Path) -> list[bytes]:
     evil = pickle.dumps(_Payload(marker))
     hello = p.encode(p.Hello("w0", b"n" * 16, 1, "attacker"))
     tasks_frame = b"FX\x01\x05" + evil
-    return [evil, hello, tasks_frame, b"FX\x01\x06" + evil, os.urandom(64), b"\x00" * 8192]
+    return [evil, tasks_frame, b"FX\x01\x06" + evil, os.urandom(64), b"\x00" * 8192, hello]
 
 
 def test_crafted_pickles_to_every_endpoint_are_never_run(
@@ -55,20 +56,65 @@ def test_crafted_pickles_to_every_endpoint_are_never_run(
     backend = _GatedBackend()
     ex = make_executor(2, backend=backend)
     futures = [ex.submit(tasks.square, i) for i in range(10)]
-    endpoints = [conn.channel.address for s in ex._pool.shards for conn in _conns(s)]  # type: ignore[union-attr]
-    assert len(endpoints) == 2
+    conns = [conn for s in ex._pool.shards for conn in _conns(s)]  # type: ignore[union-attr]
+    assert len(conns) == 2
     marker = tmp_path / "pwned"
-    for address in endpoints:
-        assert address.startswith("tcp://127.0.0.1:"), "the local backend listens on loopback only"
-        for frame in _attacks(marker):
-            with pynng.Pair1(send_timeout=2000) as attacker:
-                attacker.dial(address, block=True)
-                attacker.send(frame)
-                _settle(ex)
+    rejections = _RejectionLog()
+    logging.getLogger("fiberexec").addHandler(rejections)
+    try:
+        for conn in conns:
+            address = conn.channel.address
+            assert address.startswith("tcp://127.0.0.1:"), "the local backend uses loopback only"
+            for frame in _attacks(marker):
+                # The attacker stays connected until its frame was handled and, when rejected,
+                # until the shard closed its connection: closing a socket right after send()
+                # may drop the frame in flight, and the channel takes one peer at a time.
+                with pynng.Pair1(send_timeout=2000, recv_timeout=10_000) as attacker:
+                    dropped = threading.Event()
+                    attacker.add_post_pipe_remove_cb(lambda _pipe, ev=dropped: ev.set())
+                    attacker.dial(address, block=True)
+                    seen = rejections.count
+                    attacker.send(frame)
+                    if _is_hello(frame) and conn.worker_id == "w0":
+                        # The last attack. A Hello naming w0 is well formed on w0's channel:
+                        # it is answered with a challenge the attacker cannot meet.
+                        assert isinstance(p.decode(attacker.recv()), p.Challenge)
+                    else:
+                        handled = rejections.wait_beyond(seen, timeout=10)
+                        assert handled, f"{frame[:16]!r} was not rejected"
+                        assert dropped.wait(10), "the shard kept a rejected peer connected"
+    finally:
+        logging.getLogger("fiberexec").removeHandler(rejections)
     backend.gate.set()
     assert [f.result(timeout=60) for f in futures] == [i * i for i in range(10)]
     assert not marker.exists()
-    assert ex.stats().messages_rejected >= 2 * len(_attacks(marker)) - 2
+    assert ex.stats().messages_rejected == 2 * len(_attacks(marker)) - 1
+
+
+def _is_hello(frame: bytes) -> bool:
+    try:
+        return isinstance(p.decode(frame), p.Hello)
+    except Exception:
+        return False
+
+
+class _RejectionLog(logging.Handler):
+    """Counts the shards' "rejected a message" records and lets a test wait for the next one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("rejected a message"):
+            with self._changed:
+                self.count += 1
+                self._changed.notify_all()
+
+    def wait_beyond(self, seen: int, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count > seen, timeout)
 
 
 def _conns(shard: Any) -> list[Any]:
@@ -76,12 +122,6 @@ def _conns(shard: Any) -> list[Any]:
     shard.post(Call(done.set))
     assert done.wait(10)
     return list(shard.conns.values())
-
-
-def _settle(ex: FiberExecutor) -> None:
-    """Wait until every shard has handled what it received so far (an event round trip)."""
-    for shard in ex._pool.shards:  # type: ignore[union-attr]
-        _conns(shard)
 
 
 def test_worker_with_wrong_secret_is_refused(tmp_path: Path) -> None:
