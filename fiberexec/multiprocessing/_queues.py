@@ -8,6 +8,7 @@ tasks on any backend. Items are pickled by the sender and unpickled by the recei
 from __future__ import annotations
 
 import queue
+import threading
 from typing import Any
 
 from fiberexec.multiprocessing import _broker as b
@@ -56,6 +57,51 @@ class Queue:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self._cid} maxsize={self._maxsize}>"
 
+    # The standard library's queues are a pipe and two locks, and code written against it
+    # reaches for them: `concurrent.futures.ProcessPoolExecutor` waits on
+    # ``result_queue._reader`` with `multiprocessing.connection.wait`, and
+    # `multiprocessing.pool.Pool` sends with ``_writer.send`` and receives with
+    # ``_reader.recv`` when given this module's context. They are views on this queue.
+
+    @property
+    def _reader(self) -> QueueReader:
+        ends = self.__dict__.get("_ends")
+        if ends is None:
+            ends = self.__dict__["_ends"] = (QueueReader(self), QueueWriter(self))
+        return ends[0]
+
+    @property
+    def _writer(self) -> QueueWriter:
+        self._reader  # noqa: B018 (makes both ends)
+        return self.__dict__["_ends"][1]  # type: ignore[no-any-return]
+
+    @property
+    def _rlock(self) -> Any:
+        """The stdlib's lock around a get. Gets here are atomic without one: this is a lock
+        of this process only, for code that takes it (``Pool`` does when terminating)."""
+        return self.__dict__.setdefault("_rlock_", threading.Lock())
+
+    @property
+    def _wlock(self) -> Any:
+        """As `_rlock`, around a put."""
+        return self.__dict__.setdefault("_wlock_", threading.Lock())
+
+    def _poll(self, timeout: float | None = 0.0) -> bool:
+        """Whether an item is waiting, waiting up to ``timeout`` (None: forever).
+
+        In the creating process an item anywhere in the queue counts; elsewhere, an item
+        already sent to this process or held by the creator (not those sent ahead to other
+        consumers)."""
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+        broker = b.local_broker(self._ep())
+        if broker is not None:
+            return broker.ready(self._cid, timeout)
+        stream = st.stream_for(self._ep())
+        if stream is not None and stream.holds(self._cid):
+            return True
+        return _blocking(timeout != 0.0, timeout, lambda w: bool(self._call("poll", w, wait=w)[0]))
+
     _streamed = True  # an unbounded put needs no answer: it may go over the stream
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
@@ -65,7 +111,9 @@ class Queue:
         returns (as the standard library's feeder thread does); items from one process
         arrive in the order they were put.
         """
-        data = dumps(obj, what="queue item")
+        self._put_raw(dumps(obj, what="queue item"), block, timeout)
+
+    def _put_raw(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
         if not self._maxsize:
             if self._closed:
                 raise ValueError(f"{type(self).__name__} {self!r} is closed")
@@ -91,6 +139,9 @@ class Queue:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
+        return loads(self._get_raw(block, timeout), what="queue item")
+
+    def _get_raw(self, block: bool = True, timeout: float | None = None) -> bytes:
         if self._closed:
             raise ValueError(f"{type(self).__name__} {self!r} is closed")
         try:
@@ -99,7 +150,7 @@ class Queue:
                 data = (consumer.get(self._cid, None if timeout is None else max(0.0, timeout))
                         if block else consumer.get_nowait(self._cid))
                 if data is not None:
-                    return loads(data, what="queue item")
+                    return data
                 if block:
                     raise queue.Empty
         except ConnectionError as exc:
@@ -114,7 +165,7 @@ class Queue:
 
         if not _blocking(block, timeout, attempt):
             raise queue.Empty
-        return loads(found[0], what="queue item")
+        return found[0]
 
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, block=False)
@@ -169,6 +220,84 @@ class JoinableQueue(Queue):
     def join(self, timeout: float | None = None) -> bool:
         """Block until every item put has been marked done (``timeout``: an extension)."""
         return _blocking(True, timeout, lambda w: bool(self._call("join", w, wait=w)[0]))
+
+
+class _End:
+    """One of a queue's stdlib-style pipe ends (see `Queue._reader`). Closing it closes this
+    view only: the stdlib's pool workers close the ends they do not use, and their queue
+    keeps working."""
+
+    def __init__(self, q: Queue) -> None:
+        self._queue = q
+        self.closed = False
+
+    def _open(self) -> Queue:
+        if self.closed:
+            raise OSError("handle is closed")
+        return self._queue
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._queue!r}>"
+
+
+class QueueReader(_End):
+    """``queue._reader``: ``recv``, ``recv_bytes``, ``poll`` and ``fileno`` on the queue."""
+
+    readable, writable = True, False
+
+    def recv(self) -> Any:
+        return self._open().get()
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        """The next item as the pickle it travels as."""
+        data = self._open()._get_raw()
+        if maxlength is not None and len(data) > maxlength:
+            raise OSError(f"item of {len(data)} bytes is longer than maxlength={maxlength}")
+        return data
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return self._open()._poll(timeout)
+
+    def fileno(self) -> int:
+        """A descriptor readable while the queue has an item, for `select` and
+        `multiprocessing.connection.wait`: in the process that created the queue only
+        (elsewhere items are sent to a consumer only once it asks, so no descriptor can
+        tell whether one is waiting without taking it)."""
+        q = self._open()
+        broker = b.local_broker(q._ep())
+        if broker is None:
+            raise OSError(
+                f"fileno() of {q!r}'s reader is available in the process that created the "
+                "queue only; elsewhere use poll(timeout) or get(timeout=...)")
+        self.__dict__["_signal"] = q._cid
+        return broker.signal(q._cid)
+
+    def close(self) -> None:
+        if not self.closed and self.__dict__.pop("_signal", None) is not None:
+            broker = b.local_broker(self._queue._ep())
+            if broker is not None:
+                broker.drop_signal(self._queue._cid)
+        super().close()
+
+
+class QueueWriter(_End):
+    """``queue._writer``: ``send`` and ``send_bytes`` put into the queue."""
+
+    readable, writable = False, True
+
+    def send(self, obj: Any) -> None:
+        self._open().put(obj)
+
+    def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        """Put the pickle ``buf`` (a getter unpickles it), as the stdlib's queues do."""
+        view = memoryview(buf).cast("B")
+        end = len(view) if size is None else offset + size
+        if offset < 0 or end > len(view) or end < offset:
+            raise ValueError(f"offset={offset}, size={size} out of range for {len(view)} bytes")
+        self._open()._put_raw(bytes(view[offset:end]))
 
 
 def _gone(q: Queue, exc: ConnectionError) -> ConnectionError:

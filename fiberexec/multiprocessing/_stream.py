@@ -543,6 +543,12 @@ class Stream:
             item = self._take(cid, lane)
         return _handed(cid, item)
 
+    def holds(self, cid: int) -> bool:
+        """Whether an item of queue ``cid`` is here, sent ahead or directly."""
+        with self.cond:
+            lane = self.lanes.get(cid)
+            return lane is not None and bool(lane.items)
+
     def get_nowait(self, cid: int) -> bytes | None:
         """An item of queue ``cid`` already here, or None."""
         with self.cond:

@@ -82,7 +82,43 @@ class _Acquirer(_Shared):
         return "None" if owner is None else "SomeOtherProcess"
 
 
-class Semaphore(_Acquirer):
+class _SemLockView:
+    """``_semlock``: what the standard library's own code reads of a lock or semaphore it
+    was given, answered by the broker that holds it. The stdlib's `queues.Queue` made with
+    this module's context (as `concurrent.futures.ProcessPoolExecutor` makes its call
+    queue) asks ``_is_zero()`` in ``full()`` and ``_get_value()`` in ``qsize()``."""
+
+    def __init__(self, owner: _Acquirer) -> None:
+        self._owner = owner
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return self._owner.acquire(block, timeout)
+
+    def release(self) -> None:
+        self._owner.release()
+
+    def _get_value(self) -> int:
+        return int(self._owner._call("_semlock_value"))
+
+    def _is_zero(self) -> bool:
+        return self._get_value() == 0
+
+    def _is_mine(self) -> bool:
+        """Whether the calling thread holds it."""
+        return bool(self._owner._call("_is_mine"))
+
+    def _count(self) -> int:
+        """How many times the calling thread holds it."""
+        return int(self._owner._call("_semlock_count"))
+
+
+class _SemLock(_Acquirer):
+    @property
+    def _semlock(self) -> _SemLockView:
+        return _SemLockView(self)
+
+
+class Semaphore(_SemLock):
     """A counter shared by processes (`multiprocessing.Semaphore`)."""
 
     _kind = "Semaphore"
@@ -103,7 +139,7 @@ class BoundedSemaphore(Semaphore):
     _kind = "BoundedSemaphore"
 
 
-class Lock(_Acquirer):
+class Lock(_SemLock):
     """A non-recursive lock shared by processes (`multiprocessing.Lock`).
 
     Any process may release it; releasing it when unlocked raises ValueError.
@@ -119,7 +155,7 @@ class Lock(_Acquirer):
         return f"<Lock(owner={self._owner_name(owner) if value == 0 else None})>"
 
 
-class RLock(_Acquirer):
+class RLock(_SemLock):
     """A recursive lock owned by the thread (in whichever process) that acquired it."""
 
     _kind = "RLock"

@@ -62,6 +62,12 @@ class Semaphore:
     def _is_mine(self) -> bool:
         return self._value == 0 and self._owner == _me()
 
+    def _semlock_value(self) -> int:
+        return self._value
+
+    def _semlock_count(self) -> int:
+        return int(self._is_mine())
+
     def _release_save(self) -> int:
         self.release()
         return 1
@@ -107,6 +113,12 @@ class RLock:
 
     def _is_mine(self) -> bool:
         return self._owner == _me()
+
+    def _semlock_value(self) -> int:
+        return 0 if self._owner is not None else 1
+
+    def _semlock_count(self) -> int:
+        return self._count if self._owner == _me() else 0
 
     def _release_save(self) -> int:
         with self._cond:

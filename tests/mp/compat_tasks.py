@@ -219,3 +219,26 @@ def answer_then_queue(conn: Any, q: Any) -> None:
 def use_copy_then_exit(d: Any) -> None:
     """Write through a proxy copy; the copy is dropped when the process ends."""
     d["child"] = os.getpid()
+
+
+def cube(x: int) -> int:
+    return x * x * x
+
+
+def fail_with(message: str) -> None:
+    raise ValueError(message)
+
+
+def put_later(q: Any, item: Any, go: Any) -> None:
+    go.wait(60)
+    q.put(item)
+
+
+def write_segment(name: str, data: bytes) -> None:
+    from multiprocessing import shared_memory
+
+    segment = shared_memory.SharedMemory(name=name)
+    try:
+        segment.buf[:len(data)] = data
+    finally:
+        segment.close()
