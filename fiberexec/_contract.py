@@ -17,3 +17,5 @@ ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env 
 #: hex of the parent's ``multiprocessing.current_process().authkey``, so stdlib `Manager`
 #: proxies passed to tasks can authenticate from the worker; lives in secret_env only.
 ENV_MP_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
+#: JSON list of the parent's ``sys.path`` entries, absolute (see `fiberexec._syspath`).
+ENV_SYS_PATH = "FIBEREXEC_SYS_PATH"

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from fiberexec import _contract
+from fiberexec import _contract, _syspath
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._channel import Channel
@@ -141,6 +141,7 @@ class WorkerSupervisor:
                 _contract.ENV_EXECUTOR_ID: session.executor_id,
                 _contract.ENV_HEARTBEAT: str(cfg.heartbeat),
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
+                _syspath.ENV_SYS_PATH: _syspath.export(),
                 **tls_env,
             },
             secret_env={

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from fiberexec import _auth, _contract, _shm
+from fiberexec import _auth, _contract, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._channel import Channel
 from fiberexec._errors import ProtocolError
@@ -373,6 +373,7 @@ def main() -> None:
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
     _adopt_authkey(dict(os.environ))
+    _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
     worker = Worker(config)
     try:
         setup = worker.handshake()

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from fiberexec import _syspath
 from fiberexec._backend import (
     Backend,
     Resources,
@@ -30,7 +31,7 @@ from fiberexec._backend import (
     WorkerSpec,
     WorkerStatus,
 )
-from fiberexec.multiprocessing import _backends
+from fiberexec.multiprocessing import _backends, _main
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._wire import dumps
 
@@ -175,6 +176,7 @@ class Process:
             raise AssertionError("can only start a process object created by current process")
         if current_process().daemon:
             raise AssertionError("daemonic processes are not allowed to have children")
+        _main.check_not_importing()
         choice = self._backend_choice
         backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
         broker = get_broker()
@@ -207,7 +209,9 @@ class Process:
             executor_id=f"mp{os.getpid()}",
             command=COMMAND,
             env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
-                 ENV_PARENT: f"{os.getpid()} {current_process().name}", **_logging_env()},
+                 ENV_PARENT: f"{os.getpid()} {current_process().name}",
+                 _syspath.ENV_SYS_PATH: _syspath.export(), _main.ENV_MAIN: _main.describe(),
+                 **_logging_env()},
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
             workdir=os.getcwd(),
             resources=resources,

@@ -58,6 +58,12 @@ def main() -> None:
 
         multiprocessing.current_process().authkey = authkey
     _set_logging(os.environ.get(_process.ENV_LOG, ""))
+    from fiberexec import _syspath
+
+    _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before the process is unpickled
+    from fiberexec.multiprocessing import _main
+
+    _main.adopt(os.environ.get(_main.ENV_MAIN))
     _, payload = client.call("fetch", (proc_id, os.getpid()))
     try:
         process = loads(payload, what="process")
@@ -67,6 +73,16 @@ def main() -> None:
         _exit(1)
     _become(process, authkey)
     _exit(_run(process))
+
+
+def __getattr__(name: str) -> Any:
+    """``__main__.<name>``: this module is ``__main__`` here; what pickles from the parent
+    ask of its ``__main__`` comes from the parent's main module (see `_main`)."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from fiberexec.multiprocessing import _main
+
+    return _main.lookup(name)
 
 
 def _set_parent(lost: threading.Event) -> None:

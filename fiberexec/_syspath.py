@@ -1,0 +1,50 @@
+"""The parent's import path, handed to the processes it starts.
+
+The standard library's ``spawn`` start method gives a child its parent's ``sys.path``, and a
+forked child has it anyway; so a script that imports a module beside it, run from another
+directory, works in its children. Workers and processes here are fresh interpreters, often
+started in another directory, so the parent's path travels in `ENV_SYS_PATH` (JSON, each
+entry made absolute against the parent's working directory, with the parent's
+``sys.prefix``), and the child takes the entries that exist where it runs:
+
+- run by the same Python installation (same ``sys.prefix``): in the parent's order, before
+  its own, as a spawned child;
+- by another (a container's, another host's): after its own, so its own packages win over
+  same-named ones of the parent's installation (built for another Python, perhaps) that a
+  shared directory makes visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from fiberexec._contract import ENV_SYS_PATH
+
+__all__ = ["ENV_SYS_PATH", "adopt", "export"]
+
+
+def export() -> str:
+    """This process's ``sys.path`` and ``sys.prefix``, for `adopt` in a child."""
+    cwd = os.getcwd()
+    path = [os.path.join(cwd, p) if p else cwd for p in sys.path if isinstance(p, str)]
+    return json.dumps({"prefix": sys.prefix, "path": path})
+
+
+def adopt(value: str | None) -> None:
+    """Add the parent's path entries (`export`) that exist here to ``sys.path``."""
+    if not value:
+        return
+    try:
+        sent = json.loads(value)
+    except ValueError:
+        return
+    entries = sent.get("path") if isinstance(sent, dict) else None
+    if not isinstance(entries, list):
+        return
+    parent = [p for p in entries if isinstance(p, str) and os.path.exists(p)]
+    if sent.get("prefix") == sys.prefix:
+        sys.path[:] = list(dict.fromkeys([*parent, *sys.path]))
+    else:
+        sys.path[:] = list(dict.fromkeys([*sys.path, *parent]))
