@@ -16,9 +16,9 @@ from fiberexec.backend import WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 
 
-def sleep_and_print(seconds: float, text: str) -> None:
+def sleep_and_print(seconds: float, text: object) -> None:
     time.sleep(seconds)
-    print(text)
+    sys.stdout.write(f"{text}\n")  # one write: lines of workers sharing stdout stay whole
     sys.stdout.flush()
 
 

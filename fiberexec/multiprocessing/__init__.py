@@ -9,7 +9,9 @@ process is a fresh interpreter. See the README for what each name does on each b
 
 from __future__ import annotations
 
+import importlib
 from multiprocessing import reducer
+from typing import Any
 
 from fiberexec.multiprocessing._backends import meta, set_default_backend
 from fiberexec.multiprocessing._connection import Connection, Pipe
@@ -62,6 +64,19 @@ log_to_stderr = _default_context.log_to_stderr
 allow_connection_pickling = _default_context.allow_connection_pickling
 set_executable = _default_context.set_executable
 set_forkserver_preload = _default_context.set_forkserver_preload
+
+# The stdlib's submodules, each with the same names (ours where we have our own, the
+# stdlib's where nothing is process-specific); imported on first use, as attributes too.
+_SUBMODULES = frozenset({"connection", "context", "dummy", "managers", "pool", "process",
+                         "queues", "reduction", "shared_memory", "sharedctypes",
+                         "synchronize", "util"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ApplyResult",

@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.managers import Token
 from typing import Any, ClassVar
 
 from fiberexec.multiprocessing._errors import ProcessError
@@ -55,6 +56,12 @@ class BaseProxy:
             proxytype = _proxy_types.get(typeid, BaseProxy)
             return proxytype(endpoint.address, endpoint.secret, new_oid, typeid, self._fx_pool)
         return loads(body, what=f"result of {methodname}()")
+
+    @property
+    def _token(self) -> Token:
+        """The stdlib's description of the referent (``typeid``, ``address``, ``id``)."""
+        endpoint, oid, typeid = self._fx
+        return Token(typeid, endpoint.address, oid)
 
     def _remote(self, op: str, name: str, body: bytes = b"") -> Any:
         endpoint, oid, _ = self._fx

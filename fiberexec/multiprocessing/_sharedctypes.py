@@ -160,6 +160,16 @@ def RawArray(typecode_or_type: Any, size_or_initializer: Any) -> Any:
     return obj
 
 
+def copy(obj: Any) -> Any:
+    """A new shared ctypes object holding a copy of ``obj``'s bytes (``sharedctypes.copy``)."""
+    type_ = type(obj)
+    if type_ in _shared_types.values():
+        type_ = type_.__mro__[1]  # the ctypes type our shared subclass was made from
+    new = _new(type_)
+    ctypes.memmove(ctypes.addressof(new), ctypes.addressof(obj), ctypes.sizeof(type_))
+    return new
+
+
 def _lock_for(lock: Any) -> Any:
     if lock is True or lock is None:
         from fiberexec.multiprocessing._sync import RLock
@@ -192,6 +202,6 @@ def synchronized(obj: Any, lock: Any = None) -> Any:
 
     if isinstance(obj, ctypes.Array):
         if obj._type_ is ctypes.c_char:
-            return s.SynchronizedString(obj, lock)
-        return s.SynchronizedArray(obj, lock)
-    return s.Synchronized(obj, lock)
+            return s.SynchronizedString(obj, _lock_for(lock))
+        return s.SynchronizedArray(obj, _lock_for(lock))
+    return s.Synchronized(obj, _lock_for(lock))

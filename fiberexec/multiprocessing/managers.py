@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from multiprocessing.managers import Token
+
 from fiberexec.multiprocessing._errors import RemoteError
 from fiberexec.multiprocessing._managers import (
     AsyncManager,
@@ -24,6 +26,7 @@ from fiberexec.multiprocessing._proxies import (
     PoolProxy,
     ValueProxy,
 )
+from fiberexec.multiprocessing._shm_manager import SharedMemoryManager
 
 __all__ = [
     "AcquirerProxy",
@@ -42,6 +45,8 @@ __all__ = [
     "NamespaceProxy",
     "PoolProxy",
     "RemoteError",
+    "SharedMemoryManager",
     "SyncManager",
+    "Token",
     "ValueProxy",
 ]

@@ -1,0 +1,26 @@
+"""``multiprocessing.pool`` for ``fiberexec.multiprocessing``: the same names.
+
+`Pool` is ours (on `FiberExecutor`); `ThreadPool` is the stdlib's (threads of this process,
+nothing to distribute); the error classes are the stdlib's, which ours raise.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.pool as _stdlib
+from multiprocessing.pool import ThreadPool
+
+from fiberexec.multiprocessing._pool import ApplyResult, AsyncResult, IMapIterator, MapResult, Pool
+
+MaybeEncodingError = _stdlib.MaybeEncodingError  # type: ignore[attr-defined]
+RemoteTraceback = _stdlib.RemoteTraceback  # type: ignore[attr-defined]
+
+__all__ = [
+    "ApplyResult",
+    "AsyncResult",
+    "IMapIterator",
+    "MapResult",
+    "MaybeEncodingError",
+    "Pool",
+    "RemoteTraceback",
+    "ThreadPool",
+]

@@ -1,0 +1,15 @@
+"""``multiprocessing.synchronize`` for ``fiberexec.multiprocessing``: the same names."""
+
+from __future__ import annotations
+
+from fiberexec.multiprocessing._sync import (
+    Barrier,
+    BoundedSemaphore,
+    Condition,
+    Event,
+    Lock,
+    RLock,
+    Semaphore,
+)
+
+__all__ = ["Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock", "Semaphore"]

@@ -1,0 +1,87 @@
+"""The package's submodules, as the stdlib's: ``from fiberexec.multiprocessing.pool import
+Pool`` and the rest, with every name of the stdlib submodule's ``__all__``."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import multiprocessing
+from types import ModuleType
+
+import pytest
+
+import fiberexec.multiprocessing as fmp
+from tests.mp import compat_tasks as t
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+SUBMODULES = ["connection", "context", "dummy", "managers", "pool", "process", "queues",
+              "reduction", "shared_memory", "sharedctypes", "synchronize", "util"]
+
+
+@pytest.mark.parametrize("name", SUBMODULES)
+def test_each_submodule_has_the_stdlib_names(name: str) -> None:
+    ours = importlib.import_module(f"fiberexec.multiprocessing.{name}")
+    theirs = importlib.import_module(f"multiprocessing.{name}")
+    missing = [n for n in getattr(theirs, "__all__", ()) if not hasattr(ours, n)]
+    assert missing == []
+    assert getattr(fmp, name) is ours  # also an attribute of the package, as once imported
+
+
+def _sub(mpm: ModuleType, name: str) -> ModuleType:
+    return importlib.import_module(f"{mpm.__name__}.{name}")
+
+
+def test_submodule_names_work_as_the_stdlib_ones(mpm: ModuleType) -> None:
+    ctx = mpm.get_context()
+    with _sub(mpm, "pool").Pool(2) as pool:
+        assert pool.map(t.cube, range(4)) == [0, 1, 8, 27]
+    with _sub(mpm, "pool").ThreadPool(2) as pool:
+        assert pool.map(t.cube, range(4)) == [0, 1, 8, 27]
+    r, w = _sub(mpm, "connection").Pipe(duplex=False)
+    assert _sub(mpm, "connection").wait([r], timeout=0.1) == []
+    w.send("x")
+    assert _sub(mpm, "connection").wait([r], timeout=30) == [r] and r.recv() == "x"
+    q = _sub(mpm, "queues").SimpleQueue(ctx=ctx)
+    q.put(1)
+    assert q.get() == 1
+    lock = _sub(mpm, "synchronize").Lock(ctx=ctx)
+    assert lock.acquire(timeout=1) and not lock.acquire(False)
+    lock.release()
+    sharedctypes = _sub(mpm, "sharedctypes")
+    original = sharedctypes.RawArray(ctypes.c_int, [1, 2, 3])
+    duplicate = sharedctypes.copy(original)
+    original[0] = 10
+    assert list(duplicate) == [1, 2, 3] and list(original) == [10, 2, 3]
+    value = sharedctypes.synchronized(sharedctypes.RawValue("d", 1.5))
+    with value.get_lock():
+        value.value += 1
+    assert value.value == 2.5
+    assert isinstance(mpm.current_process(), _sub(mpm, "process").BaseProcess)
+    assert _sub(mpm, "util").get_logger() is multiprocessing.util.get_logger()
+    assert issubclass(_sub(mpm, "context").TimeoutError, multiprocessing.TimeoutError)
+
+
+def test_shared_memory_manager_unlinks_its_segments_at_shutdown(mpm: ModuleType) -> None:
+    from multiprocessing import shared_memory
+
+    managers = _sub(mpm, "managers")
+    with managers.SharedMemoryManager() as smm:
+        segment = smm.SharedMemory(64)
+        shared = smm.ShareableList([1, "two", 3.0])
+        p = mpm.Process(target=t.write_segment, args=(segment.name, b"from a child"))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        assert bytes(segment.buf[:12]) == b"from a child"
+        assert list(shared) == [1, "two", 3.0]
+        names = [segment.name, shared.shm.name]
+        segment.close()
+        shared.shm.close()
+    for name in names:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=name)
+    unstarted = managers.SharedMemoryManager()
+    with pytest.raises((ValueError, AttributeError)):
+        unstarted.SharedMemory(8)
