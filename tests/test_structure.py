@@ -316,3 +316,18 @@ def test_backend_envs_run_whole_folders() -> None:
             f"{env} lists single files of a folder every backend runs whole")
     behaviour = {p.name for p in (REPO / "tests").glob("test_*.py")}
     assert not behaviour & {"test_executor.py", "test_failures.py", "test_tls.py"}
+
+
+def test_every_package_of_the_source_tree_is_in_the_distribution() -> None:
+    """Tests import the source tree; users import what pip installed. A package missing from
+    ``[tool.setuptools] packages`` passes every test and is absent after ``pip install``."""
+    import tomllib
+
+    repo = ROOT.parent
+    config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = set(config["packages"])
+    found = {".".join(init.parent.relative_to(repo).parts)
+             for init in ROOT.rglob("__init__.py") if "__pycache__" not in init.parts}
+    found |= {name for name, where in config.get("package-dir", {}).items()
+              if (repo / where / "__init__.py").exists()}
+    assert found - shipped == set(), "add these to [tool.setuptools] packages"
