@@ -176,7 +176,9 @@ def take_n(q: Any, got: Any, n: int) -> None:
     got.put([q.get(timeout=60) for _ in range(n)])
 
 
-def take_until_none(q: Any, got: Any) -> None:
+def take_until_none(q: Any, got: Any, go: Any = None) -> None:
+    if go is not None:
+        go.wait(60)
     taken = []
     while (item := q.get(timeout=60)) is not None:
         taken.append(item)

@@ -58,13 +58,16 @@ def test_items_a_killed_consumer_had_not_taken_stay_in_the_queue(mpm: ModuleType
 
 def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
-    q, got = ctx.Queue(), ctx.Queue()
-    consumers = [ctx.Process(target=t.take_until_none, args=(q, got)) for _ in range(3)]
+    q, got, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    consumers = [ctx.Process(target=t.take_until_none, args=(q, got, go)) for _ in range(3)]
     for p in consumers:
         p.start()
     for i in range(600):
         q.put(i)
-    here = [q.get(timeout=30) for _ in range(50)]  # the creator consumes too
+    # the creator consumes too; first, as the consumers may be quick enough to take all
+    # 600 before its first get (with either module)
+    here = [q.get(timeout=30) for _ in range(50)]
+    go.set()
     for _ in consumers:
         q.put(None)
     taken = [got.get(timeout=60) for _ in consumers]
