@@ -75,9 +75,27 @@ def shared_backend() -> Backend:
         return _shared
 
 
+ENV_PARENT_ADDRESS = "FIBEREXEC_MP_ADDRESS"  # in a child: its parent's broker (see `_process`)
+
+
 def broker_hosts() -> tuple[str, str]:
+    """Where this process's servers (its broker, a manager's server) listen, and the host
+    other processes dial them at.
+
+    The backend's hosts, except in a child that reaches its parent over a network while
+    its own backend would listen on loopback (a child's is ``local``): it then listens on
+    the address it reaches its parent from, so the parent and its other children, on other
+    hosts, can reach what it serves (a `Queue` it made, a manager's objects)."""
     backend = shared_backend()
-    return backend.bind_host, backend.advertise_host
+    bind, advertise = backend.bind_host, backend.advertise_host
+    parent = os.environ.get(ENV_PARENT_ADDRESS)
+    if parent and (bind.startswith("127.") or bind in ("localhost", "::1")):
+        from fiberexec.multiprocessing._links import outward_ip
+
+        ip = outward_ip(parent)
+        if ip is not None:
+            return ip, ip
+    return bind, advertise
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import array
 import itertools
 import queue
-import socket
 import threading
 import time
 import weakref
@@ -198,13 +197,11 @@ class _Server:
         raise ValueError(f"unknown manager operation {op!r}")
 
 
-def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue,
-           loopback: bool) -> None:
+def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> None:
     """The manager process: serve objects until told to shut down (or the parent goes)."""
     server = _Server(registry)
-    host = "127.0.0.1" if loopback else "0.0.0.0"
+    host, advertise = _backends.broker_hosts()  # reachable from the manager's parent
     rpc = RpcServer(secret, server.handle, host)
-    advertise = host if loopback else socket.gethostbyname(socket.gethostname())
     reply.put(rpc.advertised(advertise))
     server.stop.wait()
     rpc.close()
@@ -325,13 +322,10 @@ class BaseManager:
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         self._begin()
-        backend = _backends.new_backend(self._backend) if self._backend else (
-            _backends.shared_backend())
-        loopback = backend.bind_host.startswith("127.") or backend.bind_host == "localhost"
         registry = {name: info for name, (info, _) in self._registry.items()}
         reply = SimpleQueue()
         for i in range(self._servers_wanted):
-            proc = Process(target=_serve, args=(registry, self._secret, reply, loopback),
+            proc = Process(target=_serve, args=(registry, self._secret, reply),
                            name=f"{type(self).__name__}-server-{i}", daemon=True,
                            backend=self._backend)
             proc.start()

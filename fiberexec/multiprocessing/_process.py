@@ -35,7 +35,7 @@ from fiberexec.multiprocessing import _backends, _main
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._wire import dumps
 
-ENV_ADDRESS = "FIBEREXEC_MP_ADDRESS"
+ENV_ADDRESS = _backends.ENV_PARENT_ADDRESS
 ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
 ENV_SECRET = "FIBEREXEC_MP_SECRET"
 ENV_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
@@ -104,10 +104,11 @@ class _Runtime:
     def finish(self, code: int | None) -> None:
         if self.done.is_set():
             return
+        broker = get_broker()
+        broker.drop_tickets(self.tickets)  # ends it never took: their readers see EOF
         self.exitcode = code
         self.done.set()
         os.close(self.sentinel_w)
-        broker = get_broker()
         with broker.fetched:  # a `pid` waiting for this child stops waiting
             broker.fetched.notify_all()
 
@@ -446,7 +447,6 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
     except Exception as exc:
         print(f"fiberexec: could not clean up {handle.ref}: {exc}", file=sys.stderr)
     finally:
-        get_broker().drop_tickets(runtime.tickets)  # ends it never took: readers see EOF
         runtime.finish(code)
 
 

@@ -4,8 +4,9 @@ A pipe created in process B and held by processes A (writing) and R (reading) wo
 otherwise be relayed by B: A's stream to B, then B's stream to R (see `_stream`). Here
 A sends its items to R itself, over a connection the broker only introduces:
 
-    R, reading a pipe of B, listens (`Inlet`, an abstract Unix socket: this host and
-      network namespace only) and tells B where (``INLET``)
+    R, reading a pipe of B, listens (`Inlet`: an abstract Unix socket for this host and
+      network namespace, and TCP when R reaches B over a network, see `_links`) and tells
+      B where (``INLET``)
     A, on its first send, asks B for the reader's address (``"route"``), connects,
       proves the broker's secret (the HMAC challenge of `multiprocessing.connection`,
       before anything is read), and says ``HELLO`` for the pipe; R answers ``ACK``
@@ -55,10 +56,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Listener
 from typing import Any
 
 from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
+from fiberexec.multiprocessing._links import TcpListener, dial, outward_ip
 from fiberexec.multiprocessing._stream import (
     _HEAD,
     _LEN,
@@ -187,6 +189,15 @@ class Inlet:
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
         self.links: set[Link] = set()
         self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
+        self.tcp: TcpListener | None = None
+        ip = outward_ip(stream.endpoint.address)
+        if ip is not None:  # writers on other hosts may reach this one (see `_links`)
+            try:
+                self.tcp = TcpListener(ip, stream.secret, self._admit)
+                self.address += "|" + self.tcp.address
+            except OSError as exc:
+                log.warning("pipe writers on other hosts go through the creator: cannot "
+                            "listen on %s (%s)", ip, exc)
         _thread(self._accept)
 
     def _accept(self) -> None:
@@ -198,12 +209,16 @@ class Inlet:
                 continue
             except OSError:  # closed
                 return
-            link = Link(Wire(conn))
-            # read by its own thread, or by a thread here waiting for its items (`lead`)
-            link.reader = Peer(link.wire, functools.partial(self._on, link))
-            with self.stream.cond:
-                self.links.add(link)
-            _thread(self._serve, link)
+            self._admit(conn)
+
+    def _admit(self, conn: Any) -> None:
+        """Serve an authenticated writer's connection."""
+        link = Link(Wire(conn))
+        # read by its own thread, or by a thread here waiting for its items (`lead`)
+        link.reader = Peer(link.wire, functools.partial(self._on, link))
+        with self.stream.cond:
+            self.links.add(link)
+        _thread(self._serve, link)
 
     def _serve(self, link: Link) -> None:
         link.reader.run(functools.partial(self._lost_link, link))
@@ -407,6 +422,8 @@ class Inlet:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.listener.close()
+        if self.tcp is not None:
+            self.tcp.close()
         for link in list(self.links):
             link.wire.shutdown()
             if link.reader is not None:
@@ -574,7 +591,7 @@ class Outlets:
             return link
         self.cond.release()
         try:
-            conn = Client(address, family="AF_UNIX", authkey=self.stream.secret)
+            conn = dial(address, self.stream.secret)
         except (OSError, AuthenticationError, EOFError):
             conn = None
         finally:

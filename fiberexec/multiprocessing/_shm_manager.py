@@ -3,8 +3,9 @@
 As the stdlib's: ``SharedMemory(size)`` and ``ShareableList(sequence)`` create a segment in
 the calling process and tell the manager's server its name; when the server shuts down
 (``shutdown()``, the end of a ``with`` block, the manager collected or the program's exit),
-it unlinks every segment it was told of. Segments live in this host's ``/dev/shm``: the
-server must run on the same host (``local``, or ``docker`` with ``ipc_host=True``).
+it unlinks every segment it was told of. Segments live in this host's ``/dev/shm``, so the
+server runs on this host: on the ``local`` backend unless told otherwise (the stdlib's
+server is a local process too). Other processes attach the segments on this host only.
 
 The creating process hands the segment's unlinking to the server: it takes the segment off
 its own `resource_tracker` (the stdlib's server shares its parent's tracker; ours is a
@@ -47,7 +48,13 @@ def _unlink_all(names: set[str]) -> None:
 
 class SharedMemoryManager(BaseManager):
     """``multiprocessing.managers.SharedMemoryManager``: a manager whose server unlinks the
-    segments made through it when it shuts down."""
+    segments made through it when it shuts down.
+
+    Args are `BaseManager`'s; ``backend`` defaults to ``"local"`` (see the module).
+    """
+
+    def __init__(self, *args: Any, backend: Any = "local", **kwargs: Any) -> None:
+        super().__init__(*args, backend=backend, **kwargs)
 
     def start(self, initializer: Any = None, initargs: tuple[Any, ...] = ()) -> None:
         super().start(initializer, initargs)

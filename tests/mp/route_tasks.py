@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -67,6 +68,29 @@ def send_until_direct(conn: Any, n: int, out: Any) -> None:
             time.sleep(0 if direct else 0.01)
     conn.close()
     out.put(direct)
+
+
+def where() -> str:
+    """This process's address toward its parent's broker, or "local" (loopback)."""
+    from fiberexec.multiprocessing import _backends, _links
+
+    return _links.outward_ip(os.environ[_backends.ENV_PARENT_ADDRESS]) or "local"
+
+
+def send_until_direct_saying_how(conn: Any, n: int, out: Any) -> None:
+    """`send_until_direct`, then put (sent directly, the link's socket family, `where`)."""
+    from fiberexec.multiprocessing import _stream
+
+    send_until_direct(conn, n, out)
+    (stream,) = _stream._streams.values()
+    links = [link for link in stream.outlets.links.values() if not link.closed]
+    family = links[0].wire.sock.family.name if links else "none"
+    out.put((family, where()))
+
+
+def read_to_eof_saying_where(conn: Any, out: Any) -> None:
+    read_to_eof(conn, out, True)
+    out.put(where())
 
 
 def route_state(q: Any) -> str:

@@ -21,6 +21,7 @@ import fiberexec.multiprocessing as fmp
 import fiberexec.multiprocessing.managers
 from tests.mp import compat_tasks as t
 from tests.mp.compat import mpm
+from tests.support.kit import BackendKit
 
 __all__ = ["mpm"]
 
@@ -78,11 +79,15 @@ def test_arrays_are_zero_copy_with_numpy(mpm: ModuleType) -> None:
     assert arr[0] == -1.0
 
 
-def test_stdlib_shared_memory_attaches_in_children(mpm: ModuleType) -> None:
+def test_stdlib_shared_memory_attaches_in_children(mpm: ModuleType,
+                                                   mp_backend: BackendKit) -> None:
     shm = shared_memory.SharedMemory(create=True, size=16)
     try:
         p = _start(mpm, t.attach_and_write, shm)
         p.join(60)
+        if mpm is fmp and not mp_backend.same_host:  # as the README says: same host only
+            assert p.exitcode == 1 and bytes(shm.buf[:5]) == bytes(5)
+            return
         assert p.exitcode == 0
         assert bytes(shm.buf[:5]) == b"hello"
         again = shared_memory.SharedMemory(name=shm.name)  # the child did not unlink it
@@ -260,8 +265,12 @@ def test_values_fall_back_to_the_broker_where_memory_is_not_shared() -> None:
     assert value.value == 11 and array[:] == [0, 5, 6, 7]
 
 
-def test_children_run_with_the_stdlib_authkey_for_stdlib_managers() -> None:
-    with multiprocessing.managers.SyncManager(address=("127.0.0.1", 0)) as m:
+def test_children_run_with_the_stdlib_authkey_for_stdlib_managers(
+        mp_backend: BackendKit) -> None:
+    backend = mp_backend.make_backend()
+    host = backend.advertise_host  # where the children reach this host
+    backend.close()
+    with multiprocessing.managers.SyncManager(address=(host, 0)) as m:
         d = m.dict()
         p = fmp.Process(target=t.set_item, args=(d,))
         p.start()

@@ -9,6 +9,7 @@ from types import ModuleType
 import fiberexec.multiprocessing as fmp
 from tests.mp import route_tasks as t
 from tests.mp.compat import mpm
+from tests.support.kit import BackendKit
 
 __all__ = ["mpm"]
 
@@ -98,16 +99,23 @@ def test_after_a_direct_reader_is_killed_another_reader_gets_the_rest(
     assert writer.exitcode == 0  # type: ignore[attr-defined]
 
 
-def test_the_writer_sends_directly_to_a_reader_on_this_host() -> None:
+def test_the_writer_sends_directly_to_its_reader_on_this_host_or_another(
+        mp_backend: BackendKit) -> None:
     ctx = fmp.get_context("spawn")
     here, there = ctx.Pipe(duplex=False)
     out, got = ctx.Queue(), ctx.Queue()
-    writer = _start(ctx, t.send_until_direct, there, 20000, out)
-    reader = _start(ctx, t.read_to_eof, here, got, True)
+    writer = _start(ctx, t.send_until_direct_saying_how, there, 20000, out)
+    reader = _start(ctx, t.read_to_eof_saying_where, here, got)
     here.close()
     there.close()
     assert out.get(timeout=60) is True
+    family, writer_at = out.get(timeout=60)
     assert got.get(timeout=60) == list(range(20000))  # a burst, then EOF at once
+    reader_at = got.get(timeout=60)
+    if mp_backend.same_host:
+        assert (family, writer_at, reader_at) == ("AF_UNIX", "local", "local")
+    else:  # placed on two hosts (the least loaded first): TCP between them
+        assert family == "AF_INET" and writer_at != reader_at
     for p in (writer, reader):
         p.join(60)  # type: ignore[attr-defined]
         assert p.exitcode == 0  # type: ignore[attr-defined]

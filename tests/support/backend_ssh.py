@@ -31,6 +31,7 @@ SLOTS = 2  # workers per host in the behaviour suite
 @dataclass
 class SSHKit(BackendKit):
     lab: Lab | None = None
+    same_host: bool = False  # worker hosts are network namespaces, each with its /dev/shm
 
 
 def backend_options(lab: Lab, **overrides: Any) -> dict[str, Any]:

@@ -17,3 +17,6 @@ class BackendKit:
     leaks: Callable[[], list[str]]
     contract: Harness  # how tests/conformance runs fiberexec.testing's checks on this backend
     executor_kwargs: dict[str, Any] = field(default_factory=dict)
+    # every process of the backend runs on this host and shares its /dev/shm (the
+    # multiprocessing layer's "same host" features then work, see the README)
+    same_host: bool = True
