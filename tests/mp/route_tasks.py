@@ -16,15 +16,17 @@ def send_paced(conn: Any, n: int, every: int, pause: float) -> None:
     conn.close()
 
 
-def read_to_eof(conn: Any, out: Any, slowly: bool = False) -> None:
+def read_to_eof(conn: Any, out: Any, slowly: bool = False, progress: Any = None) -> None:
     """Put every item received until end-of-file; ``slowly``: slower than a writer that
-    sends as fast as it can."""
+    sends as fast as it can; ``progress``: an event set once 500 items came."""
     got = []
     while True:
         try:
             got.append(conn.recv())
         except EOFError:
             break
+        if progress is not None and len(got) == 500:
+            progress.set()
         if slowly and len(got) % 100 == 0:
             time.sleep(0.002)
     out.put(got)

@@ -54,15 +54,16 @@ def test_a_killed_direct_writer_gives_the_reader_what_it_sent_then_eof(
         mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
     here, there = ctx.Pipe(duplex=False)
-    out = ctx.Queue()
+    out, progress = ctx.Queue(), ctx.Event()
     writer = _start(ctx, t.send_paced, there, 10**6, 10, 0.01)
-    reader = _start(ctx, t.read_to_eof, here, out)
+    reader = _start(ctx, t.read_to_eof, here, out, False, progress)
     here.close()
     there.close()
-    time.sleep(1.5)  # long enough for the writer to send directly
+    # half a second of sending (1000 items a second): by then it goes directly
+    assert progress.wait(120)
     writer.kill()  # type: ignore[attr-defined]
     got = out.get(timeout=60)
-    assert len(got) > 50
+    assert len(got) >= 500
     assert got == list(range(len(got)))
     reader.join(60)  # type: ignore[attr-defined]
     assert reader.exitcode == 0  # type: ignore[attr-defined]
