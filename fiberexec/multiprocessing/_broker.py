@@ -33,7 +33,7 @@ from fiberexec.multiprocessing._wire import loads
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
-COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for a routed consumer's count of direct items
+COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for consumers elsewhere to say what they hold
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Lease:
     revoking: bool = False  # asked to hand back what it has not taken; nothing is sent
     gone: bool = False  # sending to it failed: nothing more is sent; its stream is ending
     direct: int = 0  # items producers sent it directly (`_route`) that it had not taken
-    asked: int = 0  # the last count of those asked for (see `Chan.count_direct`)
+    asked: int = 0  # the last count of those asked for (see `Chan.count_held`)
     answered: int = 0  # the last count answered
 
     def taken(self, consumed: int) -> None:
@@ -107,21 +107,29 @@ class Chan:
         with contextlib.suppress(OSError):
             peer.send_unroute(self.cid)
 
-    def count_direct(self) -> None:
-        """Ask the routed consumer how many items sent to it directly it has not taken,
-        and wait up to `COUNT_TIMEOUT` for the answer (under ``cond``)."""
-        peer = self.routed
-        lease = self.leases.get(peer) if peer is not None else None
-        if lease is None or lease.gone:
-            return
-        lease.asked += 1
-        asked = lease.asked
-        try:
-            peer.send_count(self.cid, asked)
-        except OSError:
-            return
-        self.cond.wait_for(lambda: lease.answered >= asked or lease.gone or peer.ended
-                           or self.routed is not peer, COUNT_TIMEOUT)
+    def count_held(self) -> None:
+        """Before ``qsize()``: ask every consumer elsewhere that holds items of this queue
+        (sent ahead, or sent directly to the routed one) what it holds, and wait up to
+        `COUNT_TIMEOUT` for the answers (under ``cond``).
+
+        An answer comes on the consumer's stream after every report it sent before, so an
+        item it took before telling anyone (setting an `Event`, say) is counted as taken
+        by then, as in the stdlib's pipe: its ``qsize()`` after that ``Event`` sees it."""
+        asked: list[tuple[Any, Lease, int]] = []
+        for peer, lease in self.leases.items():
+            if lease.gone or not (lease.outstanding or peer is self.routed):
+                continue
+            lease.asked += 1
+            try:
+                peer.send_count(self.cid, lease.asked)
+            except OSError:
+                continue
+            asked.append((peer, lease, lease.asked))
+        if asked:
+            self.cond.wait_for(lambda: all(
+                lease.answered >= n or lease.gone or peer.ended
+                or self.leases.get(peer) is not lease for peer, lease, n in asked),
+                COUNT_TIMEOUT)
 
     def changed(self) -> None:
         """Items arrived, were taken, or the last writer left (under ``cond``)."""
@@ -415,7 +423,7 @@ class Broker:
     def _qsize(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
         chan = self.chan(cid)
         with chan.cond:
-            chan.count_direct()
+            chan.count_held()
             return (chan.size(), chan.maxsize), b""
 
     def _task_done(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
@@ -588,7 +596,7 @@ class Broker:
             chan.dispatch()
 
     def counted(self, cid: int, peer: Any, asked: int, direct: int) -> None:
-        """A routed consumer's answer to `Chan.count_direct`."""
+        """A consumer's answer to `Chan.count_held`."""
         chan = self.chan(cid)
         with chan.cond:
             lease = chan.leases.get(peer)

@@ -244,3 +244,13 @@ def write_segment(name: str, data: bytes) -> None:
         segment.buf[:len(data)] = data
     finally:
         segment.close()
+
+
+def take_then_say(q: Any, n: int, go: Any, done: Any, rounds: int) -> None:
+    for _ in range(rounds):
+        go.wait(60)
+        go.clear()
+        for _ in range(n):
+            q.get(timeout=60)
+        done.set()
+    go.wait(60)  # alive until the creator has counted the last round

@@ -76,3 +76,24 @@ def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
     everything = sorted(here + [item for part in taken for item in part])
     assert everything == list(range(600))
     assert q.empty() and q.qsize() == 0
+
+
+def test_items_taken_before_an_event_are_not_counted_after_it(mpm: ModuleType) -> None:
+    """A child takes every item, then sets an event: the creator's ``qsize()`` after the
+    event counts none (the take is reported before the event, on another connection)."""
+    ctx = mpm.get_context("spawn")
+    q, go, done = ctx.Queue(6), ctx.Event(), ctx.Event()
+    rounds = 10
+    p = ctx.Process(target=t.take_then_say, args=(q, 6, go, done, rounds))
+    p.start()
+    for _ in range(rounds):
+        for i in range(6):
+            q.put(i)
+        assert q.full()
+        done.clear()
+        go.set()
+        assert done.wait(60)
+        assert q.qsize() == 0 and q.empty()
+    go.set()
+    p.join(60)
+    assert p.exitcode == 0
