@@ -21,6 +21,7 @@ from fiberexec._backend import (
     parse_memory,
 )
 from fiberexec._errors import ConfigurationError
+from fiberexec.multiprocessing._links import outward_ip
 
 log = logging.getLogger("fiberexec.multiprocessing")
 BackendLike = str | Backend | Callable[[], Backend]
@@ -90,8 +91,6 @@ def broker_hosts() -> tuple[str, str]:
     bind, advertise = backend.bind_host, backend.advertise_host
     parent = os.environ.get(ENV_PARENT_ADDRESS)
     if parent and (bind.startswith("127.") or bind in ("localhost", "::1")):
-        from fiberexec.multiprocessing._links import outward_ip
-
         ip = outward_ip(parent)
         if ip is not None:
             return ip, ip

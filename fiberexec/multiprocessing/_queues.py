@@ -63,17 +63,14 @@ class Queue:
     # `multiprocessing.pool.Pool` sends with ``_writer.send`` and receives with
     # ``_reader.recv`` when given this module's context. They are views on this queue.
 
-    @property
-    def _reader(self) -> QueueReader:
-        ends = self.__dict__.get("_ends")
-        if ends is None:
-            ends = self.__dict__["_ends"] = (QueueReader(self), QueueWriter(self))
-        return ends[0]
+    def _ends(self) -> tuple[QueueReader, QueueWriter]:
+        ends: tuple[QueueReader, QueueWriter] | None = self.__dict__.get("_ends_")
+        if ends is None:  # made on first use: a handle unpickled elsewhere has none yet
+            ends = self.__dict__["_ends_"] = (QueueReader(self), QueueWriter(self))
+        return ends
 
-    @property
-    def _writer(self) -> QueueWriter:
-        self._reader  # noqa: B018 (makes both ends)
-        return self.__dict__["_ends"][1]  # type: ignore[no-any-return]
+    _reader = property(lambda self: self._ends()[0])
+    _writer = property(lambda self: self._ends()[1])
 
     @property
     def _rlock(self) -> Any:
@@ -230,6 +227,7 @@ class _End:
     def __init__(self, q: Queue) -> None:
         self._queue = q
         self.closed = False
+        self._signalled = False  # fileno() made the broker's signal for the queue
 
     def _open(self) -> Queue:
         if self.closed:
@@ -272,11 +270,11 @@ class QueueReader(_End):
             raise OSError(
                 f"fileno() of {q!r}'s reader is available in the process that created the "
                 "queue only; elsewhere use poll(timeout) or get(timeout=...)")
-        self.__dict__["_signal"] = q._cid
+        self._signalled = True
         return broker.signal(q._cid)
 
     def close(self) -> None:
-        if not self.closed and self.__dict__.pop("_signal", None) is not None:
+        if not self.closed and self._signalled:
             broker = b.local_broker(self._queue._ep())
             if broker is not None:
                 broker.drop_signal(self._queue._cid)

@@ -55,6 +55,7 @@ class SharedMemoryManager(BaseManager):
 
     def __init__(self, *args: Any, backend: Any = "local", **kwargs: Any) -> None:
         super().__init__(*args, backend=backend, **kwargs)
+        self._segments: Any = None  # the server's `_Segments`, once started
 
     def start(self, initializer: Any = None, initargs: tuple[Any, ...] = ()) -> None:
         super().start(initializer, initargs)
@@ -85,7 +86,7 @@ class SharedMemoryManager(BaseManager):
         return shared
 
     def _check_started(self) -> None:
-        if getattr(self, "_segments", None) is None:
+        if self._segments is None:
             raise ValueError(
                 "SharedMemoryManager has not been started: call start() or use it in a "
                 "'with' block before SharedMemory() or ShareableList()")
