@@ -101,6 +101,16 @@ class _Runtime:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def on_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
+        """The backend saw the job end: clean up and record its exit code."""
+        code = status.exit_code
+        if code is None:
+            code = -(self.signalled or signal.SIGKILL)
+        elif self.signalled and code == 128 + self.signalled:
+            code = -self.signalled  # a container runtime's way of saying "killed by"
+        # Not on this (the backend's watch) thread: stopping may wait for that very watch.
+        threading.Thread(target=_clean_up, args=(self, handle, code), daemon=True).start()
+
     def finish(self, code: int | None) -> None:
         if self.done.is_set():
             return
@@ -200,7 +210,9 @@ class Process:
         del self._target, self._args, self._kwargs
         with _children_lock:
             _children.add(self)
-        backend.watch(runtime.handle, self._on_exit)
+        # the listener holds the runtime, not the process object: a joined and dropped
+        # process is collectable at once, while the backend's watch thread unwinds
+        backend.watch(runtime.handle, runtime.on_exit)
 
     def _spec(self, address: str, secret: bytes, proc_id: int) -> WorkerSpec:
         hint = _backends.meta_of(self._target) or _backends.meta_of(type(self).run)
@@ -218,18 +230,6 @@ class Process:
             resources=resources,
             labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
         )
-
-    def _on_exit(self, handle: WorkerHandle, status: WorkerStatus) -> None:
-        runtime = self._fx
-        if runtime is None:
-            return
-        code = status.exit_code
-        if code is None:
-            code = -(runtime.signalled or signal.SIGKILL)
-        elif runtime.signalled and code == 128 + runtime.signalled:
-            code = -runtime.signalled  # a container runtime's way of saying "killed by"
-        # Not on this (the backend's watch) thread: stopping may wait for that very watch.
-        threading.Thread(target=_clean_up, args=(runtime, handle, code), daemon=True).start()
 
     def _check_closed(self) -> None:
         if self._closed:

@@ -33,6 +33,22 @@ def test_before_start_there_is_no_sentinel_and_after_it_the_target_is_let_go(
     assert p.exitcode == 0
 
 
+def test_a_joined_and_closed_process_is_collected_as_soon_as_it_is_dropped(
+        mpm: ModuleType) -> None:
+    # CPython's test_close does this once; nothing else (a backend's exit watch, say) may
+    # still hold the object when join returns, however the threads are scheduled
+    for _ in range(20):
+        p = mpm.Process(target=t.Target())
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        p.close()
+        watch = weakref.ref(p)
+        del p
+        gc.collect()
+        assert watch() is None
+
+
 def test_the_stdlib_kill_and_terminate_work_on_the_process(mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
     for method, code in ((multiprocessing.Process.kill, -9),
