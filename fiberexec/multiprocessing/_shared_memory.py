@@ -4,12 +4,16 @@ On Python < 3.13 attaching a segment registers it with the attaching process's r
 tracker, which unlinks it when that process exits. A stdlib child shares its parent's
 tracker, so nothing is lost; ours are fresh interpreters with trackers of their own, which
 would destroy the parent's segment when the child ends. In our children, attaching
-(``create=False``) therefore does not register; creating still does.
+(``create=False``) therefore does not register; creating still does. Unlinking a segment
+attached so does not unregister it either: the tracker never had it, and would print a
+``KeyError`` traceback for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
@@ -24,27 +28,41 @@ def attach_without_tracking() -> None:
         if _installed or not hasattr(resource_tracker, "register"):
             return
         _installed = True
-    original = shared_memory.SharedMemory.__init__
+    original_init = shared_memory.SharedMemory.__init__
+    original_unlink = shared_memory.SharedMemory.unlink
 
     def __init__(self: Any, name: str | None = None, create: bool = False,
                  size: int = 0, **kwargs: Any) -> None:
         if create:
-            original(self, name, create, size, **kwargs)
+            original_init(self, name, create, size, **kwargs)
             return
-        with _lock:
-            register = resource_tracker.register
-            resource_tracker.register = _register_except_shared_memory(register)
-            try:
-                original(self, name, create, size, **kwargs)
-            finally:
-                resource_tracker.register = register
+        with _untracked("register"):
+            original_init(self, name, create, size, **kwargs)
+        self._fiberexec_untracked = True
+
+    def unlink(self: Any) -> None:
+        if not getattr(self, "_fiberexec_untracked", False):
+            original_unlink(self)
+            return
+        with _untracked("unregister"):
+            original_unlink(self)
 
     shared_memory.SharedMemory.__init__ = __init__  # type: ignore[method-assign]
+    shared_memory.SharedMemory.unlink = unlink  # type: ignore[method-assign]
 
 
-def _register_except_shared_memory(register: Any) -> Any:
-    def maybe_register(name: str, rtype: str) -> None:
-        if rtype != "shared_memory":
-            register(name, rtype)
+@contextlib.contextmanager
+def _untracked(call: str) -> Iterator[None]:
+    """While inside: ``resource_tracker.<call>`` passes over shared memory segments."""
+    with _lock:
+        original = getattr(resource_tracker, call)
 
-    return maybe_register
+        def except_shared_memory(name: str, rtype: str) -> None:
+            if rtype != "shared_memory":
+                original(name, rtype)
+
+        setattr(resource_tracker, call, except_shared_memory)
+        try:
+            yield
+        finally:
+            setattr(resource_tracker, call, original)

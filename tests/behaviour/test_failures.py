@@ -140,9 +140,14 @@ def test_exhausted_transient_failures_break_executor(make_executor: ExecutorFact
 
 def test_worker_that_cannot_start_breaks_with_its_output(make_executor: ExecutorFactory) -> None:
     backend = LocalBackend(python="/bin/false", capture_output=True)
-    ex = make_executor(1, backend=backend)
-    with pytest.raises(Exception, match="3 workers in a row failed to start.*exited with code 1"):
-        ex.submit(tasks.square, 3).result(timeout=60)
+    try:
+        ex = make_executor(1, backend=backend)
+        with pytest.raises(Exception,
+                           match="3 workers in a row failed to start.*exited with code 1"):
+            ex.submit(tasks.square, 3).result(timeout=60)
+        ex.shutdown()
+    finally:
+        backend.close()  # the caller's backend: the executor leaves it open (its log files)
 
 
 def test_task_arriving_as_the_executor_breaks_still_fails(make_executor: ExecutorFactory) -> None:

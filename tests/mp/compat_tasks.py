@@ -56,6 +56,17 @@ def attach_and_write(shm: Any) -> None:
     shm.close()
 
 
+def attach_and_unlink(name: str) -> None:
+    from multiprocessing import resource_tracker, shared_memory
+
+    segment = shared_memory.SharedMemory(name=name)
+    segment.close()
+    segment.unlink()
+    tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+    if tracker._pid is not None:  # a tracker of this process's own: let it finish its work
+        tracker._stop()
+
+
 def remote_write(blob: bytes) -> None:
     """Unpickle a shared value where the creator's /dev/shm file cannot be seen."""
     import tempfile
@@ -63,8 +74,9 @@ def remote_write(blob: bytes) -> None:
 
     from fiberexec import _shm
 
-    _shm.SHM_DIR = Path(tempfile.mkdtemp())  # another host: no such file here
-    value, array = pickle.loads(blob)
+    with tempfile.TemporaryDirectory() as empty:
+        _shm.SHM_DIR = Path(empty)  # another host: no such file here
+        value, array = pickle.loads(blob)
     assert type(array).__name__ == "RemoteArray", type(array)
     with value.get_lock():
         value.value += 10

@@ -11,7 +11,7 @@ import multiprocessing.pool
 import os
 import pickle
 import signal
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from types import ModuleType
 
 import numpy as np
@@ -95,6 +95,26 @@ def test_stdlib_shared_memory_attaches_in_children(mpm: ModuleType,
     finally:
         shm.close()
         shm.unlink()
+
+
+def test_a_child_unlinks_a_segment_it_attached_without_tracker_errors(
+        mpm: ModuleType, mp_backend: BackendKit, capfd: pytest.CaptureFixture[str]) -> None:
+    shm = shared_memory.SharedMemory(create=True, size=16)
+    try:
+        p = _start(mpm, t.attach_and_unlink, shm.name)
+        p.join(60)
+        if mpm is fmp and not mp_backend.same_host:  # as the README says: same host only
+            assert p.exitcode == 1
+            return
+        assert p.exitcode == 0
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=shm.name)
+    finally:
+        shm.close()
+        if mpm is fmp:  # ours: the parent's tracker still has it (the stdlib's child
+            # unregistered it from the tracker they share)
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    assert "Traceback" not in capfd.readouterr().err  # from a resource tracker: KeyError
 
 
 def test_manager_is_shut_down_when_dropped(mpm: ModuleType) -> None:
