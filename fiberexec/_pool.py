@@ -22,7 +22,7 @@ from fiberexec import _events as ev
 from fiberexec._backend import Backend
 from fiberexec._config import ExecutorConfig
 from fiberexec._errors import BrokenFiberExecutor
-from fiberexec._serialize import dumps
+from fiberexec._serialize import dumps_for_workers
 from fiberexec._session import Session
 from fiberexec._shard import Shard
 from fiberexec._stats import Stats
@@ -48,7 +48,8 @@ class TaskPool:
         self.progress = progress
         initializer = None
         if config.initializer is not None:
-            initializer = dumps((config.initializer, config.initargs), what="initializer")
+            initializer = dumps_for_workers((config.initializer, config.initargs),
+                                            what="initializer")
         self.session = Session(
             config=config,
             executor_id=secrets.token_hex(4),

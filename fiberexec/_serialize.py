@@ -2,7 +2,9 @@
 
 A `Payload` is the pickle stream plus its out-of-band buffers (numpy arrays, bytearrays), so
 large data is never copied into the stream. The fast path is the C pickler; cloudpickle takes
-over for what it cannot do by reference (lambdas, closures, anything from ``__main__``).
+over for what it cannot do by reference (lambdas, closures, anything from ``__main__``),
+with the standard library's multiprocessing reducers (a stdlib ``Connection`` is handed to
+the worker as `ProcessPoolExecutor` hands it, see `_inherit`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from concurrent.futures.process import _RemoteTraceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
+from fiberexec import _inherit
 from fiberexec._errors import PicklingError, SerializationError, UnpicklingError
 
 #: The standard library's class, so ``type(exc.__cause__)`` is what stdlib code expects.
 RemoteTraceback = _RemoteTraceback
 
 PROTOCOL = 5
+# a plain pickle naming this module needs the standard library's reducers: a stdlib
+# Connection pickles without them, but as a file descriptor number, meaningless elsewhere
+_NEEDS_STDLIB = b"multiprocessing.connection"
 
 
 @dataclass
@@ -42,18 +46,30 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
-        if b"__main__" not in data:
+        if b"__main__" not in data and _NEEDS_STDLIB not in data:
             return Payload(data, [b.raw() for b in buffers])
     except Exception:
         pass
     buffers.clear()
     try:
-        data = cloudpickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append,
+                              spawning=False)
     except Exception as exc:
         raise PicklingError(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
             "tasks need picklable functions, arguments and results"
         ) from exc
+    return Payload(data, [b.raw() for b in buffers])
+
+
+def dumps_for_workers(obj: Any, *, what: str) -> Payload:
+    """`dumps` for what every worker gets as it starts (the initializer and its arguments):
+    the stdlib's process-shared objects in it pickle as for a spawned child (`_inherit`)."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+    except Exception as exc:
+        raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}") from exc
     return Payload(data, [b.raw() for b in buffers])
 
 

@@ -559,8 +559,8 @@ class Shard:
                 _shm.discard(name)
             error = WorkerLostError(
                 f"task {item.task_id} was running on {item.losses} workers that died; "
-                f"the last one: {why}. Raise max_task_retries={self.config.max_task_retries} "
-                "if this is transient, or check the task's memory use"
+                f"the last one: {why}. If that is transient, raise max_task_retries (now "
+                f"{self.config.max_task_retries}); otherwise check the task's memory use"
             )
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)

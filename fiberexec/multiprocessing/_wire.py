@@ -14,13 +14,9 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
-from collections import ChainMap
-from collections.abc import Iterator
-from multiprocessing.reduction import ForkingPickler
-from typing import Any, ClassVar
+from typing import Any
 
-import cloudpickle
-
+from fiberexec import _inherit
 from fiberexec._errors import SerializationError
 
 PROTOCOL = 5
@@ -29,16 +25,6 @@ PROTOCOL = 5
 # another process)
 _NEEDS_STDLIB = b"multiprocessing.connection"
 _GLOBAL = pickle.STACK_GLOBAL  # how protocol 5 refers to any class or function
-
-
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, with the standard library multiprocessing's reducers first (the
-    pickler reads its class's table as it is made; later registrations are seen)."""
-
-    dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
-        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
-        cloudpickle.Pickler.dispatch_table,
-    )
 
 
 class _Spawning:
@@ -57,18 +43,6 @@ class _Spawning:
         return resource_sharer.DupFd(fd)
 
 
-@contextlib.contextmanager
-def _spawning() -> Iterator[None]:
-    from multiprocessing import context
-
-    before = context.get_spawning_popen()
-    context.set_spawning_popen(_Spawning())  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        context.set_spawning_popen(before)
-
-
 def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
     """Pickle ``obj`` by reference when possible, by value (cloudpickle) otherwise;
     ``spawning``: ``obj`` starts a process (see the module)."""
@@ -81,8 +55,8 @@ def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
             pass
     try:
         buffer = io.BytesIO()
-        with _spawning() if spawning else contextlib.nullcontext():
-            _Pickler(buffer, protocol=PROTOCOL).dump(obj)
+        with _inherit.spawning_as(_Spawning()) if spawning else contextlib.nullcontext():
+            _inherit.Pickler(buffer, protocol=PROTOCOL).dump(obj)
         return buffer.getvalue()
     except Exception as exc:
         raise SerializationError(

@@ -1,0 +1,108 @@
+"""Pickling the stdlib's process-shared objects for workers on this host, as for a spawned child.
+
+The standard library pickles a `ProcessPoolExecutor`'s ``initargs`` while it spawns each
+worker, and so accepts objects that may only be shared with a child: a
+``multiprocessing.Queue`` (a logging ``QueueHandler``'s queue, say), ``Lock``, ``Value``,
+``Array``. fiberexec pickles an initializer once, for every worker it will start. `dumps`
+does that in the stdlib's spawning mode, with the stdlib's own reducers:
+
+* a lock or semaphore pickles as its name, which a worker reopens (the stdlib's own way;
+  one made under the ``"fork"`` start method has no name, and the stdlib says so);
+* a file descriptor (a queue's pipe, a shared heap's file) pickles as this process's pid
+  and descriptor number; a worker opens ``/proc/<pid>/fd/<n>``, which is the same pipe or
+  file, as often as workers start. A worker in another pid namespace (a container, another
+  host) is told where the object can be used instead. Sockets cannot be reopened that way,
+  and are refused here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import os
+import stat
+from collections import ChainMap
+from collections.abc import Iterator
+from multiprocessing import context
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, ClassVar
+
+import cloudpickle
+
+_FIX = ("pass a fiberexec.multiprocessing object (Queue, Lock, Value...) or a "
+        "Manager's proxy instead: those work on every backend")
+
+
+class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with the standard library multiprocessing's reducers first (the
+    pickler reads its class's table as it is made; later registrations are seen)."""
+
+    dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
+        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        cloudpickle.Pickler.dispatch_table,
+    )
+
+
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+class HostFd:
+    """A file descriptor of this process, reopened by a worker in the same pid namespace."""
+
+    def __init__(self, fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+            raise ValueError(
+                f"file descriptor {fd} is not a pipe or a file (a socket, or a duplex "
+                f"multiprocessing.Pipe()): workers cannot reopen it; {_FIX}")
+        self.pid = os.getpid()
+        self.fd = fd
+        self.flags = fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_APPEND)
+        self.namespace = _pid_namespace()
+
+    def detach(self) -> int:
+        """Open the descriptor's pipe or file here (what the stdlib's rebuilders call)."""
+        if _pid_namespace() != self.namespace:
+            raise OSError(
+                f"a stdlib multiprocessing object in the initializer's arguments uses a pipe "
+                f"or file of process {self.pid}, which this worker cannot see (it runs on another "
+                f"host, or in a container): such objects reach workers in that process's pid "
+                f"namespace only, as the 'local' backend's; {_FIX}")
+        return os.open(f"/proc/{self.pid}/fd/{self.fd}", self.flags | os.O_CLOEXEC)
+
+
+class _Spawning:
+    """Stands for the stdlib's ``Popen`` of a spawned child while `dumps` pickles."""
+
+    @staticmethod
+    def duplicate_for_child(fd: int) -> int:
+        return fd
+
+    @staticmethod
+    def DupFd(fd: int) -> HostFd:  # the stdlib's name for it
+        return HostFd(fd)
+
+
+@contextlib.contextmanager
+def spawning_as(popen: Any) -> Iterator[None]:
+    """While inside, on this thread: the stdlib pickles its objects as for a spawned child
+    whose ``Popen`` is ``popen`` (``duplicate_for_child``, ``DupFd``)."""
+    before = context.get_spawning_popen()
+    context.set_spawning_popen(popen)
+    try:
+        yield
+    finally:
+        context.set_spawning_popen(before)
+
+
+def dumps(obj: Any, *, protocol: int, buffer_callback: Any = None,
+          spawning: bool = True) -> bytes:
+    """Pickle ``obj`` with `Pickler`; ``spawning``: for the workers this process starts (see
+    the module). Otherwise, as the stdlib pickles a task: a `Connection` or socket is handed
+    over once, by `multiprocessing.resource_sharer`. What the pickler raises propagates."""
+    buffer = io.BytesIO()
+    with spawning_as(_Spawning()) if spawning else contextlib.nullcontext():
+        Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
+    return buffer.getvalue()

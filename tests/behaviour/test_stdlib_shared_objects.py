@@ -1,0 +1,95 @@
+"""Stdlib multiprocessing objects given to workers, as `ProcessPoolExecutor` takes them:
+a ``Queue`` and ``Value`` in ``initargs`` (the logging cookbook's ``QueueHandler`` queue),
+and a ``Connection`` as a task's argument. Each test runs over both executors.
+
+They reach workers that can see this process (its pid namespace, on this host); elsewhere
+(a container, another host) the executor says so instead."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+SPAWN = multiprocessing.get_context("spawn")
+Make = Callable[..., Executor]
+
+
+@pytest.fixture(params=["stdlib", "fiberexec"])
+def make(request: pytest.FixtureRequest,
+         make_executor: ExecutorFactory) -> Iterator[Make]:
+    if request.param == "fiberexec":
+        yield make_executor
+        return
+    made: list[Executor] = []
+
+    def stdlib(max_workers: int, **kwargs: Any) -> Executor:
+        made.append(ProcessPoolExecutor(max_workers, mp_context=SPAWN, **kwargs))
+        return made[-1]
+
+    yield stdlib
+    for ex in made:
+        ex.shutdown(cancel_futures=True)
+
+
+def _sees_us(make_executor: ExecutorFactory) -> bool:
+    """Whether the backend's workers run in this process's pid namespace."""
+    with make_executor(1) as probe:
+        there = probe.submit(tasks.pid_namespace).result(timeout=60)
+    return bool(there == tasks.pid_namespace())
+
+
+def test_a_stdlib_queue_and_value_in_initargs_reach_the_workers(
+        make: Make, make_executor: ExecutorFactory) -> None:
+    queue, counter = SPAWN.Queue(), SPAWN.Value("i", 0)
+    ex = make(1, initializer=tasks.remember_shared, initargs=(queue, counter))
+    if make is make_executor and not _sees_us(make_executor):
+        with pytest.raises(BrokenExecutor) as broken:
+            ex.submit(tasks.report_and_count, 0).result(timeout=60)
+        assert "cannot see" in str(broken.value.__cause__)
+        return
+    assert list(ex.map(tasks.report_and_count, range(5), timeout=60)) == list(range(5))
+    got = sorted(queue.get(timeout=30) for _ in range(6))
+    assert got == [("init", 0)] + [("task", x) for x in range(5)]
+    assert counter.value == 5
+    ex.shutdown()
+    queue.close()
+    queue.join_thread()
+
+
+def test_a_stdlib_lock_of_the_fork_start_method_is_refused_with_the_stdlib_error(
+        make: Make) -> None:
+    lock = multiprocessing.get_context("fork").Lock()
+    ex = make(1, initializer=tasks.identity, initargs=(lock,))
+    with pytest.raises(Exception, match="fork context"):
+        ex.submit(tasks.square, 2).result(timeout=60)
+
+
+def test_a_stdlib_connection_as_a_task_argument_is_the_same_pipe_there(
+        make: Make, make_executor: ExecutorFactory) -> None:
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    ex = make(1)
+    future = ex.submit(tasks.send_on, writer, ("hello", os.getpid()))
+    if make is make_executor and not _sees_us(make_executor):
+        # handed over as the stdlib does (`multiprocessing.resource_sharer`, a Unix socket
+        # in this host's temporary directory): a container may not reach it, and says so
+        try:
+            sent = future.result(timeout=60)
+        except pickle.UnpicklingError as exc:
+            assert "cannot unpickle" in str(exc)
+            return
+    else:
+        sent = future.result(timeout=60)
+    assert sent == "sent"
+    assert reader.poll(30)
+    assert reader.recv() == ("hello", os.getpid())
+    reader.close()
+    writer.close()
