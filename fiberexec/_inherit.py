@@ -7,7 +7,8 @@ worker, and so accepts objects that may only be shared with a child: a
 does that in the stdlib's spawning mode, with the stdlib's own reducers:
 
 * a lock or semaphore pickles as its name, which a worker reopens (the stdlib's own way;
-  one made under the ``"fork"`` start method has no name, and the stdlib says so);
+  one made under the ``"fork"`` start method has no name, and the stdlib says so), if it
+  has the same ``/dev/shm`` (otherwise it is told where the lock can be used instead);
 * a file descriptor (a queue's pipe, a shared heap's file) pickles as this process's pid
   and descriptor number; a worker opens ``/proc/<pid>/fd/<n>``, which is the same pipe or
   file, as often as workers start. A worker in another pid namespace (a container, another
@@ -24,7 +25,7 @@ import os
 import stat
 from collections import ChainMap
 from collections.abc import Iterator
-from multiprocessing import context
+from multiprocessing import context, synchronize
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar
 
@@ -34,18 +35,48 @@ _FIX = ("pass a fiberexec.multiprocessing object (Queue, Lock, Value...) or a "
         "Manager's proxy instead: those work on every backend")
 
 
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _shm_identity() -> tuple[int, int] | None:
+    """Which ``/dev/shm`` this process has (named semaphores live there); None without."""
+    try:
+        found = os.stat("/dev/shm")
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _reduce_semlock(lock: synchronize.SemLock) -> tuple[Any, ...]:
+    # the stdlib's own state (its checks: spawning only, no fork-context lock), plus where
+    # its name can be opened
+    return _rebuild_semlock, (type(lock), lock.__getstate__(), _shm_identity())
+
+
+def _rebuild_semlock(cls: type[synchronize.SemLock], state: Any,
+                     shm: tuple[int, int] | None) -> synchronize.SemLock:
+    if shm != _shm_identity():
+        raise OSError(
+            f"a stdlib multiprocessing {cls.__name__} is reopened by its name in /dev/shm, "
+            f"which this worker cannot see (it has another /dev/shm: another host, or a "
+            f"container); {_FIX}")
+    lock = cls.__new__(cls)
+    lock.__setstate__(state)  # type: ignore[attr-defined]
+    return lock
+
+
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with the standard library multiprocessing's reducers first (the
-    pickler reads its class's table as it is made; later registrations are seen)."""
+    pickler reads its class's table as it is made; later registrations are seen), and
+    stdlib locks that check, where they are rebuilt, that their name can be opened there."""
 
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
+        {kind: _reduce_semlock for kind in (synchronize.Lock, synchronize.RLock,
+                                            synchronize.Semaphore, synchronize.BoundedSemaphore)},
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
         cloudpickle.Pickler.dispatch_table,
     )
-
-
-def _pid_namespace() -> int:
-    return os.stat("/proc/self/ns/pid").st_ino
 
 
 class HostFd:
@@ -106,3 +137,4 @@ def dumps(obj: Any, *, protocol: int, buffer_callback: Any = None,
     with spawning_as(_Spawning()) if spawning else contextlib.nullcontext():
         Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
     return buffer.getvalue()
+

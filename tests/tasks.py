@@ -107,9 +107,11 @@ def negate_inplace(array: Any) -> Any:
 _shared: tuple[Any, Any] | None = None  # set by `remember_shared` in a worker
 
 
-def pid_namespace(_: object = None) -> int:
-    """Which pid namespace the worker runs in (a container has its own)."""
-    return os.stat("/proc/self/ns/pid").st_ino
+def host_view(_: object = None) -> tuple[int, int, int]:
+    """Which pid namespace and which /dev/shm the worker has (a container has its own pid
+    namespace; another host, its own /dev/shm)."""
+    shm = os.stat("/dev/shm")
+    return os.stat("/proc/self/ns/pid").st_ino, shm.st_dev, shm.st_ino
 
 
 def remember_shared(queue: Any, counter: Any) -> None:

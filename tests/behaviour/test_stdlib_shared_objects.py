@@ -2,7 +2,7 @@
 a ``Queue`` and ``Value`` in ``initargs`` (the logging cookbook's ``QueueHandler`` queue),
 and a ``Connection`` as a task's argument. Each test runs over both executors.
 
-They reach workers that can see this process (its pid namespace, on this host); elsewhere
+They reach workers that can see this process (its pid namespace) and its /dev/shm; elsewhere
 (a container, another host) the executor says so instead."""
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def make(request: pytest.FixtureRequest,
 
 
 def _sees_us(make_executor: ExecutorFactory) -> bool:
-    """Whether the backend's workers run in this process's pid namespace."""
+    """Whether the backend's workers see this process (its pid namespace) and its
+    /dev/shm, where the stdlib's locks are opened by name."""
     with make_executor(1) as probe:
-        there = probe.submit(tasks.pid_namespace).result(timeout=60)
-    return bool(there == tasks.pid_namespace())
+        there = probe.submit(tasks.host_view).result(timeout=60)
+    return bool(there == tasks.host_view())
 
 
 def test_a_stdlib_queue_and_value_in_initargs_reach_the_workers(
