@@ -24,13 +24,16 @@ import io
 import os
 import stat
 from collections import ChainMap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import context, synchronize
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar
 
 import cloudpickle
 
+# a plain pickle naming this module needs the stdlib's reducers: a stdlib Connection
+# pickles without them, but as a file descriptor number, meaningless in another process
+NEEDS_STDLIB = b"multiprocessing.connection"
 _FIX = ("pass a fiberexec.multiprocessing object (Queue, Lock, Value...) or a "
         "Manager's proxy instead: those work on every backend")
 
@@ -104,24 +107,25 @@ class HostFd:
         return os.open(f"/proc/{self.pid}/fd/{self.fd}", self.flags | os.O_CLOEXEC)
 
 
-class _Spawning:
-    """Stands for the stdlib's ``Popen`` of a spawned child while `dumps` pickles."""
+class _Popen:
+    """Stands for the stdlib's ``Popen`` of a spawned child while we pickle: the stdlib hands
+    it each file descriptor to pass on, and ``DupFd`` wraps it for the child."""
+
+    def __init__(self, dup_fd: Callable[[int], Any]) -> None:
+        self.DupFd = dup_fd  # the stdlib's name for it
 
     @staticmethod
     def duplicate_for_child(fd: int) -> int:
         return fd
 
-    @staticmethod
-    def DupFd(fd: int) -> HostFd:  # the stdlib's name for it
-        return HostFd(fd)
-
 
 @contextlib.contextmanager
-def spawning_as(popen: Any) -> Iterator[None]:
-    """While inside, on this thread: the stdlib pickles its objects as for a spawned child
-    whose ``Popen`` is ``popen`` (``duplicate_for_child``, ``DupFd``)."""
+def spawning(dup_fd: Callable[[int], Any]) -> Iterator[None]:
+    """While inside, on this thread: the stdlib pickles its objects as for a spawned child,
+    each file descriptor wrapped by ``dup_fd`` (`HostFd`, or the stdlib's
+    ``resource_sharer.DupFd``)."""
     before = context.get_spawning_popen()
-    context.set_spawning_popen(popen)
+    context.set_spawning_popen(_Popen(dup_fd))  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -129,12 +133,12 @@ def spawning_as(popen: Any) -> Iterator[None]:
 
 
 def dumps(obj: Any, *, protocol: int, buffer_callback: Any = None,
-          spawning: bool = True) -> bytes:
-    """Pickle ``obj`` with `Pickler`; ``spawning``: for the workers this process starts (see
+          for_workers: bool = True) -> bytes:
+    """Pickle ``obj`` with `Pickler`; ``for_workers``: for the workers this process starts (see
     the module). Otherwise, as the stdlib pickles a task: a `Connection` or socket is handed
     over once, by `multiprocessing.resource_sharer`. What the pickler raises propagates."""
     buffer = io.BytesIO()
-    with spawning_as(_Spawning()) if spawning else contextlib.nullcontext():
+    with spawning(HostFd) if for_workers else contextlib.nullcontext():
         Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
     return buffer.getvalue()
 

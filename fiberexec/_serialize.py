@@ -22,9 +22,6 @@ from fiberexec._errors import PicklingError, SerializationError, UnpicklingError
 RemoteTraceback = _RemoteTraceback
 
 PROTOCOL = 5
-# a plain pickle naming this module needs the standard library's reducers: a stdlib
-# Connection pickles without them, but as a file descriptor number, meaningless elsewhere
-_NEEDS_STDLIB = b"multiprocessing.connection"
 
 
 @dataclass
@@ -46,14 +43,14 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
-        if b"__main__" not in data and _NEEDS_STDLIB not in data:
+        if b"__main__" not in data and _inherit.NEEDS_STDLIB not in data:
             return Payload(data, [b.raw() for b in buffers])
     except Exception:
         pass
     buffers.clear()
     try:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append,
-                              spawning=False)
+                              for_workers=False)
     except Exception as exc:
         raise PicklingError(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "

@@ -20,27 +20,15 @@ from fiberexec import _inherit
 from fiberexec._errors import SerializationError
 
 PROTOCOL = 5
-# a plain pickle that names this module needs the standard library's reducers (a stdlib
-# Connection pickles without them, but as a file descriptor number that means nothing in
-# another process)
-_NEEDS_STDLIB = b"multiprocessing.connection"
 _GLOBAL = pickle.STACK_GLOBAL  # how protocol 5 refers to any class or function
 
 
-class _Spawning:
-    """Stands for the stdlib's ``Popen`` while a `Process` is pickled to start it: stdlib
-    objects then pickle as they do for a spawned child, their file descriptors passed on
-    by `multiprocessing.resource_sharer` (the child fetches them as it unpickles)."""
+def _shared_fd(fd: int) -> Any:
+    """A child we start fetches each file descriptor pickled for it once, from this
+    process, through `multiprocessing.resource_sharer` (a Unix socket on this host)."""
+    from multiprocessing import resource_sharer
 
-    @staticmethod
-    def duplicate_for_child(fd: int) -> int:
-        return fd
-
-    @staticmethod
-    def DupFd(fd: int) -> Any:  # the stdlib's name for it
-        from multiprocessing import resource_sharer
-
-        return resource_sharer.DupFd(fd)
+    return resource_sharer.DupFd(fd)
 
 
 def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
@@ -49,13 +37,14 @@ def dumps(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
     if not spawning:
         try:
             data = pickle.dumps(obj, protocol=PROTOCOL)
-            if _GLOBAL not in data or (b"__main__" not in data and _NEEDS_STDLIB not in data):
+            if _GLOBAL not in data or (b"__main__" not in data
+                                       and _inherit.NEEDS_STDLIB not in data):
                 return data  # plain data names no global at all: one byte scan decides
         except Exception:
             pass
     try:
         buffer = io.BytesIO()
-        with _inherit.spawning_as(_Spawning()) if spawning else contextlib.nullcontext():
+        with _inherit.spawning(_shared_fd) if spawning else contextlib.nullcontext():
             _inherit.Pickler(buffer, protocol=PROTOCOL).dump(obj)
         return buffer.getvalue()
     except Exception as exc:
