@@ -43,6 +43,7 @@ class Conn:
         self.counted = False  # included in the shard's ready_workers
         self.probe = ""  # this handshake's shared-memory probe file, removed when it ends
         self.shm = False
+        self.initializing = False  # sent an initializer it has not reported finishing
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
         self.dispatched = 0
         self.load = 0.0  # estimated seconds of work held, over tasks of known length

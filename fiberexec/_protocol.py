@@ -9,6 +9,7 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | <-- Challenge(nonce, proof) --  |   proof = HMAC(secret, "executor" | both nonces)
       | -- Auth(proof, shm_token) ---->  |   proof = HMAC(secret, "worker" | both nonces)
       | <-- Setup(initializer, ...) --  |   from here on both sides are authenticated
+      | -- Initialized / InitFailed -->  |   after the initializer, if there is one
       | <-- Tasks(functions, tasks) --  |   as many tasks as the worker has credit for
       | -- Results(results) ---------->  |   completions return credit
       | <-> Heartbeat                   |   silence for 3 intervals means the peer is gone
@@ -55,6 +56,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 7
     BYE = 8
     INIT_FAILED = 9
+    INITIALIZED = 10
 
 
 class Status(enum.IntEnum):
@@ -131,7 +133,13 @@ class InitFailed:
     error: Payload
 
 
-Message = Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
+@dataclass(frozen=True)
+class Initialized:
+    """The worker's initializer returned (a shutdown lets it finish, as the stdlib's does)."""
+
+
+Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
+           | Initialized)
 
 
 @dataclass
@@ -246,7 +254,7 @@ def _enc_results(w: _Writer, m: Results) -> None:
             parts.append(data.data)
 
 
-def _enc_empty(w: _Writer, m: Heartbeat) -> None:
+def _enc_empty(w: _Writer, m: Heartbeat | Initialized) -> None:
     pass
 
 
@@ -274,6 +282,7 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     Heartbeat: (Kind.HEARTBEAT, _enc_empty),  # type: ignore[dict-item]
     Bye: (Kind.BYE, _enc_bye),  # type: ignore[dict-item]
     InitFailed: (Kind.INIT_FAILED, _enc_init_failed),  # type: ignore[dict-item]
+    Initialized: (Kind.INITIALIZED, _enc_empty),  # type: ignore[dict-item]
 }
 
 # ---------------------------------------------------------------------------- decoding
@@ -434,4 +443,5 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.HEARTBEAT: lambda r: Heartbeat(),
     Kind.BYE: lambda r: Bye(r.text()),
     Kind.INIT_FAILED: lambda r: InitFailed(r.payload()),
+    Kind.INITIALIZED: lambda r: Initialized(),
 }

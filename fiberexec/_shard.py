@@ -164,10 +164,14 @@ class Shard:
         return max(0.0, self._next_housekeeping - self.clock())
 
     def finished(self) -> bool:
-        """Shut down, and nothing is left to run or to hear about."""
+        """Shut down, and nothing is left to run or to hear about: no task out, and (unless
+        the executor broke) no connected worker still in its initializer, which a stop
+        would cut short (the stdlib's workers finish theirs too)."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
-        return not any(c.inflight for c in self.conns.values())
+        return not any(c.inflight or (c.initializing and c.state is State.READY
+                                      and self.broken is None)
+                       for c in self.conns.values())
 
     # ------------------------------------------------------------ receiving
 
@@ -187,9 +191,12 @@ class Shard:
             return
         if isinstance(message, p.Results):
             self._on_results(conn, message.results)
+        elif isinstance(message, p.Initialized):
+            conn.initializing = False
         elif isinstance(message, p.Bye):
             conn.state, conn.leaving = State.RETIRING, message.reason
         elif isinstance(message, p.InitFailed):
+            conn.initializing = False
             self._on_init_failed(conn, message.error)
 
     def _on_results(self, conn: Conn, results: Iterable[p.Result]) -> None:
@@ -278,6 +285,7 @@ class Shard:
         conn.counted = True
         self.ready_workers += 1
         self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.session.initializer))
+        conn.initializing = self.session.initializer is not None
         self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
 

@@ -125,6 +125,7 @@ class Worker:
             )
             self.outbox.send(p.InitFailed(dumps_exception(exc)))
             _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
+        self.outbox.send(p.Initialized())
 
     # ---------------------------------------------------------------- receiving
 

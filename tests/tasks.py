@@ -134,3 +134,18 @@ def send_on(conn: Any, message: Any) -> str:
     conn.send(message)
     conn.close()
     return "sent"
+
+
+def slow_unless_first(directory: str, seconds: float) -> None:
+    """An initializer: the first worker to run it returns at once, the others after
+    ``seconds``; each leaves ``begun-*`` and then ``done-*`` in ``directory``."""
+    import uuid
+    from pathlib import Path
+
+    here, me = Path(directory), uuid.uuid4().hex
+    (here / f"begun-{me}").touch()
+    try:
+        os.close(os.open(here / "first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        time.sleep(seconds)
+    (here / f"done-{me}").touch()

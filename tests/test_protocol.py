@@ -39,6 +39,7 @@ messages = st.one_of(
     st.just(p.Heartbeat()),
     st.builds(p.Bye, texts),
     st.builds(p.InitFailed, payloads),
+    st.just(p.Initialized()),
 )
 
 

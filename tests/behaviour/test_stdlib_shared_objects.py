@@ -10,35 +10,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
-from typing import Any
+from concurrent.futures import BrokenExecutor
 
 import pytest
 
 from tests import tasks
+from tests.behaviour.both import SPAWN, Make, make
 from tests.conftest import ExecutorFactory
 
-SPAWN = multiprocessing.get_context("spawn")
-Make = Callable[..., Executor]
-
-
-@pytest.fixture(params=["stdlib", "fiberexec"])
-def make(request: pytest.FixtureRequest,
-         make_executor: ExecutorFactory) -> Iterator[Make]:
-    if request.param == "fiberexec":
-        yield make_executor
-        return
-    made: list[Executor] = []
-
-    def stdlib(max_workers: int, **kwargs: Any) -> Executor:
-        made.append(ProcessPoolExecutor(max_workers, mp_context=SPAWN, **kwargs))
-        return made[-1]
-
-    yield stdlib
-    for ex in made:
-        ex.shutdown(cancel_futures=True)
-
+__all__ = ["make"]
 
 def _sees_us(make_executor: ExecutorFactory) -> bool:
     """Whether the backend's workers see this process (its pid namespace) and its

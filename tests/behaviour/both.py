@@ -1,0 +1,32 @@
+"""`make`: a test of shared behaviour runs over `ProcessPoolExecutor` (spawn) and ours."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.conftest import ExecutorFactory
+
+SPAWN = multiprocessing.get_context("spawn")
+Make = Callable[..., Executor]
+
+
+@pytest.fixture(params=["stdlib", "fiberexec"])
+def make(request: pytest.FixtureRequest,
+         make_executor: ExecutorFactory) -> Iterator[Make]:
+    if request.param == "fiberexec":
+        yield make_executor
+        return
+    made: list[Executor] = []
+
+    def stdlib(max_workers: int, **kwargs: Any) -> Executor:
+        made.append(ProcessPoolExecutor(max_workers, mp_context=SPAWN, **kwargs))
+        return made[-1]
+
+    yield stdlib
+    for ex in made:
+        ex.shutdown(cancel_futures=True)
