@@ -79,6 +79,7 @@ SYNC_TIMEOUT = 5.0  # seconds logs() waits for output the worker wrote before th
 WATCHDOG_SLACK = 2.0  # seconds a wrapper waits beyond three missed pings or heartbeats
 STRAY_RETRY = RetryPolicy(attempts=3, deadline=30.0)  # per host, for transient ssh errors
 ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # the worker's heartbeat, also the wrappers' pace
+ENV_SILENCE = "FIBEREXEC_SILENCE"  # seconds of the executor's silence a worker waits out
 
 
 class SSHBackend(Backend):
@@ -278,11 +279,11 @@ class SSHBackend(Backend):
     def _message(self, spec: WorkerSpec) -> dict[str, Any]:
         resources = spec.resources
         try:
-            heartbeat = float(spec.env.get(ENV_HEARTBEAT, "1"))
+            silence = float(spec.env.get(ENV_SILENCE, "30"))
         except ValueError:
-            heartbeat = 1.0
+            silence = 30.0
         return {
-            "watchdog": 3 * max(heartbeat, PING_INTERVAL) + WATCHDOG_SLACK,
+            "watchdog": max(silence, 3 * PING_INTERVAL) + WATCHDOG_SLACK,
             "action": "worker",
             "argv": list(spec.command),
             "env": dict(spec.env),

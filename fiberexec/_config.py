@@ -50,6 +50,7 @@ class ExecutorConfig:
     resources: Resources = field(default_factory=Resources)
     labels: Mapping[str, str] = field(default_factory=dict)
     heartbeat: float = 1.0
+    silence_timeout: float = 30.0
     start_timeout: float = 120.0
     start_retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_message_size: int = DEFAULT_MAX_MESSAGE
@@ -225,8 +226,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle_timeout", _optional(_seconds), None,
             "seconds after which an idle worker above ``min_workers`` is stopped."),
     Setting("heartbeat", _seconds, 1.0,
-            "seconds between liveness messages (default 1); a peer silent for 3 is declared "
-            "dead."),
+            "seconds between liveness messages when nothing else is sent (default 1)."),
+    Setting("silence_timeout", _seconds, 30.0,
+            "seconds a connected peer may stay silent before it is declared gone (default "
+            "30). A peer that dies closes its connection and is noticed at once; silence "
+            "matters only where a network can be cut, and a busy or starved machine is slow, "
+            "not dead, so keep it generous."),
     Setting("start_timeout", _seconds, 120.0,
             "seconds a worker may take to connect after it was started (default 120)."),
     Setting("image", _optional(_text), None,

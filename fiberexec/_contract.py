@@ -9,9 +9,12 @@ from __future__ import annotations
 WORKER_COMMAND = ("python", "-m", "fiberexec.worker")
 
 ENV_ADDRESS = "FIBEREXEC_ADDRESS"  # nng URL the worker dials, e.g. tcp://127.0.0.1:40123
+#: the executor's abstract Unix socket for this worker, tried first (see `fiberexec._link`)
+ENV_LOCAL_ADDRESS = "FIBEREXEC_LOCAL_ADDRESS"
 ENV_WORKER_ID = "FIBEREXEC_WORKER_ID"
 ENV_EXECUTOR_ID = "FIBEREXEC_EXECUTOR_ID"
-ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # seconds between heartbeats; peers die after 3x silence
+ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # seconds between heartbeats
+ENV_SILENCE = "FIBEREXEC_SILENCE"  # seconds of the executor's silence a worker waits out
 ENV_CONNECT_TIMEOUT = "FIBEREXEC_CONNECT_TIMEOUT"  # give up dialing after this many seconds
 ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env only
 #: hex of the parent's ``multiprocessing.current_process().authkey``, so stdlib `Manager`

@@ -88,3 +88,7 @@ class WorkerLostError(FiberExecError, BrokenProcessPool):
 
 class BrokenFiberExecutor(BrokenProcessPool):
     """The executor can no longer run tasks (a worker could not start, an initializer failed)."""
+
+
+class LinkClosed(ConnectionError):
+    """The other end of a link hung up (internal: workers exit on it, shards lose the peer)."""

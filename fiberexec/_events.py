@@ -3,7 +3,7 @@
 Who posts what::
 
     WorkerSupervisor (launcher threads)   Adopt, Started, StartFailed, Broken
-    nng's pipe callbacks                  PipeDown
+    a link whose peer hung up             PipeDown
     the backend's exit watch              Exited
     TaskPool (the user's threads)         Shutdown, Exiting
     another shard                         Steal (asking), Stolen (the answer)
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Link(Protocol):
-    """The shard's view of one worker's channel (`fiberexec._channel.Channel` in production)."""
+    """The shard's view of one worker's link (`fiberexec._link.Endpoint` in production)."""
 
     closed: bool
 
@@ -32,6 +32,12 @@ class Link(Protocol):
 
     def try_recv(self) -> Any:
         """The next message (``.bytes`` and ``.pipe``, whose ``.id`` names the peer) or None."""
+
+    def bind(self, pipe: Any) -> None:
+        """Send to ``pipe`` from now on."""
+
+    def seal(self) -> None:
+        """The bound peer authenticated: no other peer may connect."""
 
     def send_nowait(self, frame: bytes) -> None:
         """Queue a frame; raise `ProtocolError` when the peer has stopped reading."""

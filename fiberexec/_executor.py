@@ -84,6 +84,7 @@ class FiberExecutor(Executor):
         gpu: int | None = None,
         labels: Mapping[str, str] | None = None,
         heartbeat: float | None = None,
+        silence_timeout: float | None = None,
         start_timeout: float | None = None,
         start_retry: RetryPolicy | None = None,
         backend_options: Mapping[str, Any] | None = None,

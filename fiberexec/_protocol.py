@@ -12,7 +12,8 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | -- Initialized / InitFailed -->  |   after the initializer, if there is one
       | <-- Tasks(functions, tasks) --  |   as many tasks as the worker has credit for
       | -- Results(results) ---------->  |   completions return credit
-      | <-> Heartbeat                   |   silence for 3 intervals means the peer is gone
+      | <-> Heartbeat                   |   sent when nothing else is; `Setup.silence` of
+      |                                 |   silence means the peer is gone
       | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
 
 A payload (pickle stream + out-of-band buffers) travels inline, or, between processes that
@@ -32,7 +33,7 @@ from fiberexec._errors import ProtocolError
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 1
+VERSION = 2
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -88,6 +89,7 @@ class Auth:
 @dataclass(frozen=True)
 class Setup:
     heartbeat: float
+    silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited
     initializer: Payload | None
 
@@ -222,7 +224,7 @@ def _enc_auth(w: _Writer, m: Auth) -> None:
 
 
 def _enc_setup(w: _Writer, m: Setup) -> None:
-    w.pack("!dIB", m.heartbeat, m.max_tasks, m.initializer is not None)
+    w.pack("!ddIB", m.heartbeat, m.silence, m.max_tasks, m.initializer is not None)
     if m.initializer is not None:
         w.payload(m.initializer)
 
@@ -401,10 +403,11 @@ def _dec_auth(r: _Reader) -> Auth:
 
 
 def _dec_setup(r: _Reader) -> Setup:
-    heartbeat, max_tasks, has_init = r.unpack("!dIB")
+    heartbeat, silence, max_tasks, has_init = r.unpack("!ddIB")
     if has_init not in (0, 1):
         raise ProtocolError(f"bad initializer flag {has_init}")
-    return Setup(float(heartbeat), int(max_tasks), r.payload() if has_init else None)
+    return Setup(float(heartbeat), float(silence), int(max_tasks),
+                 r.payload() if has_init else None)
 
 
 def _dec_tasks(r: _Reader) -> Tasks:

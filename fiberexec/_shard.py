@@ -82,6 +82,7 @@ class Shard:
         self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
         self.ready_workers = 0  # read by other shards deciding whether to steal
         self._next_housekeeping = 0.0
+        self._judge_after = 0.0  # no silence is judged before this (see _may_judge_silence)
         self.selector = selectors.DefaultSelector()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # closed with the shard object, never earlier: a late wake must not hit a reused fd
@@ -263,6 +264,7 @@ class Shard:
         if hello.worker_id != conn.worker_id:
             raise ProtocolError(f"worker id {hello.worker_id!r} is not {conn.worker_id!r}")
         conn.pipe, conn.nonce = pipe, _auth.new_nonce()
+        conn.channel.bind(pipe)
         proof = _auth.proof(self.session.secret, "executor", hello.nonce, conn.nonce)
         conn.worker_nonce = hello.nonce
         self._drop_probe(conn)
@@ -278,13 +280,16 @@ class Shard:
             raise AuthenticationError("wrong proof: the peer does not hold the secret")
         conn.shm = bool(conn.probe) and _auth.verify(self.session.shm_token, auth.shm_token)
         self._drop_probe(conn)
+        conn.channel.seal()
         conn.state = State.READY
         conn.idle_since = self.clock()
         conn.measured_rtt(conn.idle_since - conn.challenged)
         self.hungry[conn.worker_id] = conn
         conn.counted = True
         self.ready_workers += 1
-        self._send(conn, p.Setup(self.config.heartbeat, conn.max_tasks, self.session.initializer))
+        cfg = self.config
+        self._send(conn, p.Setup(cfg.heartbeat, cfg.silence_timeout, conn.max_tasks,
+                                 self.session.initializer))
         conn.initializing = self.session.initializer is not None
         self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
@@ -501,14 +506,16 @@ class Shard:
     def _housekeep(self) -> None:
         now = self.clock()
         beat = self.config.heartbeat
+        judge = self._may_judge_silence(now)
         self._next_housekeeping = now + beat / 4
         if self.exit_deadline is not None:
             self._check_exit(now)
+        silence = self.config.silence_timeout
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
-                if now - conn.last_recv > 3 * beat:
+                if judge and now - conn.last_recv > silence:
                     self._lose(conn, f"worker {conn.worker_id} stopped responding "
-                                     f"(no heartbeat for {now - conn.last_recv:.1f}s)")
+                                     f"(nothing heard for {now - conn.last_recv:.1f}s)")
                     continue
                 if now - conn.last_sent >= beat:
                     self._send(conn, p.Heartbeat())
@@ -519,6 +526,14 @@ class Shard:
                     self.lifecycle.worker_failed_to_start(conn.worker_id, None)
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
+
+    def _may_judge_silence(self, now: float) -> bool:
+        """False for a while after this thread itself was held up (the process stopped, the
+        machine starved): what workers sent meanwhile may not have been read yet."""
+        late = now - self._next_housekeeping
+        if self._next_housekeeping and late > max(1.0, self.config.heartbeat):
+            self._judge_after = now + 2 * self.config.heartbeat
+        return now >= self._judge_after
 
     def _check_exit(self, now: float) -> None:
         """At interpreter exit, stop waiting for workers that never connected."""

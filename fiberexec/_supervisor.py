@@ -6,8 +6,8 @@ only state shared between threads, and one lock guards it. The supervisor is the
 `Lifecycle`: they report readiness, losses and start failures here, and it tells them about
 started, failed and exited workers with events.
 
-    launch():  listen on a channel -> Adopt -> (launcher) backend.start_worker -> Started
-               backend's exit watch -> Exited;  nng pipe callback -> PipeDown
+    launch():  (launcher) open an Endpoint -> Adopt -> backend.start_worker -> Started
+               backend's exit watch -> Exited;  a peer hangs up -> PipeDown
     worker_gone / worker_failed_to_start (from a shard) -> stop its handle, maybe launch()
 """
 
@@ -20,11 +20,13 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from fiberexec import _contract, _syspath
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
-from fiberexec._channel import Channel
+from fiberexec._link import Endpoint
+from fiberexec._link_nng import Channel
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._session import Session
 from fiberexec._shard import Shard
@@ -87,6 +89,7 @@ class WorkerSupervisor:
         return len(self._handles) < self.config.max_workers
 
     def launch(self) -> None:
+        """Start one more worker in the background: the caller never waits on a backend."""
         with self._lock:
             if self._finished or self.broken is not None:
                 return
@@ -97,33 +100,55 @@ class WorkerSupervisor:
                 load[id(placed)] += 1
             shard = min(self.shards, key=lambda s: load[id(s)])
             self._placement[worker_id] = shard
+        self._in_background(self._open_and_start, shard, worker_id)
+
+    def _open_and_start(self, shard: Shard, worker_id: str) -> None:
+        with self._lock:
+            if self._finished or self.broken is not None:
+                self._handles.pop(worker_id, None)
+                self._placement.pop(worker_id, None)
+                return
         try:
-            channel = Channel.listen(
-                self.backend.bind_host,
-                max_message=self.config.max_message_size,
-                on_connect=lambda pipe: None,
-                on_remove=lambda pipe: shard.post(ev.PipeDown(worker_id, pipe.id)),
-                tls=self._tls_server,
-                ports=self.config.ports,
-                first=self._next_port,
-            )
+            endpoint = self._open(shard, worker_id)
         except Exception as exc:  # no port: say why, do not leave the tasks waiting
             self._drop(worker_id)
             self.break_executor(f"could not listen for worker {worker_id}: {exc}", exc)
             return
-        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
-        shard.post(ev.Adopt(worker_id, channel))
-        scheme, rest = channel.address.split("://", 1)
+        shard.post(ev.Adopt(worker_id, endpoint))
+        scheme, rest = endpoint.address.split("://", 1)
         host = self.backend.advertise_host
         address = f"{scheme}://{f'[{host}]' if ':' in host else host}:{rest.rsplit(':', 1)[1]}"
-        self._launcher.submit(self._start_worker, shard, self._spec(worker_id, address))
+        self._start_worker(shard, self._spec(worker_id, address, endpoint.local_name))
+
+    def _open(self, shard: Shard, worker_id: str) -> Endpoint:
+        """The worker's endpoint: its local socket and its network channel."""
+        def on_remove(pipe: Any) -> None:
+            shard.post(ev.PipeDown(worker_id, pipe.id))
+
+        channel = Channel.listen(
+            self.backend.bind_host,
+            max_message=self.config.max_message_size,
+            on_connect=lambda pipe: None,
+            on_remove=on_remove,
+            tls=self._tls_server,
+            ports=self.config.ports,
+            first=self._next_port,
+        )
+        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
+        local_name = f"fiberexec/{os.getpid()}/{self.session.executor_id}/{worker_id}"
+        try:
+            return Endpoint(local_name, channel, on_remove=on_remove,
+                            max_frame=self.config.max_message_size)
+        except BaseException:
+            channel.close()
+            raise
 
     def _drop(self, worker_id: str) -> WorkerHandle | None:
         with self._lock:
             self._placement.pop(worker_id, None)
             return self._handles.pop(worker_id, None)
 
-    def _spec(self, worker_id: str, address: str) -> WorkerSpec:
+    def _spec(self, worker_id: str, address: str, local_address: str) -> WorkerSpec:
         cfg, session = self.config, self.session
         tls_env = {}
         if cfg.tls is not None:
@@ -137,9 +162,11 @@ class WorkerSupervisor:
             command=_contract.WORKER_COMMAND,
             env={
                 _contract.ENV_ADDRESS: address,
+                _contract.ENV_LOCAL_ADDRESS: local_address,
                 _contract.ENV_WORKER_ID: worker_id,
                 _contract.ENV_EXECUTOR_ID: session.executor_id,
                 _contract.ENV_HEARTBEAT: str(cfg.heartbeat),
+                _contract.ENV_SILENCE: str(cfg.silence_timeout),
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
                 _syspath.ENV_SYS_PATH: _syspath.export(),
                 **tls_env,

@@ -1,13 +1,15 @@
 """The worker program every backend launches: ``python -m fiberexec.worker``.
 
-It dials the executor named in ``FIBEREXEC_ADDRESS``, authenticates with ``FIBEREXEC_SECRET``,
-runs tasks in the order they arrive, and sends each result back as its task ends (results of
-tiny tasks share a message, held at most `FLUSH_AGE`). It exits when the executor says
-goodbye, when the connection drops, or when the executor falls silent for three heartbeats,
-so a worker never outlives its executor.
+It connects to the executor (its local socket ``FIBEREXEC_LOCAL_ADDRESS`` where it can reach
+it, else the network address ``FIBEREXEC_ADDRESS``: see `fiberexec._link`), authenticates
+with ``FIBEREXEC_SECRET``, runs tasks in the order they arrive, and sends each result back as
+its task ends (results of tiny tasks share a message, held at most `FLUSH_AGE`). It exits when
+the executor says goodbye, when the connection drops, or when the executor falls silent for
+the session's ``silence`` timeout (tens of seconds: a busy executor is slow, not gone), so a
+worker never outlives its executor.
 
-The main thread receives and runs tasks; tasks sent ahead (prefetch) wait in nng's receive
-queue, so no thread hop sits between a task's arrival and its start. The `Outbox` timer
+The main thread receives and runs tasks; tasks sent ahead (prefetch) wait in the link's
+receive buffer, so no thread hop sits between a task's arrival and its start. The `Outbox` timer
 thread sends held results and heartbeats while a task runs. The connection's removal ends
 the process at once.
 """
@@ -29,8 +31,8 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 from fiberexec import _auth, _contract, _shm, _syspath
 from fiberexec import _protocol as p
-from fiberexec._channel import Channel
-from fiberexec._errors import ProtocolError
+from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
 
@@ -49,6 +51,7 @@ M = TypeVar("M")
 class _Config:
     def __init__(self, environ: dict[str, str]) -> None:
         self.address = environ[_contract.ENV_ADDRESS]
+        self.local_address = environ.get(_contract.ENV_LOCAL_ADDRESS, "")
         self.worker_id = environ.get(_contract.ENV_WORKER_ID, f"w{os.getpid()}")
         self.executor_id = environ.get(_contract.ENV_EXECUTOR_ID, "")
         self.secret = _auth.secret_from_hex(environ[_contract.ENV_SECRET])
@@ -62,15 +65,17 @@ class Worker:
 
     def __init__(self, config: _Config) -> None:
         self.config = config
-        tls = None
+        self.tls = None
         if config.tls_cert:
-            tls = client_config(config.tls_cert, config.tls_server_name)
-        self.channel = Channel.dial(
-            config.address, max_message=MAX_MESSAGE, on_remove=self._on_disconnect, tls=tls
+            self.tls = client_config(config.tls_cert, config.tls_server_name)
+        self.link: WorkerLink = connect(
+            config.local_address, config.address, max_frame=MAX_MESSAGE,
+            on_remove=self._on_disconnect, tls=self.tls,
         )
         self.shm = p.ShmPolicy()
         self.allow_shm = False
         self.heartbeat = 1.0
+        self.silence = 30.0  # seconds of the executor's silence after which this worker leaves
         self.max_tasks = 0
         self.tasks: deque[tuple[p.Task, _Functions]] = deque()
         self.stopping = False
@@ -82,10 +87,25 @@ class Worker:
     # ---------------------------------------------------------------- handshake
 
     def handshake(self) -> p.Setup:
+        """Authenticate; a local connection the executor refuses falls back to the network."""
+        try:
+            return self._handshake()
+        except LinkClosed:
+            if self.link.kind != "unix":
+                _die(EXIT_NO_EXECUTOR, f"the executor at {self.config.address} hung up")
+        self.link.close()
+        self.link = dial(self.config.address, max_frame=MAX_MESSAGE,
+                         on_remove=self._on_disconnect, tls=self.tls)
+        try:
+            return self._handshake()
+        except LinkClosed:
+            _die(EXIT_NO_EXECUTOR, f"the executor at {self.config.address} hung up")
+
+    def _handshake(self) -> p.Setup:
         cfg = self.config
         nonce = _auth.new_nonce()
         hello = p.Hello(cfg.worker_id, nonce, os.getpid(), socket.gethostname())
-        self.channel.send(p.encode(hello), cfg.connect_timeout)
+        self.link.send(p.encode(hello), cfg.connect_timeout)
         challenge = self._expect(p.Challenge, cfg.connect_timeout)
         expected = _auth.proof(cfg.secret, "executor", nonce, challenge.nonce)
         if not _auth.verify(expected, challenge.proof):
@@ -94,20 +114,21 @@ class Worker:
         if challenge.shm_probe:
             token = _shm.check_probe(challenge.shm_probe, 64) or b""
         proof = _auth.proof(cfg.secret, "worker", nonce, challenge.nonce)
-        self.channel.send(p.encode(p.Auth(proof, token)), cfg.connect_timeout)
+        self.link.send(p.encode(p.Auth(proof, token)), cfg.connect_timeout)
         setup = self._expect(p.Setup, cfg.connect_timeout)
         self.allow_shm = bool(token)
         if self.allow_shm:
             self.shm = p.ShmPolicy(executor_id=cfg.executor_id or None)
             self.outbox.shm = self.shm
         self.heartbeat, self.max_tasks = setup.heartbeat, setup.max_tasks
+        self.silence = setup.silence
         return setup
 
     def _expect(self, kind: type[M], timeout: float) -> M:
-        msg = self.channel.recv(timeout)
-        if msg is None:
+        frame = self.link.recv(timeout)
+        if frame is None:
             _die(EXIT_NO_EXECUTOR, f"no answer from the executor at {self.config.address}")
-        message = p.decode(msg.bytes, allow_shm=False)
+        message = p.decode(frame, allow_shm=False)
         if not isinstance(message, kind):
             raise ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
         return message
@@ -137,7 +158,7 @@ class Worker:
 
     def check_executor(self) -> None:
         """From the outbox thread, while the main thread runs a task: take in what arrived,
-        and leave if the executor has been silent for three heartbeats."""
+        and leave if the executor has been silent for ``silence`` seconds."""
         now = time.monotonic()
         if now - self._last_check < self.heartbeat / 2:
             return
@@ -147,18 +168,26 @@ class Worker:
                 self._receive(block=False)
             finally:
                 self._recv_lock.release()
-            if now - self.last_heard > 3 * self.heartbeat:
-                self._executor_gone("the executor fell silent")
+            self._judge_silence()
 
     def _receive(self, block: bool) -> None:
-        channel = self.channel
-        msg = channel.recv(self.heartbeat) if block else channel.try_recv()
-        while msg is not None:
-            self.last_heard = time.monotonic()
-            self._on_message(p.decode(msg.bytes, allow_shm=self.allow_shm))
-            msg = channel.try_recv()
-        if block and time.monotonic() - self.last_heard > 3 * self.heartbeat:
-            self._executor_gone("the executor fell silent")
+        """Take in every waiting frame (then judge silence: a stalled worker drains first)."""
+        link = self.link
+        try:
+            frame = link.recv(self.silence / 4) if block else link.try_recv()
+            while frame is not None:
+                self.last_heard = time.monotonic()
+                self._on_message(p.decode(frame, allow_shm=self.allow_shm))
+                frame = link.try_recv()
+        except LinkClosed as exc:
+            self._executor_gone(str(exc))
+        if block:
+            self._judge_silence()
+
+    def _judge_silence(self) -> None:
+        silent = time.monotonic() - self.last_heard
+        if silent > self.silence:
+            self._executor_gone(f"the executor fell silent for {silent:.0f}s")
 
     def _on_message(self, message: p.Message) -> None:
         if isinstance(message, p.Tasks):
@@ -208,7 +237,10 @@ class Worker:
         return p.Result(task.task_id, status, payload, time.perf_counter() - start)
 
     def _send_frame(self, frame: bytes) -> None:
-        self.channel.send(frame, timeout=SEND_TIMEOUT)
+        try:
+            self.link.send(frame, timeout=SEND_TIMEOUT)
+        except LinkClosed as exc:
+            self._executor_gone(str(exc))
 
 
 class Outbox:

@@ -60,6 +60,8 @@ class FakeLink:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.closed = False
+        self.sealed = False
+        self.bound: FakePipe | None = None
         self.capacity = capacity
         self.sent: list[bytes] = []
         self._inbox: deque[Received] = deque()
@@ -80,6 +82,12 @@ class FakeLink:
         except BlockingIOError:
             pass
         return None
+
+    def bind(self, pipe: FakePipe) -> None:
+        self.bound = pipe
+
+    def seal(self) -> None:
+        self.sealed = True
 
     def send_nowait(self, frame: bytes) -> None:
         if len(self.sent) >= self.capacity:

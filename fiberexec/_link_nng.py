@@ -1,9 +1,10 @@
-"""One reliable, ordered connection between the executor and one worker, over pynng.
+"""The network link: one reliable, ordered pynng Pair1 connection per worker, TLS optional.
 
-Each worker gets its own Pair1 socket on the executor's side (Pair1's polyamorous mode drops
-messages when a peer's queue is full, so it cannot carry tasks). The executor's scheduling
-thread multiplexes many channels with a selector on their ``fileno()``; workers use blocking
-receives with timeouts.
+Workers that cannot reach the executor's local link (other hosts, pods, containers in their
+own network namespace) dial this one. Each worker gets its own Pair1 socket on the
+executor's side (Pair1's polyamorous mode drops messages when a peer's queue is full, so it
+cannot carry tasks). On the executor's side a `fiberexec._link.Endpoint` watches its
+``fileno()``; the worker's side is wrapped in `NngLink`, which has the local link's interface.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pynng
 
-from fiberexec._errors import ConfigurationError, ProtocolError
+from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
 
 SEND_QUEUE = 1024  # messages; credit keeps far fewer in flight, so a full queue means a hung peer
 PipeCallback = Callable[[Any], None]
@@ -117,6 +118,39 @@ class Channel:
     def close(self) -> None:
         self.closed = True
         self._socket.close()
+
+
+class NngLink:
+    """The worker's end of a `Channel`, with the local link's interface (frames as bytes)."""
+
+    kind = "nng"
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    @property
+    def closed(self) -> bool:
+        return self.channel.closed
+
+    def recv(self, timeout: float) -> bytes | None:
+        try:
+            msg = self.channel.recv(timeout)
+        except pynng.Closed:
+            raise LinkClosed("the connection to the executor closed") from None
+        return None if msg is None else msg.bytes
+
+    def try_recv(self) -> bytes | None:
+        msg = self.channel.try_recv()
+        return None if msg is None else msg.bytes
+
+    def send(self, frame: bytes, timeout: float) -> None:
+        try:
+            self.channel.send(frame, timeout)
+        except pynng.Closed:
+            raise LinkClosed("the connection to the executor closed") from None
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def _listen(sock: pynng.Pair1, base: str, ports: tuple[int, int] | None, first: int) -> int:

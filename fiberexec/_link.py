@@ -1,0 +1,223 @@
+"""The link seam: how frames travel between the executor and one worker.
+
+Two implementations sit under it, and nothing above it knows which one a worker uses::
+
+    shard (executor side)                                 worker
+    Endpoint --+-- UnixListener / UnixPipe  (_link_unix)  <-- UnixLink   same host and netns
+               '-- Channel, pynng Pair1     (_link_nng)   <-- NngLink    anywhere, TLS optional
+
+The executor opens an `Endpoint` per worker before starting it: a local listener (an abstract
+Unix socket) and the network channel, both behind one file descriptor the shard selects on.
+The worker decides when it connects (`connect`): the local link if it can reach it, else the
+network link at once, with no configuration. The shard `bind`s the endpoint to the peer that
+said hello (sends go there), and `seal`s it once that peer has authenticated: the other way
+in closes, so an authenticated worker holds exactly one connection.
+
+Contract of both sides, checked by ``tests/test_links.py`` on every implementation and on the
+in-memory fake of ``tests/support/links.py``:
+
+* frames arrive whole, in order, and each received frame names its peer (``.pipe.id``);
+* the executor's sends never block: what the peer has not read yet waits in a queue, and a
+  peer that stops reading for good makes ``send_nowait`` raise `ProtocolError`;
+* a peer that hangs up is reported once (``on_remove(pipe)``); a worker's ``recv`` raises
+  `LinkClosed` when the executor hangs up;
+* ``fileno()`` is readable while a frame waits (or a queued send can make progress).
+"""
+
+from __future__ import annotations
+
+import select
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._link_nng import Channel, NngLink
+from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe
+
+__all__ = ["Endpoint", "LinkClosed", "Received", "WorkerLink", "connect"]
+
+PipeCallback = Callable[[Any], None]
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+
+
+class WorkerLink(Protocol):
+    """The worker's end of its link."""
+
+    kind: str
+    closed: bool
+
+    def recv(self, timeout: float) -> bytes | None:
+        """The next frame, or None after ``timeout``; `LinkClosed` once the executor hung up."""
+
+    def try_recv(self) -> bytes | None: ...
+
+    def send(self, frame: bytes, timeout: float) -> None:
+        """Send a whole frame, waiting at most ``timeout`` for room; `LinkClosed` on failure."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    bytes: bytes
+    pipe: Any  # ``.id`` names the peer, ``.close()`` hangs up on it
+
+
+class Endpoint:
+    """The executor's end of one worker's link: a local listener and a network channel.
+
+    Used only by the shard thread that adopted it (`close` may come from the thread that
+    made it, before the shard ever sees it).
+    """
+
+    def __init__(self, local_name: str, channel: Channel, *, on_remove: PipeCallback,
+                 max_frame: int) -> None:
+        self.local_name = local_name
+        self.channel: Channel | None = channel
+        self.address = channel.address
+        self.max_frame = max_frame
+        self._on_remove = on_remove
+        self._poll = select.epoll()
+        self.listener: UnixListener | None = None
+        try:
+            self.listener = UnixListener(local_name)
+        except BaseException:
+            self._poll.close()
+            raise
+        self._poll.register(self.listener.fd, _IN)
+        self._poll.register(channel.fileno(), _IN)
+        self.pipes: dict[int, UnixPipe] = {}  # fd -> accepted local peer
+        self.bound: UnixPipe | None = None  # sends go to this local peer, else the channel
+        self.sealed: UnixPipe | None = None  # authenticated local peer: the only one left
+        self._ready: deque[Received] = deque()
+        self.closed = False
+
+    @property
+    def kind(self) -> str:
+        return "unix" if self.bound is not None else "nng"
+
+    def fileno(self) -> int:
+        return self._poll.fileno()
+
+    # ------------------------------------------------------------ receiving
+
+    def try_recv(self) -> Received | None:
+        """The next frame from any peer, or None when none is waiting."""
+        if self._ready:
+            return self._ready.popleft()
+        pipe = self.sealed
+        if pipe is not None:  # the fast path: one authenticated local peer
+            if pipe.queue:
+                self._flush(pipe)
+            if pipe.drained:  # emptied by the last read: the selector says when more comes
+                pipe.drained = False
+                return None
+            self._read(pipe)
+        else:
+            for fd, events in self._poll.poll(0):
+                self._on_event(fd, events)
+        return self._ready.popleft() if self._ready else None
+
+    def _on_event(self, fd: int, events: int) -> None:
+        if self.listener is not None and fd == self.listener.fd:
+            self._accept()
+        elif (pipe := self.pipes.get(fd)) is not None:
+            if events & _OUT:
+                self._flush(pipe)
+            self._read(pipe)
+        elif self.channel is not None:
+            while (msg := self.channel.try_recv()) is not None:
+                self._ready.append(Received(msg.bytes, msg.pipe))
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while (sock := self.listener.accept()) is not None:
+            pipe = UnixPipe(sock, self.max_frame)
+            self.pipes[pipe.fd] = pipe
+            self._poll.register(pipe.fd, _IN)
+
+    def _read(self, pipe: UnixPipe) -> None:
+        try:
+            frames = pipe.read()
+        except ProtocolError:
+            frames = None  # an oversized frame: drop the peer, as nng does
+        if frames is None:
+            self._drop(pipe)
+            return
+        self._ready.extend(Received(frame, pipe) for frame in frames)
+
+    def _drop(self, pipe: UnixPipe) -> None:
+        if pipe.closed:
+            return
+        self.pipes.pop(pipe.fd, None)
+        self._poll.unregister(pipe.fd)
+        pipe.close()
+        if self.bound is pipe:
+            self.bound = None
+        self._on_remove(pipe)
+
+    # ------------------------------------------------------------ sending
+
+    def bind(self, pipe: Any) -> None:
+        """Send to ``pipe`` from now on (the peer that said hello)."""
+        self.bound = pipe if isinstance(pipe, UnixPipe) else None
+
+    def seal(self) -> None:
+        """The bound peer authenticated: close every other way in."""
+        if self.listener is not None:
+            self._poll.unregister(self.listener.fd)
+            self.listener.close()
+            self.listener = None
+        for pipe in [p for p in self.pipes.values() if p is not self.bound]:
+            self._drop(pipe)
+        if self.bound is not None and self.channel is not None:
+            self._poll.unregister(self.channel.fileno())
+            self.channel.close()
+            self.channel = None
+        self.sealed = self.bound
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue ``frame`` for the bound peer; `ProtocolError` if it has stopped reading."""
+        pipe = self.bound
+        if pipe is None:
+            if self.channel is None:
+                raise ProtocolError("the worker's connection is closed")
+            self.channel.send_nowait(frame)
+        elif pipe.send_nowait(frame):
+            self._poll.modify(pipe.fd, _IN | _OUT)
+
+    def _flush(self, pipe: UnixPipe) -> None:
+        if not pipe.flush() and not pipe.closed:
+            self._poll.modify(pipe.fd, _IN)
+
+    # ------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for pipe in list(self.pipes.values()):
+            pipe.close()
+        self.pipes.clear()
+        if self.listener is not None:
+            self.listener.close()
+        if self.channel is not None:
+            self.channel.close()
+        self._poll.close()
+
+
+def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCallback,
+            tls: Any = None) -> WorkerLink:
+    """The worker's side: the local link if the executor's socket is reachable, else nng."""
+    if local_name:
+        link = UnixLink.connect(local_name, max_frame)
+        if link is not None:
+            return link
+    return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls)
+
+
+def dial(address: str, *, max_frame: int, on_remove: PipeCallback, tls: Any = None) -> NngLink:
+    """The network link only (a worker whose local connection was refused)."""
+    return NngLink(Channel.dial(address, max_message=max_frame, on_remove=on_remove, tls=tls))
