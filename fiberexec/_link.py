@@ -53,6 +53,9 @@ class WorkerLink(Protocol):
 
     def try_recv(self) -> bytes | None: ...
 
+    def buffered(self) -> bytes | None:
+        """A frame already taken in by this process (no system call), or None."""
+
     def send(self, frame: bytes, timeout: float) -> None:
         """Send a whole frame, waiting at most ``timeout`` for room; `LinkClosed` on failure."""
 

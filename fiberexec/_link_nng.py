@@ -143,6 +143,10 @@ class NngLink:
         msg = self.channel.try_recv()
         return None if msg is None else msg.bytes
 
+    def buffered(self) -> bytes | None:
+        """A frame nng has already taken in (its queue is in this process)."""
+        return self.try_recv()
+
     def send(self, frame: bytes, timeout: float) -> None:
         try:
             self.channel.send(frame, timeout)

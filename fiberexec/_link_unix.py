@@ -257,6 +257,10 @@ class UnixLink:
                 return None
         return self.ready.popleft() if self.ready else None
 
+    def buffered(self) -> bytes | None:
+        """A frame already read from the socket (no system call), or None."""
+        return self.ready.popleft() if self.ready else None
+
     def _read(self, flags: int) -> None:
         try:
             data = self.sock.recv(self.reader.want(), flags)

@@ -89,6 +89,10 @@ class Shard:
         weakref.finalize(self, os.close, self._wake_fd)
         self.selector.register(self._wake_fd, selectors.EVENT_READ, None)
         self._sleeping = False
+        # Held by the shard's thread except while it sleeps in select: a submitting thread
+        # that takes it then may dispatch to an idle worker itself (see `put`).
+        self.owner = threading.Lock()
+        self._owned = False  # run() holds `owner` (a test driving step() does not)
         self.shutting_down = False
         self.broken: BaseException | None = None  # once set, every task that arrives fails
         self.stealing = False
@@ -103,8 +107,26 @@ class Shard:
 
     def put(self, item: WorkItem) -> None:
         self.incoming.append(item)
-        if self._sleeping:
+        if self._sleeping and not self._dispatch_here():
             self._wake()
+
+    def _dispatch_here(self) -> bool:
+        """On the submitting thread: while the shard's thread sleeps and a worker is idle,
+        send the task from here, saving a thread hand-off on the way out. Only then: under
+        a flood the shard's thread pickles and sends, and the caller goes on submitting."""
+        if not self.owner.acquire(blocking=False):
+            return False
+        try:
+            if not (self._sleeping and self._has_idle_worker()) or self.events:
+                return False
+            self._take_incoming()
+            self._dispatch()
+            return True
+        finally:
+            self.owner.release()
+
+    def _has_idle_worker(self) -> bool:
+        return any(not conn.inflight for conn in self.hungry.values())
 
     def post(self, event: ev.Event) -> None:
         self.events.append(event)
@@ -125,6 +147,8 @@ class Shard:
     # ------------------------------------------------------------ the loop
 
     def run(self) -> None:
+        self.owner.acquire()
+        self._owned = True
         try:
             while not self.finished():
                 self.step()
@@ -134,6 +158,8 @@ class Shard:
             self._fail_everything(exc)
         finally:
             self.close()
+            self._owned = False
+            self.owner.release()
 
     def step(self, timeout: float | None = None) -> None:
         """One turn of the loop; waits at most ``timeout`` (default: the next deadline)."""
@@ -150,7 +176,13 @@ class Shard:
             timeout = 0.0
         elif timeout is None:
             timeout = self._next_deadline()
-        ready = self.selector.select(timeout)
+        if self._owned:
+            self.owner.release()
+        try:
+            ready = self.selector.select(timeout)
+        finally:
+            if self._owned:
+                self.owner.acquire()
         self._sleeping = False
         for key, _ in ready:
             if key.data is None:

@@ -156,6 +156,14 @@ class Worker:
             # The outbox thread may have taken in tasks just before: then do not wait.
             self._receive(block and not self.tasks and not self.stopping)
 
+    def _take_buffered(self) -> None:
+        """Take in frames the link already holds, with no system call: a result whose task
+        has no successor here goes out at once, before anything else is asked of the kernel."""
+        with self._recv_lock:
+            while (frame := self.link.buffered()) is not None:
+                self.last_heard = time.monotonic()
+                self._on_message(p.decode(frame, allow_shm=self.allow_shm))
+
     def check_executor(self) -> None:
         """From the outbox thread, while the main thread runs a task: take in what arrived,
         and leave if the executor has been silent for ``silence`` seconds."""
@@ -221,7 +229,7 @@ class Worker:
                 outbox.send(p.Bye("max_tasks_per_child reached"))
                 return
             if not self.tasks:
-                self.receive(block=False)
+                self._take_buffered()
             outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
         outbox.flush()
 
