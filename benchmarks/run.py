@@ -29,8 +29,8 @@ from benchmarks.measure import MARKER
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
-WORKLOADS = ("submit", "map", "barrier", "burst", "latency", "array", "first_result",
-             "shutdown", "es")
+WORKLOADS = ("submit", "map", "barrier", "rounds_n", "burst", "latency", "array",
+             "first_result", "shutdown", "es")
 SIM_SHARDS = (1, 4)
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -24,6 +24,7 @@ FULL: dict[str, int] = {
     "map_n": 200_000,
     "barrier_n": 64,
     "barrier_rounds": 20,
+    "rounds_n_rounds": 500,
     "burst_n": 2000,
     "latency_n": 2000,
     "latency_warmup": 200,
@@ -38,6 +39,7 @@ QUICK: dict[str, int] = {
     "submit_n": 5000,
     "map_n": 50_000,
     "barrier_rounds": 5,
+    "rounds_n_rounds": 150,
     "burst_n": 500,
     "latency_n": 500,
     "latency_warmup": 50,
@@ -100,8 +102,8 @@ def map_throughput(name: str, sizes: dict[str, int]) -> Metrics:
     return _with_warm_system(name, body)
 
 
-def barrier_rounds(name: str, sizes: dict[str, int]) -> Metrics:
-    n, rounds = sizes["barrier_n"], sizes["barrier_rounds"]
+def _rounds(name: str, n: int, rounds: int) -> Metrics:
+    """``rounds`` rounds of ``n`` 1 ms tasks: each round submits all ``n`` and waits for them."""
 
     def body(system: System) -> Metrics:
         def run(s: System) -> None:
@@ -113,6 +115,19 @@ def barrier_rounds(name: str, sizes: dict[str, int]) -> Metrics:
         return {"efficiency": ideal / elapsed, "elapsed_s": elapsed, "n": n, "rounds": rounds}
 
     return _with_warm_system(name, body)
+
+
+def barrier_rounds(name: str, sizes: dict[str, int]) -> Metrics:
+    return _rounds(name, sizes["barrier_n"], sizes["barrier_rounds"])
+
+
+def rounds_of_workers(name: str, sizes: dict[str, int]) -> Metrics:
+    """The Fiber paper's test: rounds of N = workers 1 ms tasks, each round waited for.
+
+    With one task per worker per round, no queued task hides a round trip: every round
+    costs the slowest of N dispatches, runs and replies.
+    """
+    return _rounds(name, WORKERS, sizes["rounds_n_rounds"])
 
 
 def burst(name: str, sizes: dict[str, int]) -> Metrics:
@@ -231,6 +246,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "submit": submit_throughput,
     "map": map_throughput,
     "barrier": barrier_rounds,
+    "rounds_n": rounds_of_workers,
     "burst": burst,
     "latency": latency,
     "array": array_transfer,

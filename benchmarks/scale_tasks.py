@@ -1,0 +1,16 @@
+"""The task of `benchmarks.scale`, in a module that imports only the standard library.
+
+Hundreds of workers each import the module a task comes from, so it must be cheap to import
+(`benchmarks.tasks` imports numpy).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def sleep_pid(seconds: float) -> int:
+    """Sleep, then say which worker ran the task."""
+    time.sleep(seconds)
+    return os.getpid()
