@@ -22,6 +22,7 @@ from fiberexec.backend import (
     ConfigurationError,
     MasterRequest,
     available_backends,
+    check_backend_name,
 )
 from fiberexec.config import ExecutorConfig, resolve
 
@@ -34,7 +35,12 @@ BENCH_HINT = (
 )
 
 
+BACKEND_OPTION = "the --backend option"
+
+
 def _config(backend: str | None = None, image: str | None = None) -> ExecutorConfig:
+    if backend is not None:
+        check_backend_name(backend, BACKEND_OPTION)
     return resolve({"backend": backend, "image": image})
 
 
@@ -76,11 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from fiberexec import _cli_cleanup as cleanup
 
-    known = available_backends()
-    if args.backend and args.backend not in known:
-        raise ConfigurationError(f"--backend must be one of {known}, got {args.backend!r}")
+    if args.backend:
+        check_backend_name(args.backend, BACKEND_OPTION)
     lines: list[str] = []
-    for name in [args.backend] if args.backend else known:
+    for name in [args.backend] if args.backend else available_backends():
         lines += cleanup.cleanup(name, args.executor, args.namespace)
     print("\n".join(lines))
     return 0

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from fiberexec.backend import (
     ConfigurationError,
     MasterRequest,
-    available_backends,
     backend_class,
+    check_backend_name,
 )
 
 
@@ -27,10 +27,7 @@ def run(request: MasterRequest) -> int:
     """Launch ``request`` on its backend; return the shell exit status of the program."""
     if not request.command:
         raise ConfigurationError("fiberexec run needs a program: fiberexec run -- python train.py")
-    names = available_backends()
-    if request.backend not in names:
-        raise ConfigurationError(
-            f"--backend must be one of {names} for fiberexec run, got {request.backend!r}")
+    check_backend_name(request.backend, "the --backend option")
     try:
         backend = backend_class(request.backend)
     except ImportError as exc:

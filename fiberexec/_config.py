@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fiberexec._backend import Resources, parse_memory
+from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._errors import ConfigurationError
+from fiberexec._registry import check_backend_name
 from fiberexec._retry import RetryPolicy
 from fiberexec._tls import TLSOptions
 
@@ -142,6 +143,16 @@ def _text(value: object) -> str:
     return value.strip()
 
 
+def _backend(value: object) -> str:
+    """A backend's name; an instance (given as an argument) stands for its own name."""
+    if isinstance(value, Backend):
+        return value.name
+    try:
+        return _text(value)
+    except _Invalid:
+        raise _Invalid("a backend name such as 'local' or a Backend instance") from None
+
+
 def _labels(value: object) -> dict[str, str]:
     if isinstance(value, str):  # from the environment: "team=ml,run=7"
         pairs = [p.partition("=") for p in value.split(",") if p.strip()]
@@ -206,7 +217,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("backend", _text, "local",
+    Setting("backend", _backend, "local",
             '``"local"`` (default), ``"docker"``, ``"kubernetes"``, ``"ssh"``, ``"slurm"``, '
             "any name registered under the ``fiberexec.backends`` entry points, or a "
             "`Backend` instance."),
@@ -369,6 +380,7 @@ def resolve(
     Args:
         explicit: arguments by setting key (`SETTINGS`), plus ``initializer``, ``initargs``
             and ``tls``; a value of None (or the setting's "unset" value) is not given.
+            ``backend`` may be a `Backend` instance, which is not looked up by name.
         environ, cwd: where to look instead of ``os.environ`` and the current directory.
 
     Raises:
@@ -384,6 +396,8 @@ def resolve(
     environ = os.environ if environ is None else environ
     values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()))
     _check_arguments(values, sources)
+    if not isinstance(explicit.get("backend"), Backend):  # an instance needs no registration
+        check_backend_name(values["backend"], _describe("backend", sources))
     if values["max_workers"] is None:
         values["max_workers"] = os.cpu_count() or 1
     top = values["max_workers"]
@@ -415,8 +429,6 @@ def _check_rest(
     init = options.get("initializer")
     if init is not None and not callable(init):
         raise ConfigurationError(f"initializer must be callable, got {init!r}")
-    if sources["backend"] != ARGUMENT:
-        _check_backend_name(values["backend"], sources["backend"])
 
 
 def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
@@ -427,14 +439,6 @@ def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             f"{ports[1] - ports[0] + 1} ports but max_workers={values['max_workers']} needs one "
             "per worker; widen the range or lower max_workers"
         )
-
-
-def _check_backend_name(name: str, source: str) -> None:
-    from fiberexec._registry import available_backends
-
-    names = available_backends()
-    if name not in names:
-        raise _bad("backend", source, name, f"one of {names}")
 
 
 def document(order: Sequence[str], others: Mapping[str, str], indent: str = "        ") -> str:
