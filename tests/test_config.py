@@ -190,6 +190,27 @@ def test_backend_name_check_imports_no_backend() -> None:
     assert out.strip() == "[]"
 
 
+# -- max_workers keeps the standard library's words, then says where the value came from ---------
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_workers_message_starts_with_the_stdlib_text(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: int) -> None:
+    monkeypatch.chdir(tmp_path)
+    stdlib = "max_workers must be greater than 0"
+    with pytest.raises(ValueError) as info:
+        FiberExecutor(bad)
+    assert str(info.value) == f"{stdlib}, got {bad} (from the max_workers= argument)"
+    monkeypatch.setenv("FIBEREXEC_MAX_WORKERS", str(bad))
+    with pytest.raises(ValueError) as info:
+        FiberExecutor()
+    assert str(info.value).startswith(stdlib)
+    assert str(info.value).endswith("(from environment variable FIBEREXEC_MAX_WORKERS)")
+    monkeypatch.delenv("FIBEREXEC_MAX_WORKERS")
+    (tmp_path / ".fiberexec.toml").write_text(f"max_workers = {bad}\n")
+    with pytest.raises(ValueError) as info:
+        FiberExecutor()
+    assert str(info.value).startswith(f"{stdlib}, got {bad} (from {tmp_path}")
+
+
 def test_executor_reads_environment_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FIBEREXEC_MAX_WORKERS", "3")
