@@ -247,7 +247,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cpu", _optional(_cpu), None,
             "CPUs reserved or allowed per worker, where the backend can honour it."),
     Setting("memory", _optional(_memory), None,
-            "memory per worker, as bytes or a quantity like ``\"512Mi\"``."),
+            "memory per worker, as bytes or a quantity like ``\"512Mi\"``, where the "
+            "backend can honour it; on the local backend it limits each worker process's "
+            "address space (``RLIMIT_AS``, virtual memory: leave room for the interpreter "
+            "and imports), and a task that allocates past it raises `MemoryError`."),
     Setting("gpu", _int(0), 0, "GPUs per worker (default 0)."),
     Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
             unset=(None, {})),
