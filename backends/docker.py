@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from fiberexec.backend import (
     EXECUTOR_LABEL,
@@ -266,7 +266,12 @@ class DockerBackend(Backend):
     """
 
     name = "docker"
-    enforces_resources = True  # nano_cpus, mem_limit (no swap), GPU device requests
+    enforces_resources = True
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "the container's nano_cpus",
+        "memory": "the container's mem_limit, without swap",
+        "gpu": "a GPU device request (needs the engine's NVIDIA runtime)",
+    }
 
     def __init__(
         self,

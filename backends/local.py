@@ -24,7 +24,9 @@ import sys
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from fiberexec.backend import (
     Backend,
@@ -93,6 +95,9 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "memory": "each worker process's address space (RLIMIT_AS: virtual memory)",
+    }
 
     def __init__(self, *, capture_output: bool = False, python: str | None = None) -> None:
         self.capture_output = capture_output

@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from fiberexec.backend import (
     Backend,
@@ -134,7 +135,12 @@ class SlurmBackend(Backend):
     """
 
     name = "slurm"
-    enforces_resources = True  # --cpus-per-task, --mem, --gres=gpu:N
+    enforces_resources = True
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "--cpus-per-task, rounded up",
+        "memory": "--mem",
+        "gpu": "--gres=gpu:N",
+    }
 
     def __init__(self, *, partition: str | None = None, account: str | None = None,
                  qos: str | None = None, time_limit: str | int | float | None = None,

@@ -12,6 +12,7 @@ the value and what is allowed. Nothing below reads the environment after `resolv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -33,6 +34,7 @@ ENV_CONFIG = "FIBEREXEC_CONFIG"
 FILE_NAME = ".fiberexec.toml"
 DEFAULT_MAX_MESSAGE = 1 << 31
 ARGUMENT, DEFAULT = "argument", "default"
+CURRENT_DIRECTORY = "the current directory"
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,8 @@ class Setting:
     doc: str
     # What an explicit argument equal to this means "not given" (the executor's own default).
     unset: tuple[Any, ...] = (None,)
+    # What a value of None stands for, as ``fiberexec info`` says it ("no limit").
+    none_means: str | None = None
 
     @property
     def env(self) -> str:
@@ -232,9 +236,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_task_retries", _int(0), 2,
             "how many times a task whose worker died is sent again (default 2)."),
     Setting("max_tasks_per_child", _optional(_int(1)), None,
-            "replace a worker after it has run this many tasks."),
+            "replace a worker after it has run this many tasks.", none_means="no limit"),
     Setting("idle_timeout", _optional(_seconds), None,
-            "seconds after which an idle worker above ``min_workers`` is stopped."),
+            "seconds after which an idle worker above ``min_workers`` is stopped.",
+            none_means="never"),
     Setting("heartbeat", _seconds, 1.0,
             "seconds between liveness messages (default 1); a peer silent for 3 is declared "
             "dead."),
@@ -243,14 +248,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("image", _optional(_text), None,
             "the container image of each worker (Docker, Kubernetes)."),
     Setting("workdir", _optional(_text), None,
-            "each worker's working directory (default: this one)."),
+            "each worker's working directory (default: the current directory).",
+            none_means=CURRENT_DIRECTORY),
     Setting("cpu", _optional(_cpu), None,
-            "CPUs reserved or allowed per worker, where the backend can honour it."),
+            "CPUs reserved or allowed per worker, where the backend can honour it.",
+            none_means="no limit"),
     Setting("memory", _optional(_memory), None,
             "memory per worker, as bytes or a quantity like ``\"512Mi\"``, where the "
             "backend can honour it; on the local backend it limits each worker process's "
             "address space (``RLIMIT_AS``, virtual memory: leave room for the interpreter "
-            "and imports), and a task that allocates past it raises `MemoryError`."),
+            "and imports), and a task that allocates past it raises `MemoryError`.",
+            none_means="no limit"),
     Setting("gpu", _int(0), 0, "GPUs per worker (default 0)."),
     Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
             unset=(None, {})),
@@ -262,7 +270,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ports", _optional(_ports), None,
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "
-            "Services."),
+            "Services.", none_means="any free port"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -455,20 +463,67 @@ def document(order: Sequence[str], others: Mapping[str, str], indent: str = "   
     return "\n".join(lines)
 
 
-def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:
-    """``(key, value, source)`` rows for every setting, as ``fiberexec info`` prints them."""
-    rows = []
+@dataclass(frozen=True)
+class Row:
+    """One setting as ``fiberexec info`` shows it.
+
+    ``value`` is plain data (numbers, booleans, strings, lists, dicts, None) for JSON; ``note``
+    says what it stands for where the value alone does not ("the current directory").
+    """
+
+    key: str
+    value: Any
+    source: str
+    note: str | None = None
+
+    def text(self) -> str:
+        """The value in words: ``none`` for None, ``a=1, b=2`` for a table."""
+        shown = "none" if self.value is None else _show(self.value)
+        return f"{shown} ({self.note})" if self.note else shown
+
+
+def rows(config: ExecutorConfig, cwd: str | None = None) -> list[Row]:
+    """Every setting's value (as plain data), source and note, in `SETTINGS` order.
+
+    Args:
+        cwd: the directory a workdir of None stands for (default: the current one).
+    """
+    found = []
     for s in SETTINGS:
-        if s.key in ("cpu", "memory", "gpu"):
-            value: Any = getattr(config.resources, s.key)
-        else:
-            value = getattr(config, s.key)
-        source = config.sources.get(s.key, DEFAULT)
-        rows.append((s.key, "none" if value is None else _show(value), source))
-    return rows
+        value = _plain(_value(config, s.key))
+        note = s.none_means if value is None else None
+        if value is None and note == CURRENT_DIRECTORY:
+            value = cwd or os.getcwd()  # what each worker gets: the executor's directory
+        found.append(Row(s.key, value, config.sources.get(s.key, DEFAULT), note))
+    return found
+
+
+def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:
+    """``(key, value, source)`` rows for every setting, the value in words, as ``fiberexec
+    info`` prints them."""
+    return [(row.key, row.text(), row.source) for row in rows(config)]
+
+
+def _value(config: ExecutorConfig, key: str) -> Any:
+    if key in ("cpu", "memory", "gpu"):
+        return getattr(config.resources, key)
+    return getattr(config, key)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it: a policy or table as a dict, a range as a list."""
+    if isinstance(value, RetryPolicy):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "{}"
+    if isinstance(value, list):
+        return "-".join(str(v) for v in value)
     return str(value)

@@ -63,10 +63,45 @@ def test_info_json_and_a_kube_context(tmp_path: Path) -> None:
     assert data["backends"]["local"]["usable"] is True
     assert data["backends"]["docker"]["usable"] is False
     if "missing" not in data["backends"]["kubernetes"]["detail"]:
-        assert data["backends"]["kubernetes"] == {
-            "usable": True,
-            "detail": "context 'lab', namespace 'ml' (the API server was not contacted)",
-        }
+        kubernetes = data["backends"]["kubernetes"]
+        assert (kubernetes["usable"], kubernetes["detail"]) == (
+            True, "context 'lab', namespace 'ml' (the API server was not contacted)")
+
+
+def test_info_shows_the_working_directory_default_and_resource_enforcement(
+        tmp_path: Path) -> None:
+    result = fiberexec("info", cwd=tmp_path, env=OFFLINE)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    [workdir] = [line for line in lines if line.strip().startswith("workdir")]
+    assert workdir.split()[1:] == [str(tmp_path), "(the", "current", "directory)", "(default)"]
+    local = lines.index(next(line for line in lines if line.startswith("  local ")))
+    assert [line.split(":", 1)[0].strip() for line in lines[local + 1:local + 4]] == [
+        "cpu", "memory", "gpu"]
+    assert lines[local + 1].split() == ["cpu:", "not", "enforced", "on", "local"]
+    assert "RLIMIT_AS" in lines[local + 2]
+    assert lines[local + 3].split() == ["gpu:", "not", "enforced", "on", "local"]
+
+
+def test_info_json_values_are_typed(tmp_path: Path) -> None:
+    env = {**OFFLINE, "FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5",
+           "FIBEREXEC_MEMORY": "2Gi", "FIBEREXEC_PORTS": "40000-40009"}
+    result = fiberexec("info", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)["configuration"]
+    assert config["max_workers"] == {"value": 3,
+                                     "source": "environment variable FIBEREXEC_MAX_WORKERS"}
+    assert config["heartbeat"]["value"] == 0.5 and config["memory"]["value"] == 2 * 2**30
+    assert config["ports"]["value"] == [40000, 40009]
+    assert config["image"] == {"value": None, "source": "default"}
+    assert config["cpu"] == {"value": None, "source": "default", "note": "no limit"}
+    assert config["workdir"] == {"value": str(tmp_path), "source": "default",
+                                 "note": "the current directory"}
+    assert config["labels"]["value"] == {} and config["gpu"]["value"] == 0
+    assert config["start_retry"]["value"]["attempts"] == 8
+    local = json.loads(result.stdout)["backends"]["local"]["resources"]
+    assert local["cpu"] == {"enforced": False, "how": None}
+    assert local["memory"]["enforced"] is True
 
 
 def test_info_reports_a_bad_setting_and_exits_2(tmp_path: Path) -> None:

@@ -136,6 +136,30 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     rows = {k: (v, s) for k, v, s in describe(_resolve(tmp_path, {"FIBEREXEC_GPU": "2"}))}
     assert rows["gpu"] == ("2", "environment variable FIBEREXEC_GPU")
     assert rows["image"] == ("none", "default")
+    assert rows["memory"] == ("none (no limit)", "default")
+
+
+def test_workdir_default_is_shown_as_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    rows = {k: (v, s) for k, v, s in describe(_resolve(tmp_path))}
+    assert rows["workdir"] == (f"{tmp_path} (the current directory)", "default")
+    given = {k: (v, s) for k, v, s in describe(_resolve(tmp_path, workdir="/srv/job"))}
+    assert given["workdir"] == ("/srv/job", "argument")
+
+
+def test_rows_hold_typed_values(tmp_path: Path) -> None:
+    from fiberexec.config import rows as config_rows
+
+    env = {"FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5", "FIBEREXEC_MEMORY": "1Ki",
+           "FIBEREXEC_PORTS": "40000-40009", "FIBEREXEC_LABELS": "team=ml"}
+    rows = {row.key: row for row in config_rows(_resolve(tmp_path, env), cwd="/here")}
+    assert rows["max_workers"].value == 3 and rows["heartbeat"].value == 0.5
+    assert rows["memory"].value == 1024 and rows["ports"].value == [40000, 40009]
+    assert rows["labels"].value == {"team": "ml"} and rows["image"].value is None
+    assert rows["start_retry"].value["attempts"] == RetryPolicy().attempts
+    assert (rows["cpu"].value, rows["cpu"].note) == (None, "no limit")
+    assert (rows["workdir"].value, rows["workdir"].note) == ("/here", "the current directory")
 
 
 # -- backend names are checked at construction, whatever their source --------------------------
