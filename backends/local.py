@@ -98,6 +98,7 @@ class LocalBackend(Backend):
     resource_limits: ClassVar[Mapping[str, str]] = {
         "memory": "each worker process's address space (RLIMIT_AS: virtual memory)",
     }
+    shares_python = True
 
     def __init__(self, *, capture_output: bool = False, python: str | None = None) -> None:
         self.capture_output = capture_output

@@ -141,6 +141,7 @@ class SlurmBackend(Backend):
         "memory": "--mem",
         "gpu": "--gres=gpu:N",
     }
+    shares_python = True  # the python= default: a shared filesystem or identical nodes
 
     def __init__(self, *, partition: str | None = None, account: str | None = None,
                  qos: str | None = None, time_limit: str | int | float | None = None,

@@ -182,6 +182,10 @@ class Backend(abc.ABC):
     #: words (``{"memory": "--mem"}``); a setting left out is not enforced. ``fiberexec info``
     #: shows it; a backend that leaves it empty is described by `enforces_resources` alone.
     resource_limits: ClassVar[Mapping[str, str]] = {}
+    #: Whether the jobs this backend starts can run this process's interpreter
+    #: (`sys.executable`): on this machine, or through a filesystem shared with it.
+    #: ``fiberexec run`` then runs a program's leading ``python``/``python3`` with it.
+    shares_python: bool = False
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         missing = sorted({"watch", "unwatch"} & getattr(cls, "__abstractmethods__", set()))

@@ -128,8 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run a program as the master job (process, container or pod)",
         description="Run PROGRAM as the master job on a backend; its FiberExecutor starts "
-                    "workers on the same backend. Example: fiberexec run --backend docker "
-                    "--image me/app:1 -- python train.py --epochs 3")
+                    "workers on the same backend. On backends that run it with this "
+                    "machine's interpreter (local, slurm), a PROGRAM of 'python' or "
+                    "'python3' means the interpreter fiberexec is installed in "
+                    f"({sys.executable}), not the one first on PATH; containers (docker, "
+                    "kubernetes) run their image's python. Example: fiberexec run --backend "
+                    "docker --image me/app:1 -- python train.py --epochs 3")
     run.add_argument("--backend", help="local, docker, kubernetes or any backend that can "
                                        "launch a master (default: FIBEREXEC_BACKEND, the "
                                        "config file, local)")

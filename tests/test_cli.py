@@ -137,6 +137,27 @@ def test_run_local_program_uses_the_executor(tmp_path: Path) -> None:
     assert result.stdout.split() == ["1", "15"]
 
 
+def test_run_python_means_the_interpreter_fiberexec_is_installed_in(tmp_path: Path) -> None:
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name in ("python", "python3"):  # another interpreter, first on PATH
+        (shims / name).write_text("#!/bin/sh\necho the-wrong-python\n")
+        (shims / name).chmod(0o755)
+    env = {"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("python", "python3"):
+        result = fiberexec("run", "--", name, "-c", "import sys; print(sys.executable)",
+                           cwd=tmp_path, env=env)
+        assert (result.returncode, result.stdout.strip()) == (0, sys.executable), result.stderr
+    result = fiberexec("run", "--help")
+    assert "the interpreter fiberexec is installed in" in " ".join(result.stdout.split())
+
+
+def test_with_our_python_replaces_only_a_leading_python() -> None:
+    assert _cli_run.with_our_python(["python3", "es.py"]) == (sys.executable, "es.py")
+    assert _cli_run.with_our_python(["./es.py", "python"]) == ("./es.py", "python")
+    assert _cli_run.with_our_python(["python3.9", "x.py"]) == ("python3.9", "x.py")
+
+
 def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
     program = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     result = fiberexec("run", "--", sys.executable, "-c", program, cwd=tmp_path)
