@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,9 +52,7 @@ def run(argv: Sequence[str], *, what: str, timeout: float, stdin: str | None = N
         done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True,
                               timeout=timeout, check=False, env=env)
     except FileNotFoundError as exc:
-        raise PermanentBackendError(
-            f"cannot {what}: {argv[0]!r} not found; install Slurm's client commands "
-            "(apt-get install slurm-client, or `module load slurm`) on this machine") from exc
+        raise missing(argv[0], what) from exc
     except subprocess.TimeoutExpired as exc:
         raise TransientBackendError(
             f"cannot {what}: {argv[0]} did not answer within {timeout:.0f}s; the Slurm "
@@ -61,6 +60,23 @@ def run(argv: Sequence[str], *, what: str, timeout: float, stdin: str | None = N
     if done.returncode != 0:
         raise classify(what, done.stderr, done.returncode)
     return done.stdout
+
+
+def missing(command: str, what: str) -> PermanentBackendError:
+    """The error for a Slurm command that is not installed here."""
+    return PermanentBackendError(
+        f"cannot {what}: {command!r} not found; install Slurm's client commands "
+        "(apt-get install slurm-client, or `module load slurm`) on this machine")
+
+
+def require(command: str, *, what: str) -> None:
+    """Refuse at once, before anything is staged or queued, when ``command`` is not on PATH.
+
+    Raises:
+        PermanentBackendError: as `run` would when it tries the command.
+    """
+    if shutil.which(command) is None:
+        raise missing(command, what)
 
 
 def run_json(argv: Sequence[str], *, what: str, timeout: float) -> dict[str, Any]:

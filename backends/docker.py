@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from fiberexec.backend import (
     EXECUTOR_LABEL,
@@ -61,6 +61,11 @@ __all__ = ["DockerBackend", "container_name", "remove_stray"]
 log = logging.getLogger("fiberexec.docker")
 
 _EXTRA_HINT = "the docker backend needs the docker package: pip install 'fiberexec[docker]'"
+#: What to do when no engine answers (it must work for anyone who installed fiberexec with pip).
+ENGINE_HINT = (
+    "start a Docker engine (`sudo systemctl start docker`, or run `dockerd`), or point "
+    "DOCKER_HOST (or base_url= in backend_options) at one that is running"
+)
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 _SIGNAL_BASE = 128  # Docker's exit code for death by signal N is 128 + N
 _KEPT_LINES = 500  # log lines kept per container that exited
@@ -118,8 +123,7 @@ def _translate(
         ):
             raise PermanentBackendError(f"cannot {what}: {exc}") from exc
         raise TransientBackendError(
-            f"cannot {what}: the Docker engine at {engine} is unreachable ({exc}); start it "
-            "(systemctl start docker, or scripts/docker-engine.sh start) or pass base_url="
+            f"cannot {what}: the Docker engine at {engine} is unreachable ({exc}); {ENGINE_HINT}"
         ) from exc
 
 
@@ -262,7 +266,12 @@ class DockerBackend(Backend):
     """
 
     name = "docker"
-    enforces_resources = True  # nano_cpus, mem_limit (no swap), GPU device requests
+    enforces_resources = True
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "the container's nano_cpus",
+        "memory": "the container's mem_limit, without swap",
+        "gpu": "a GPU device request (needs the engine's NVIDIA runtime)",
+    }
 
     def __init__(
         self,

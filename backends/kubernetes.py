@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from fiberexec.backend import (
     EXECUTOR_LABEL,
@@ -101,7 +101,12 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
-    enforces_resources = True  # the pod's resource requests and limits
+    enforces_resources = True
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "the pod's cpu request and limit",
+        "memory": "the pod's memory request and limit",
+        "gpu": "the pod's nvidia.com/gpu request and limit",
+    }
 
     def __init__(self, *, namespace: str | None = None, image: str | None = None,
                  kubeconfig: str | None = None, context: str | None = None,

@@ -1,7 +1,9 @@
 """Workers as local processes: the default backend.
 
 Each worker is ``sys.executable -m fiberexec.worker`` in its own session (so a terminal's
-Ctrl-C reaches only the program, which then shuts its workers down). Output goes to the
+Ctrl-C reaches only the program, which then shuts its workers down). ``memory=`` becomes the
+worker process's address-space limit (``RLIMIT_AS``), set before the worker program starts;
+``cpu`` and ``gpu`` are not enforced here. Output goes to the
 parent's stdout/stderr as with `multiprocessing`, or, with ``capture_output=True``, to a log
 file per worker that `logs` reads back. One reaper thread (``_local_reaper``) waits for every
 worker's exit and reports it to `watch` listeners through the backend's `ExitWatch`.
@@ -22,7 +24,9 @@ import sys
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from fiberexec.backend import (
     Backend,
@@ -41,6 +45,31 @@ from fiberexec.backend import (
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
 from fiberexec.backends._local_stray import remove_stray_local
 
+#: Runs first in a memory-limited worker's process: set the limit (within any hard limit the
+#: process already has), then become the worker program (the pid and the limit survive exec).
+_SET_ADDRESS_SPACE_LIMIT = """\
+import os, resource, sys
+limit = int(sys.argv[1])
+_, hard = resource.getrlimit(resource.RLIMIT_AS)
+if hard != resource.RLIM_INFINITY:
+    limit = min(limit, hard)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+#: glibc gives threads malloc arenas that each reserve 64 MiB of address space, at moments no one
+#: chooses; under an address-space limit that makes what fits depend on luck, so a
+#: memory-limited worker has one arena unless its environment says otherwise.
+_ARENAS = "MALLOC_ARENA_MAX"
+
+
+def _address_space_limited(command: list[str], memory: int | None) -> list[str]:
+    """``command``, started under an address-space limit of ``memory`` bytes when given."""
+    if memory is None:
+        return command
+    return [sys.executable, "-I", "-S", "-c", _SET_ADDRESS_SPACE_LIMIT, str(memory), *command]
+
 
 class LocalBackend(Backend):
     """Run each worker as a child process of this one, listening on loopback only.
@@ -48,6 +77,15 @@ class LocalBackend(Backend):
     Args:
         capture_output: keep each worker's output in a log file instead of passing it through.
         python: the interpreter that runs workers (default: this one).
+
+    A worker's ``memory`` is a limit on its address space (``RLIMIT_AS``), which counts
+    virtual memory, not only what is resident: the interpreter, its threads' stacks and the
+    modules a task imports count too (a worker with numpy loaded maps a few hundred MB), so
+    leave room for them above what tasks allocate (a bare worker needs about 150 MB). An
+    allocation beyond the limit raises `MemoryError` in the task (its future raises it); the
+    worker lives on. Processes a task starts inherit the same limit, each on its own. Such a
+    worker runs with ``MALLOC_ARENA_MAX=1`` (unless set) so that glibc's per-thread malloc
+    arenas, 64 MiB of address space each, do not take the room.
 
     Example:
         >>> from fiberexec import FiberExecutor
@@ -57,11 +95,16 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "memory": "each worker process's address space (RLIMIT_AS: virtual memory)",
+    }
+    shares_python = True
 
     def __init__(self, *, capture_output: bool = False, python: str | None = None) -> None:
         self.capture_output = capture_output
         self.python = python or sys.executable
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._lock = threading.Lock()
         self._logdir: Path | None = None
         self._exit_watch = ExitWatch()
@@ -71,7 +114,10 @@ class LocalBackend(Backend):
         command = list(spec.command)
         if command[:1] == ["python"]:
             command[0] = self.python
+        command = _address_space_limited(command, spec.resources.memory)
         env = {**os.environ, **spec.env, **spec.secret_env}
+        if spec.resources.memory is not None:
+            env.setdefault(_ARENAS, "1")
         output = self._output(spec.worker_id)
         try:
             proc = subprocess.Popen(
@@ -97,8 +143,20 @@ class LocalBackend(Backend):
         pidfd = open_pidfd(proc)  # before anyone can reap it, so its pid is never recycled
         with self._lock:
             self._procs[spec.worker_id] = proc
+            if spec.resources.memory is not None:
+                self._memory[spec.worker_id] = spec.resources.memory
         self._reaper.add(spec.worker_id, pidfd, proc)
         return WorkerHandle(spec.worker_id, str(proc.pid))
+
+    def _exit_status(self, worker_id: str, code: int) -> WorkerStatus:
+        """An exit; one with Python's error status under a memory limit says what may be why."""
+        memory = self._memory.get(worker_id)
+        if code != 1 or memory is None:
+            return WorkerStatus(WorkerState.EXITED, exit_code=code)
+        return WorkerStatus(WorkerState.EXITED, exit_code=code, reason=(
+            f"its address space was limited to memory={memory} bytes (RLIMIT_AS); a "
+            "MemoryError in its output means the interpreter and imports need more, so "
+            "raise memory="))
 
     def _output(self, worker_id: str) -> int | None:
         if not self.capture_output:
@@ -114,12 +172,13 @@ class LocalBackend(Backend):
         code = proc.poll()
         if code is None:
             return WorkerStatus(WorkerState.RUNNING)
-        return WorkerStatus(WorkerState.EXITED, exit_code=code)
+        return self._exit_status(handle.worker_id, code)
 
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
         self.unwatch(handle)
         with self._lock:
             proc = self._procs.pop(handle.worker_id, None)
+            self._memory.pop(handle.worker_id, None)
         if proc is None:
             return
         if proc.poll() is None:
@@ -154,7 +213,7 @@ class LocalBackend(Backend):
         self._exit_watch.watch(handle, listener)
         code = proc.poll()  # it may have exited before it was registered
         if code is not None:
-            self._exit_watch.report(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+            self._exit_watch.report(handle, self._exit_status(handle.worker_id, code))
 
     def unwatch(self, handle: WorkerHandle) -> None:
         self._exit_watch.unwatch(handle)
@@ -166,7 +225,7 @@ class LocalBackend(Backend):
         if proc is not None:
             code = proc.wait()  # already exited: returns at once and reaps it
             handle = WorkerHandle(worker_id, str(proc.pid))
-            self._exit_watch.report(handle, WorkerStatus(WorkerState.EXITED, exit_code=code))
+            self._exit_watch.report(handle, self._exit_status(handle.worker_id, code))
 
     def close(self) -> None:
         with self._lock:

@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from fiberexec.backend import (
     Backend,
@@ -134,7 +135,13 @@ class SlurmBackend(Backend):
     """
 
     name = "slurm"
-    enforces_resources = True  # --cpus-per-task, --mem, --gres=gpu:N
+    enforces_resources = True
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "--cpus-per-task, rounded up",
+        "memory": "--mem",
+        "gpu": "--gres=gpu:N",
+    }
+    shares_python = True  # the python= default: a shared filesystem or identical nodes
 
     def __init__(self, *, partition: str | None = None, account: str | None = None,
                  qos: str | None = None, time_limit: str | int | float | None = None,
@@ -188,14 +195,17 @@ class SlurmBackend(Backend):
         """Queue the worker for the next array submission and return its handle at once.
 
         Raises:
-            PermanentBackendError: an earlier submission was refused for good (bad
-                partition, account, resources...), so this one would be too.
+            PermanentBackendError: ``sbatch`` is not installed here, or an earlier submission
+                was refused for good (bad partition, account, resources...), so this one
+                would be too. Either is raised here, to the caller, and logged by nobody.
         """
         with self._lock:
             if self._closed.is_set():
                 raise PermanentBackendError("start_worker after close(); create a new backend")
             if self._refused is not None:
                 raise self._refused
+            if self._executor_id is None:  # the first worker: say now that none can start
+                cli.require("sbatch", what="submit fiberexec workers as a Slurm job array")
             self._bind_executor(spec.executor_id)
             handle = WorkerHandle(spec.worker_id, f"{script.job_name(spec.executor_id)}/"
                                                   f"{spec.worker_id}")
@@ -361,7 +371,9 @@ class SlurmBackend(Backend):
 
     def _submission_failed(self, workers: list[_Worker], batch_dir: Path,
                            exc: BaseException) -> None:
-        log.warning("fiberexec slurm: %s", exc)
+        # Not a warning: each worker's status carries the reason to the executor, which
+        # reports it, and a permanent refusal is raised by the next start_worker.
+        log.debug("submission of %d worker(s) failed: %s", len(workers), exc)
         shutil.rmtree(batch_dir, ignore_errors=True)
         status = WorkerStatus(WorkerState.FAILED, reason=str(exc))
         with self._lock:

@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fiberexec.backend import (
     Backend,
@@ -118,6 +118,10 @@ class SSHBackend(Backend):
     name = "ssh"
     #: cpu/memory only on hosts where systemd-run works (others are warned about), gpu never.
     enforces_resources = True  # where systemd-run can't, the backend warns per host itself
+    resource_limits: ClassVar[Mapping[str, str]] = {
+        "cpu": "systemd-run CPUQuota= on hosts where systemd-run --user works",
+        "memory": "systemd-run MemoryMax= on hosts where systemd-run --user works",
+    }
 
     def __init__(
         self,

@@ -10,6 +10,7 @@ starts without loading the executor's machinery.
 from __future__ import annotations
 
 import importlib as _importlib
+import logging as _logging
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
@@ -61,6 +62,11 @@ if _typing.TYPE_CHECKING:
     )
 
 __version__ = "0.1.0"
+
+# As the logging HOWTO asks of a library: a do-nothing handler on the package's logger, so its
+# records reach no stream (not even logging's last-resort stderr handler) until the
+# application configures logging or calls `enable_logging`.
+_logging.getLogger("fiberexec").addHandler(_logging.NullHandler())
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {

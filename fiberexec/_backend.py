@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from fiberexec._errors import BackendError, ConfigurationError
 
@@ -178,6 +178,14 @@ class Backend(abc.ABC):
     #: Whether `WorkerSpec.resources` limits (cpu, memory) are enforced on the worker's job;
     #: when False, the ``fiberexec.multiprocessing`` layer logs that they are not.
     enforces_resources: bool = False
+    #: How each `Resources` setting ("cpu", "memory", "gpu") is applied to a worker, in a few
+    #: words (``{"memory": "--mem"}``); a setting left out is not enforced. ``fiberexec info``
+    #: shows it; a backend that leaves it empty is described by `enforces_resources` alone.
+    resource_limits: ClassVar[Mapping[str, str]] = {}
+    #: Whether the jobs this backend starts can run this process's interpreter
+    #: (`sys.executable`): on this machine, or through a filesystem shared with it.
+    #: ``fiberexec run`` then runs a program's leading ``python``/``python3`` with it.
+    shares_python: bool = False
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         missing = sorted({"watch", "unwatch"} & getattr(cls, "__abstractmethods__", set()))

@@ -22,6 +22,7 @@ from fiberexec.backend import (
     ConfigurationError,
     MasterRequest,
     available_backends,
+    check_backend_name,
 )
 from fiberexec.config import ExecutorConfig, resolve
 
@@ -34,7 +35,12 @@ BENCH_HINT = (
 )
 
 
+BACKEND_OPTION = "the --backend option"
+
+
 def _config(backend: str | None = None, image: str | None = None) -> ExecutorConfig:
+    if backend is not None:
+        check_backend_name(backend, BACKEND_OPTION)
     return resolve({"backend": backend, "image": image})
 
 
@@ -76,11 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from fiberexec import _cli_cleanup as cleanup
 
-    known = available_backends()
-    if args.backend and args.backend not in known:
-        raise ConfigurationError(f"--backend must be one of {known}, got {args.backend!r}")
+    if args.backend:
+        check_backend_name(args.backend, BACKEND_OPTION)
     lines: list[str] = []
-    for name in [args.backend] if args.backend else known:
+    for name in [args.backend] if args.backend else available_backends():
         lines += cleanup.cleanup(name, args.executor, args.namespace)
     print("\n".join(lines))
     return 0
@@ -123,8 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run a program as the master job (process, container or pod)",
         description="Run PROGRAM as the master job on a backend; its FiberExecutor starts "
-                    "workers on the same backend. Example: fiberexec run --backend docker "
-                    "--image me/app:1 -- python train.py --epochs 3")
+                    "workers on the same backend. On backends that run it with this "
+                    "machine's interpreter (local, slurm), a PROGRAM of 'python' or "
+                    "'python3' means the interpreter fiberexec is installed in "
+                    f"({sys.executable}), not the one first on PATH; containers (docker, "
+                    "kubernetes) run their image's python. Example: fiberexec run --backend "
+                    "docker --image me/app:1 -- python train.py --epochs 3")
     run.add_argument("--backend", help="local, docker, kubernetes or any backend that can "
                                        "launch a master (default: FIBEREXEC_BACKEND, the "
                                        "config file, local)")

@@ -8,13 +8,15 @@ pod) is the backend's business; this module only finds the backend and maps the 
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Sequence
 
 from fiberexec.backend import (
     ConfigurationError,
     MasterRequest,
-    available_backends,
     backend_class,
+    check_backend_name,
 )
 
 
@@ -27,15 +29,29 @@ def run(request: MasterRequest) -> int:
     """Launch ``request`` on its backend; return the shell exit status of the program."""
     if not request.command:
         raise ConfigurationError("fiberexec run needs a program: fiberexec run -- python train.py")
-    names = available_backends()
-    if request.backend not in names:
-        raise ConfigurationError(
-            f"--backend must be one of {names} for fiberexec run, got {request.backend!r}")
+    check_backend_name(request.backend, "the --backend option")
     try:
         backend = backend_class(request.backend)
     except ImportError as exc:
         raise ConfigurationError(f"cannot load the {request.backend} backend: {exc}") from None
+    if backend.shares_python:
+        request = dataclasses.replace(request, command=with_our_python(request.command))
     return exit_status(backend.launch_master(request))
+
+
+#: Program names ``fiberexec run`` reads as "the interpreter fiberexec is installed in".
+PYTHON_NAMES = ("python", "python3")
+
+
+def with_our_python(command: Sequence[str]) -> tuple[str, ...]:
+    """``command`` with a leading ``python`` or ``python3`` replaced by `sys.executable`.
+
+    The ``python`` first on PATH may be another interpreter, without fiberexec or the
+    program's dependencies; the one running this command has fiberexec.
+    """
+    if command[:1] and command[0] in PYTHON_NAMES and sys.executable:
+        return (sys.executable, *command[1:])
+    return tuple(command)
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:

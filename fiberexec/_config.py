@@ -12,6 +12,7 @@ the value and what is allowed. Nothing below reads the environment after `resolv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fiberexec._backend import Resources, parse_memory
+from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._errors import ConfigurationError
+from fiberexec._registry import check_backend_name
 from fiberexec._retry import RetryPolicy
 from fiberexec._tls import TLSOptions
 
@@ -32,6 +34,7 @@ ENV_CONFIG = "FIBEREXEC_CONFIG"
 FILE_NAME = ".fiberexec.toml"
 DEFAULT_MAX_MESSAGE = 1 << 31
 ARGUMENT, DEFAULT = "argument", "default"
+CURRENT_DIRECTORY = "the current directory"
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,16 @@ def _text(value: object) -> str:
     return value.strip()
 
 
+def _backend(value: object) -> str:
+    """A backend's name; an instance (given as an argument) stands for its own name."""
+    if isinstance(value, Backend):
+        return value.name
+    try:
+        return _text(value)
+    except _Invalid:
+        raise _Invalid("a backend name such as 'local' or a Backend instance") from None
+
+
 def _labels(value: object) -> dict[str, str]:
     if isinstance(value, str):  # from the environment: "team=ml,run=7"
         pairs = [p.partition("=") for p in value.split(",") if p.strip()]
@@ -200,6 +213,8 @@ class Setting:
     doc: str
     # What an explicit argument equal to this means "not given" (the executor's own default).
     unset: tuple[Any, ...] = (None,)
+    # What a value of None stands for, as ``fiberexec info`` says it ("no limit").
+    none_means: str | None = None
 
     @property
     def env(self) -> str:
@@ -207,7 +222,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("backend", _text, "local",
+    Setting("backend", _backend, "local",
             '``"local"`` (default), ``"docker"``, ``"kubernetes"``, ``"ssh"``, ``"slurm"``, '
             "any name registered under the ``fiberexec.backends`` entry points, or a "
             "`Backend` instance."),
@@ -222,9 +237,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_task_retries", _int(0), 2,
             "how many times a task whose worker died is sent again (default 2)."),
     Setting("max_tasks_per_child", _optional(_int(1)), None,
-            "replace a worker after it has run this many tasks."),
+            "replace a worker after it has run this many tasks.", none_means="no limit"),
     Setting("idle_timeout", _optional(_seconds), None,
-            "seconds after which an idle worker above ``min_workers`` is stopped."),
+            "seconds after which an idle worker above ``min_workers`` is stopped.",
+            none_means="never"),
     Setting("heartbeat", _seconds, 1.0,
             "seconds between liveness messages when nothing else is sent (default 1)."),
     Setting("silence_timeout", _seconds, 30.0,
@@ -237,11 +253,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("image", _optional(_text), None,
             "the container image of each worker (Docker, Kubernetes)."),
     Setting("workdir", _optional(_text), None,
-            "each worker's working directory (default: this one)."),
+            "each worker's working directory (default: the current directory).",
+            none_means=CURRENT_DIRECTORY),
     Setting("cpu", _optional(_cpu), None,
-            "CPUs reserved or allowed per worker, where the backend can honour it."),
+            "CPUs reserved or allowed per worker, where the backend can honour it.",
+            none_means="no limit"),
     Setting("memory", _optional(_memory), None,
-            "memory per worker, as bytes or a quantity like ``\"512Mi\"``."),
+            "memory per worker, as bytes or a quantity like ``\"512Mi\"``, where the "
+            "backend can honour it; on the local backend it limits each worker process's "
+            "address space (``RLIMIT_AS``, virtual memory: leave room for the interpreter "
+            "and imports), and a task that allocates past it raises `MemoryError`.",
+            none_means="no limit"),
     Setting("gpu", _int(0), 0, "GPUs per worker (default 0)."),
     Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
             unset=(None, {})),
@@ -253,7 +275,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ports", _optional(_ports), None,
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "
-            "Services."),
+            "Services.", none_means="any free port"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -374,6 +396,7 @@ def resolve(
     Args:
         explicit: arguments by setting key (`SETTINGS`), plus ``initializer``, ``initargs``
             and ``tls``; a value of None (or the setting's "unset" value) is not given.
+            ``backend`` may be a `Backend` instance, which is not looked up by name.
         environ, cwd: where to look instead of ``os.environ`` and the current directory.
 
     Raises:
@@ -389,6 +412,8 @@ def resolve(
     environ = os.environ if environ is None else environ
     values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()))
     _check_arguments(values, sources)
+    if not isinstance(explicit.get("backend"), Backend):  # an instance needs no registration
+        check_backend_name(values["backend"], _describe("backend", sources))
     if values["max_workers"] is None:
         values["max_workers"] = os.cpu_count() or 1
     top = values["max_workers"]
@@ -420,8 +445,6 @@ def _check_rest(
     init = options.get("initializer")
     if init is not None and not callable(init):
         raise ConfigurationError(f"initializer must be callable, got {init!r}")
-    if sources["backend"] != ARGUMENT:
-        _check_backend_name(values["backend"], sources["backend"])
 
 
 def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
@@ -432,14 +455,6 @@ def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             f"{ports[1] - ports[0] + 1} ports but max_workers={values['max_workers']} needs one "
             "per worker; widen the range or lower max_workers"
         )
-
-
-def _check_backend_name(name: str, source: str) -> None:
-    from fiberexec._registry import available_backends
-
-    names = available_backends()
-    if name not in names:
-        raise _bad("backend", source, name, f"one of {names}")
 
 
 def document(order: Sequence[str], others: Mapping[str, str], indent: str = "        ") -> str:
@@ -453,20 +468,67 @@ def document(order: Sequence[str], others: Mapping[str, str], indent: str = "   
     return "\n".join(lines)
 
 
-def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:
-    """``(key, value, source)`` rows for every setting, as ``fiberexec info`` prints them."""
-    rows = []
+@dataclass(frozen=True)
+class Row:
+    """One setting as ``fiberexec info`` shows it.
+
+    ``value`` is plain data (numbers, booleans, strings, lists, dicts, None) for JSON; ``note``
+    says what it stands for where the value alone does not ("the current directory").
+    """
+
+    key: str
+    value: Any
+    source: str
+    note: str | None = None
+
+    def text(self) -> str:
+        """The value in words: ``none`` for None, ``a=1, b=2`` for a table."""
+        shown = "none" if self.value is None else _show(self.value)
+        return f"{shown} ({self.note})" if self.note else shown
+
+
+def rows(config: ExecutorConfig, cwd: str | None = None) -> list[Row]:
+    """Every setting's value (as plain data), source and note, in `SETTINGS` order.
+
+    Args:
+        cwd: the directory a workdir of None stands for (default: the current one).
+    """
+    found = []
     for s in SETTINGS:
-        if s.key in ("cpu", "memory", "gpu"):
-            value: Any = getattr(config.resources, s.key)
-        else:
-            value = getattr(config, s.key)
-        source = config.sources.get(s.key, DEFAULT)
-        rows.append((s.key, "none" if value is None else _show(value), source))
-    return rows
+        value = _plain(_value(config, s.key))
+        note = s.none_means if value is None else None
+        if value is None and note == CURRENT_DIRECTORY:
+            value = cwd or os.getcwd()  # what each worker gets: the executor's directory
+        found.append(Row(s.key, value, config.sources.get(s.key, DEFAULT), note))
+    return found
+
+
+def describe(config: ExecutorConfig) -> list[tuple[str, str, str]]:
+    """``(key, value, source)`` rows for every setting, the value in words, as ``fiberexec
+    info`` prints them."""
+    return [(row.key, row.text(), row.source) for row in rows(config)]
+
+
+def _value(config: ExecutorConfig, key: str) -> Any:
+    if key in ("cpu", "memory", "gpu"):
+        return getattr(config.resources, key)
+    return getattr(config, key)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it: a policy or table as a dict, a range as a list."""
+    if isinstance(value, RetryPolicy):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "{}"
+    if isinstance(value, list):
+        return "-".join(str(v) for v in value)
     return str(value)

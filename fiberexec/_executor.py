@@ -98,7 +98,7 @@ class FiberExecutor(Executor):
                 f"backend must be a name or a Backend instance, got {backend!r}"
             )
         given = {k: v for k, v in locals().items() if k in BY_KEY or k in NOT_SETTINGS}
-        given["backend"] = instance.name if instance is not None else backend
+        given["backend"] = backend  # a name is checked against the registry here, at once
         given["initargs"] = tuple(initargs)
         self._config = resolve(given)
         self._mp_context = _check_mp_context(mp_context, self._config.max_tasks_per_child)

@@ -1,4 +1,8 @@
-"""`enable_logging`: show what the ``fiberexec`` logger reports, in one call."""
+"""`enable_logging`: show what the ``fiberexec`` logger reports, in one call.
+
+Until then the logger prints nothing: the package gives it a `logging.NullHandler` (see
+``fiberexec/__init__.py``), so warnings are not written to stderr behind the application's back.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ The core never imports a concrete backend: it resolves a name to a class here, l
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
@@ -35,6 +36,32 @@ def available_backends() -> list[str]:
     return sorted(_targets())
 
 
+def check_backend_name(name: str, source: str) -> None:
+    """Refuse a name no backend is registered under, without importing any backend.
+
+    Args:
+        source: where the name came from, for the message ("the backend= argument", ...).
+
+    Raises:
+        ConfigurationError: the name is unknown; the message suggests the closest known name
+            and lists them all.
+    """
+    if name not in _targets():
+        raise unknown_backend(name, source)
+
+
+def unknown_backend(name: str, source: str) -> ConfigurationError:
+    """The one error for a backend name nothing is registered under."""
+    names = available_backends()
+    folded = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.strip().lower(), list(folded), n=1)
+    hint = f"did you mean {folded[close[0]]!r}? " if close else ""
+    return ConfigurationError(
+        f"unknown backend {name!r} (from {source}); {hint}known backends: {', '.join(names)} "
+        f"(or register a Backend subclass under the {GROUP!r} entry-point group)"
+    )
+
+
 def backend_class(name: str) -> type[Backend]:
     """The backend class registered as ``name``, imported but not instantiated.
 
@@ -44,10 +71,7 @@ def backend_class(name: str) -> type[Backend]:
     """
     target = _targets().get(name)
     if target is None:
-        raise ConfigurationError(
-            f"unknown backend {name!r}; choose one of {available_backends()} "
-            f"or register one under the {GROUP!r} entry-point group"
-        )
+        raise unknown_backend(name, "the backend name asked for")
     module_name, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # __repr__ below rounds the rate
 class Stats:
     """A snapshot of an executor's workers and tasks.
 
-    ``throughput`` is tasks finished per second since the first submit.
+    ``throughput`` is tasks finished per second since the first submit; its repr is rounded
+    (the attribute keeps every digit).
     """
 
     workers: int  # connected and ready
@@ -23,3 +24,14 @@ class Stats:
     workers_lost: int
     messages_rejected: int  # unauthenticated, malformed or oversized
     throughput: float
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in fields(self))
+        return f"{type(self).__name__}({shown})"
+
+
+def _short(value: object) -> str:
+    """A count as it is; a rate to one decimal, or three significant digits below 10."""
+    if not isinstance(value, float):
+        return repr(value)
+    return repr(round(value, 1) if abs(value) >= 10 else float(f"{value:.3g}"))

@@ -48,7 +48,12 @@ from fiberexec._errors import (
     PermanentBackendError,
     TransientBackendError,
 )
-from fiberexec._registry import available_backends, backend_class, load_backend
+from fiberexec._registry import (
+    available_backends,
+    backend_class,
+    check_backend_name,
+    load_backend,
+)
 from fiberexec._retry import RetryPolicy
 from fiberexec._watch import ExitWatch
 
@@ -84,6 +89,7 @@ __all__ = [
     "WorkerStatus",
     "available_backends",
     "backend_class",
+    "check_backend_name",
     "configured_backend_options",
     "first_line",
     "load_backend",

@@ -149,3 +149,19 @@ def slow_unless_first(directory: str, seconds: float) -> None:
     except FileExistsError:
         time.sleep(seconds)
     (here / f"done-{me}").touch()
+
+
+def allocate_mib(mib: int) -> int:
+    """Allocate and touch ``mib`` MiB; return how many were held."""
+    block = bytearray(mib << 20)
+    return len(block) >> 20
+
+
+def address_space_limit(_: object = None) -> tuple[int, int]:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)
+
+
+def getenv(name: str) -> str | None:
+    return os.environ.get(name)

@@ -63,10 +63,45 @@ def test_info_json_and_a_kube_context(tmp_path: Path) -> None:
     assert data["backends"]["local"]["usable"] is True
     assert data["backends"]["docker"]["usable"] is False
     if "missing" not in data["backends"]["kubernetes"]["detail"]:
-        assert data["backends"]["kubernetes"] == {
-            "usable": True,
-            "detail": "context 'lab', namespace 'ml' (the API server was not contacted)",
-        }
+        kubernetes = data["backends"]["kubernetes"]
+        assert (kubernetes["usable"], kubernetes["detail"]) == (
+            True, "context 'lab', namespace 'ml' (the API server was not contacted)")
+
+
+def test_info_shows_the_working_directory_default_and_resource_enforcement(
+        tmp_path: Path) -> None:
+    result = fiberexec("info", cwd=tmp_path, env=OFFLINE)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    [workdir] = [line for line in lines if line.strip().startswith("workdir")]
+    assert workdir.split()[1:] == [str(tmp_path), "(the", "current", "directory)", "(default)"]
+    local = lines.index(next(line for line in lines if line.startswith("  local ")))
+    assert [line.split(":", 1)[0].strip() for line in lines[local + 1:local + 4]] == [
+        "cpu", "memory", "gpu"]
+    assert lines[local + 1].split() == ["cpu:", "not", "enforced", "on", "local"]
+    assert "RLIMIT_AS" in lines[local + 2]
+    assert lines[local + 3].split() == ["gpu:", "not", "enforced", "on", "local"]
+
+
+def test_info_json_values_are_typed(tmp_path: Path) -> None:
+    env = {**OFFLINE, "FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5",
+           "FIBEREXEC_MEMORY": "2Gi", "FIBEREXEC_PORTS": "40000-40009"}
+    result = fiberexec("info", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)["configuration"]
+    assert config["max_workers"] == {"value": 3,
+                                     "source": "environment variable FIBEREXEC_MAX_WORKERS"}
+    assert config["heartbeat"]["value"] == 0.5 and config["memory"]["value"] == 2 * 2**30
+    assert config["ports"]["value"] == [40000, 40009]
+    assert config["image"] == {"value": None, "source": "default"}
+    assert config["cpu"] == {"value": None, "source": "default", "note": "no limit"}
+    assert config["workdir"] == {"value": str(tmp_path), "source": "default",
+                                 "note": "the current directory"}
+    assert config["labels"]["value"] == {} and config["gpu"]["value"] == 0
+    assert config["start_retry"]["value"]["attempts"] == 8
+    local = json.loads(result.stdout)["backends"]["local"]["resources"]
+    assert local["cpu"] == {"enforced": False, "how": None}
+    assert local["memory"]["enforced"] is True
 
 
 def test_info_reports_a_bad_setting_and_exits_2(tmp_path: Path) -> None:
@@ -102,6 +137,27 @@ def test_run_local_program_uses_the_executor(tmp_path: Path) -> None:
     assert result.stdout.split() == ["1", "15"]
 
 
+def test_run_python_means_the_interpreter_fiberexec_is_installed_in(tmp_path: Path) -> None:
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name in ("python", "python3"):  # another interpreter, first on PATH
+        (shims / name).write_text("#!/bin/sh\necho the-wrong-python\n")
+        (shims / name).chmod(0o755)
+    env = {"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("python", "python3"):
+        result = fiberexec("run", "--", name, "-c", "import sys; print(sys.executable)",
+                           cwd=tmp_path, env=env)
+        assert (result.returncode, result.stdout.strip()) == (0, sys.executable), result.stderr
+    result = fiberexec("run", "--help")
+    assert "the interpreter fiberexec is installed in" in " ".join(result.stdout.split())
+
+
+def test_with_our_python_replaces_only_a_leading_python() -> None:
+    assert _cli_run.with_our_python(["python3", "es.py"]) == (sys.executable, "es.py")
+    assert _cli_run.with_our_python(["./es.py", "python"]) == ("./es.py", "python")
+    assert _cli_run.with_our_python(["python3.9", "x.py"]) == ("python3.9", "x.py")
+
+
 def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
     program = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     result = fiberexec("run", "--", sys.executable, "-c", program, cwd=tmp_path)
@@ -112,7 +168,8 @@ def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--backend", "docker", "--", "python", "x.py"], "the docker backend needs an image"),
-        (["--backend", "nosuch", "--", "python", "x.py"], "--backend must be one of"),
+        (["--backend", "dokcer", "--", "python", "x.py"],
+         "unknown backend 'dokcer' (from the --backend option); did you mean 'docker'?"),
         (["--"], "fiberexec run needs a program"),
         (["--env", "NOEQUALS", "--", "python"], "--env must be KEY=VALUE, got 'NOEQUALS'"),
     ],
@@ -225,7 +282,8 @@ def test_worker_command_line_is_recognised_exactly() -> None:
 
 def test_cleanup_unknown_backend_and_unreachable_ones() -> None:
     result = fiberexec("cleanup", "--backend", "nope")
-    assert result.returncode == 2 and "--backend must be one of" in result.stderr
+    assert result.returncode == 2
+    assert "unknown backend 'nope' (from the --backend option); known backends:" in result.stderr
     result = fiberexec("cleanup", "--backend", "docker", env=OFFLINE)
     assert result.returncode == 0 and result.stdout.startswith("docker: skipped (")
 

@@ -94,7 +94,9 @@ def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_pat
         ({"FIBEREXEC_MEMORY": "heaps"}, "memory must be bytes > 0 or a quantity like '512Mi'"),
         ({"FIBEREXEC_LABELS": "team"}, "labels must be comma-separated key=value pairs"),
         ({"FIBEREXEC_BACKEND_OPTIONS": "{"}, "backend_options must be a JSON object"),
-        ({"FIBEREXEC_BACKEND": "dokcer"}, "backend must be one of ["),
+        ({"FIBEREXEC_BACKEND": "dokcer"},
+         "unknown backend 'dokcer' (from environment variable FIBEREXEC_BACKEND); did you mean "
+         "'docker'? known backends: docker, kubernetes, local, slurm, ssh"),
         ({"FIBEREXEC_MAX_WORKERS": "2", "FIBEREXEC_MIN_WORKERS": "3"},
          "min_workers must be between 0 and max_workers=2, got 3 "
          "(from environment variable FIBEREXEC_MIN_WORKERS)"),
@@ -134,6 +136,103 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     rows = {k: (v, s) for k, v, s in describe(_resolve(tmp_path, {"FIBEREXEC_GPU": "2"}))}
     assert rows["gpu"] == ("2", "environment variable FIBEREXEC_GPU")
     assert rows["image"] == ("none", "default")
+    assert rows["memory"] == ("none (no limit)", "default")
+
+
+def test_workdir_default_is_shown_as_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    rows = {k: (v, s) for k, v, s in describe(_resolve(tmp_path))}
+    assert rows["workdir"] == (f"{tmp_path} (the current directory)", "default")
+    given = {k: (v, s) for k, v, s in describe(_resolve(tmp_path, workdir="/srv/job"))}
+    assert given["workdir"] == ("/srv/job", "argument")
+
+
+def test_rows_hold_typed_values(tmp_path: Path) -> None:
+    from fiberexec.config import rows as config_rows
+
+    env = {"FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5", "FIBEREXEC_MEMORY": "1Ki",
+           "FIBEREXEC_PORTS": "40000-40009", "FIBEREXEC_LABELS": "team=ml"}
+    rows = {row.key: row for row in config_rows(_resolve(tmp_path, env), cwd="/here")}
+    assert rows["max_workers"].value == 3 and rows["heartbeat"].value == 0.5
+    assert rows["memory"].value == 1024 and rows["ports"].value == [40000, 40009]
+    assert rows["labels"].value == {"team": "ml"} and rows["image"].value is None
+    assert rows["start_retry"].value["attempts"] == RetryPolicy().attempts
+    assert (rows["cpu"].value, rows["cpu"].note) == (None, "no limit")
+    assert (rows["workdir"].value, rows["workdir"].note) == ("/here", "the current directory")
+
+
+# -- backend names are checked at construction, whatever their source --------------------------
+KNOWN = "known backends: docker, kubernetes, local, slurm, ssh"
+
+
+def test_misspelt_backend_argument_fails_at_construction_with_a_suggestion() -> None:
+    with pytest.raises(ValueError) as info:
+        FiberExecutor(1, backend="dokcer")  # not at the first submit
+    assert str(info.value).startswith(
+        f"unknown backend 'dokcer' (from the backend= argument); did you mean 'docker'? {KNOWN}")
+    with pytest.raises(ConfigurationError, match="did you mean 'kubernetes'"):
+        FiberExecutor(1, backend="Kubernetes")
+    with pytest.raises(ConfigurationError, match=rf"unknown backend 'zzz' \(from the backend= "
+                       rf"argument\); {KNOWN} \(or register"):
+        FiberExecutor(1, backend="zzz")
+
+
+def test_misspelt_backend_from_any_source_gets_the_same_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".fiberexec.toml").write_text("backend = 'slrum'\n")
+    with pytest.raises(ValueError) as info:
+        FiberExecutor(1)
+    assert str(info.value).startswith(
+        f"unknown backend 'slrum' (from {tmp_path / '.fiberexec.toml'} top level); "
+        f"did you mean 'slurm'? {KNOWN}")
+    monkeypatch.setenv("FIBEREXEC_BACKEND", "dokcer")
+    with pytest.raises(ValueError, match=r"unknown backend 'dokcer' \(from environment "
+                       r"variable FIBEREXEC_BACKEND\); did you mean 'docker'\?"):
+        FiberExecutor(1)
+
+
+def test_a_backend_instance_needs_no_registered_name(tmp_path: Path) -> None:
+    from fiberexec.backends.local import LocalBackend
+
+    class Mine(LocalBackend):
+        name = "mine"
+
+    with Mine() as backend:
+        config = _resolve(tmp_path, backend=backend)
+        assert (config.backend, config.sources["backend"]) == ("mine", "argument")
+
+
+def test_backend_name_check_imports_no_backend() -> None:
+    program = ("import sys\nfrom fiberexec import FiberExecutor\n"
+               "FiberExecutor(1, backend='docker').shutdown()\n"
+               "print(sorted(m for m in sys.modules if m.startswith(('docker', "
+               "'fiberexec.backends'))))\n")
+    out = subprocess.run([sys.executable, "-c", program], text=True, capture_output=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- max_workers keeps the standard library's words, then says where the value came from ---------
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_workers_message_starts_with_the_stdlib_text(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: int) -> None:
+    monkeypatch.chdir(tmp_path)
+    stdlib = "max_workers must be greater than 0"
+    with pytest.raises(ValueError) as info:
+        FiberExecutor(bad)
+    assert str(info.value) == f"{stdlib}, got {bad} (from the max_workers= argument)"
+    monkeypatch.setenv("FIBEREXEC_MAX_WORKERS", str(bad))
+    with pytest.raises(ValueError) as info:
+        FiberExecutor()
+    assert str(info.value).startswith(stdlib)
+    assert str(info.value).endswith("(from environment variable FIBEREXEC_MAX_WORKERS)")
+    monkeypatch.delenv("FIBEREXEC_MAX_WORKERS")
+    (tmp_path / ".fiberexec.toml").write_text(f"max_workers = {bad}\n")
+    with pytest.raises(ValueError) as info:
+        FiberExecutor()
+    assert str(info.value).startswith(f"{stdlib}, got {bad} (from {tmp_path}")
 
 
 def test_executor_reads_environment_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ import signal
 import tempfile
 import threading
 
-from fiberexec.backend import WorkerSpec, WorkerState, WorkerStatus
+import pytest
+
+from fiberexec.backend import Resources, WorkerSpec, WorkerState, WorkerStatus
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
@@ -83,3 +85,41 @@ def test_one_reaper_thread_reports_every_exit() -> None:
         backend.close()
     assert [t.name for t in threading.enumerate() if t.ident not in before] == []
     assert exits.empty()  # workers stopped on purpose are not reported
+
+
+# -- memory= on local processes ------------------------------------------------------------------
+def test_memory_limits_each_worker_address_space(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, memory="300M")
+    assert ex.submit(tasks.address_space_limit).result(timeout=60) == (300 * 10**6,) * 2
+    assert ex.submit(tasks.getenv, "MALLOC_ARENA_MAX").result(timeout=60) == "1"
+    assert ex.submit(tasks.allocate_mib, 10).result(timeout=60) == 10
+    with pytest.raises(MemoryError):
+        ex.submit(tasks.allocate_mib, 600).result(timeout=60)
+    assert ex.submit(tasks.allocate_mib, 10).result(timeout=60) == 10  # the worker lived on
+    assert ex.stats().workers_lost == 0
+
+
+def test_without_memory_no_limit_is_set(make_executor: ExecutorFactory) -> None:
+    import resource
+
+    ex = make_executor(1)
+    assert ex.submit(tasks.address_space_limit).result(timeout=60) == resource.getrlimit(
+        resource.RLIMIT_AS)
+    assert ex.submit(tasks.allocate_mib, 600).result(timeout=60) == 600
+
+
+def test_a_worker_that_cannot_start_under_its_limit_says_why() -> None:
+    backend = LocalBackend()
+    exits: queue.Queue[WorkerStatus] = queue.Queue()
+    spec = WorkerSpec(worker_id="w0", executor_id="local-test",
+                      command=("python", "-c", "bytearray(64 << 20)"),
+                      resources=Resources(memory=32 * 2**20))
+    try:
+        handle = backend.start_worker(spec)
+        backend.watch(handle, lambda _, status: exits.put(status))
+        status = exits.get(timeout=30)
+    finally:
+        backend.close()
+    assert status.exit_code == 1
+    assert status.reason is not None
+    assert "memory=33554432 bytes (RLIMIT_AS)" in status.reason and "raise memory=" in status.reason

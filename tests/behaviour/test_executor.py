@@ -121,8 +121,9 @@ def test_bad_options_name_rule_and_value() -> None:
         FiberExecutor(2, max_tasks_per_child=0)
     with pytest.raises(ConfigurationError, match="memory must be bytes > 0 or a quantity"):
         FiberExecutor(2, memory="lots")
-    with pytest.raises(ConfigurationError, match="unknown backend 'nope'; choose one of"):
-        FiberExecutor(2, backend="nope").submit(tasks.square, 1)
+    with pytest.raises(ConfigurationError, match=r"unknown backend 'nope' \(from the backend= "
+                       r"argument\); known backends: "):
+        FiberExecutor(2, backend="nope")  # at construction, not at the first submit
 
 
 def test_initializer_runs_once_per_worker(
