@@ -46,7 +46,9 @@ class WorkerLink(Protocol):
     """The worker's end of its link."""
 
     kind: str
-    closed: bool
+
+    @property
+    def closed(self) -> bool: ...
 
     def recv(self, timeout: float) -> bytes | None:
         """The next frame, or None after ``timeout``; `LinkClosed` once the executor hung up."""

@@ -22,6 +22,7 @@ import itertools
 import os
 import socket
 import struct
+import time
 from collections import deque
 
 from fiberexec._errors import LinkClosed, ProtocolError
@@ -71,7 +72,7 @@ class FrameBuffer:
         """How many bytes the next read should ask for: at least the rest of a long frame."""
         have = len(self._buf) - self._pos
         if have >= 4:
-            (size,) = _LEN.unpack_from(self._buf, self._pos)
+            size: int = _LEN.unpack_from(self._buf, self._pos)[0]
             return max(CHUNK, size + 4 - have)
         return CHUNK
 
@@ -241,13 +242,19 @@ class UnixLink:
         Raises:
             LinkClosed: the executor hung up.
         """
-        if not self.ready:
-            self._set_timeout(socket.SO_RCVTIMEO, timeout)
+        if self.ready:
+            return self.ready.popleft()
+        left, deadline = timeout, time.monotonic() + timeout
+        while not self.ready:  # a long frame takes several reads
+            if left <= 0:
+                return None
+            self._set_timeout(socket.SO_RCVTIMEO, left)
             try:
                 self._read(0)
             except (BlockingIOError, TimeoutError):
                 return None
-        return self.ready.popleft() if self.ready else None
+            left = deadline - time.monotonic()
+        return self.ready.popleft()
 
     def try_recv(self) -> bytes | None:
         if not self.ready:

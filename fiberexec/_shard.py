@@ -80,6 +80,7 @@ class Shard:
         self.queue: deque[WorkItem] = deque()
         self.conns: dict[str, Conn] = {}
         self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
+        self.idle: dict[str, Conn] = {}  # hungry workers holding no task: served first
         self.ready_workers = 0  # read by other shards deciding whether to steal
         self._next_housekeeping = 0.0
         self._judge_after = 0.0  # no silence is judged before this (see _may_judge_silence)
@@ -121,12 +122,12 @@ class Shard:
                 return False
             self._take_incoming()
             self._dispatch()
-            return True
+            return not self.queue  # what could not be sent here, the shard's thread sends
         finally:
             self.owner.release()
 
     def _has_idle_worker(self) -> bool:
-        return any(not conn.inflight for conn in self.hungry.values())
+        return bool(self.idle)
 
     def post(self, event: ev.Event) -> None:
         self.events.append(event)
@@ -227,7 +228,7 @@ class Shard:
         elif isinstance(message, p.Initialized):
             conn.initializing = False
         elif isinstance(message, p.Bye):
-            conn.state, conn.leaving = State.RETIRING, message.reason
+            self._stop_serving(conn, message.reason)
         elif isinstance(message, p.InitFailed):
             conn.initializing = False
             self._on_init_failed(conn, message.error)
@@ -248,10 +249,12 @@ class Shard:
                 self.done += 1
             else:
                 self.failed += 1
-        if not conn.inflight:
-            conn.idle_since = self.clock()
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
+            if not conn.inflight:
+                self.idle[conn.worker_id] = conn
+        if not conn.inflight:
+            conn.idle_since = self.clock()
         self.lifecycle.progress()
 
     def _observe(self, key: str, runtime: float) -> None:
@@ -266,7 +269,7 @@ class Shard:
             cause: BaseException = loads_exception(error)
         except SerializationError as exc:
             cause = exc
-        conn.state = State.RETIRING
+        self._stop_serving(conn, None)
         self.lifecycle.break_executor(
             "A worker initializer failed, the executor is not usable anymore", cause
         )
@@ -317,6 +320,7 @@ class Shard:
         conn.idle_since = self.clock()
         conn.measured_rtt(conn.idle_since - conn.challenged)
         self.hungry[conn.worker_id] = conn
+        self.idle[conn.worker_id] = conn
         conn.counted = True
         self.ready_workers += 1
         cfg = self.config
@@ -452,12 +456,13 @@ class Shard:
             return
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))
-        for worker_id, conn in list(hungry.items()):
-            if not self.queue:
-                break
-            self._send_tasks(conn, share)
-            if self.queue and not conn.admits(self._estimate(self.queue[0])):
-                del hungry[worker_id]  # back once a result returns
+        for conns in (self.idle, hungry):  # a worker with nothing to do before any prefetch
+            for worker_id, conn in list(conns.items()):
+                if not self.queue:
+                    return
+                self._send_tasks(conn, share)
+                if self.queue and not conn.admits(self._estimate(self.queue[0])):
+                    hungry.pop(worker_id, None)  # back once a result returns
 
     def _estimate(self, item: WorkItem) -> float | None:
         return self.estimates.get(item.key or function_key(item.fn))
@@ -504,6 +509,7 @@ class Shard:
             tasks.append(p.Task(item.task_id, index[fn_id], args))
             items.append(item)
         if tasks:
+            self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks), items)
 
     def _fail_unpicklable(self, item: WorkItem, exc: BaseException) -> None:
@@ -583,8 +589,16 @@ class Shard:
         if idle is None or conn.inflight or self.queue or now - conn.idle_since < idle:
             return
         if self.lifecycle.may_retire(conn.worker_id):
-            conn.state, conn.leaving = State.RETIRING, f"idle for {idle}s"
+            self._stop_serving(conn, f"idle for {idle}s")
             self._send(conn, p.Bye("idle"))
+
+    def _stop_serving(self, conn: Conn, leaving: str | None) -> None:
+        """The worker gets no more tasks: it leaves once what it holds is done."""
+        conn.state = State.RETIRING
+        if leaving is not None:
+            conn.leaving = leaving
+        self.hungry.pop(conn.worker_id, None)
+        self.idle.pop(conn.worker_id, None)
 
     # ------------------------------------------------------------ losing workers
 
@@ -643,6 +657,7 @@ class Shard:
     def _unregister(self, conn: Conn) -> None:
         self._drop_probe(conn)
         self.hungry.pop(conn.worker_id, None)
+        self.idle.pop(conn.worker_id, None)
         if conn.counted:
             conn.counted = False
             self.ready_workers -= 1

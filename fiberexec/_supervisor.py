@@ -25,9 +25,9 @@ from typing import Any
 from fiberexec import _contract, _syspath
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
+from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
 from fiberexec._link_nng import Channel
-from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._session import Session
 from fiberexec._shard import Shard
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME

@@ -384,20 +384,43 @@ def test_without_an_exit_status_the_failure_says_the_connection_was_lost(bench: 
         items[0].future.result(timeout=0)
 
 
-def test_a_worker_silent_for_three_heartbeats_is_lost(bench: Any) -> None:
-    b = bench(heartbeat=1.0)
+def test_a_worker_silent_for_the_silence_timeout_is_lost(bench: Any) -> None:
+    b = bench(heartbeat=1.0, silence_timeout=20.0)
     link = b.connect("w0")
     items = b.submit(job, 1)
     b.step()
     b.tasks_sent("w0")
-    b.clock.advance(1.0)
-    b.step()
+    for _ in range(19):  # silent for 19 s: slow, not dead
+        b.clock.advance(1.0)
+        b.step()
     assert any(isinstance(m, p.Heartbeat) for m in link.take())  # we speak, it does not
-    b.clock.advance(2.1)
-    b.step()
+    assert b.shard.lost == 0 and not link.closed
+    for _ in range(3):
+        b.clock.advance(0.5)
+        b.step()
     assert b.shard.lost == 1 and items[0].losses == 1
     assert link.closed
     assert b.life.named("gone") == [("gone", "w0", True)]
+
+
+def test_a_held_up_shard_reads_before_it_judges_silence(bench: Any) -> None:
+    """The shard's own thread stalled (process stopped, machine starved): workers' silence
+    over that time says nothing about them, so nobody is lost on waking."""
+    b = bench(heartbeat=1.0, silence_timeout=5.0)
+    b.connect("w0")
+    b.step()
+    b.clock.advance(30.0)  # the shard did not run for 30 s
+    b.step()
+    assert b.shard.lost == 0
+    b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])  # its heartbeats were queued
+    b.clock.advance(1.0)
+    b.step()
+    assert b.shard.lost == 0 and b.shard.conns["w0"].state is State.READY
+    b.clock.advance(5.5)  # now silent for real
+    for _ in range(30):
+        b.clock.advance(0.25)
+        b.step()
+    assert b.shard.lost == 1
 
 
 def test_a_worker_that_answers_heartbeats_is_kept(bench: Any) -> None:

@@ -1,0 +1,283 @@
+"""The link seam's contract (`fiberexec._link`), checked on every link implementation.
+
+Each case makes an executor end and a worker end joined by one link: the local link (an
+abstract Unix socket), the network link (pynng Pair1 over TCP on loopback), and the
+in-memory fake of ``tests/support/links.py``. The same checks run on all three, so the
+shard and the worker can rely on the contract whichever link a worker uses.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._link import Endpoint, connect, dial
+from fiberexec._link_nng import Channel
+from tests.support.links import MemoryEndpoint
+
+MAX = 64 << 20
+
+
+@dataclass
+class Pair:
+    endpoint: Any
+    worker: Any
+    removed: list[Any] = field(default_factory=list)
+    gone: threading.Event = field(default_factory=threading.Event)  # the executor's end heard
+    worker_gone: threading.Event = field(default_factory=threading.Event)  # the worker's did
+
+    def recv_all(self, n: int, timeout: float = 10.0) -> list[Any]:
+        """``n`` frames at the executor's end, waiting on its ``fileno()`` as a shard does."""
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n:
+            left = deadline - time.monotonic()
+            assert left > 0, f"only {len(got)} of {n} frames arrived"
+            select.select([self.endpoint.fileno()], [], [], left)
+            while (msg := self.endpoint.try_recv()) is not None:
+                got.append(msg)
+        return got
+
+
+    def worker_recv_all(self, n: int, timeout: float = 10.0) -> list[bytes]:
+        """``n`` frames at the worker's end, serving the executor's end meanwhile (a shard
+        serves its fd, which is how frames that waited for room go out)."""
+        got: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"only {len(got)} of {n} frames arrived"
+            if select.select([self.endpoint.fileno()], [], [], 0)[0]:
+                assert self.endpoint.try_recv() is None
+            frame = self.worker.recv(0.02)
+            if frame is not None:
+                got.append(frame)
+        return got
+
+
+def _on_remove(pair: list[Pair]) -> Callable[[Any], None]:
+    def removed(pipe: Any) -> None:
+        pair[0].removed.append(pipe)
+        pair[0].gone.set()
+
+    return removed
+
+
+def _real(kind: str) -> Pair:
+    holder: list[Pair] = []
+    channel = Channel.listen("127.0.0.1", max_message=MAX, on_connect=lambda pipe: None,
+                             on_remove=_on_remove(holder))
+    name = f"fiberexec-test/{os.getpid()}/{secrets.token_hex(4)}"
+    endpoint = Endpoint(name, channel, on_remove=_on_remove(holder), max_frame=MAX)
+    worker_gone = threading.Event()
+    if kind == "unix":
+        worker = connect(name, endpoint.address, max_frame=MAX,
+                         on_remove=lambda pipe: worker_gone.set())
+    else:
+        worker = dial(endpoint.address, max_frame=MAX, on_remove=lambda pipe: worker_gone.set())
+    assert worker.kind == kind
+    pair = Pair(endpoint, worker, worker_gone=worker_gone)
+    holder.append(pair)
+    return pair
+
+
+def _memory() -> Pair:
+    holder: list[Pair] = []
+    endpoint = MemoryEndpoint(_on_remove(holder))
+    pair = Pair(endpoint, endpoint.connect())
+    holder.append(pair)
+    return pair
+
+
+@pytest.fixture(params=["unix", "nng", "memory"])
+def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
+    made = _memory() if request.param == "memory" else _real(request.param)
+    try:
+        yield made
+    finally:
+        made.worker.close()
+        made.endpoint.close()
+
+
+def _hello(pair: Pair) -> Any:
+    """The worker speaks first (as its Hello does); the executor binds to that peer."""
+    pair.worker.send(b"hello", 10)
+    (msg,) = pair.recv_all(1)
+    assert msg.bytes == b"hello"
+    pair.endpoint.bind(msg.pipe)
+    return msg.pipe
+
+
+def test_frames_from_the_worker_arrive_whole_in_order_from_one_peer(pair: Pair) -> None:
+    frames = [secrets.token_bytes(n) for n in (0, 1, 3, 4, 5, 1000, 70_000, 300_000)] * 3
+    sender = threading.Thread(target=lambda: [pair.worker.send(f, 10) for f in frames])
+    sender.start()  # more than a socket buffer holds: the executor reads meanwhile
+    got = pair.recv_all(len(frames))
+    sender.join(10)
+    assert [m.bytes for m in got] == frames
+    assert len({m.pipe.id for m in got}) == 1
+
+
+def test_frames_to_the_worker_arrive_whole_in_order(pair: Pair) -> None:
+    _hello(pair)
+    frames = [secrets.token_bytes(n) for n in (1, 7, 4096, 200_000)] * 5
+    for frame in frames:
+        pair.endpoint.send_nowait(frame)
+    assert pair.worker_recv_all(len(frames)) == frames
+
+
+def test_fileno_is_readable_exactly_while_a_frame_waits(pair: Pair) -> None:
+    fd = pair.endpoint.fileno()
+    assert pair.endpoint.try_recv() is None  # takes in the connecting peer, if any
+    assert select.select([fd], [], [], 0)[0] == []
+    pair.worker.send(b"x", 10)
+    assert select.select([fd], [], [], 10)[0] == [fd]
+    assert pair.endpoint.try_recv().bytes == b"x"
+    assert pair.endpoint.try_recv() is None
+    assert select.select([fd], [], [], 0.05)[0] == []
+
+
+def test_large_frames_both_ways(pair: Pair) -> None:
+    big = secrets.token_bytes(8 << 20)
+    _hello(pair)
+    pair.endpoint.send_nowait(big)
+    received: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: received.append(pair.worker.recv(30)))
+    reader.start()
+    sender = threading.Thread(target=pair.worker.send, args=(big, 30))
+    sender.start()
+    (msg,) = pair.recv_all(1, timeout=30)  # serving the fd also flushes what waits to go
+    sender.join(30)
+    assert msg.bytes == big
+    deadline = time.monotonic() + 30
+    while reader.is_alive() and time.monotonic() < deadline:
+        select.select([pair.endpoint.fileno()], [], [], 0.05)
+        assert pair.endpoint.try_recv() is None
+    reader.join(1)
+    assert received == [big]
+
+
+def test_executor_sends_never_block_on_a_worker_that_does_not_read(pair: Pair) -> None:
+    """Far more than socket buffers hold: each send returns at once, queued or refused."""
+    _hello(pair)
+    frame = secrets.token_bytes(64 << 10)
+    sent = 0
+    started = time.monotonic()
+    try:
+        for _ in range(400):
+            pair.endpoint.send_nowait(frame)
+            sent += 1
+    except ProtocolError:
+        pass
+    assert time.monotonic() - started < 5
+    assert sent >= 100  # a slow reader is not treated as a dead one
+    assert pair.worker_recv_all(sent, timeout=60) == [frame] * sent  # all of it, in order
+
+
+def test_recv_times_out_with_none(pair: Pair) -> None:
+    started = time.monotonic()
+    assert pair.worker.recv(0.2) is None
+    assert 0.15 <= time.monotonic() - started < 5
+    assert pair.worker.try_recv() is None
+
+
+def test_a_worker_that_hangs_up_is_reported_once(pair: Pair) -> None:
+    pipe = _hello(pair)
+    pair.worker.close()
+    deadline = time.monotonic() + 10
+    while not pair.gone.is_set() and time.monotonic() < deadline:
+        select.select([pair.endpoint.fileno()], [], [], 0.1)
+        pair.endpoint.try_recv()
+    for _ in range(5):  # serving the endpoint more reports nothing more
+        select.select([pair.endpoint.fileno()], [], [], 0.02)
+        assert pair.endpoint.try_recv() is None
+    assert [p.id for p in pair.removed] == [pipe.id]
+
+
+def test_the_worker_learns_when_the_executor_hangs_up(pair: Pair) -> None:
+    _hello(pair)
+    pair.endpoint.close()
+    gone = pair.worker_gone
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not gone.is_set():
+        try:
+            pair.worker.recv(0.1)
+        except LinkClosed:
+            return
+    assert gone.is_set(), "the worker never learned that the executor hung up"
+
+
+def test_sealing_keeps_the_bound_peer_and_refuses_new_ones(pair: Pair) -> None:
+    pipe = _hello(pair)
+    pair.endpoint.seal()
+    pair.endpoint.send_nowait(b"after seal")
+    assert pair.worker.recv(10) == b"after seal"
+    pair.worker.send(b"reply", 10)
+    (msg,) = pair.recv_all(1)
+    assert msg.bytes == b"reply" and msg.pipe.id == pipe.id
+    if isinstance(pair.endpoint, Endpoint) and pair.worker.kind == "unix":
+        with socket.socket(socket.AF_UNIX) as other, pytest.raises(ConnectionRefusedError):
+            other.connect("\0" + pair.endpoint.local_name)
+
+
+# ---------------------------------------------------------------------------- the local link
+
+
+def test_a_worker_elsewhere_falls_back_to_the_network_link() -> None:
+    holder: list[Pair] = []
+    channel = Channel.listen("127.0.0.1", max_message=MAX, on_connect=lambda pipe: None,
+                             on_remove=_on_remove(holder))
+    try:
+        link = connect(f"fiberexec-test/nobody-listens/{secrets.token_hex(4)}", channel.address,
+                       max_frame=MAX, on_remove=lambda pipe: None)
+        try:
+            assert link.kind == "nng"
+        finally:
+            link.close()
+    finally:
+        channel.close()
+
+
+def test_a_local_peer_of_another_user_is_refused() -> None:
+    """SO_PEERCRED: a process of another user cannot even start the handshake."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a process as another user")  # CI runs as root
+    pair = _real("unix")
+    try:
+        pid = os.fork()
+        if pid == 0:  # the other user: connects, then reports what it heard back
+            code = 1
+            try:
+                os.setuid(65534)
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.connect("\0" + pair.endpoint.local_name)
+                    sock.settimeout(10)
+                    code = 0 if sock.recv(10) == b"" else 2  # hung up on at once
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            select.select([pair.endpoint.fileno()], [], [], 0.1)
+            assert pair.endpoint.try_recv() is None
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0, "the connection was not cut"
+                break
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the other user's connection was not closed")
+        assert pair.endpoint.listener is not None and pair.endpoint.listener.refused == 1
+        assert len(pair.endpoint.pipes) == 1  # the pair's own worker only
+    finally:
+        pair.worker.close()
+        pair.endpoint.close()
