@@ -139,7 +139,7 @@ class Endpoint:
     def _accept(self) -> None:
         assert self.listener is not None
         while (sock := self.listener.accept()) is not None:
-            pipe = UnixPipe(sock, self.max_frame)
+            pipe = UnixPipe(sock, self.max_frame, self._drop)
             self.pipes[pipe.fd] = pipe
             self._poll.register(pipe.fd, _IN)
 
@@ -157,10 +157,13 @@ class Endpoint:
         if pipe.closed:
             return
         self.pipes.pop(pipe.fd, None)
-        self._poll.unregister(pipe.fd)
-        pipe.close()
+        if not self.closed:
+            self._poll.unregister(pipe.fd)
+        pipe.shut()
         if self.bound is pipe:
             self.bound = None
+        if self.sealed is pipe:
+            self.sealed = None
         self._on_remove(pipe)
 
     # ------------------------------------------------------------ sending
@@ -204,7 +207,7 @@ class Endpoint:
             return
         self.closed = True
         for pipe in list(self.pipes.values()):
-            pipe.close()
+            pipe.shut()
         self.pipes.clear()
         if self.listener is not None:
             self.listener.close()

@@ -24,6 +24,7 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 
 from fiberexec._errors import LinkClosed, ProtocolError
 
@@ -88,9 +89,14 @@ def framed(frame: bytes) -> list[bytes]:
 
 
 class UnixPipe:
-    """One accepted peer, on the executor's side: non-blocking, with a write queue."""
+    """One accepted peer, on the executor's side: non-blocking, with a write queue.
 
-    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+    ``close()`` (the shard hanging up on a peer) goes through ``on_close``, so the endpoint
+    that watches the socket forgets it first.
+    """
+
+    def __init__(self, sock: socket.socket, max_frame: int,
+                 on_close: Callable[[UnixPipe], None]) -> None:
         self.id = _new_id()
         self.sock = sock
         self.fd = sock.fileno()
@@ -98,6 +104,7 @@ class UnixPipe:
         self.queue: deque[memoryview] = deque()
         self.closed = False
         self.drained = False  # the last read emptied the socket
+        self._on_close = on_close
 
     def read(self) -> list[bytes] | None:
         """The frames that arrived; None once the peer has hung up."""
@@ -160,6 +167,10 @@ class UnixPipe:
         return False
 
     def close(self) -> None:
+        self._on_close(self)
+
+    def shut(self) -> None:
+        """Close the socket (the endpoint's part of `close`)."""
         if not self.closed:
             self.closed = True
             self.queue.clear()

@@ -55,6 +55,7 @@ class WorkerSupervisor:
         self._progress = progress
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
+        self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
         self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
         self._retiring: set[str] = set()
         self._ready: set[str] = set()
@@ -114,6 +115,8 @@ class WorkerSupervisor:
             self._drop(worker_id)
             self.break_executor(f"could not listen for worker {worker_id}: {exc}", exc)
             return
+        with self._lock:
+            self._endpoints[worker_id] = endpoint
         shard.post(ev.Adopt(worker_id, endpoint))
         scheme, rest = endpoint.address.split("://", 1)
         host = self.backend.advertise_host
@@ -146,6 +149,7 @@ class WorkerSupervisor:
     def _drop(self, worker_id: str) -> WorkerHandle | None:
         with self._lock:
             self._placement.pop(worker_id, None)
+            self._endpoints.pop(worker_id, None)
             return self._handles.pop(worker_id, None)
 
     def _spec(self, worker_id: str, address: str, local_address: str) -> WorkerSpec:
@@ -221,6 +225,7 @@ class WorkerSupervisor:
         with self._lock:
             self._handles.pop(worker_id, None)
             self._placement.pop(worker_id, None)
+            self._endpoints.pop(worker_id, None)
             self._ready.discard(worker_id)
             retired = worker_id in self._retiring
             self._retiring.discard(worker_id)
@@ -312,3 +317,8 @@ class WorkerSupervisor:
         for handle in handles:
             self._stop(handle)
         self._launcher.shutdown(wait=True)
+        with self._lock:  # opened after its shard had finished, so never adopted
+            endpoints = list(self._endpoints.values())
+            self._endpoints.clear()
+        for endpoint in endpoints:
+            endpoint.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
+import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,11 @@ class _GatedBackend(LocalBackend):
         super().__init__()
         self.gate = threading.Event()
         self.specs: list[WorkerSpec] = []
+        self.asked = threading.Semaphore(0)  # released as each worker's endpoint is open
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
         self.specs.append(spec)
+        self.asked.release()
         assert self.gate.wait(timeout=60), "the test never opened the gate"
         return super().start_worker(spec)
 
@@ -56,6 +60,8 @@ def test_crafted_pickles_to_every_endpoint_are_never_run(
     backend = _GatedBackend()
     ex = make_executor(2, backend=backend)
     futures = [ex.submit(tasks.square, i) for i in range(10)]
+    for _ in range(2):  # workers start in the background: wait until both endpoints listen
+        assert backend.asked.acquire(timeout=30)
     conns = [conn for s in ex._pool.shards for conn in _conns(s)]  # type: ignore[union-attr]
     assert len(conns) == 2
     marker = tmp_path / "pwned"
@@ -83,12 +89,27 @@ def test_crafted_pickles_to_every_endpoint_are_never_run(
                         handled = rejections.wait_beyond(seen, timeout=10)
                         assert handled, f"{frame[:16]!r} was not rejected"
                         assert dropped.wait(10), "the shard kept a rejected peer connected"
+            for frame in _attacks(marker):
+                if not (_is_hello(frame) and conn.worker_id == "w0"):
+                    _attack_locally(conn.channel.local_name, frame, rejections)
     finally:
         logging.getLogger("fiberexec").removeHandler(rejections)
     backend.gate.set()
     assert [f.result(timeout=60) for f in futures] == [i * i for i in range(10)]
     assert not marker.exists()
-    assert ex.stats().messages_rejected == 2 * len(_attacks(marker)) - 1
+    assert ex.stats().messages_rejected == 2 * len(_attacks(marker)) - 1 + (
+        2 * len(_attacks(marker)) - 1)
+
+
+def _attack_locally(name: str, frame: bytes, rejections: _RejectionLog) -> None:
+    """The same frame through the local link: rejected, and the peer hung up on."""
+    with socket.socket(socket.AF_UNIX) as attacker:
+        attacker.connect("\0" + name)
+        attacker.settimeout(10)
+        seen = rejections.count
+        attacker.sendall(struct.pack("!I", len(frame)) + frame)
+        assert rejections.wait_beyond(seen, timeout=10), f"{frame[:16]!r} was not rejected"
+        assert attacker.recv(100) == b"", "the shard kept a rejected local peer connected"
 
 
 def _is_hello(frame: bytes) -> bool:

@@ -83,7 +83,8 @@ def test_worker_killed_mid_map_costs_nothing(
 
 
 def test_hung_worker_is_replaced(make_executor: ExecutorFactory, tmp_path: Path) -> None:
-    ex = make_executor(2, heartbeat=0.3)
+    """A worker that hangs with its connection open is lost after ``silence_timeout``."""
+    ex = make_executor(2, heartbeat=0.3, silence_timeout=1.0)
     marker = str(tmp_path / "hung")
     results = list(ex.map(tasks.hang_once, [marker] * 20, range(20), timeout=120))
     assert results == list(range(20))

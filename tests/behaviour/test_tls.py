@@ -11,7 +11,7 @@ import pynng
 import pytest
 
 from fiberexec import ConfigurationError, TLSOptions
-from fiberexec._channel import Channel
+from fiberexec._link_nng import Channel
 from fiberexec._tls import client_config
 from tests import tasks
 from tests.conftest import ExecutorFactory
