@@ -1,8 +1,11 @@
 """Stray local workers: worker processes whose executor is gone, found and stopped safely.
 
-A process is a stray worker when it runs ``python -m fiberexec.worker`` in this PID namespace,
-dials a loopback address (the local backend never uses another), and nothing in this network
-namespace listens on that address any more, i.e. its executor is gone. Only such processes are
+A process is a stray worker when it runs ``python -m fiberexec.worker`` (or is forked from the
+worker launcher, ``python -m fiberexec.worker --launcher FD``, whose command line it keeps) in
+this PID namespace and its executor is gone: the executor process its environment names
+(``FIBEREXEC_EXECUTOR_PID``, pid and start time, so a recycled pid is not taken for it) no
+longer runs, or, for a worker that names none, nothing in this network namespace listens on
+the loopback address it dials any more. Only such processes are
 signalled, through a pidfd so a recycled pid is never hit: SIGTERM, then SIGKILL if it has not
 exited within a grace period.
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 from fiberexec.backend import ENV_ADDRESS, ENV_EXECUTOR_ID, ENV_WORKER_ID
 
 PROC = Path("/proc")
+ENV_EXECUTOR_PID = "FIBEREXEC_EXECUTOR_PID"
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 LOOPBACK_HOSTS = ("127.", "[::1]", "localhost")
 
@@ -30,6 +34,7 @@ class LocalWorker:
     executor_id: str
     worker_id: str
     address: str
+    executor_pid: str = ""
 
     @property
     def port(self) -> int | None:
@@ -45,9 +50,27 @@ def _read(path: Path) -> bytes | None:
 
 
 def is_worker_cmdline(argv: list[str]) -> bool:
-    """``<python> -m fiberexec.worker`` and nothing else."""
+    """``<python> -m fiberexec.worker``, maybe with ``--launcher FD``, and nothing else."""
+    if len(argv) == 5 and argv[3] == "--launcher" and argv[4].isdigit():
+        argv = argv[:3]
     return (len(argv) == 3 and "python" in Path(argv[0]).name
             and argv[1:] == ["-m", "fiberexec.worker"])
+
+
+def executor_pid(pid: int) -> str:
+    """``pid:start time``: names a process for as long as it runs, never a later one."""
+    return f"{pid}:{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> str:
+    raw = _read(PROC / str(pid) / "stat") or b""
+    fields = raw.decode(errors="replace").rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else "?"
+
+
+def _executor_alive(named: str) -> bool:
+    pid, _, started = named.partition(":")
+    return pid.isdigit() and _start_time(int(pid)) == started
 
 
 def _worker(pid: int) -> LocalWorker | None:
@@ -56,11 +79,11 @@ def _worker(pid: int) -> LocalWorker | None:
         return None
     environ = _read(PROC / str(pid) / "environ") or b""
     env = dict(e.partition("=")[::2] for e in environ.decode(errors="replace").split("\0") if e)
-    address = env.get(ENV_ADDRESS, "")
-    if not address:
+    address, owner = env.get(ENV_ADDRESS, ""), env.get(ENV_EXECUTOR_PID, "")
+    if not (address or owner):
         return None
     return LocalWorker(pid, env.get(ENV_EXECUTOR_ID, ""),
-                       env.get(ENV_WORKER_ID, ""), address)
+                       env.get(ENV_WORKER_ID, ""), address, owner)
 
 
 def _same_namespace(pid: int, kind: str) -> bool:
@@ -92,6 +115,8 @@ def listening_ports() -> set[int]:
 
 
 def is_stray(worker: LocalWorker, listening: set[int]) -> bool:
+    if worker.executor_pid:
+        return not _executor_alive(worker.executor_pid)
     host = worker.address.removeprefix("tcp://")
     return (host.startswith(LOOPBACK_HOSTS) and worker.port is not None
             and worker.port not in listening and _same_namespace(worker.pid, "net"))

@@ -29,10 +29,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from fiberexec.backend import (
+    ENV_EXECUTOR_ID,
+    ENV_LOCAL_ADDRESS,
+    WORKER_COMMAND,
     Backend,
     ConfigurationError,
     ExitListener,
     ExitWatch,
+    ForkedProcess,
+    Launcher,
+    LauncherError,
     MasterRequest,
     PermanentBackendError,
     Probe,
@@ -43,7 +49,7 @@ from fiberexec.backend import (
     WorkerStatus,
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
-from fiberexec.backends._local_stray import remove_stray_local
+from fiberexec.backends._local_stray import ENV_EXECUTOR_PID, executor_pid, remove_stray_local
 
 #: Runs first in a memory-limited worker's process: set the limit (within any hard limit the
 #: process already has), then become the worker program (the pid and the limit survive exec).
@@ -62,6 +68,11 @@ os.execvp(sys.argv[2], sys.argv[2:])
 #: chooses; under an address-space limit that makes what fits depend on luck, so a
 #: memory-limited worker has one arena unless its environment says otherwise.
 _ARENAS = "MALLOC_ARENA_MAX"
+
+
+def _executor_pid() -> str:
+    """This process, as its workers name it (for ``fiberexec cleanup``: see _local_stray)."""
+    return executor_pid(os.getpid())
 
 
 def _address_space_limited(command: list[str], memory: int | None) -> list[str]:
@@ -100,10 +111,15 @@ class LocalBackend(Backend):
     }
     shares_python = True
 
-    def __init__(self, *, capture_output: bool = False, python: str | None = None) -> None:
+    def __init__(self, *, capture_output: bool = False, python: str | None = None,
+                 launcher: bool = True) -> None:
         self.capture_output = capture_output
         self.python = python or sys.executable
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.use_launcher = launcher
+        self._launcher: Launcher | None = None
+        self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
+        self._forked: dict[int, str] = {}  # pid of a forked worker -> its worker id
+        self._spawning = 0  # forks asked of the launcher and not yet recorded
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._lock = threading.Lock()
         self._logdir: Path | None = None
@@ -111,11 +127,18 @@ class LocalBackend(Backend):
         self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        env = {**os.environ, **spec.env, **spec.secret_env}
+        if ENV_LOCAL_ADDRESS in spec.env:  # an executor's worker: it names that executor
+            env[ENV_EXECUTOR_PID] = _executor_pid()
+        if self._forks(spec):
+            return self._fork_worker(spec, env)
+        return self._spawn_worker(spec, env)
+
+    def _spawn_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
         command = list(spec.command)
         if command[:1] == ["python"]:
             command[0] = self.python
         command = _address_space_limited(command, spec.resources.memory)
-        env = {**os.environ, **spec.env, **spec.secret_env}
         if spec.resources.memory is not None:
             env.setdefault(_ARENAS, "1")
         output = self._output(spec.worker_id)
@@ -148,6 +171,54 @@ class LocalBackend(Backend):
         self._reaper.add(spec.worker_id, pidfd, proc)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
+    def _forks(self, spec: WorkerSpec) -> bool:
+        """Fork from the launcher: an executor's worker program (its process names its
+        executor, as ``fiberexec cleanup`` needs), no address-space limit (a forked child
+        keeps the launcher's malloc arenas, so the limit would fit by luck)."""
+        return (self.use_launcher and tuple(spec.command) == WORKER_COMMAND
+                and ENV_LOCAL_ADDRESS in spec.env and spec.resources.memory is None)
+
+    def _fork_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
+        log = None
+        if self.capture_output:
+            log = str(self._log_path(spec.worker_id))
+        launcher = self._the_launcher(spec.executor_id)  # counts this fork as under way
+        try:
+            proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
+                                  log=log)
+        except LauncherError as exc:
+            with self._lock:
+                self._spawning -= 1
+            self._close_idle_launcher()
+            raise TransientBackendError(f"cannot start worker {spec.worker_id}: {exc}") from exc
+        with self._lock:
+            self._spawning -= 1
+            self._procs[spec.worker_id] = proc
+            self._forked[proc.pid] = spec.worker_id
+        if proc.poll() is not None:  # exited before it was recorded: report it now
+            self._exited(spec.worker_id)
+        return WorkerHandle(spec.worker_id, str(proc.pid))
+
+    def _the_launcher(self, executor_id: str) -> Launcher:
+        with self._lock:
+            if self._launcher is None:
+                env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(),
+                       ENV_EXECUTOR_ID: executor_id}
+                try:
+                    self._launcher = Launcher(self.python, env, self._fork_exited)
+                except FileNotFoundError as exc:
+                    raise PermanentBackendError(
+                        f"cannot start the worker launcher: {self.python!r} not found; "
+                        "pass python= to LocalBackend") from exc
+            self._spawning += 1
+            return self._launcher
+
+    def _fork_exited(self, proc: ForkedProcess) -> None:
+        with self._lock:
+            worker_id = self._forked.pop(proc.pid, None)
+        if worker_id is not None:
+            self._exited(worker_id)
+
     def _exit_status(self, worker_id: str, code: int) -> WorkerStatus:
         """An exit; one with Python's error status under a memory limit says what may be why."""
         memory = self._memory.get(worker_id)
@@ -161,9 +232,12 @@ class LocalBackend(Backend):
     def _output(self, worker_id: str) -> int | None:
         if not self.capture_output:
             return None
+        return os.open(self._log_path(worker_id), os.O_WRONLY | os.O_CREAT, 0o600)
+
+    def _log_path(self, worker_id: str) -> Path:
         if self._logdir is None:
             self._logdir = Path(tempfile.mkdtemp(prefix="fiberexec-logs-"))
-        return os.open(self._logdir / f"{worker_id}.log", os.O_WRONLY | os.O_CREAT, 0o600)
+        return self._logdir / f"{worker_id}.log"
 
     def status(self, handle: WorkerHandle) -> WorkerStatus:
         proc = self._procs.get(handle.worker_id)
@@ -188,6 +262,16 @@ class LocalBackend(Backend):
             except subprocess.TimeoutExpired:
                 proc.kill()
         proc.wait(timeout=10)  # reap: no zombie survives stop()
+        self._close_idle_launcher()
+
+    def _close_idle_launcher(self) -> None:
+        """No worker left and none being forked: the launcher goes too (a backend the user
+        passed in outlives its executors, and leaves no process behind them)."""
+        with self._lock:
+            if self._procs or self._spawning or self._launcher is None:
+                return
+            launcher, self._launcher = self._launcher, None
+        launcher.close()
 
     def signal(self, handle: WorkerHandle, sig: int) -> None:
         """Send ``sig`` to the worker process (nothing if it already exited)."""
@@ -235,6 +319,10 @@ class LocalBackend(Backend):
         for handle in self._exit_watch.clear():
             self.stop(handle, grace=0.5)
         self._reaper.close()
+        with self._lock:
+            launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            launcher.close()
         if self._logdir is not None:
             shutil.rmtree(self._logdir, ignore_errors=True)
 

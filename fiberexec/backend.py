@@ -3,7 +3,8 @@
 Register the subclass under the ``fiberexec.backends`` entry-point group to make it available
 by name (``FiberExecutor(backend="mine")``). A backend imports only this module from fiberexec:
 everything an adapter needs (the spec and status types, the error tree it translates into,
-the worker program's contract, `ExitWatch` to report each exit once, the optional
+the worker program's contract, `ExitWatch` to report each exit once, `Launcher` to fork
+workers on one host from a process that imported the worker program once, the optional
 capabilities of the ``fiberexec`` command) is here. ``fiberexec.testing`` checks a backend
 against the seam's contract.
 """
@@ -37,6 +38,7 @@ from fiberexec._contract import (
     ENV_ADDRESS,
     ENV_CONNECT_TIMEOUT,
     ENV_EXECUTOR_ID,
+    ENV_LOCAL_ADDRESS,
     ENV_SECRET,
     ENV_WORKER_ID,
     WORKER_COMMAND,
@@ -48,6 +50,7 @@ from fiberexec._errors import (
     PermanentBackendError,
     TransientBackendError,
 )
+from fiberexec._launcher import ForkedProcess, Launcher, LauncherError
 from fiberexec._registry import (
     available_backends,
     backend_class,
@@ -62,6 +65,7 @@ __all__ = [
     "ENV_ADDRESS",
     "ENV_CONNECT_TIMEOUT",
     "ENV_EXECUTOR_ID",
+    "ENV_LOCAL_ADDRESS",
     "ENV_SECRET",
     "ENV_WORKER_ID",
     "EXECUTOR_LABEL",
@@ -76,6 +80,9 @@ __all__ = [
     "ExitListener",
     "ExitWatch",
     "FiberExecError",
+    "ForkedProcess",
+    "Launcher",
+    "LauncherError",
     "MasterRequest",
     "PermanentBackendError",
     "Probe",

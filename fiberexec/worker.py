@@ -408,7 +408,18 @@ def _adopt_authkey(environ: dict[str, str]) -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m fiberexec.worker``."""
+    """Entry point of ``python -m fiberexec.worker``; with ``--launcher FD``, the forking
+    launcher (`fiberexec._launcher`), whose forked children each call `run`."""
+    if sys.argv[1:2] == ["--launcher"]:
+        from fiberexec import _launcher
+
+        _launcher.serve(int(sys.argv[2]))
+        return
+    run()
+
+
+def run() -> None:
+    """Be a worker: configured by the environment, until the executor lets go."""
     try:
         config = _Config(dict(os.environ))
     except KeyError as exc:

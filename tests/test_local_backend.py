@@ -10,6 +10,8 @@ import contextlib
 import os
 import queue
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 
@@ -123,3 +125,73 @@ def test_a_worker_that_cannot_start_under_its_limit_says_why() -> None:
     assert status.exit_code == 1
     assert status.reason is not None
     assert "memory=33554432 bytes (RLIMIT_AS)" in status.reason and "raise memory=" in status.reason
+
+
+# -- the forking launcher ----------------------------------------------------------------------
+LAUNCHED = """
+import os, sys, time
+from fiberexec import FiberExecutor
+from tests import tasks
+ex = FiberExecutor(3)
+futures = [ex.submit(tasks.sleep_return, 0.5, i) for i in range(3)]
+pids = {ex.submit(os.getpid).result(timeout=60) for _ in range(30)}
+print(" ".join(map(str, sorted(pids))), flush=True)
+time.sleep(600)
+"""
+
+
+def _executor_program() -> tuple[subprocess.Popen[str], list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHED], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.stdout is not None
+    return proc, [int(pid) for pid in proc.stdout.readline().split()]
+
+
+def test_workers_are_forked_from_one_launcher_and_go_with_a_killed_executor() -> None:
+    import psutil
+
+    executor, pids = _executor_program()
+    try:
+        workers = [psutil.Process(pid) for pid in pids]
+        assert pids and len({w.ppid() for w in workers}) == 1  # one parent for all
+        launcher = workers[0].parent()
+        assert launcher is not None and launcher.ppid() == executor.pid
+        assert "--launcher" in launcher.cmdline() and launcher.cmdline()[1:3] == [
+            "-m", "fiberexec.worker"]
+        executor.kill()  # no shutdown: connections close, the launcher's socket closes
+        executor.wait(timeout=30)
+        _gone, alive = psutil.wait_procs([launcher, *workers], timeout=15)
+        assert not alive, f"left running after the executor was killed: {alive}"
+    finally:
+        if executor.poll() is None:
+            executor.kill()
+        executor.communicate(timeout=30)
+
+
+def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
+    """A worker that could not notice its executor's end (stopped) is found by its executor
+    pid, though its command line and environment are the launcher's."""
+    from fiberexec.backends import _local_stray
+
+    executor, pids = _executor_program()
+    try:
+        os.kill(pids[0], signal.SIGSTOP)  # cannot read its closed connection
+        live = [w for w in _local_stray.local_workers() if w.pid == pids[0]]
+        assert live and not _local_stray.is_stray(live[0], _local_stray.listening_ports())
+        executor.kill()
+        executor.wait(timeout=30)
+        strays = [w for w in _local_stray.stray_local_workers() if w.pid == pids[0]]
+        assert len(strays) == 1
+        assert _local_stray.terminate(strays[0], grace=0.5)
+        assert not os.path.exists(f"/proc/{pids[0]}") or _zombie(pids[0])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
+        if executor.poll() is None:
+            executor.kill()
+        executor.communicate(timeout=30)
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"

@@ -23,18 +23,35 @@ def descendants_running(program: str) -> list[psutil.Process]:
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This process's descendants that run the worker program."""
-    return descendants_running("fiberexec.worker")
+    """This process's descendants that run the worker program (not the launchers they were
+    forked from, whose command line they share)."""
+    running = descendants_running("fiberexec.worker")
+    launchers = {p.pid for p in launcher_processes(running)}
+    return [p for p in running if p.pid not in launchers]
+
+
+def launcher_processes(running: list[psutil.Process] | None = None) -> list[psutil.Process]:
+    """The worker launchers among this process's descendants."""
+    running = descendants_running("fiberexec.worker") if running is None else running
+    return [p for p in running if _is_launcher(p)]
+
+
+def _is_launcher(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        if "--launcher" in proc.cmdline():
+            parent = proc.parent()
+            return parent is None or "--launcher" not in parent.cmdline()
+    return False
 
 
 def _leaks() -> list[str]:
-    procs = worker_processes()
+    procs = descendants_running("fiberexec.worker")  # workers and launchers
     if procs:  # workers exit within moments of shutdown(wait=False); give them that, bounded
         _, procs = psutil.wait_procs(procs, timeout=5)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    return [f"worker process {p.pid}" for p in procs]
+    return [f"worker or launcher process {p.pid}" for p in procs]
 
 
 @contextlib.contextmanager

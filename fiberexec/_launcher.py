@@ -1,0 +1,284 @@
+"""The forking launcher: workers start at fork's pace and share the launcher's pages.
+
+Backends that start several workers on one host use it through `fiberexec.backend` (the
+local backend does). One launcher process per backend imports the worker program once (and
+the modules named in ``FIBEREXEC_PRELOAD``), then forks each worker from itself, as the
+standard library's forkserver does: a worker starts in milliseconds, shares the launcher's
+memory pages, and nothing is forked from the user's own process (its threads and locks
+stay where they are).
+
+    executor (a backend)                         launcher: python -m fiberexec.worker --launcher
+    Launcher.spawn --("spawn", env, ...)-->      fork -> child: setsid, env, cwd, limits,
+               <--("spawned", pid) + pidfd--             fiberexec.worker.run()
+    reader thread <--("exited", pid, code)--     SIGCHLD -> waitpid -> report
+
+The two talk over a private ``SOCK_SEQPACKET`` socket pair (one message per datagram, the
+child's pidfd passed along, so a signal never reaches a recycled pid). When the executor
+goes, the launcher's socket closes and it exits; its workers leave on their own as their
+connections to the executor close. A forked worker's command line is the launcher's, so
+process listings and ``fiberexec cleanup`` still see ``python -m fiberexec.worker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
+LAUNCHER_FLAG = "--launcher"
+MAX_MESSAGE = 1 << 20
+SPAWN_TIMEOUT = 30.0
+
+
+class LauncherError(OSError):
+    """The launcher could not fork a worker, or is gone."""
+
+
+class ForkedProcess:
+    """A worker forked by the launcher, with the parts of `subprocess.Popen` the backend uses."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._pidfd = pidfd
+        self.returncode: int | None = None
+        self._exited = threading.Event()
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with self._lock:
+            if self.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def exited(self, code: int) -> None:
+        with self._lock:
+            self.returncode = code
+            os.close(self._pidfd)
+        self._exited.set()
+
+
+class Launcher:
+    """The executor's side: starts the launcher process, asks it for workers, hears exits."""
+
+    def __init__(self, python: str, env: Mapping[str, str],
+                 on_exit: Callable[[ForkedProcess], None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        self._on_exit = on_exit
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-m", "fiberexec.worker", LAUNCHER_FLAG, str(theirs.fileno())],
+                env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True)
+        finally:
+            theirs.close()
+        self._replies: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._children: dict[int, ForkedProcess] = {}
+        self._lock = threading.Lock()  # one spawn at a time: replies come back in order
+        self._reader = threading.Thread(target=self._read, name="fiberexec-local-launcher",
+                                        daemon=True)
+        self._reader.start()
+
+    def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
+              log: str | None) -> ForkedProcess:
+        request = pickle.dumps(("spawn", dict(env), cwd, memory, log))
+        with self._lock:
+            try:
+                self._sock.send(request)
+            except OSError as exc:
+                raise LauncherError(f"the worker launcher is gone: {exc}") from None
+            try:
+                reply = self._replies.get(timeout=SPAWN_TIMEOUT)
+            except queue.Empty:
+                raise LauncherError(
+                    f"the worker launcher did not answer within {SPAWN_TIMEOUT:g}s") from None
+        if reply[0] != "spawned":
+            raise LauncherError(f"the worker launcher could not fork: {reply[1]}")
+        return reply[1]  # type: ignore[no-any-return]
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, MAX_MESSAGE, 1)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._replies.put(("gone", "the launcher exited"))
+                self._all_exited()
+                return
+            self._on_message(pickle.loads(data), fds)
+
+    def _on_message(self, message: tuple[Any, ...], fds: list[int]) -> None:
+        match message:
+            case ("spawned", pid):
+                child = ForkedProcess(pid, fds[0])
+                self._children[pid] = child
+                self._replies.put(("spawned", child))
+            case ("failed", why):
+                self._replies.put(("failed", why))
+            case ("exited", pid, code):
+                gone = self._children.pop(pid, None)
+                if gone is not None:
+                    gone.exited(code)
+                    self._on_exit(gone)
+
+    def _all_exited(self) -> None:
+        """The launcher is gone (killed?): its children are reported by their pidfds."""
+        for pid, child in list(self._children.items()):
+            threading.Thread(target=self._await_pidfd, args=(pid, child), daemon=True).start()
+
+    def _await_pidfd(self, pid: int, child: ForkedProcess) -> None:
+        try:
+            select.select([child._pidfd], [], [])  # readable once the process is gone
+        except (OSError, ValueError):
+            pass
+        self._children.pop(pid, child)
+        child.exited(-signal.SIGKILL)  # its status went to the launcher, which is gone
+        self._on_exit(child)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout)
+
+
+# ---------------------------------------------------------------------------- the launcher
+
+
+def serve(fd: int) -> None:
+    """The launcher process: fork a worker per request until the executor hangs up."""
+    sock = socket.socket(fileno=fd)
+    _preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the poll through the pipe
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == wake_r:
+                os.read(wake_r, 4096)
+                _reap(sock)
+            elif not _serve_one(sock, (wake_r, wake_w)):
+                os._exit(0)
+
+
+def _preload() -> None:
+    import importlib
+
+    import fiberexec.worker  # noqa: F401  # what every worker runs: imported once, here
+
+    for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
+        try:
+            importlib.import_module(name.strip())
+        except Exception as exc:  # a worker imports it again, and reports the error there
+            print(f"fiberexec launcher: cannot preload {name!r}: {exc!r}", file=sys.stderr)
+
+
+def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
+    data = sock.recv(MAX_MESSAGE)
+    if not data:
+        return False
+    _tag, *request = pickle.loads(data)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        sock.send(pickle.dumps(("failed", repr(exc))))
+        return True
+    if pid == 0:
+        _become_worker(sock, pipe, *request)
+    pidfd = os.pidfd_open(pid)
+    try:
+        socket.send_fds(sock, [pickle.dumps(("spawned", pid))], [pidfd])
+    finally:
+        os.close(pidfd)
+    return True
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        with contextlib.suppress(OSError):
+            sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+
+
+def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, str],  # noqa: PLR0917
+                   cwd: str, memory: int | None, log: str | None) -> None:
+    """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
+    code = 0
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        for fd in pipe:
+            os.close(fd)
+        os.setsid()
+        if log is not None:
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        if memory is not None:
+            _limit_address_space(memory)
+        from fiberexec import worker
+
+        worker.run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _limit_address_space(memory: int) -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory if hard == resource.RLIM_INFINITY else min(memory, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
