@@ -53,6 +53,10 @@ class Conn:
         self.created = now  # on the shard's clock
         self.last_recv = self.last_sent = self.idle_since = self.created
         self.deadline = 0.0  # when DISCONNECTED: stop waiting for the exit status
+        self.head_since = now  # when the first task it holds started (about: sent or freed)
+        self.overstaying = False  # its first task outran its estimate: queue nothing behind
+        self.revoking = False  # asked to give back tasks it has not started
+        self.allowance = 1  # tasks it may hold behind the one it runs (see admits)
 
     @property
     def pipe_id(self) -> int | None:
@@ -67,6 +71,10 @@ class Conn:
         one more, or as many known short tasks as fit in its window (`WINDOW_TIME` plus two
         round trips); behind a long one, nothing. So no task waits behind a slow one while
         another worker could run it, and a future is marked running shortly before it runs.
+
+        Estimates are per function, and arguments change durations: so the number of tasks
+        sent ahead also starts small and doubles with each batch of results that came back
+        as estimated (slow start), and falls back to one when a task outran its estimate.
         """
         if self.state is not State.READY:
             return False
@@ -75,11 +83,21 @@ class Conn:
         held = len(self.inflight)
         if held == 0:
             return True
-        if estimate is None or self.unknown:
+        if estimate is None or self.unknown or self.overstaying:
+            return False
+        if held > self.allowance:
             return False
         if held == 1:
             return self.load < LONG_TASK
         return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= self.window
+
+    def confirmed(self) -> None:
+        """Results came back as estimated: it may hold twice as many ahead."""
+        self.allowance = min(MAX_WINDOW, 2 * self.allowance)
+
+    def outran(self) -> None:
+        """A task ran far longer than estimated: queue nothing behind it, start small again."""
+        self.overstaying, self.allowance = True, 1
 
     def measured_rtt(self, seconds: float) -> None:
         """The handshake's round trip: a far worker holds more, so it never waits for work."""

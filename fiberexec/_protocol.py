@@ -14,6 +14,8 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | -- Results(results) ---------->  |   completions return credit
       | <-> Heartbeat                   |   sent when nothing else is; `Setup.silence` of
       |                                 |   silence means the peer is gone
+      | <-- Revoke(task_ids) ---------  |   give back tasks not started yet (for idle workers)
+      | -- Revoked(task_ids) --------->  |   the ones it gave back (it runs the others)
       | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
 
 A payload (pickle stream + out-of-band buffers) travels inline, or, between processes that
@@ -58,6 +60,8 @@ class Kind(enum.IntEnum):
     BYE = 8
     INIT_FAILED = 9
     INITIALIZED = 10
+    REVOKE = 11
+    REVOKED = 12
 
 
 class Status(enum.IntEnum):
@@ -140,8 +144,22 @@ class Initialized:
     """The worker's initializer returned (a shutdown lets it finish, as the stdlib's does)."""
 
 
+@dataclass(frozen=True)
+class Revoke:
+    """Tasks the executor wants back if they have not started (another worker is idle)."""
+
+    task_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """The tasks given back unstarted: the worker will not run them."""
+
+    task_ids: Sequence[int]
+
+
 Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
-           | Initialized)
+           | Initialized | Revoke | Revoked)
 
 
 @dataclass
@@ -260,6 +278,11 @@ def _enc_empty(w: _Writer, m: Heartbeat | Initialized) -> None:
     pass
 
 
+def _enc_ids(w: _Writer, m: Revoke | Revoked) -> None:
+    w.pack("!I", len(m.task_ids))
+    w.parts.append(struct.pack(f"!{len(m.task_ids)}Q", *m.task_ids))
+
+
 def _enc_bye(w: _Writer, m: Bye) -> None:
     w.text(m.reason)
 
@@ -285,6 +308,8 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     Bye: (Kind.BYE, _enc_bye),  # type: ignore[dict-item]
     InitFailed: (Kind.INIT_FAILED, _enc_init_failed),  # type: ignore[dict-item]
     Initialized: (Kind.INITIALIZED, _enc_empty),  # type: ignore[dict-item]
+    Revoke: (Kind.REVOKE, _enc_ids),  # type: ignore[dict-item]
+    Revoked: (Kind.REVOKED, _enc_ids),  # type: ignore[dict-item]
 }
 
 # ---------------------------------------------------------------------------- decoding
@@ -433,6 +458,11 @@ def _dec_results(r: _Reader) -> Results:
     return Results(results)
 
 
+def _dec_ids(r: _Reader) -> list[int]:
+    n = r.count(8)
+    return list(struct.unpack(f"!{n}Q", r.take(8 * n)))
+
+
 _STATUSES = {int(s): s for s in Status}
 
 
@@ -447,4 +477,6 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.BYE: lambda r: Bye(r.text()),
     Kind.INIT_FAILED: lambda r: InitFailed(r.payload()),
     Kind.INITIALIZED: lambda r: Initialized(),
+    Kind.REVOKE: lambda r: Revoke(_dec_ids(r)),
+    Kind.REVOKED: lambda r: Revoked(_dec_ids(r)),
 }

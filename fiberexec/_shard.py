@@ -35,7 +35,7 @@ from fiberexec import _auth, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._backend import WorkerHandle, WorkerStatus
-from fiberexec._conn import Conn, State
+from fiberexec._conn import LONG_TASK, Conn, State
 from fiberexec._errors import (
     AuthenticationError,
     PicklingError,
@@ -56,6 +56,7 @@ from fiberexec._task import WorkItem, function_key, settle
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
 STEAL_MIN = 8
+REVOKE_SCAN = 0.005  # seconds between looks for a worker holding tasks another could run
 EXIT_START_GRACE = 5.0  # at interpreter exit, seconds to wait for a first worker to connect
 ESTIMATES_MAX = 4096  # functions whose run times are remembered
 
@@ -100,6 +101,8 @@ class Shard:
         self.estimates: dict[str, float] = {}  # function key -> smoothed run time, seconds
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
+        self.moved = 0  # tasks given back unstarted by a worker, for a free one
+        self._next_revoke_scan = 0.0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
         )
@@ -232,8 +235,11 @@ class Shard:
         elif isinstance(message, p.InitFailed):
             conn.initializing = False
             self._on_init_failed(conn, message.error)
+        elif isinstance(message, p.Revoked):
+            self._on_revoked(conn, message.task_ids)
 
-    def _on_results(self, conn: Conn, results: Iterable[p.Result]) -> None:
+    def _on_results(self, conn: Conn, results: Sequence[p.Result]) -> None:
+        late = False
         for result in results:
             item = conn.inflight.pop(result.task_id, None)
             if item is None:
@@ -242,6 +248,8 @@ class Shard:
                             conn.worker_id, result.task_id)
                 continue
             conn.release(item.cost)
+            conn.head_since = self.clock()  # the next one it holds starts now
+            late = late or result.runtime > max(LONG_TASK, 2 * self.estimates.get(item.key, 0))
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
@@ -249,6 +257,12 @@ class Shard:
                 self.done += 1
             else:
                 self.failed += 1
+        conn.overstaying = False
+        if late:
+            conn.outran()
+            conn.overstaying = False  # what it holds now may be short again
+        else:
+            conn.confirmed()
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
             if not conn.inflight:
@@ -256,6 +270,45 @@ class Shard:
         if not conn.inflight:
             conn.idle_since = self.clock()
         self.lifecycle.progress()
+
+    def _on_revoked(self, conn: Conn, task_ids: Iterable[int]) -> None:
+        """Tasks the worker gave back unstarted go to the head of the queue, in order."""
+        conn.revoking = False
+        items = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
+        for item in items:
+            conn.release(item.cost)
+        self.queue.extendleft(reversed(items))
+        self.moved += len(items)
+        if conn.state is State.READY:
+            self.hungry[conn.worker_id] = conn
+            if not conn.inflight:
+                self.idle[conn.worker_id] = conn
+
+    def _maybe_revoke(self) -> None:
+        """A worker idles while another holds tasks it has not started behind a long one
+        (known long, or outrunning its estimate): ask for those back, for whoever is free."""
+        now = self.clock()
+        if now < self._next_revoke_scan:
+            return
+        self._next_revoke_scan = now + REVOKE_SCAN
+        victim = max(self.conns.values(), default=None,
+                     key=lambda c: len(c.inflight) if self._hoards(c, now) else 0)
+        if victim is None or not self._hoards(victim, now):
+            return
+        head, *tail = victim.inflight.values()
+        running = now - victim.head_since
+        if running > self.estimates.get(head.key, 0.0):  # what it learned meanwhile
+            self.estimates[head.key] = running
+        victim.revoking = True
+        victim.outran()
+        self._send(victim, p.Revoke([item.task_id for item in tail]))
+
+    def _hoards(self, conn: Conn, now: float) -> bool:
+        if conn.state is not State.READY or conn.revoking or len(conn.inflight) < 2:
+            return False
+        head = next(iter(conn.inflight.values()))
+        expected = self.estimates.get(head.key, 0.0)
+        return expected >= LONG_TASK or now - conn.head_since > max(LONG_TASK, 2 * expected)
 
     def _observe(self, key: str, runtime: float) -> None:
         estimates = self.estimates
@@ -453,6 +506,8 @@ class Shard:
     def _dispatch(self) -> None:
         if not self.queue:
             self._maybe_steal()
+            if self.idle:
+                self._maybe_revoke()
             return
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))
@@ -509,6 +564,8 @@ class Shard:
             tasks.append(p.Task(item.task_id, index[fn_id], args))
             items.append(item)
         if tasks:
+            if len(conn.inflight) == len(tasks):  # it held nothing: the first starts now
+                conn.head_since = self.clock()
             self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks), items)
 

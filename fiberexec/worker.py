@@ -81,6 +81,7 @@ class Worker:
         self.stopping = False
         self.last_heard = time.monotonic()
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
+        self._tasks_lock = threading.Lock()  # the main thread takes, a revoke gives back
         self._last_check = 0.0
         self.outbox = Outbox(self._send_frame, watch=self.check_executor)
 
@@ -201,8 +202,19 @@ class Worker:
         if isinstance(message, p.Tasks):
             functions = _Functions(message.functions)
             self.tasks.extend((t, functions) for t in message.tasks)
+        elif isinstance(message, p.Revoke):
+            self._give_back(set(message.task_ids))
         elif isinstance(message, p.Bye):
             self.stopping = True
+
+    def _give_back(self, wanted: set[int]) -> None:
+        """Hand back the wanted tasks this worker has not started (it runs the rest)."""
+        with self._tasks_lock:
+            kept = [entry for entry in self.tasks if entry[0].task_id not in wanted]
+            given = [entry[0].task_id for entry in self.tasks if entry[0].task_id in wanted]
+            self.tasks.clear()
+            self.tasks.extend(kept)
+        self.outbox.send(p.Revoked(given))
 
     def _on_disconnect(self, _pipe: object) -> None:
         self._executor_gone("the connection to the executor closed")
@@ -222,7 +234,11 @@ class Worker:
                 outbox.flush()
                 self.receive(block=True)
                 continue
-            result = self._run(*self.tasks.popleft())
+            with self._tasks_lock:
+                if not self.tasks:
+                    continue
+                task = self.tasks.popleft()
+            result = self._run(*task)
             done += 1
             if self.max_tasks and done >= self.max_tasks:
                 outbox.add(result, alone=True, slow=True)
@@ -269,7 +285,8 @@ class Outbox:
         self._send_frame = send_frame
         self.shm = shm
         self._watch = watch  # called on every wake of the timer thread
-        self._cond = threading.Condition(threading.Lock())
+        # Reentrant: the timer thread, holding it, may take in a Revoke and answer it.
+        self._cond = threading.Condition(threading.RLock())
         self._results: list[p.Result] = []
         self._nbytes = 0
         self._since: float | None = None  # when the oldest held result was added

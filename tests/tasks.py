@@ -165,3 +165,9 @@ def address_space_limit(_: object = None) -> tuple[int, int]:
 
 def getenv(name: str) -> str | None:
     return os.environ.get(name)
+
+
+def sleep_pid(seconds: float) -> int:
+    """Sleep, then say which worker process ran the task."""
+    time.sleep(seconds)
+    return os.getpid()

@@ -39,6 +39,8 @@ messages = st.one_of(
     ),
     st.just(p.Heartbeat()),
     st.builds(p.Bye, texts),
+    st.builds(p.Revoke, st.lists(st.integers(0, 2**64 - 1), max_size=20)),
+    st.builds(p.Revoked, st.lists(st.integers(0, 2**64 - 1), max_size=20)),
     st.builds(p.InitFailed, payloads),
     st.just(p.Initialized()),
 )

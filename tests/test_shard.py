@@ -246,27 +246,47 @@ def test_a_task_of_unknown_length_goes_only_to_a_worker_holding_nothing(bench: A
     assert len(b.shard.queue) == 3
 
 
-def test_known_short_tasks_fill_the_time_window(bench: Any) -> None:
+def _held_per_round(b: Bench, worker: str, rounds: int) -> list[int]:
+    """How many tasks ``worker`` is sent each time it answers all it holds."""
+    sent, sizes = b.tasks_sent(worker), []
+    for _ in range(rounds):
+        b.answer(worker, sent, runtime=SHORT)
+        b.step()
+        sent = b.tasks_sent(worker)
+        sizes.append(len(sent))
+    return sizes
+
+
+def test_known_short_tasks_fill_the_time_window_after_a_slow_start(bench: Any) -> None:
     b = bench()
     b.connect("w0")
     b.submit(job, 100)
     b.step()
-    [first] = b.tasks_sent("w0")
-    b.answer("w0", [first], runtime=SHORT)
-    b.step()
-    held = b.tasks_sent("w0")
-    assert len(held) == int(WINDOW_TIME / SHORT)  # 2 ms of 244 us tasks: 8
-    assert held == list(range(first + 1, first + 1 + len(held)))  # in submission order
+    first = b.shard.conns["w0"].dispatched
+    sizes = _held_per_round(b, "w0", 5)
+    assert sizes[0] == 3  # one batch came back as estimated: two may wait behind the next
+    assert sizes == sorted(sizes)  # doubling with each batch as estimated...
+    assert sizes[-1] == int(WINDOW_TIME / SHORT)  # ...up to 2 ms of 244 us tasks: 8
+    assert first == 1
 
 
 def test_a_far_worker_holds_two_round_trips_more(bench: Any) -> None:
     b = bench()
     b.connect("w0", rtt=0.004)
+    b.submit(job, 400)
+    b.step()
+    assert _held_per_round(b, "w0", 8)[-1] == int((WINDOW_TIME + 2 * 0.004) / SHORT)  # 40
+
+
+def test_a_task_that_outruns_its_estimate_starts_the_slow_start_over(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
     b.submit(job, 100)
     b.step()
-    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+    assert _held_per_round(b, "w0", 4)[-1] == 8
+    b.answer("w0", list(b.shard.conns["w0"].inflight), runtime=0.5)  # arguments made them long
     b.step()
-    assert len(b.tasks_sent("w0")) == int((WINDOW_TIME + 2 * 0.004) / SHORT)  # 40
+    assert len(b.tasks_sent("w0")) == 1  # its estimate is long now: one at a time
 
 
 def test_nothing_is_queued_behind_a_known_long_task(bench: Any) -> None:
@@ -357,7 +377,7 @@ def test_a_lost_worker_charges_only_the_task_it_was_running(bench: Any) -> None:
     assert b.life.named("gone") == [("gone", "w0", True)]
     b.connect("w1")
     b.step()
-    assert b.tasks_sent("w1") == [i.task_id for i in items]
+    assert b.tasks_sent("w1") == [i.task_id for i in items[:2]]  # slow start: one ahead
 
 
 def test_a_task_out_of_retries_fails_naming_how_its_worker_ended(bench: Any) -> None:
@@ -495,3 +515,29 @@ def test_shutdown_with_cancel_keeps_what_the_stdlib_call_queue_would_run(bench: 
     b.step()
     assert [i.future.cancelled() for i in items] == [False] * 3 + [True] * 7
     assert not b.shard.finished()  # three still to run
+
+
+def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None:
+    """Elastic: what a busy worker has not started goes to one that is free (newly joined)."""
+    b = bench()
+    w0 = b.connect("w0")
+    b.submit(job, 1)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)  # the function looks short...
+    b.step()
+    items = b.submit(job, 3)
+    b.step()
+    assert b.tasks_sent("w0") == [i.task_id for i in items]  # ...so w0 takes three
+    b.clock.advance(0.5)  # ...but the first one runs long
+    b.connect("w1")
+    b.step()
+    (revoke,) = [m for m in w0.take() if isinstance(m, p.Revoke)]
+    assert list(revoke.task_ids) == [i.task_id for i in items[1:]]  # all it has not started
+    b.links["w0"].deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])  # it gives them back
+    b.step()
+    assert b.tasks_sent("w1") == [items[1].task_id]  # the free worker runs the next one
+    assert list(b.shard.conns["w0"].inflight) == [items[0].task_id]
+    assert [i.task_id for i in b.shard.queue] == [items[2].task_id]  # the last waits, queued
+    b.answer("w0", [items[0].task_id], runtime=0.5)
+    b.step()
+    assert b.tasks_sent("w0") == [items[2].task_id]
