@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+import types
 from concurrent.futures.process import _RemoteTraceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,32 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
 
 
 def dumps_function(fn: Any) -> Payload:
-    """Pickle a callable: by reference when importable, by value (cloudpickle) otherwise."""
+    """Pickle a callable: by reference when importable, by value (cloudpickle) otherwise.
+
+    A plain function pickled by reference is only its module and name, the same bytes every
+    time: those are kept (per function object), so a task costs no pickling of its function.
+    By value (lambdas, closures, ``__main__``) it is pickled again each time: a global it
+    reads may have changed.
+    """
+    if isinstance(fn, _PLAIN_FUNCTIONS):
+        cached = _by_reference.get(fn)
+        if cached is not None:
+            return cached
+        try:
+            data = pickle.dumps(fn, protocol=PROTOCOL)
+        except Exception:
+            data = b"__main__"  # not importable: by value below
+        if b"__main__" not in data:
+            if len(_by_reference) >= BY_REFERENCE_MAX:
+                _by_reference.clear()
+            payload = _by_reference[fn] = Payload(data)
+            return payload
     return dumps(fn, what=f"function {fn!r}")
+
+
+_PLAIN_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+BY_REFERENCE_MAX = 256
+_by_reference: dict[Any, Payload] = {}
 
 
 def loads(payload: Payload, *, what: str = "object") -> Any:
