@@ -43,6 +43,7 @@ from fiberexec._errors import (
     SerializationError,
     WorkerLostError,
 )
+from fiberexec._losslog import LossLog
 from fiberexec._serialize import (
     Payload,
     dumps,
@@ -102,6 +103,7 @@ class Shard:
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
+        self.losses = LossLog()
         self._next_revoke_scan = 0.0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
@@ -602,6 +604,7 @@ class Shard:
         now = self.clock()
         beat = self.config.heartbeat
         judge = self._may_judge_silence(now)
+        self.losses.flush(now)
         self._next_housekeeping = now + beat / 4
         if self.exit_deadline is not None:
             self._check_exit(now)
@@ -697,7 +700,7 @@ class Shard:
         if conn.leaving and conn.why is None:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
-            log.warning("%s", why)
+            self.losses.lost(why, self.clock())
 
     def _forget(self, conn: Conn | None) -> None:
         if conn is None:
@@ -750,6 +753,7 @@ class Shard:
         for conn in list(self.conns.values()):
             self._unregister(conn)
             conn.state = State.GONE
+        self.losses.flush(float("inf"))
         self.selector.close()
 
 

@@ -1,0 +1,39 @@
+"""Hundreds of losses make a few lines: the first ones, then one summary per window."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fiberexec._losslog import FIRST, WINDOW, LossLog
+
+
+def test_losses_beyond_the_first_are_summed_up_once_per_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    losses = LossLog()
+    with caplog.at_level(logging.WARNING, logger="fiberexec"):
+        for i in range(300):
+            why = "stopped responding (nothing heard for 31.0s)" if i % 3 else "exited with code 1"
+            losses.lost(f"worker w{i} {why}", now=100.0 + i * 0.01)
+        losses.flush(100.0 + 3.5)  # the window is still open: nothing yet
+        assert len(caplog.records) == FIRST
+        losses.flush(100.0 + WINDOW)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == FIRST + 1
+    assert lines[-1].startswith(f"{300 - FIRST} more workers lost in 10s (")
+    assert "197 stopped responding, 98 exited with code 1" in lines[-1]
+    assert lines[-1].endswith("the latest: worker w299 stopped responding "
+                              "(nothing heard for 31.0s)")
+
+
+def test_a_new_window_logs_its_first_losses_again(caplog: pytest.LogCaptureFixture) -> None:
+    losses = LossLog()
+    with caplog.at_level(logging.WARNING, logger="fiberexec"):
+        for i in range(FIRST + 2):
+            losses.lost(f"worker w{i} exited with code 1", now=0.0)
+        losses.lost("worker w99 exited with code 1", now=WINDOW + 1)  # closes the old window
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[FIRST].startswith("2 more workers lost")
+    assert lines[-1] == "worker w99 exited with code 1"
