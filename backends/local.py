@@ -15,6 +15,7 @@ The ``fiberexec`` command's capabilities: `launch_master` runs the program as a 
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shutil
@@ -50,6 +51,8 @@ from fiberexec.backend import (
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
 from fiberexec.backends._local_stray import ENV_EXECUTOR_PID, executor_pid, remove_stray_local
+
+log = logging.getLogger("fiberexec")
 
 #: Runs first in a memory-limited worker's process: set the limit (within any hard limit the
 #: process already has), then become the worker program (the pid and the limit survive exec).
@@ -131,7 +134,12 @@ class LocalBackend(Backend):
         if ENV_LOCAL_ADDRESS in spec.env:  # an executor's worker: it names that executor
             env[ENV_EXECUTOR_PID] = _executor_pid()
         if self._forks(spec):
-            return self._fork_worker(spec, env)
+            try:
+                return self._fork_worker(spec, env)
+            except LauncherError as exc:  # the launcher cannot run: start workers afresh
+                self.use_launcher = False
+                log.warning("the worker launcher failed (%s); starting each worker as a new "
+                            "process instead", exc)
         return self._spawn_worker(spec, env)
 
     def _spawn_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
@@ -186,11 +194,11 @@ class LocalBackend(Backend):
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
                                   log=log)
-        except LauncherError as exc:
+        except LauncherError:
             with self._lock:
                 self._spawning -= 1
             self._close_idle_launcher()
-            raise TransientBackendError(f"cannot start worker {spec.worker_id}: {exc}") from exc
+            raise
         with self._lock:
             self._spawning -= 1
             self._procs[spec.worker_id] = proc

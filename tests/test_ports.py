@@ -56,8 +56,11 @@ def test_workers_are_served_on_ports_in_the_range() -> None:
     low, high = free_range(4)
     with LocalBackend() as backend, FiberExecutor(2, backend=backend, ports=f"{low}-{high}") as ex:
         assert list(ex.map(tasks.square, range(20))) == [i * i for i in range(20)]
-        used = {p for p in listening_ports() if low <= p <= high}
-        assert len(used) == 2
+        conns = [c for s in ex._pool.shards for c in s.conns.values()]  # type: ignore[union-attr]
+        used = {int(c.channel.address.rsplit(":", 1)[1]) for c in conns}
+        assert len(used) == 2 and all(low <= p <= high for p in used)
+        # a worker that connected over the local link no longer needs its port: it is free
+        assert not {p for p in listening_ports() if low <= p <= high} - used
 
 
 @contextlib.contextmanager

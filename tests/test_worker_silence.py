@@ -48,7 +48,8 @@ def _start(silence: float, task: float) -> tuple[subprocess.Popen[str], list[psu
                                 start_new_session=True)
     assert executor.stdout is not None
     assert executor.stdout.readline().strip() == "running"
-    workers = psutil.Process(executor.pid).children(recursive=True)
+    workers = [p for p in psutil.Process(executor.pid).children(recursive=True)
+               if "--launcher" not in p.cmdline() or p.ppid() != executor.pid]  # not the launcher
     assert len(workers) == 2, "the executor should have two worker processes"
     return executor, workers
 
