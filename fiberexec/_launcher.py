@@ -22,6 +22,7 @@ process listings and ``fiberexec cleanup`` still see ``python -m fiberexec.worke
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import queue
@@ -178,6 +179,8 @@ def serve(fd: int) -> None:
     """The launcher process: fork a worker per request until the executor hangs up."""
     sock = socket.socket(fileno=fd)
     _preload()
+    gc.collect()
+    gc.freeze()  # what is loaded now stays put: a child's collections do not copy its pages
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

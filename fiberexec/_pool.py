@@ -101,8 +101,7 @@ class TaskPool:
         self._t0 = time.monotonic()
         for shard in self.shards:
             shard.thread.start()
-        for _ in range(self.config.min_workers):
-            self.supervisor.launch()
+        self.supervisor.launch_many(self.config.min_workers)
 
     def _outstanding(self) -> int:
         finished = sum(s.done + s.failed for s in self.shards)

@@ -6,6 +6,7 @@ The core never imports a concrete backend: it resolves a name to a class here, l
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
@@ -25,6 +26,13 @@ _BUILTIN = {
 
 
 def _targets() -> dict[str, str]:
+    return dict(_scanned())
+
+
+@functools.cache
+def _scanned() -> dict[str, str]:
+    """Built-in names and the entry points installed, read once per process (a scan of the
+    installed distributions costs tens of milliseconds)."""
     targets = dict(_BUILTIN)
     for ep in entry_points(group=GROUP):
         targets[ep.name] = ep.value
@@ -46,7 +54,7 @@ def check_backend_name(name: str, source: str) -> None:
         ConfigurationError: the name is unknown; the message suggests the closest known name
             and lists them all.
     """
-    if name not in _targets():
+    if name not in _BUILTIN and name not in _targets():
         raise unknown_backend(name, source)
 
 

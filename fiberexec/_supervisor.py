@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -57,6 +58,7 @@ class WorkerSupervisor:
         self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
         self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
         self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
+        self._served: Counter[int] = Counter()  # shard index -> workers placed on it
         self._retiring: set[str] = set()
         self._ready: set[str] = set()
         self._start_failures = 0
@@ -83,7 +85,18 @@ class WorkerSupervisor:
         """Start workers until there is one per outstanding task, up to ``max_workers``."""
         with self._lock:
             wanted = min(self.config.max_workers, self._outstanding()) - len(self._handles)
-        for _ in range(max(0, wanted)):
+        self.launch_many(wanted)
+
+    def launch_many(self, count: int) -> None:
+        """Start ``count`` more workers; the caller waits for none of it (a thousand
+        launches cost tens of milliseconds on their own)."""
+        if count == 1:
+            self.launch()
+        elif count > 1:
+            self._in_background(self._launch_each, count)
+
+    def _launch_each(self, count: int) -> None:
+        for _ in range(count):
             self.launch()
 
     def wants_more(self) -> bool:
@@ -96,18 +109,16 @@ class WorkerSupervisor:
                 return
             worker_id = f"w{next(self._ids)}"
             self._handles[worker_id] = None
-            load = {id(s): 0 for s in self.shards}
-            for placed in self._placement.values():
-                load[id(placed)] += 1
-            shard = min(self.shards, key=lambda s: load[id(s)])
+            shard = min(self.shards, key=lambda s: self._served[s.index])  # fewest workers
             self._placement[worker_id] = shard
+            self._served[shard.index] += 1
         self._in_background(self._open_and_start, shard, worker_id)
 
     def _open_and_start(self, shard: Shard, worker_id: str) -> None:
         with self._lock:
             if self._finished or self.broken is not None:
                 self._handles.pop(worker_id, None)
-                self._placement.pop(worker_id, None)
+                self._unplace(worker_id)
                 return
         try:
             endpoint = self._open(shard, worker_id)
@@ -146,9 +157,15 @@ class WorkerSupervisor:
             channel.close()
             raise
 
+    def _unplace(self, worker_id: str) -> None:
+        """Forget where a worker was served (the caller holds the lock)."""
+        shard = self._placement.pop(worker_id, None)
+        if shard is not None:
+            self._served[shard.index] -= 1
+
     def _drop(self, worker_id: str) -> WorkerHandle | None:
         with self._lock:
-            self._placement.pop(worker_id, None)
+            self._unplace(worker_id)
             self._endpoints.pop(worker_id, None)
             return self._handles.pop(worker_id, None)
 
@@ -224,7 +241,7 @@ class WorkerSupervisor:
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
         with self._lock:
             self._handles.pop(worker_id, None)
-            self._placement.pop(worker_id, None)
+            self._unplace(worker_id)
             self._endpoints.pop(worker_id, None)
             self._ready.discard(worker_id)
             retired = worker_id in self._retiring

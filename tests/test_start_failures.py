@@ -44,3 +44,36 @@ def test_failing_starts_break_an_executor_with_no_worker() -> None:
         future = ex.submit(tasks.square, 2)
         with pytest.raises(BrokenFiberExecutor, match="failed to start"):
             future.result(timeout=60)
+
+
+def test_submit_never_waits_for_a_worker_to_start() -> None:
+    """Workers start in the background: a backend that takes its time holds up no caller."""
+    import threading
+
+    from fiberexec import FiberExecutor
+    from fiberexec.backends.local import LocalBackend
+
+    class SlowBackend(LocalBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = threading.Event()
+            self.asked = threading.Semaphore(0)
+
+        def start_worker(self, spec):  # type: ignore[no-untyped-def]
+            self.asked.release()
+            assert self.gate.wait(60), "the test never let the start go on"
+            return super().start_worker(spec)
+
+    backend = SlowBackend()
+    try:
+        with FiberExecutor(4, backend=backend) as ex:
+            future = ex.submit(abs, -3)  # returns while every start is held at the gate
+            futures = [ex.submit(abs, -i) for i in range(20)]
+            assert backend.asked.acquire(timeout=30)  # a start is under way, and blocked
+            assert not future.done()
+            backend.gate.set()
+            assert future.result(timeout=60) == 3
+            assert [f.result(timeout=60) for f in futures] == list(range(20))
+    finally:
+        backend.gate.set()
+        backend.close()
