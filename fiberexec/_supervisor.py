@@ -59,6 +59,7 @@ class WorkerSupervisor:
         self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
         self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
         self._served: Counter[int] = Counter()  # shard index -> workers placed on it
+        self._promised = 0  # launches a launch_many has yet to make
         self._retiring: set[str] = set()
         self._ready: set[str] = set()
         self._start_failures = 0
@@ -84,23 +85,31 @@ class WorkerSupervisor:
     def scale_up(self) -> None:
         """Start workers until there is one per outstanding task, up to ``max_workers``."""
         with self._lock:
-            wanted = min(self.config.max_workers, self._outstanding()) - len(self._handles)
+            wanted = min(self.config.max_workers, self._outstanding()) - self._known()
         self.launch_many(wanted)
 
     def launch_many(self, count: int) -> None:
         """Start ``count`` more workers; the caller waits for none of it (a thousand
-        launches cost tens of milliseconds on their own)."""
+        launches cost tens of milliseconds on their own, so they happen elsewhere)."""
         if count == 1:
             self.launch()
         elif count > 1:
+            with self._lock:
+                self._promised += count
             self._in_background(self._launch_each, count)
 
     def _launch_each(self, count: int) -> None:
         for _ in range(count):
+            with self._lock:
+                self._promised -= 1
             self.launch()
 
+    def _known(self) -> int:
+        """Workers started, starting, or promised by a `launch_many` under way."""
+        return len(self._handles) + self._promised
+
     def wants_more(self) -> bool:
-        return len(self._handles) < self.config.max_workers
+        return self._known() < self.config.max_workers
 
     def launch(self) -> None:
         """Start one more worker in the background: the caller never waits on a backend."""
@@ -246,9 +255,9 @@ class WorkerSupervisor:
             self._ready.discard(worker_id)
             retired = worker_id in self._retiring
             self._retiring.discard(worker_id)
-            wanted = not retired and replace and len(self._handles) < self.config.max_workers
+            wanted = not retired and replace and self._known() < self.config.max_workers
             wanted = wanted and (
-                len(self._handles) < self.config.min_workers or self._outstanding() > 0
+                self._known() < self.config.min_workers or self._outstanding() > 0
             )
         if handle is not None:
             self._in_background(self._stop, handle)
