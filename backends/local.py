@@ -75,7 +75,14 @@ _ARENAS = "MALLOC_ARENA_MAX"
 
 def _executor_pid() -> str:
     """This process, as its workers name it (for ``fiberexec cleanup``: see _local_stray)."""
-    return executor_pid(os.getpid())
+    pid = os.getpid()
+    named = _EXECUTOR_PIDS.get(pid)
+    if named is None:  # read once per process: /proc costs a file open per worker otherwise
+        named = _EXECUTOR_PIDS[pid] = executor_pid(pid)
+    return named
+
+
+_EXECUTOR_PIDS: dict[int, str] = {}
 
 
 def _address_space_limited(command: list[str], memory: int | None) -> list[str]:
@@ -113,6 +120,7 @@ class LocalBackend(Backend):
         "memory": "each worker process's address space (RLIMIT_AS: virtual memory)",
     }
     shares_python = True
+    workers_share_host = True
 
     def __init__(self, *, capture_output: bool = False, python: str | None = None,
                  launcher: bool = True) -> None:

@@ -186,6 +186,10 @@ class Backend(abc.ABC):
     #: (`sys.executable`): on this machine, or through a filesystem shared with it.
     #: ``fiberexec run`` then runs a program's leading ``python``/``python3`` with it.
     shares_python: bool = False
+    #: Whether every worker runs on this host, in this network namespace, as this user, so
+    #: the local link always reaches the executor: then no network listener is opened for
+    #: it (a worker that cannot reach the local socket fails to start, saying so).
+    workers_share_host: bool = False
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         missing = sorted({"watch", "unwatch"} & getattr(cls, "__abstractmethods__", set()))

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,29 +97,39 @@ class Launcher:
                 start_new_session=True)
         finally:
             theirs.close()
-        self._replies: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._waiting: deque[queue.SimpleQueue[tuple[Any, ...]]] = deque()  # in request order
         self._children: dict[int, ForkedProcess] = {}
-        self._lock = threading.Lock()  # one spawn at a time: replies come back in order
+        self._lock = threading.Lock()  # a request's send and its place in `_waiting` together
         self._reader = threading.Thread(target=self._read, name="fiberexec-local-launcher",
                                         daemon=True)
         self._reader.start()
 
     def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
               log: str | None) -> ForkedProcess:
+        """Fork a worker. Several threads may ask at once: their requests are pipelined
+        (the launcher forks them back to back), and replies come back in order."""
         request = pickle.dumps(("spawn", dict(env), cwd, memory, log))
+        slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
             try:
                 self._sock.send(request)
             except OSError as exc:
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
-            try:
-                reply = self._replies.get(timeout=SPAWN_TIMEOUT)
-            except queue.Empty:
-                raise LauncherError(
-                    f"the worker launcher did not answer within {SPAWN_TIMEOUT:g}s") from None
+            self._waiting.append(slot)
+        try:
+            reply = slot.get(timeout=SPAWN_TIMEOUT)
+        except queue.Empty:
+            raise LauncherError(
+                f"the worker launcher did not answer within {SPAWN_TIMEOUT:g}s") from None
         if reply[0] != "spawned":
             raise LauncherError(f"the worker launcher could not fork: {reply[1]}")
         return reply[1]  # type: ignore[no-any-return]
+
+    def _reply(self, reply: tuple[Any, ...]) -> None:
+        with self._lock:
+            slot = self._waiting.popleft() if self._waiting else None
+        if slot is not None:
+            slot.put(reply)
 
     def _read(self) -> None:
         while True:
@@ -127,7 +138,10 @@ class Launcher:
             except OSError:
                 data, fds = b"", []
             if not data:
-                self._replies.put(("gone", "the launcher exited"))
+                with self._lock:
+                    waiting, self._waiting = list(self._waiting), deque()
+                for slot in waiting:
+                    slot.put(("gone", "the launcher exited"))
                 self._all_exited()
                 return
             self._on_message(pickle.loads(data), fds)
@@ -137,9 +151,9 @@ class Launcher:
             case ("spawned", pid):
                 child = ForkedProcess(pid, fds[0])
                 self._children[pid] = child
-                self._replies.put(("spawned", child))
+                self._reply(("spawned", child))
             case ("failed", why):
-                self._replies.put(("failed", why))
+                self._reply(("failed", why))
             case ("exited", pid, code):
                 gone = self._children.pop(pid, None)
                 if gone is not None:

@@ -77,11 +77,11 @@ class Endpoint:
     made it, before the shard ever sees it).
     """
 
-    def __init__(self, local_name: str, channel: Channel, *, on_remove: PipeCallback,
+    def __init__(self, local_name: str, channel: Channel | None, *, on_remove: PipeCallback,
                  max_frame: int) -> None:
         self.local_name = local_name
-        self.channel: Channel | None = channel
-        self.address = channel.address
+        self.channel = channel  # None: every worker of this backend reaches the local socket
+        self.address = "" if channel is None else channel.address
         self.max_frame = max_frame
         self._on_remove = on_remove
         self._poll = select.epoll()
@@ -92,7 +92,8 @@ class Endpoint:
             self._poll.close()
             raise
         self._poll.register(self.listener.fd, _IN)
-        self._poll.register(channel.fileno(), _IN)
+        if channel is not None:
+            self._poll.register(channel.fileno(), _IN)
         self.pipes: dict[int, UnixPipe] = {}  # fd -> accepted local peer
         self.bound: UnixPipe | None = None  # sends go to this local peer, else the channel
         self.sealed: UnixPipe | None = None  # authenticated local peer: the only one left
@@ -218,11 +219,19 @@ class Endpoint:
 
 def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCallback,
             tls: Any = None) -> WorkerLink:
-    """The worker's side: the local link if the executor's socket is reachable, else nng."""
+    """The worker's side: the local link if the executor's socket is reachable, else nng.
+
+    Raises:
+        LinkClosed: the local socket cannot be reached and there is no network address.
+    """
     if local_name:
         link = UnixLink.connect(local_name, max_frame)
         if link is not None:
             return link
+    if not address:
+        raise LinkClosed(f"cannot reach the executor's local socket {local_name!r}, and it "
+                         "offers no network address: this backend's workers must run on the "
+                         "executor's host, in its network namespace, as its user")
     return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls)
 
 

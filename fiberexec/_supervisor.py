@@ -67,7 +67,9 @@ class WorkerSupervisor:
         self._finished = False  # the shards are done: no new workers
         self._next_port = 0  # where the search for a free port in config.ports starts
         self._tls_server = self.config.tls.server_config() if self.config.tls else None
-        self._launcher = ThreadPoolExecutor(4, thread_name_prefix="fiberexec-launcher")
+        # Starts block on backends (forks, API calls): more threads for more workers.
+        threads = max(4, min(32, self.config.max_workers // 32))
+        self._launcher = ThreadPoolExecutor(threads, thread_name_prefix="fiberexec-launcher")
 
     # ------------------------------------------------------------ counts
 
@@ -138,32 +140,42 @@ class WorkerSupervisor:
         with self._lock:
             self._endpoints[worker_id] = endpoint
         shard.post(ev.Adopt(worker_id, endpoint))
-        scheme, rest = endpoint.address.split("://", 1)
-        host = self.backend.advertise_host
-        address = f"{scheme}://{f'[{host}]' if ':' in host else host}:{rest.rsplit(':', 1)[1]}"
+        address = self._advertised(endpoint.address)
         self._start_worker(shard, self._spec(worker_id, address, endpoint.local_name))
 
+    def _advertised(self, address: str) -> str:
+        """Where workers dial a network channel listening at ``address`` ("": none)."""
+        if not address:
+            return ""
+        scheme, rest = address.split("://", 1)
+        host = self.backend.advertise_host
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{rest.rsplit(':', 1)[1]}"
+
     def _open(self, shard: Shard, worker_id: str) -> Endpoint:
-        """The worker's endpoint: its local socket and its network channel."""
+        """The worker's endpoint: its local socket and (unless every worker of this backend
+        shares our host) its network channel."""
         def on_remove(pipe: Any) -> None:
             shard.post(ev.PipeDown(worker_id, pipe.id))
 
-        channel = Channel.listen(
-            self.backend.bind_host,
-            max_message=self.config.max_message_size,
-            on_connect=lambda pipe: None,
-            on_remove=on_remove,
-            tls=self._tls_server,
-            ports=self.config.ports,
-            first=self._next_port,
-        )
-        self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
+        channel = None
+        if not self.backend.workers_share_host:
+            channel = Channel.listen(
+                self.backend.bind_host,
+                max_message=self.config.max_message_size,
+                on_connect=lambda pipe: None,
+                on_remove=on_remove,
+                tls=self._tls_server,
+                ports=self.config.ports,
+                first=self._next_port,
+            )
+            self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
         local_name = f"fiberexec/{os.getpid()}/{self.session.executor_id}/{worker_id}"
         try:
             return Endpoint(local_name, channel, on_remove=on_remove,
                             max_frame=self.config.max_message_size)
         except BaseException:
-            channel.close()
+            if channel is not None:
+                channel.close()
             raise
 
     def _unplace(self, worker_id: str) -> None:

@@ -92,8 +92,8 @@ class Worker:
         try:
             return self._handshake()
         except LinkClosed:
-            if self.link.kind != "unix":
-                _die(EXIT_NO_EXECUTOR, f"the executor at {self.config.address} hung up")
+            if self.link.kind != "unix" or not self.config.address:
+                _die(EXIT_NO_EXECUTOR, "the executor hung up during the handshake")
         self.link.close()
         self.link = dial(self.config.address, max_frame=MAX_MESSAGE,
                          on_remove=self._on_disconnect, tls=self.tls)
@@ -443,7 +443,10 @@ def run() -> None:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
     _adopt_authkey(dict(os.environ))
     _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
-    worker = Worker(config)
+    try:
+        worker = Worker(config)
+    except LinkClosed as exc:
+        _die(EXIT_NO_EXECUTOR, str(exc))
     try:
         setup = worker.handshake()
     except ProtocolError as exc:
