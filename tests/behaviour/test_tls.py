@@ -15,6 +15,7 @@ from fiberexec._link_nng import Channel
 from fiberexec._tls import client_config
 from tests import tasks
 from tests.conftest import ExecutorFactory
+from tests.support.backend_local import NetworkLocalBackend
 from tests.support.kit import BackendKit
 
 
@@ -51,8 +52,25 @@ def test_tasks_run_over_tls(
     assert list(ex.map(tasks.square, range(50), chunksize=5, timeout=60)) == [
         i * i for i in range(50)
     ]
-    addresses = [c.channel.address for s in ex._pool.shards for c in s.conns.values()]  # type: ignore[union-attr]
-    assert addresses and all(a.startswith("tls+tcp://") for a in addresses)
+    conns = [c for s in ex._pool.shards for c in s.conns.values()]  # type: ignore[union-attr]
+    if probe.workers_share_host:  # the local link: never leaves the host, no TLS to use
+        assert conns and all(c.channel.kind == "unix" for c in conns)
+    else:
+        assert conns and all(c.channel.address.startswith("tls+tcp://") for c in conns)
+
+
+def test_tasks_run_over_tls_on_the_network_link(make_executor: ExecutorFactory,
+                                                tmp_path: Path) -> None:
+    """Local processes sent over the network link, TLS on: the bytes really go through it."""
+    cert, key = _certificate(tmp_path, "executor")
+    ex = make_executor(2, backend=NetworkLocalBackend(), tls=TLSOptions(cert, key))
+    assert list(ex.map(tasks.square, range(50), chunksize=5, timeout=60)) == [
+        i * i for i in range(50)
+    ]
+    conns = [c for s in ex._pool.shards for c in s.conns.values()]  # type: ignore[union-attr]
+    assert len(conns) == 2
+    assert all(c.channel.kind == "nng" and c.channel.address.startswith("tls+tcp://")
+               for c in conns)
 
 
 def test_plaintext_and_foreign_certificates_are_refused(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import psutil
 
+from fiberexec.backend import ENV_LOCAL_ADDRESS, WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
@@ -59,3 +61,14 @@ def backend_session() -> Iterator[BackendKit]:
     # The contract's logs checks need the output kept: capture_output=True.
     contract = Harness(make_backend=lambda: LocalBackend(capture_output=True))
     yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks, contract=contract)
+
+
+class NetworkLocalBackend(LocalBackend):
+    """Local worker processes that reach the executor over the network link, as workers on
+    other hosts do (they are given no local socket), so a test can use that link here."""
+
+    workers_share_host = False
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        env = {k: v for k, v in spec.env.items() if k != ENV_LOCAL_ADDRESS}
+        return super().start_worker(dataclasses.replace(spec, env=env))
