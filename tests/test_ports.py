@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from fiberexec import BrokenFiberExecutor, ConfigurationError, FiberExecutor
-from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.support.backend_local import NetworkLocalBackend
 
