@@ -60,6 +60,7 @@ class WorkerSupervisor:
         self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
         self._served: Counter[int] = Counter()  # shard index -> workers placed on it
         self._promised = 0  # launches a launch_many has yet to make
+        self._last_start_failure = ""  # how the last worker that failed to start ended
         self._retiring: set[str] = set()
         self._ready: set[str] = set()
         self._start_failures = 0
@@ -296,7 +297,9 @@ class WorkerSupervisor:
             message += f"; its last output:\n{logs}"
         if handle is not None:
             self._stop(handle)
-        log.warning("%s", message)
+        with self._lock:  # the same failure again says nothing new: once is enough
+            repeated, self._last_start_failure = self._last_start_failure == what, what
+        log.log(logging.DEBUG if repeated else logging.WARNING, "%s", message)
         if not give_up:
             self.launch()
         elif self.ready_count():  # e.g. jobs still queued on a busy cluster: go on with these

@@ -251,8 +251,10 @@ def test_resource_enforcement_is_a_capability_of_the_backend_class(
         note_unenforced(other, Resources())
         note_unenforced(limited, Resources(cpu=1, memory=2**30))
         assert caplog.text == ""
-        note_unenforced(other, Resources(memory=2**30))
-    assert "the third-party backend does not enforce" in caplog.text
+        note_unenforced(other, Resources(memory=2**30))  # local's address-space limit holds
+        assert caplog.text == ""
+        note_unenforced(other, Resources(cpu=2, memory=2**30))
+    assert "the third-party backend does not enforce cpu=2;" in caplog.text
 
 
 # -- set-up as the README says, and what CI runs -------------------------------------------------

@@ -133,7 +133,13 @@ def meta_of(fn: object) -> Meta | None:
 
 
 def note_unenforced(backend: Backend, resources: Resources) -> None:
-    """Log that ``resources`` are asked of a backend that does not enforce them."""
-    if not backend.enforces_resources and resources != Resources():
-        log.info("the %s backend does not enforce %s; the work may run without limits",
-                 backend.name, resources)
+    """Log the ``resources`` asked of a backend that does not enforce them (by name)."""
+    if backend.enforces_resources:
+        return
+    asked = {name: value for name in ("cpu", "memory", "gpu")
+             if (value := getattr(resources, name))}
+    unenforced = {k: v for k, v in asked.items() if k not in backend.resource_limits}
+    if unenforced:
+        settings = ", ".join(f"{k}={v}" for k, v in unenforced.items())
+        log.info("the %s backend does not enforce %s; the work may run without those limits",
+                 backend.name, settings)
