@@ -21,6 +21,7 @@ from fiberexec.backend import WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
+from tests.support.backend_local import NetworkLocalBackend
 
 
 class _Payload:
@@ -31,8 +32,9 @@ class _Payload:
         return (os.mkdir, (str(self.marker),))
 
 
-class _GatedBackend(LocalBackend):
-    """The local backend, holding worker starts until the test has attacked every endpoint."""
+class _GatedBackend(NetworkLocalBackend):
+    """Local processes on the network link (so both ways in exist), holding worker starts
+    until the test has attacked every endpoint."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +112,20 @@ def _attack_locally(name: str, frame: bytes, rejections: _RejectionLog) -> None:
         attacker.sendall(struct.pack("!I", len(frame)) + frame)
         assert rejections.wait_beyond(seen, timeout=10), f"{frame[:16]!r} was not rejected"
         assert attacker.recv(100) == b"", "the shard kept a rejected local peer connected"
+
+
+def test_the_local_backend_listens_on_no_network_port(executor: FiberExecutor) -> None:
+    """Its workers all reach the executor's local socket: nothing listens on the network."""
+    import psutil
+
+    before = {c.laddr for c in psutil.Process().net_connections(kind="inet")
+              if c.status == psutil.CONN_LISTEN}
+    assert executor.submit(tasks.square, 3).result(timeout=60) == 9
+    conns = [c for s in executor._pool.shards for c in _conns(s)]  # type: ignore[union-attr]
+    assert conns and all(c.channel.address == "" and c.channel.kind == "unix" for c in conns)
+    after = {c.laddr for c in psutil.Process().net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN}
+    assert after <= before
 
 
 def _is_hello(frame: bytes) -> bool:
