@@ -73,6 +73,9 @@ os.execvp(sys.argv[2], sys.argv[2:])
 _ARENAS = "MALLOC_ARENA_MAX"
 
 
+FRESH_FIRST = 2  # workers started as new processes before the launcher takes over
+
+
 def _executor_pid() -> str:
     """This process, as its workers name it (for ``fiberexec cleanup``: see _local_stray)."""
     pid = os.getpid()
@@ -131,6 +134,7 @@ class LocalBackend(Backend):
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._forked: dict[int, str] = {}  # pid of a forked worker -> its worker id
         self._spawning = 0  # forks asked of the launcher and not yet recorded
+        self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._lock = threading.Lock()
         self._logdir: Path | None = None
@@ -141,7 +145,7 @@ class LocalBackend(Backend):
         env = {**os.environ, **spec.env, **spec.secret_env}
         if ENV_LOCAL_ADDRESS in spec.env:  # an executor's worker: it names that executor
             env[ENV_EXECUTOR_PID] = _executor_pid()
-        if self._forks(spec):
+        if self._forks(spec) and not self._first_ones(spec):
             try:
                 return self._fork_worker(spec, env)
             except LauncherError as exc:  # the launcher cannot run: start workers afresh
@@ -194,6 +198,17 @@ class LocalBackend(Backend):
         return (self.use_launcher and tuple(spec.command) == WORKER_COMMAND
                 and ENV_LOCAL_ADDRESS in spec.env and spec.resources.memory is None)
 
+    def _first_ones(self, spec: WorkerSpec) -> bool:
+        """The first `FRESH_FIRST` workers start as new processes, side by side with the
+        launcher's own start (a fork must wait for it): a small pool's first result comes as
+        soon as a spawned worker's would; the launcher serves every worker after them."""
+        with self._lock:
+            first = self._fresh < FRESH_FIRST
+            self._fresh += first
+        if first:
+            self._the_launcher(spec.executor_id, fork=False)
+        return first
+
     def _fork_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
         log = None
         if self.capture_output:
@@ -215,7 +230,8 @@ class LocalBackend(Backend):
             self._exited(spec.worker_id)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _the_launcher(self, executor_id: str) -> Launcher:
+    def _the_launcher(self, executor_id: str, *, fork: bool = True) -> Launcher:
+        """The launcher, started if need be; ``fork``: counts a fork as under way."""
         with self._lock:
             if self._launcher is None:
                 env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(),
@@ -226,7 +242,7 @@ class LocalBackend(Backend):
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "
                         "pass python= to LocalBackend") from exc
-            self._spawning += 1
+            self._spawning += fork
             return self._launcher
 
     def _fork_exited(self, proc: ForkedProcess) -> None:

@@ -193,7 +193,6 @@ def serve(fd: int) -> None:
     """The launcher process: fork a worker per request until the executor hangs up."""
     sock = socket.socket(fileno=fd)
     _preload()
-    gc.collect()
     gc.freeze()  # what is loaded now stays put: a child's collections do not copy its pages
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

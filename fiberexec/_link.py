@@ -97,6 +97,7 @@ class Endpoint:
         self.pipes: dict[int, UnixPipe] = {}  # fd -> accepted local peer
         self.bound: UnixPipe | None = None  # sends go to this local peer, else the channel
         self.sealed: UnixPipe | None = None  # authenticated local peer: the only one left
+        self.sealed_nng = False  # the authenticated peer came over the network channel
         self._ready: deque[Received] = deque()
         self.closed = False
 
@@ -113,6 +114,10 @@ class Endpoint:
         """The next frame from any peer, or None when none is waiting."""
         if self._ready:
             return self._ready.popleft()
+        if self.sealed_nng and self.channel is not None:  # one authenticated network peer
+            while (msg := self.channel.try_recv()) is not None:
+                self._ready.append(Received(msg.bytes, msg.pipe))
+            return self._ready.popleft() if self._ready else None
         pipe = self.sealed
         if pipe is not None:  # the fast path: one authenticated local peer
             if pipe.queue:
@@ -186,6 +191,7 @@ class Endpoint:
             self.channel.close()
             self.channel = None
         self.sealed = self.bound
+        self.sealed_nng = self.bound is None
 
     def send_nowait(self, frame: bytes) -> None:
         """Queue ``frame`` for the bound peer; `ProtocolError` if it has stopped reading."""

@@ -83,6 +83,7 @@ class Shard:
         self.conns: dict[str, Conn] = {}
         self.hungry: dict[str, Conn] = {}  # ready workers that may have credit; dispatch order
         self.idle: dict[str, Conn] = {}  # hungry workers holding no task: served first
+        self.holders: dict[str, Conn] = {}  # workers sent a task behind another (may be stale)
         self.ready_workers = 0  # read by other shards deciding whether to steal
         self._next_housekeeping = 0.0
         self._judge_after = 0.0  # no silence is judged before this (see _may_judge_silence)
@@ -293,7 +294,10 @@ class Shard:
         if now < self._next_revoke_scan:
             return
         self._next_revoke_scan = now + REVOKE_SCAN
-        victim = max(self.conns.values(), default=None,
+        holders = self.holders
+        for worker_id in [w for w, c in holders.items() if len(c.inflight) < 2]:
+            del holders[worker_id]  # no longer holds anything behind its current task
+        victim = max(holders.values(), default=None,
                      key=lambda c: len(c.inflight) if self._hoards(c, now) else 0)
         if victim is None or not self._hoards(victim, now):
             return
@@ -568,6 +572,8 @@ class Shard:
         if tasks:
             if len(conn.inflight) == len(tasks):  # it held nothing: the first starts now
                 conn.head_since = self.clock()
+            if len(conn.inflight) > 1:
+                self.holders[conn.worker_id] = conn
             self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks), items)
 
@@ -718,6 +724,7 @@ class Shard:
         self._drop_probe(conn)
         self.hungry.pop(conn.worker_id, None)
         self.idle.pop(conn.worker_id, None)
+        self.holders.pop(conn.worker_id, None)
         if conn.counted:
             conn.counted = False
             self.ready_workers -= 1
