@@ -56,13 +56,12 @@ class Conn:
         self.head_since = now  # when the first task it holds started (about: sent or freed)
         self.overstaying = False  # its first task outran its estimate: queue nothing behind
         self.revoking = False  # asked to give back tasks it has not started
-        self.allowance = 1  # tasks it may hold behind the one it runs (see admits)
 
     @property
     def pipe_id(self) -> int | None:
         return None if self.pipe is None else int(self.pipe.id)
 
-    def admits(self, estimate: float | None) -> bool:
+    def admits(self, estimate: float | None, allowance: int = MAX_WINDOW) -> bool:
         """Whether to send this worker a task estimated to take ``estimate`` seconds.
 
         Prefetch is measured in time, not tasks. A task of unknown length is sent only to a
@@ -73,8 +72,9 @@ class Conn:
         another worker could run it, and a future is marked running shortly before it runs.
 
         Estimates are per function, and arguments change durations: so the number of tasks
-        sent ahead also starts small and doubles with each batch of results that came back
-        as estimated (slow start), and falls back to one when a task outran its estimate.
+        sent ahead behind the running one is at most ``allowance``, which the shard starts
+        small and doubles with each batch of results that came back as estimated (slow
+        start), and sets back to one when a task outran its estimate.
         """
         if self.state is not State.READY:
             return False
@@ -85,19 +85,13 @@ class Conn:
             return True
         if estimate is None or self.unknown or self.overstaying:
             return False
-        if held > self.allowance:
+        if held > allowance:
             return False
         if held == 1:
-            return self.load < LONG_TASK
+            return self.load < LONG_TASK and estimate < LONG_TASK
         return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= self.window
 
-    def confirmed(self) -> None:
-        """Results came back as estimated: it may hold twice as many ahead."""
-        self.allowance = min(MAX_WINDOW, 2 * self.allowance)
 
-    def outran(self) -> None:
-        """A task ran far longer than estimated: queue nothing behind it, start small again."""
-        self.overstaying, self.allowance = True, 1
 
     def measured_rtt(self, seconds: float) -> None:
         """The handshake's round trip: a far worker holds more, so it never waits for work."""

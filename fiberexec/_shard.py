@@ -35,7 +35,7 @@ from fiberexec import _auth, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._backend import WorkerHandle, WorkerStatus
-from fiberexec._conn import LONG_TASK, Conn, State
+from fiberexec._conn import LONG_TASK, MAX_WINDOW, Conn, State
 from fiberexec._errors import (
     AuthenticationError,
     PicklingError,
@@ -106,6 +106,8 @@ class Shard:
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
         self.losses = LossLog()
         self._next_revoke_scan = 0.0
+        # Results of a function in a row that came back as estimated (see _allowance).
+        self.trusted: dict[str, int] = {}
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
         )
@@ -242,7 +244,6 @@ class Shard:
             self._on_revoked(conn, message.task_ids)
 
     def _on_results(self, conn: Conn, results: Sequence[p.Result]) -> None:
-        late = False
         for result in results:
             item = conn.inflight.pop(result.task_id, None)
             if item is None:
@@ -252,7 +253,7 @@ class Shard:
                 continue
             conn.release(item.cost)
             conn.head_since = self.clock()  # the next one it holds starts now
-            late = late or result.runtime > max(LONG_TASK, 2 * self.estimates.get(item.key, 0))
+            self._trust(item.key, result.runtime)
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
@@ -261,11 +262,6 @@ class Shard:
             else:
                 self.failed += 1
         conn.overstaying = False
-        if late:
-            conn.outran()
-            conn.overstaying = False  # what it holds now may be short again
-        else:
-            conn.confirmed()
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
             if not conn.inflight:
@@ -305,8 +301,8 @@ class Shard:
         running = now - victim.head_since
         if running > self.estimates.get(head.key, 0.0):  # what it learned meanwhile
             self.estimates[head.key] = running
-        victim.revoking = True
-        victim.outran()
+        victim.revoking = victim.overstaying = True
+        self.trusted[head.key] = 0
         self._send(victim, p.Revoke([item.task_id for item in tail]))
 
     def _hoards(self, conn: Conn, now: float) -> bool:
@@ -321,6 +317,7 @@ class Shard:
         old = estimates.get(key)
         if old is None and len(estimates) >= ESTIMATES_MAX:
             estimates.clear()  # many distinct functions: start learning again
+            self.trusted.clear()
         estimates[key] = runtime if old is None else 0.7 * old + 0.3 * runtime
 
     def _on_init_failed(self, conn: Conn, error: Payload) -> None:
@@ -522,11 +519,24 @@ class Shard:
                 if not self.queue:
                     return
                 self._send_tasks(conn, share)
-                if self.queue and not conn.admits(self._estimate(self.queue[0])):
+                if self.queue and not self._admits(conn, self.queue[0]):
                     hungry.pop(worker_id, None)  # back once a result returns
 
-    def _estimate(self, item: WorkItem) -> float | None:
-        return self.estimates.get(item.key or function_key(item.fn))
+    def _admits(self, conn: Conn, item: WorkItem) -> bool:
+        key = item.key or function_key(item.fn)
+        return conn.admits(self.estimates.get(key), self._allowance(key))
+
+    def _allowance(self, key: str) -> int:
+        """Slow start: how many tasks of ``key`` a worker may hold behind its running one.
+        One per result of it that came back as estimated, doubling from there: one warm-up
+        says little (its arguments may have been the quick ones)."""
+        return min(MAX_WINDOW, 1 << max(0, self.trusted.get(key, 0) - 1))
+
+    def _trust(self, key: str, runtime: float) -> None:
+        if runtime > max(LONG_TASK, 2 * self.estimates.get(key, 0.0)):
+            self.trusted[key] = 0  # outran its estimate: start small again
+        elif (n := self.trusted.get(key, 0)) <= MAX_WINDOW.bit_length():
+            self.trusted[key] = n + 1
 
     def _maybe_steal(self) -> None:
         if self.stealing or self.shutting_down or len(self.peers) == 1:
@@ -552,7 +562,7 @@ class Shard:
             fn_id = id(item.fn)
             key = keys.get(fn_id) or keys.setdefault(fn_id, function_key(item.fn))
             estimate = estimates.get(key)
-            if not conn.admits(estimate):
+            if not conn.admits(estimate, self._allowance(key)):
                 break
             queue.popleft()
             if not item.start():
