@@ -73,7 +73,8 @@ os.execvp(sys.argv[2], sys.argv[2:])
 _ARENAS = "MALLOC_ARENA_MAX"
 
 
-FRESH_FIRST = 2  # workers started as new processes before the launcher takes over
+FRESH_FIRST = 2  # workers started as new processes before the launcher takes over (as many
+# as a small machine's cores: a pool of that size never needs the launcher)
 
 
 def _executor_pid() -> str:
@@ -199,14 +200,12 @@ class LocalBackend(Backend):
                 and ENV_LOCAL_ADDRESS in spec.env and spec.resources.memory is None)
 
     def _first_ones(self, spec: WorkerSpec) -> bool:
-        """The first `FRESH_FIRST` workers start as new processes, side by side with the
-        launcher's own start (a fork must wait for it): a small pool's first result comes as
-        soon as a spawned worker's would; the launcher serves every worker after them."""
+        """The first `FRESH_FIRST` workers start as new processes (a small pool's first result
+        comes as soon as a spawned worker's would, with no launcher to start beside it); the
+        launcher starts for the next one and serves every worker after them."""
         with self._lock:
             first = self._fresh < FRESH_FIRST
             self._fresh += first
-        if first:
-            self._the_launcher(spec.executor_id, fork=False)
         return first
 
     def _fork_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
@@ -230,8 +229,8 @@ class LocalBackend(Backend):
             self._exited(spec.worker_id)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _the_launcher(self, executor_id: str, *, fork: bool = True) -> Launcher:
-        """The launcher, started if need be; ``fork``: counts a fork as under way."""
+    def _the_launcher(self, executor_id: str) -> Launcher:
+        """The launcher, started if need be; counts a fork as under way."""
         with self._lock:
             if self._launcher is None:
                 env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(),
@@ -242,7 +241,7 @@ class LocalBackend(Backend):
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "
                         "pass python= to LocalBackend") from exc
-            self._spawning += fork
+            self._spawning += 1
             return self._launcher
 
     def _fork_exited(self, proc: ForkedProcess) -> None:
