@@ -47,6 +47,15 @@ class FrameBuffer:
         self.max_frame = max_frame
         self._buf = bytearray()
         self._pos = 0
+        self._chunk = memoryview(bytearray(CHUNK))  # reused: a read allocates nothing
+
+    def read_from(self, sock: socket.socket, flags: int = 0) -> tuple[int, int]:
+        """One ``recv`` into the buffer: (bytes read, bytes asked); 0 read means EOF."""
+        want = self.want()
+        into = self._chunk if want <= CHUNK else memoryview(bytearray(want))
+        n = sock.recv_into(into, want, flags)
+        self._buf += into[:n]
+        return n, want
 
     def frames(self) -> list[bytes]:
         """Every whole frame buffered, in order."""
@@ -77,9 +86,6 @@ class FrameBuffer:
             return max(CHUNK, size + 4 - have)
         return CHUNK
 
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-
 
 def framed(frame: bytes) -> list[bytes]:
     return [_LEN.pack(len(frame)), frame]
@@ -108,17 +114,15 @@ class UnixPipe:
 
     def read(self) -> list[bytes] | None:
         """The frames that arrived; None once the peer has hung up."""
-        want = self.reader.want()
         try:
-            data = self.sock.recv(want)
+            n, want = self.reader.read_from(self.sock)
         except BlockingIOError:
             return []
         except OSError:
             return None
-        if not data:
+        if not n:
             return None
-        self.drained = len(data) < want
-        self.reader.feed(data)
+        self.drained = n < want
         return self.reader.frames()
 
     def send_nowait(self, frame: bytes) -> bool:
@@ -281,14 +285,13 @@ class UnixLink:
 
     def _read(self, flags: int) -> None:
         try:
-            data = self.sock.recv(self.reader.want(), flags)
+            n, _ = self.reader.read_from(self.sock, flags)
         except (BlockingIOError, TimeoutError):
             raise
         except OSError as exc:
             raise LinkClosed(f"the connection to the executor failed: {exc}") from None
-        if not data:
+        if not n:
             raise LinkClosed("the connection to the executor closed")
-        self.reader.feed(data)
         self.ready.extend(self.reader.frames())
 
     def _set_timeout(self, option: int, seconds: float) -> None:

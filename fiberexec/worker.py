@@ -184,10 +184,10 @@ class Worker:
         link = self.link
         try:
             frame = link.recv(self.silence / 4) if block else link.try_recv()
-            while frame is not None:
+            while frame is not None:  # then what that read brought along: no system call
                 self.last_heard = time.monotonic()
                 self._on_message(p.decode(frame, allow_shm=self.allow_shm))
-                frame = link.try_recv()
+                frame = link.buffered()
         except LinkClosed as exc:
             self._executor_gone(str(exc))
         if block:
