@@ -103,7 +103,10 @@ class Endpoint:
 
     @property
     def kind(self) -> str:
-        return "unix" if self.bound is not None else "nng"
+        """The link of the peer sends go to: "unix", "nng", or "" before one authenticated."""
+        if self.bound is not None:
+            return "unix"
+        return "nng" if self.sealed_nng else ""
 
     def fileno(self) -> int:
         return self._poll.fileno()
