@@ -52,7 +52,7 @@ from fiberexec._serialize import (
     remote_traceback,
 )
 from fiberexec._session import Lifecycle, Session
-from fiberexec._task import WorkItem, function_key, settle
+from fiberexec._task import WorkItem, describe, function_key, settle
 
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
@@ -571,7 +571,7 @@ class Shard:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
                     index[fn_id] = len(functions) - 1
-                args = dumps((item.args, item.kwargs), what=f"arguments of task {item.task_id}")
+                args = dumps((item.args, item.kwargs), what=f"arguments of {describe(item)}")
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)
                 continue
@@ -589,7 +589,7 @@ class Shard:
 
     def _fail_unpicklable(self, item: WorkItem, exc: BaseException) -> None:
         if not isinstance(exc, SerializationError):
-            wrapped = PicklingError(f"cannot pickle the arguments of task {item.task_id}: "
+            wrapped = PicklingError(f"cannot pickle the arguments of {describe(item)}: "
                                     f"{type(exc).__name__} raised while pickling")
             wrapped.__cause__ = exc
             exc = wrapped
@@ -703,9 +703,8 @@ class Shard:
             for name in item.shm_names:
                 _shm.discard(name)
             error = WorkerLostError(
-                f"task {item.task_id} was running on {item.losses} workers that died; "
-                f"the last one: {why}. If that is transient, raise max_task_retries (now "
-                f"{self.config.max_task_retries}); otherwise check the task's memory use"
+                f"{describe(item)} was running on {item.losses} workers that died; "
+                f"the last one: {why}. {_hint(conn, self.config.max_task_retries)}"
             )
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
@@ -772,6 +771,22 @@ class Shard:
             conn.state = State.GONE
         self.losses.flush(float("inf"))
         self.selector.close()
+
+
+def _hint(conn: Conn, retries: int) -> str:
+    """What to do about a task that kept losing its workers, given how the last one ended."""
+    code = conn.status.exit_code if conn.status is not None else None
+    reason = (conn.status.reason or "") if conn.status is not None else ""
+    if code == -9 or "OOM" in reason or "memory" in reason.lower():
+        cause = "check the task's memory use (or raise memory=)"
+    elif code is not None and code < 0:
+        cause = "the task crashes its process (a fault in native code, or a signal)"
+    elif code is not None:
+        cause = "the task ends its process (sys.exit or os._exit in the task?)"
+    else:
+        cause = "check the task's memory use and the worker's output"
+    return (f"It was tried {retries + 1} times (max_task_retries={retries}); if the loss is "
+            f"transient, raise max_task_retries; otherwise {cause}")
 
 
 def _abrupt_end(conn: Conn) -> str:

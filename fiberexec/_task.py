@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -33,6 +34,20 @@ class WorkItem:
         return self.started
 
 
+def describe(item: WorkItem) -> str:
+    """A task as its user wrote it: ``module.function(short repr of the arguments)``."""
+    args = ", ".join([*map(_short_repr.repr, item.args),
+                      *(f"{k}={_short_repr.repr(v)}" for k, v in item.kwargs.items())])
+    if len(args) > 80:
+        args = args[:77] + "..."
+    return f"{function_key(item.fn)}({args})"
+
+
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = _short_repr.maxother = 24
+_short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 4
+
+
 def function_key(fn: Callable[..., Any]) -> str:
     """What run-time estimates are kept by: the function's (or its partial's) name."""
     inner = getattr(fn, "func", fn)
@@ -45,7 +60,7 @@ def settle(item: WorkItem, result: p.Result) -> bool:
     future = item.future
     if result.status is p.Status.OK:
         try:
-            value = loads(result.payload, what=f"result of task {item.task_id}")
+            value = loads(result.payload, what=f"result of {describe(item)}")
         except SerializationError as exc:
             future.set_exception(exc)
             return False

@@ -546,3 +546,18 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     b.answer("w0", [items[0].task_id], runtime=0.5)
     b.step()
     assert b.tasks_sent("w0") == [items[2].task_id]
+
+
+def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: Any) -> None:
+    b = bench(max_task_retries=0)
+    items = _hold_three(b)
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
+    b.step()
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.FAILED, -11)))
+    b.step()
+    error = items[0].future.exception(timeout=0)
+    assert isinstance(error, WorkerLostError)
+    message = str(error)
+    assert message.startswith(f"{__name__}.job({items[0].task_id}) was running on 1 workers")
+    assert "SIGSEGV" in message and "a fault in native code" in message
+    assert "memory" not in message  # a segfault is not a memory problem
