@@ -162,8 +162,8 @@ class TaskPool:
 
     def stats(self) -> Stats:
         shards = self.shards
-        done = sum(s.done for s in shards)
-        failed = sum(s.failed for s in shards)
+        done = sum(s.items_done for s in shards)  # map items, not the chunks carrying them
+        failed = sum(s.items_failed for s in shards)
         elapsed = time.monotonic() - self._t0 if self._t0 else 0.0
         ready, total = self.supervisor.counts()
         return Stats(

@@ -104,6 +104,7 @@ class Shard:
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
+        self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
         self._next_revoke_scan = 0.0
         # Results of a function in a row that came back as estimated (see _allowance).
@@ -257,10 +258,7 @@ class Shard:
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
-            if settle(item, result):
-                self.done += 1
-            else:
-                self.failed += 1
+            self._count(item, settle(item, result))
         conn.overstaying = False
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
@@ -311,6 +309,15 @@ class Shard:
         head = next(iter(conn.inflight.values()))
         expected = self.estimates.get(head.key, 0.0)
         return expected >= LONG_TASK or now - conn.head_since > max(LONG_TASK, 2 * expected)
+
+    def _count(self, item: WorkItem, ok: bool) -> None:
+        """A task finished: count it (and, for stats, the map items it carried)."""
+        if ok:
+            self.done += 1
+            self.items_done += item.items
+        else:
+            self.failed += 1
+            self.items_failed += item.items
 
     def _observe(self, key: str, runtime: float) -> None:
         estimates = self.estimates
@@ -594,7 +601,7 @@ class Shard:
             wrapped.__cause__ = exc
             exc = wrapped
         item.future.set_exception(exc)
-        self.failed += 1
+        self._count(item, False)
 
     def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:
         policy = p.ShmPolicy(self.session.executor_id) if conn.shm else None
@@ -708,7 +715,7 @@ class Shard:
             )
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
-            self.failed += 1
+            self._count(item, False)
         conn.doomed = []
         self._forget(conn)
         self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
@@ -759,7 +766,7 @@ class Shard:
                 item.future.set_exception(error)
             except Exception:
                 continue
-            self.failed += 1
+            self._count(item, False)
 
     def close(self) -> None:
         """Say goodbye to connected workers and close every channel (the loop's last act)."""

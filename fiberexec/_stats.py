@@ -17,7 +17,7 @@ class Stats:
     workers_starting: int
     tasks_pending: int  # submitted, not yet sent to a worker
     tasks_running: int  # sent to a worker, no result yet
-    tasks_done: int  # finished with a result
+    tasks_done: int  # finished with a result (a chunked map's items count one by one)
     tasks_failed: int  # finished with an exception (raised, unpicklable, worker lost)
     tasks_retried: int  # re-sent after their worker died
     tasks_stolen: int  # moved from a busy shard's queue to an idle shard's

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fiberexec import _protocol as p
+from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._serialize import loads, loads_exception
 
@@ -26,6 +27,13 @@ class WorkItem:
     cost: float = 0.0  # what Conn.hold counted when it was sent
     key: str = ""  # function_key(fn), once it was sent
 
+    @property
+    def items(self) -> int:
+        """How many of the user's items it carries: a chunk of a chunked map, or one."""
+        if self.fn in _CHUNK_RUNNERS and len(self.args) == 2:
+            return len(self.args[1])
+        return 1
+
     def start(self) -> bool:
         """Mark running before the first dispatch; False if the user cancelled it."""
         if self.started:
@@ -34,8 +42,15 @@ class WorkItem:
         return self.started
 
 
+_CHUNK_RUNNERS = (map_chunk, starmap_chunk)
+
+
 def describe(item: WorkItem) -> str:
     """A task as its user wrote it: ``module.function(short repr of the arguments)``."""
+    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
+        fn, chunk = item.args
+        first = _short_repr.repr(chunk[0]) if chunk else ""
+        return f"{function_key(fn)} on a chunk of {len(chunk)} map items from {first}"
     args = ", ".join([*map(_short_repr.repr, item.args),
                       *(f"{k}={_short_repr.repr(v)}" for k, v in item.kwargs.items())])
     if len(args) > 80:

@@ -191,6 +191,16 @@ def test_stats_count_tasks(executor: FiberExecutor) -> None:
     assert stats.throughput > 0
 
 
+def test_stats_count_map_items_not_chunks(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    assert list(ex.map(tasks.square, range(96), chunksize=8, timeout=60)) == [
+        i * i for i in range(96)]
+    with pytest.raises(ValueError):
+        list(ex.map(tasks.raise_value_error, ["x"] * 4, chunksize=4, timeout=60))
+    stats = ex.stats()
+    assert (stats.tasks_done, stats.tasks_failed) == (96, 4)
+
+
 def test_progress_hook_sees_completion(make_executor: ExecutorFactory) -> None:
     seen = []
     ex = make_executor(2, progress=seen.append)
