@@ -103,7 +103,8 @@ class Endpoint:
 
     @property
     def kind(self) -> str:
-        """The link of the peer sends go to: "unix", "nng", or "" before one authenticated."""
+        """The link sends go over: "unix" once a local peer said hello, "nng" once a network
+        peer authenticated, "" before either."""
         if self.bound is not None:
             return "unix"
         return "nng" if self.sealed_nng else ""
