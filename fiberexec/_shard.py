@@ -52,7 +52,7 @@ from fiberexec._serialize import (
     remote_traceback,
 )
 from fiberexec._session import Lifecycle, Session
-from fiberexec._task import WorkItem, describe, function_key, settle
+from fiberexec._task import WorkItem, describe, function_key, name_task, settle
 
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
@@ -578,7 +578,7 @@ class Shard:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
                     index[fn_id] = len(functions) - 1
-                args = dumps((item.args, item.kwargs), what=f"arguments of {describe(item)}")
+                args = dumps((item.args, item.kwargs), what="arguments")
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)
                 continue
@@ -596,11 +596,11 @@ class Shard:
 
     def _fail_unpicklable(self, item: WorkItem, exc: BaseException) -> None:
         if not isinstance(exc, SerializationError):
-            wrapped = PicklingError(f"cannot pickle the arguments of {describe(item)}: "
+            wrapped = PicklingError(f"cannot pickle the arguments: "
                                     f"{type(exc).__name__} raised while pickling")
             wrapped.__cause__ = exc
             exc = wrapped
-        item.future.set_exception(exc)
+        item.future.set_exception(name_task(exc, item))
         self._count(item, False)
 
     def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:

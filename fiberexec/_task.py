@@ -45,6 +45,14 @@ class WorkItem:
 _CHUNK_RUNNERS = (map_chunk, starmap_chunk)
 
 
+def name_task(exc: BaseException, item: WorkItem) -> BaseException:
+    """``exc``, its message ending with the task it is about (named only when it fails:
+    a repr of the arguments can cost more than running the task)."""
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} (the task: {describe(item)})", *exc.args[1:])
+    return exc
+
+
 def describe(item: WorkItem) -> str:
     """A task as its user wrote it: ``module.function(short repr of the arguments)``."""
     if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
@@ -75,9 +83,9 @@ def settle(item: WorkItem, result: p.Result) -> bool:
     future = item.future
     if result.status is p.Status.OK:
         try:
-            value = loads(result.payload, what=f"result of {describe(item)}")
+            value = loads(result.payload, what="result")
         except SerializationError as exc:
-            future.set_exception(exc)
+            future.set_exception(name_task(exc, item))
             return False
         future.set_result(value)
         return True

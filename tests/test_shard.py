@@ -561,3 +561,23 @@ def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: An
     assert message.startswith(f"{__name__}.job({items[0].task_id}) was running on 1 workers")
     assert "SIGSEGV" in message and "a fault in native code" in message
     assert "memory" not in message  # a segfault is not a memory problem
+
+
+class _CountsReprs:
+    reprs = 0
+
+    def __repr__(self) -> str:
+        type(self).reprs += 1
+        return "counted"
+
+
+def test_a_task_is_described_only_when_it_fails(bench: Any) -> None:
+    """A repr of the arguments can cost more than the task (numpy arrays): none on success."""
+    b = bench()
+    b.connect("w0")
+    item = WorkItem(1, Future(), job, (_CountsReprs(),), {})
+    b.shard.put(item)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+    b.step()
+    assert item.future.done() and _CountsReprs.reprs == 0
