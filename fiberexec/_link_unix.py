@@ -30,7 +30,7 @@ from fiberexec._errors import LinkClosed, ProtocolError
 
 _LEN = struct.Struct("!I")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-CHUNK = 256 << 10  # bytes one recv asks for
+CHUNK = 64 << 10  # bytes one recv asks for (under malloc's mmap threshold: no mmap per read)
 MAX_QUEUED = 4096  # frames waiting to be written: credit keeps far fewer, so more means hung
 _peer_ids = itertools.count(1)
 
@@ -47,15 +47,13 @@ class FrameBuffer:
         self.max_frame = max_frame
         self._buf = bytearray()
         self._pos = 0
-        self._chunk = memoryview(bytearray(CHUNK))  # reused: a read allocates nothing
 
     def read_from(self, sock: socket.socket, flags: int = 0) -> tuple[int, int]:
         """One ``recv`` into the buffer: (bytes read, bytes asked); 0 read means EOF."""
         want = self.want()
-        into = self._chunk if want <= CHUNK else memoryview(bytearray(want))
-        n = sock.recv_into(into, want, flags)
-        self._buf += into[:n]
-        return n, want
+        data = sock.recv(want, flags)
+        self._buf += data
+        return len(data), want
 
     def frames(self) -> list[bytes]:
         """Every whole frame buffered, in order."""
