@@ -114,6 +114,14 @@ ROWS: list[Row] = [
     _time_row("first_result", "construct to first result, s", 0.10),
     _time_row("shutdown", "shutdown, s", 0.1),
     _eff_row("es", "ES generation (population x ~2 ms tasks), efficiency", 0.95),
+    Row("es_8mb", "ES, 8 MiB vector read by 64 tasks x 5 generations, s (MiB sent/gen.)",
+        lambda m: m["elapsed_s"],
+        lambda m: f"{m['elapsed_s']:.2f}" + (f" ({m['vector_mib_sent_per_generation']:.0f})"
+                                             if "vector_mib_sent_per_generation" in m else ""),
+        "<= 1/3 of stdlib's time, ~workers x 8 MiB sent per generation",
+        lambda by: _fx(by)["elapsed_s"] * 3 <= by["stdlib"]["elapsed_s"]
+        and _fx(by)["vector_mib_sent_per_generation"] <= 2 * 8 * 1.05,
+        higher_is_better=False, plot_target=lambda by: 3.0),
     _sim_row(1),
     _sim_row(4),
 ]

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
 WORKLOADS = ("submit", "map", "barrier", "rounds_n", "burst", "latency", "array",
-             "first_result", "shutdown", "es")
+             "first_result", "shutdown", "es", "es_8mb")
 SIM_SHARDS = (1, 4)
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

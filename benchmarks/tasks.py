@@ -77,3 +77,11 @@ def time_es(params: np.ndarray[Any, Any], iters: int, samples: int) -> float:
         es_fitness(params, iters)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def es_sampled_fitness(params: np.ndarray[Any, Any], seed: int) -> float:
+    """A fitness that reads a seeded sample of a large parameter vector: moving the vector,
+    not computing on it, is the cost (an ES whose workers hold a big model)."""
+    rng = np.random.default_rng(seed)
+    picked = params[rng.integers(0, params.size, 1000)]
+    return float(-np.square(picked - 0.5).sum())

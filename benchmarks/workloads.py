@@ -242,6 +242,33 @@ def es_generation(name: str, sizes: dict[str, int], iters: int) -> Metrics:
     return _with_warm_system(name, body)
 
 
+def es_large_vector(name: str, sizes: dict[str, int]) -> Metrics:
+    """ES with an 8 MB parameter vector every task reads: 64 tasks a generation, updated in
+    place between generations. What it measures is moving the vector to the workers."""
+    population, generations = 64, sizes["es_generations"]
+    theta = np.zeros(1 << 20)  # 8 MiB of float64
+
+    def body(system: System) -> Metrics:
+        def run(s: System) -> None:
+            for generation in range(generations):
+                handles = [s.submit(tasks.es_sampled_fitness, theta, generation * population + i)
+                           for i in range(population)]
+                fitness = np.array([s.result(h, TIMEOUT) for h in handles])
+                theta[: fitness.size] += 0.01 * (fitness - fitness.mean())
+                np.add(theta, 1e-3, out=theta)  # every generation a new vector, in place
+
+        elapsed = _timed(system, run)
+        metrics: Metrics = {"elapsed_s": elapsed, "generations": generations,
+                            "population": population, "vector_mib": theta.nbytes / 2**20}
+        stats = getattr(getattr(system, "executor", None), "stats", None)
+        if stats is not None:  # fiberexec: what crossed to the workers, per generation
+            sent = stats().args_kept_bytes / generations
+            metrics["vector_mib_sent_per_generation"] = sent / 2**20
+        return metrics
+
+    return _with_warm_system(name, body)
+
+
 WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "submit": submit_throughput,
     "map": map_throughput,
@@ -253,6 +280,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "first_result": first_result,
     "shutdown": shutdown_time,
     "es": es_generation,
+    "es_8mb": es_large_vector,
 }
 
 

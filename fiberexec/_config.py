@@ -60,6 +60,7 @@ class ExecutorConfig:
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     tls: TLSOptions | None = None
     ports: tuple[int, int] | None = None  # the range worker channels listen in (inclusive)
+    arg_cache: int = 256 << 20  # bytes of large arguments each worker keeps; 0: none
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)
@@ -119,6 +120,16 @@ def _memory(value: object) -> int | None:
         return parse_memory(value)
     except ConfigurationError:
         raise _Invalid("bytes > 0 or a quantity like '512Mi' or '2G'") from None
+
+
+def _cache_size(value: object) -> int:
+    if value in (0, "0"):
+        return 0
+    try:
+        size = _memory(value)
+    except _Invalid:
+        raise _Invalid("0 (off), bytes, or a quantity like '256Mi'") from None
+    return int(size or 0)
 
 
 def _ports(value: object) -> tuple[int, int]:
@@ -272,6 +283,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("start_retry", _retry, RetryPolicy(),
             "a `RetryPolicy`: how starting a worker is retried on transient backend errors.",
             unset=(None, RetryPolicy())),
+    Setting("arg_cache", _cache_size, 256 << 20,
+            "bytes of large task arguments (1 MiB and more) each worker keeps, so an argument "
+            "many tasks share (a parameter vector) reaches each worker once; ``0`` turns it "
+            "off (default ``\"256Mi\"``, of which a worker holds only what its recent tasks "
+            "used). A bytes-for-memory trade: see the guarantees page."),
     Setting("ports", _optional(_ports), None,
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "

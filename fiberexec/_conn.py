@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
+from fiberexec._argcache import Mirror
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._task import WorkItem
 
@@ -56,6 +57,7 @@ class Conn:
         self.head_since = now  # when the first task it holds started (about: sent or freed)
         self.overstaying = False  # its first task outran its estimate: queue nothing behind
         self.revoking = False  # asked to give back tasks it has not started
+        self.cache: Mirror | None = None  # what it keeps of large arguments
 
     @property
     def pipe_id(self) -> int | None:

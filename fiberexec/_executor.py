@@ -91,6 +91,7 @@ class FiberExecutor(Executor):
         progress: Callable[[Stats], None] | None = None,
         tls: TLSOptions | None = None,
         ports: str | int | tuple[int, int] | None = None,
+        arg_cache: int | str | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):

@@ -178,4 +178,6 @@ class TaskPool:
             workers_lost=sum(s.lost for s in shards),
             messages_rejected=sum(s.rejected for s in shards),
             throughput=(done + failed) / elapsed if elapsed > 0 else 0.0,
+            args_kept_bytes=sum(s.arg_tally.kept for s in shards),
+            args_saved_bytes=sum(s.arg_tally.saved for s in shards),
         )

@@ -30,12 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fiberexec import _shm
+from fiberexec import _argcache, _shm
+from fiberexec._argcache import Mirror, Store
 from fiberexec._errors import ProtocolError
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 2
+VERSION = 3
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -44,7 +45,10 @@ HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected 
 _HEADER = struct.Struct("!2sBB")
 _U32 = struct.Struct("!I")
 _PAYLOAD = struct.Struct("!IH")  # pickle length, number of out-of-band buffers
-_BUFFER = struct.Struct("!BQ")  # mode (0 inline, 1 shared memory), size
+_BUFFER = struct.Struct("!BQ")  # mode (bits below), size
+_SHM = 1  # the buffer is in a shared-memory file, named next (else inline, after the header)
+_KEEP = 2  # a key follows: the worker keeps the buffer under it (fiberexec._argcache)
+_REF = 4  # only a key follows: the worker holds the buffer already
 _TASK = struct.Struct("!QIIH")  # task id, function index, then a payload head
 _RESULT = struct.Struct("!QBdIH")  # task id, status, runtime, then a payload head
 
@@ -96,6 +100,7 @@ class Setup:
     silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited
     initializer: Payload | None
+    arg_cache: int = 0  # bytes of large arguments to keep (fiberexec._argcache); 0: none
 
 
 @dataclass(slots=True)
@@ -175,9 +180,11 @@ class ShmPolicy:
 
 
 class _Writer:
-    def __init__(self, kind: Kind, shm: ShmPolicy | None) -> None:
+    def __init__(self, kind: Kind, shm: ShmPolicy | None, cache: Mirror | None) -> None:
         self.parts: list[bytes | memoryview] = [_HEADER.pack(MAGIC, VERSION, kind)]
         self.shm = shm
+        self.cache = cache
+        self.keys: dict[tuple[int, int], bytes] = {}  # this frame's digests, by buffer owner
 
     def pack(self, fmt: str, *values: object) -> None:
         self.parts.append(struct.pack(fmt, *values))
@@ -201,24 +208,43 @@ class _Writer:
             self._buffer(buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer)
 
     def _buffer(self, view: memoryview) -> None:
+        cache, key = self.cache, b""
+        if cache is not None and cache.cacheable(view.nbytes):
+            key = self._key(view)
+            if cache.note(key, view.nbytes):  # the worker holds it: send the key alone
+                self.pack("!BQ", _REF, view.nbytes)
+                self.parts.append(key)
+                return
+        keep = _KEEP if key else 0
         shm = self.shm
         if shm is not None and shm.executor_id is not None and view.nbytes >= shm.threshold:
             name = _shm.write(shm.executor_id, view)
             shm.created.append(name)
-            self.pack("!BQ", 1, view.nbytes)
+            self.pack("!BQ", _SHM | keep, view.nbytes)
+            self.parts.append(key)
             self.text(name)
         else:
-            self.pack("!BQ", 0, view.nbytes)
+            self.pack("!BQ", keep, view.nbytes)
+            self.parts.append(key)
             self.parts.append(view)
+
+    def _key(self, view: memoryview) -> bytes:
+        # One digest per buffer owner per frame: a map's tasks share one parameter vector.
+        owner = (id(view.obj), view.nbytes)
+        key = self.keys.get(owner)
+        if key is None:
+            key = self.keys[owner] = _argcache.digest(view)
+        return key
 
     def frame(self) -> bytes:
         return b"".join(self.parts)
 
 
-def encode(message: Message, shm: ShmPolicy | None = None) -> bytes:
-    """Encode ``message`` into one frame."""
+def encode(message: Message, shm: ShmPolicy | None = None, cache: Mirror | None = None) -> bytes:
+    """Encode ``message`` into one frame; ``cache`` mirrors what the receiving worker keeps
+    of large arguments (see `fiberexec._argcache`)."""
     kind, write = _ENCODERS[type(message)]
-    writer = _Writer(kind, shm)
+    writer = _Writer(kind, shm, cache)
     write(writer, message)
     return writer.frame()
 
@@ -242,7 +268,7 @@ def _enc_auth(w: _Writer, m: Auth) -> None:
 
 
 def _enc_setup(w: _Writer, m: Setup) -> None:
-    w.pack("!ddIB", m.heartbeat, m.silence, m.max_tasks, m.initializer is not None)
+    w.pack("!ddIQB", m.heartbeat, m.silence, m.max_tasks, m.arg_cache, m.initializer is not None)
     if m.initializer is not None:
         w.payload(m.initializer)
 
@@ -252,8 +278,10 @@ def _enc_tasks(w: _Writer, m: Tasks) -> None:
     for fn in m.functions:
         w.payload(fn)
     w.pack("!I", len(m.tasks))
-    parts, head = w.parts, _TASK.pack
+    parts, head, cache = w.parts, _TASK.pack, w.cache
     for task in m.tasks:
+        if cache is not None:
+            cache.next_task()
         args = task.args
         parts.append(head(task.task_id, task.function, len(args.data), len(args.buffers)))
         if args.buffers:
@@ -316,10 +344,11 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
 
 
 class _Reader:
-    def __init__(self, data: bytes, allow_shm: bool) -> None:
+    def __init__(self, data: bytes, allow_shm: bool, store: Store | None) -> None:
         self.view = memoryview(data)
         self.pos = 0
         self.allow_shm = allow_shm
+        self.store = store
 
     def take(self, n: int) -> memoryview:
         end = self.pos + n
@@ -372,15 +401,32 @@ class _Reader:
 
     def _buffer(self) -> memoryview:
         mode, size = self.unpack_struct(_BUFFER)
+        if mode & (_KEEP | _REF):
+            return self._cached(mode, int(size))
+        return self._plain(mode, int(size))
+
+    def _plain(self, mode: int, size: int) -> memoryview:
         if mode == 0:
-            return memoryview(bytearray(self.take(int(size))))
-        if mode == 1 and self.allow_shm:
+            return memoryview(bytearray(self.take(size)))
+        if mode == _SHM and self.allow_shm:
             name = self.text()
             try:
-                return _shm.take(name, int(size))
+                return _shm.take(name, size)
             except (OSError, ValueError) as exc:
                 raise ProtocolError(f"shared-memory buffer {name!r} unavailable: {exc}") from exc
         raise ProtocolError(f"unknown buffer mode {mode}")
+
+    def _cached(self, mode: int, size: int) -> memoryview:
+        store = self.store
+        if store is None:
+            raise ProtocolError("a cached argument was sent to a peer that keeps none")
+        key = bytes(self.take(_argcache.KEY_SIZE))
+        if mode == _REF:
+            copy = store.take(key)
+            if copy is None or copy.nbytes != size:
+                raise ProtocolError(f"a cached argument ({key.hex()[:12]}) is not held here")
+            return copy
+        return store.keep(key, self._plain(mode & ~_KEEP, size))
 
     def end(self) -> None:
         if self.pos != len(self.view):
@@ -402,10 +448,11 @@ def peek_kind(frame: bytes) -> Kind:
         raise ProtocolError(f"unknown message kind {kind}") from None
 
 
-def decode(frame: bytes, *, allow_shm: bool = False) -> Message:
-    """Decode one frame; raise `ProtocolError` for anything malformed."""
+def decode(frame: bytes, *, allow_shm: bool = False, store: Store | None = None) -> Message:
+    """Decode one frame; raise `ProtocolError` for anything malformed. ``store`` keeps the
+    large arguments the executor marks to keep (see `fiberexec._argcache`)."""
     kind = peek_kind(frame)
-    reader = _Reader(frame, allow_shm)
+    reader = _Reader(frame, allow_shm, store)
     reader.take(_HEADER.size)
     try:
         message = _DECODERS[kind](reader)
@@ -428,17 +475,20 @@ def _dec_auth(r: _Reader) -> Auth:
 
 
 def _dec_setup(r: _Reader) -> Setup:
-    heartbeat, silence, max_tasks, has_init = r.unpack("!ddIB")
+    heartbeat, silence, max_tasks, arg_cache, has_init = r.unpack("!ddIQB")
     if has_init not in (0, 1):
         raise ProtocolError(f"bad initializer flag {has_init}")
     return Setup(float(heartbeat), float(silence), int(max_tasks),
-                 r.payload() if has_init else None)
+                 r.payload() if has_init else None, int(arg_cache))
 
 
 def _dec_tasks(r: _Reader) -> Tasks:
     functions = [r.payload() for _ in range(r.count(_PAYLOAD.size))]
     tasks = []
+    store = r.store
     for _ in range(r.count(_TASK.size)):
+        if store is not None:
+            store.next_task()
         task_id, function, size, nbuffers = r.unpack_struct(_TASK)
         if function >= len(functions):
             raise ProtocolError(f"task refers to function {function} of {len(functions)}")

@@ -34,6 +34,7 @@ from typing import Any
 from fiberexec import _auth, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
+from fiberexec._argcache import Mirror, Tally
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._conn import LONG_TASK, MAX_WINDOW, Conn, State
 from fiberexec._errors import (
@@ -103,6 +104,7 @@ class Shard:
         self.estimates: dict[str, float] = {}  # function key -> smoothed run time, seconds
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
+        self.arg_tally = Tally()  # large arguments kept by workers, and bytes that saved
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
@@ -388,7 +390,8 @@ class Shard:
         self.ready_workers += 1
         cfg = self.config
         self._send(conn, p.Setup(cfg.heartbeat, cfg.silence_timeout, conn.max_tasks,
-                                 self.session.initializer))
+                                 self.session.initializer, cfg.arg_cache))
+        conn.cache = Mirror(cfg.arg_cache, self.arg_tally) if cfg.arg_cache else None
         conn.initializing = self.session.initializer is not None
         self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
@@ -605,7 +608,7 @@ class Shard:
 
     def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:
         policy = p.ShmPolicy(self.session.executor_id) if conn.shm else None
-        frame = p.encode(message, policy)
+        frame = p.encode(message, policy, conn.cache)
         if policy is not None and policy.created:
             for item in items:
                 item.shm_names = policy.created

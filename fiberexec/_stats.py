@@ -24,6 +24,8 @@ class Stats:
     workers_lost: int
     messages_rejected: int  # unauthenticated, malformed or oversized
     throughput: float
+    args_kept_bytes: int = 0  # large arguments sent to workers that keep them (arg_cache)
+    args_saved_bytes: int = 0  # large arguments not sent: the worker kept them already
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in fields(self))

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 from fiberexec import _auth, _contract, _shm, _syspath
 from fiberexec import _protocol as p
+from fiberexec._argcache import Store
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
@@ -74,6 +75,7 @@ class Worker:
         )
         self.shm = p.ShmPolicy()
         self.allow_shm = False
+        self.store: Store | None = None  # large arguments kept (fiberexec._argcache)
         self.heartbeat = 1.0
         self.silence = 30.0  # seconds of the executor's silence after which this worker leaves
         self.max_tasks = 0
@@ -123,6 +125,7 @@ class Worker:
             self.outbox.shm = self.shm
         self.heartbeat, self.max_tasks = setup.heartbeat, setup.max_tasks
         self.silence = setup.silence
+        self.store = Store(setup.arg_cache) if setup.arg_cache else None
         return setup
 
     def _expect(self, kind: type[M], timeout: float) -> M:
@@ -163,7 +166,7 @@ class Worker:
         with self._recv_lock:
             while (frame := self.link.buffered()) is not None:
                 self.last_heard = time.monotonic()
-                self._on_message(p.decode(frame, allow_shm=self.allow_shm))
+                self._on_message(p.decode(frame, allow_shm=self.allow_shm, store=self.store))
 
     def check_executor(self) -> None:
         """From the outbox thread, while the main thread runs a task: take in what arrived,
@@ -186,7 +189,7 @@ class Worker:
             frame = link.recv(self.silence / 4) if block else link.try_recv()
             while frame is not None:  # then what that read brought along: no system call
                 self.last_heard = time.monotonic()
-                self._on_message(p.decode(frame, allow_shm=self.allow_shm))
+                self._on_message(p.decode(frame, allow_shm=self.allow_shm, store=self.store))
                 frame = link.buffered()
         except LinkClosed as exc:
             self._executor_gone(str(exc))

@@ -171,3 +171,10 @@ def sleep_pid(seconds: float) -> int:
     """Sleep, then say which worker process ran the task."""
     time.sleep(seconds)
     return os.getpid()
+
+
+def sum_then_scribble(array: Any) -> float:
+    """The argument's sum as it arrived, then change it in place (a task's own copy)."""
+    total = float(array.sum())
+    array += 1.0
+    return total

@@ -24,7 +24,7 @@ messages = st.one_of(
     st.builds(p.Challenge, nonces, proofs, texts),
     st.builds(p.Auth, proofs, st.binary(max_size=40)),
     st.builds(p.Setup, st.floats(0.01, 100), st.floats(0.01, 1000), st.integers(0, 2**32 - 1),
-              st.none() | payloads),
+              st.none() | payloads, st.integers(0, 2**64 - 1)),
     payloads.flatmap(
         lambda fn: st.builds(
             p.Tasks,

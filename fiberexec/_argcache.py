@@ -1,0 +1,143 @@
+"""Large arguments sent once per worker: a content-keyed cache the executor mirrors.
+
+An out-of-band buffer of at least `THRESHOLD` bytes in a task's arguments (a parameter
+vector, a noise table) is keyed by its SHA-256. The first time a worker is sent it, the buffer
+travels as usual, marked *keep*; after that only its key travels (*ref*). The worker keeps
+what it is told to keep in a `Store`; the executor's `Mirror` of that store applies the same
+operations in the same order (a worker decodes frames in the order they were encoded), so the
+executor knows, without asking, what each worker holds::
+
+    executor: _Writer._buffer  --Mirror.note(key)-->  miss: KEEP key + buffer
+                                                      hit:  REF key
+    worker:   _Reader._buffer  --Store.keep / Store.take-->  the task's own writable copy
+
+Both sides evict by one rule (`_Entries`): when a new entry is kept, entries that no task used
+among the worker's last `STALE_AFTER` tasks go, and then the least recently used go until the
+total fits the capacity. An ES loop whose parameter vector changes each generation so holds
+about two vectors per worker, not a capacity's worth of old ones.
+
+A task always gets its own copy of a kept buffer, so a task that changes an argument in place
+changes nothing another task sees, as with the standard library's fresh copy per task. Keys
+are content digests, taken at each dispatch: a buffer changed between two tasks is a new key,
+and nothing stale is ever served.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+THRESHOLD = 1 << 20  # smaller buffers cost less to send than to hash
+KEY_SIZE = 32
+STALE_AFTER = 8  # tasks without a use after which an entry goes when another is kept
+
+
+def digest(view: memoryview) -> bytes:
+    """The key of a buffer's content."""
+    return hashlib.sha256(view).digest()
+
+
+class _Entries:
+    """Sizes and last uses by key, in use order: the eviction rule both sides share."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.tick = 0  # tasks seen
+        self.last: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
+        self.used = 0
+
+    def next_task(self) -> None:
+        self.tick += 1
+
+    def fits(self, size: int) -> bool:
+        return 0 < size <= self.capacity
+
+    def touch(self, key: bytes) -> bool:
+        """Note a use of ``key``; whether it is held."""
+        entry = self.last.get(key)
+        if entry is None:
+            return False
+        self.last[key] = (entry[0], self.tick)
+        self.last.move_to_end(key)
+        return True
+
+    def add(self, key: bytes, size: int) -> list[bytes]:
+        """Hold ``key``; return the keys evicted to make room."""
+        gone = [k for k, (_, last) in self.last.items() if last < self.tick - STALE_AFTER]
+        while self.used + size > self.capacity and len(gone) < len(self.last):
+            oldest = next(k for k in self.last if k not in gone)
+            gone.append(oldest)
+        for key_gone in gone:
+            self.used -= self.last.pop(key_gone)[0]
+        self.last[key] = (size, self.tick)
+        self.used += size
+        return gone
+
+
+class Tally:
+    """Bytes of large arguments a shard sent to be kept, and bytes it did not send."""
+
+    def __init__(self) -> None:
+        self.kept = 0
+        self.saved = 0
+
+
+class Mirror:
+    """What one worker holds, as the executor knows it (owned by the worker's shard)."""
+
+    def __init__(self, capacity: int, tally: Tally | None = None, *,
+                 threshold: int = THRESHOLD) -> None:
+        self._entries = _Entries(capacity)
+        self.tally = tally or Tally()
+        self.threshold = threshold
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The keys the worker holds, least recently used first."""
+        return list(self._entries.last)
+
+    def next_task(self) -> None:
+        self._entries.next_task()
+
+    def cacheable(self, size: int) -> bool:
+        return size >= self.threshold and self._entries.fits(size)
+
+    def note(self, key: bytes, size: int) -> bool:
+        """Record that a task needs ``key``; whether the worker holds it already (send a
+        reference) or not (send the buffer, to be kept)."""
+        entries = self._entries
+        if entries.touch(key):
+            self.tally.saved += size
+            return True
+        entries.add(key, size)
+        self.tally.kept += size
+        return False
+
+
+class Store:
+    """The buffers one worker keeps, evicted by the same rule as the executor's `Mirror`."""
+
+    def __init__(self, capacity: int) -> None:
+        self._entries = _Entries(capacity)
+        self._buffers: dict[bytes, memoryview] = {}
+
+    def next_task(self) -> None:
+        self._entries.next_task()
+
+    def keep(self, key: bytes, buffer: memoryview) -> memoryview:
+        """Keep ``buffer`` under ``key``; return the task's own copy."""
+        for gone in self._entries.add(key, buffer.nbytes):
+            self._buffers.pop(gone).release()
+        self._buffers[key] = buffer
+        return memoryview(bytearray(buffer))
+
+    def take(self, key: bytes) -> memoryview | None:
+        """A fresh copy of the buffer kept under ``key``, or None if it is not held."""
+        if not self._entries.touch(key):
+            return None
+        return memoryview(bytearray(self._buffers[key]))
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The keys held, least recently used first."""
+        return list(self._entries.last)
