@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=("full", "quick"))
     parser.add_argument("--iters", type=int, default=0, help="ES fitness iterations")
     parser.add_argument("--shards", type=int, default=1, help="simulated workload's shards")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="simulated workload's workers (default: the mode's size)")
     args = parser.parse_args(argv)
 
     from benchmarks import workloads  # after argument parsing: --help stays fast
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.workload == "es":
             metrics = workloads.es_generation(args.system, sizes, args.iters)
         elif args.workload == "simulated":
+            if args.workers:
+                sizes = {**sizes, "sim_workers": args.workers}
             metrics = workloads.simulated_dispatch(args.system, sizes, args.shards)
         else:
             metrics = workloads.WORKLOADS[args.workload](args.system, sizes)

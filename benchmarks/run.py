@@ -31,7 +31,10 @@ ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
 WORKLOADS = ("submit", "map", "barrier", "rounds_n", "burst", "latency", "array",
              "first_result", "shutdown", "es", "es_8mb")
-SIM_SHARDS = (1, 4)
+#: (row key, simulated workers, shards). 4096 workers need about 7 descriptors each in the
+#: executor (its nng listener, connection and notification pipes, the local listener, epoll):
+#: more than a 20,000-descriptor container allows; ``measure simulated --workers`` runs it.
+SIM_RUNS = (("simulated_1", 1024, 1), ("simulated_4", 1024, 4))
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -90,9 +93,9 @@ def plan(workloads: list[str], systems: list[str], mode: str, iters: int) -> lis
     steps = []
     for workload in workloads:
         if workload == "simulated":
-            for shards in SIM_SHARDS:
-                steps.append((f"simulated_{shards}", "fiberexec",
-                              ["simulated", "fiberexec", mode, "--shards", str(shards)]))
+            for key, workers, shards in SIM_RUNS:
+                steps.append((key, "fiberexec", ["simulated", "fiberexec", mode, "--shards",
+                                                 str(shards), "--workers", str(workers)]))
             continue
         extra = ["--iters", str(iters)] if workload == "es" else []
         steps.extend((workload, system, [workload, system, mode, *extra]) for system in systems)
