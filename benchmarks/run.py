@@ -31,9 +31,9 @@ ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
 WORKLOADS = ("submit", "map", "barrier", "rounds_n", "burst", "latency", "array",
              "first_result", "shutdown", "es", "es_8mb")
-#: (row key, simulated workers, shards). 4096 workers need about 7 descriptors each in the
-#: executor (its nng listener, connection and notification pipes, the local listener, epoll):
-#: more than a 20,000-descriptor container allows; ``measure simulated --workers`` runs it.
+#: (row key, simulated workers, shards). 4096 workers need 5 descriptors each in the
+#: executor (measured: nng listener and connection, notification pipe, local listener, epoll),
+#: 20,480: more than this 20,000-descriptor container allows; ``measure simulated --workers``.
 SIM_RUNS = (("simulated_1", 1024, 1), ("simulated_4", 1024, 4))
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
