@@ -178,3 +178,17 @@ def sum_then_scribble(array: Any) -> float:
     total = float(array.sum())
     array += 1.0
     return total
+
+
+def hold_until(started: Any, release: Any) -> Any:
+    """Say so on ``started`` (a Connection), then wait for what comes on ``release``."""
+    started.send(os.getpid())
+    started.close()
+    if not release.poll(60):
+        raise TimeoutError("nobody released the task within 60s")
+    return release.recv()
+
+
+def hold_init(started: Any, release: Any) -> None:
+    """An initializer that waits (as `hold_until`) until the test lets it finish."""
+    hold_until(started, release)
