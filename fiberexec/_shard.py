@@ -207,13 +207,14 @@ class Shard:
         return max(0.0, self._next_housekeeping - self.clock())
 
     def finished(self) -> bool:
-        """Shut down, and nothing is left to run or to hear about: no task out, and (unless
-        the executor broke) no connected worker still in its initializer, which a stop
-        would cut short (the stdlib's workers finish theirs too)."""
+        """Shut down, and nothing is left to run or to hear about: no task out, no task
+        that ran out of retries still awaiting its worker's exit status to fail with, and
+        (unless the executor broke) no connected worker still in its initializer, which a
+        stop would cut short (the stdlib's workers finish theirs too)."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
-        return not any(c.inflight or (c.initializing and c.state is State.READY
-                                      and self.broken is None)
+        return not any(c.inflight or c.doomed or (c.initializing and c.state is State.READY
+                                                  and self.broken is None)
                        for c in self.conns.values())
 
     # ------------------------------------------------------------ receiving
@@ -754,7 +755,9 @@ class Shard:
         items = list(self.queue) + list(self.incoming)
         for conn in self.conns.values():
             items.extend(conn.inflight.values())
+            items.extend(conn.doomed)
             conn.inflight.clear()
+            conn.doomed = []
         self.queue.clear()
         self.incoming.clear()
         for item in items:
