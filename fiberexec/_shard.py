@@ -213,9 +213,17 @@ class Shard:
         stop would cut short (the stdlib's workers finish theirs too)."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
+        if self._initializers_to_come():
+            return False
         return not any(c.inflight or c.doomed or (c.initializing and c.state is State.READY
                                                   and self.broken is None)
                        for c in self.conns.values())
+
+    def _initializers_to_come(self) -> bool:
+        """Workers started before the shutdown will run the initializer, as a stdlib pool's
+        do even when no task comes: wait for them to connect (or fail to start)."""
+        return (self.session.initializer is not None and self.broken is None
+                and self.lifecycle.starting(self.index) > 0)
 
     # ------------------------------------------------------------ receiving
 

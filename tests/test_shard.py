@@ -132,6 +132,9 @@ class Recorder:
     def ready_count(self) -> int:
         return len(self.ready)
 
+    def starting(self, index: int) -> int:
+        return 0  # the fake starts nothing
+
     def break_executor(self, message: str, cause: BaseException | None) -> None:
         self.calls.append(("broken", message))
 
