@@ -277,12 +277,19 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         self._call_options.pop("max_workers", None)
         self._n_jobs = n
         self.parallel = parallel
+        self._get_executor()  # joblib's process backends hold their pool from here on
         return n
 
     def _level(self) -> int:
         return (self.nesting_level or 0) + 1
 
     # ------------------------------------------------------------ running
+
+    @property
+    def _workers(self) -> FiberExecutor | None:
+        """The executor this call runs on (joblib's name for a backend's pool of workers:
+        its tests look here to see a pool restarted after an error, and gone after a call)."""
+        return self._executor
 
     def _get_executor(self) -> FiberExecutor:
         if self._executor is None:
@@ -332,26 +339,25 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         self.reset_batch_stats()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """First error or timeout: cancel queued batches; stop workers that may hang.
-
-        Batches already running on a warm executor finish and are ignored, unless the call had
-        a ``timeout``: then a task may never return, so that executor's workers are stopped.
-        """
+        """First error, timeout or dropped generator: cancel queued batches and restart the
+        pool, as loky does: batches still running are stopped with their workers (their
+        results would be ignored, and one may never return), and with ``ensure_ready`` a
+        fresh executor takes over for the calls that follow."""
         with self._lock:
             futures, self._futures = list(self._futures), set()
         for future in futures:
             future.cancel()
         running = any(not f.done() for f in futures)
         executor, self._executor = self._executor, None
-        timeout = getattr(self.parallel, "timeout", None)
-        if executor is not None and (not self.reuse or (running and timeout is not None)):
+        if executor is not None:
             _warm.discard(executor)
-            if running and timeout is not None:
-                executor.terminate()  # a timed-out task may never return: kill its worker
+            if running:
+                executor.terminate()
             else:
                 executor.shutdown(wait=False, cancel_futures=True)
         self.reset_batch_stats()
-        # ensure_ready: the next submit gets a (warm or fresh) executor on demand.
+        if ensure_ready:
+            self._get_executor()
 
     def get_nested_backend(self) -> tuple[ParallelBackendBase, int | None]:
         """Nested calls inside a task use threads; deeper ones run sequentially (as loky)."""
