@@ -320,3 +320,23 @@ def test_an_error_restarts_the_pool_of_a_managed_parallel(opts: Options, backend
         assert second is not None and second is not first
         assert parallel(delayed(jt.square)(i) for i in range(4)) == [0, 1, 4, 9]
     assert _pool_of(parallel._backend) is None
+
+
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_large_arrays_reach_same_host_workers_as_one_read_only_map(
+        opts: Options, backend: str) -> None:
+    np = pytest.importorskip("numpy")
+    big, small = np.ones(300_000), np.ones(10)  # 2.4 MB over joblib's default 1M, and not
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=2, **extra):
+        views = Parallel(batch_size=1)(delayed(jt.array_view)(a) for a in [big] * 4 + [small])
+        copies = Parallel(batch_size=1, max_nbytes=None)(delayed(jt.array_view)(big)
+                                                          for _ in range(2))
+    *mapped, unmapped = views
+    if backend == "fiber" and not opts["executor_backend"].workers_share_host:
+        assert all(v[0] == "ndarray" for v in views)  # another host: copies, as with loky's
+        return
+    assert {(kind, writable, total) for kind, _, writable, total in mapped} == {
+        ("memmap", False, 300_000.0)}
+    assert len({filename for _, filename, _, _ in mapped}) == 1  # one file for every task
+    assert unmapped[0] == "ndarray" and copies[0][0] == "ndarray"
