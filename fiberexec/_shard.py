@@ -36,6 +36,7 @@ from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._conn import LONG_TASK, MAX_WINDOW, Conn, State
+from fiberexec._crash import Loss, loss_line, lost_message, phrase_of
 from fiberexec._errors import (
     AuthenticationError,
     PicklingError,
@@ -52,7 +53,7 @@ from fiberexec._serialize import (
     remote_traceback,
 )
 from fiberexec._session import Lifecycle, Session
-from fiberexec._task import WorkItem, describe, function_key, name_task, settle
+from fiberexec._task import WorkItem, function_key, name_task, settle
 
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
@@ -699,6 +700,7 @@ class Shard:
         items = list(conn.inflight.values())
         conn.inflight.clear()
         self._unregister(conn)
+        conn.charged = items[0] if items else None
         if items:
             items[0].losses += 1
         doomed = [i for i in items[:1] if i.losses > self.config.max_task_retries]
@@ -709,29 +711,31 @@ class Shard:
         conn.doomed, conn.why = doomed, why
         conn.state = State.DISCONNECTED
         conn.deadline = self.clock() + STATUS_WAIT
-        if conn.status is not None or not doomed:
+        if conn.status is not None or why is not None:  # else the log waits for it, a little
             self._finalize(conn)
 
     def _finalize(self, conn: Conn) -> None:
-        """Fail the task that exhausted its retries (naming how the worker ended); replace."""
+        """Say how the worker ended (to the task it ran, in the log); fail the task that
+        exhausted its retries; replace the worker."""
         why = conn.why or conn.describe_exit()
+        charged, retries = conn.charged, self.config.max_task_retries
+        if charged is not None:
+            charged.causes += (Loss(conn.worker_id, phrase_of(why, conn.worker_id),
+                                    conn.status),)
         for item in conn.doomed:
             for name in item.shm_names:
                 _shm.discard(name)
-            error = WorkerLostError(
-                f"{describe(item)} was running on {item.losses} workers that died; "
-                f"the last one: {why}. {_hint(conn, self.config.max_task_retries)}"
-            )
+            error = WorkerLostError(lost_message(item, retries))
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
             self._count(item, False)
-        conn.doomed = []
+        failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
         self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
         if conn.leaving and conn.why is None:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
-            self.losses.lost(why, self.clock())
+            self.losses.lost(loss_line(why, charged, retries, failed=failed), self.clock())
 
     def _forget(self, conn: Conn | None) -> None:
         if conn is None:
@@ -781,6 +785,8 @@ class Shard:
 
     def close(self) -> None:
         """Say goodbye to connected workers and close every channel (the loop's last act)."""
+        for conn in [c for c in self.conns.values() if c.state is State.DISCONNECTED]:
+            self._finalize(conn)  # its exit status did not come in time: log it as it is
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 self._send(conn, p.Bye("shutdown"))
@@ -789,22 +795,6 @@ class Shard:
             conn.state = State.GONE
         self.losses.flush(float("inf"))
         self.selector.close()
-
-
-def _hint(conn: Conn, retries: int) -> str:
-    """What to do about a task that kept losing its workers, given how the last one ended."""
-    code = conn.status.exit_code if conn.status is not None else None
-    reason = (conn.status.reason or "") if conn.status is not None else ""
-    if code == -9 or "OOM" in reason or "memory" in reason.lower():
-        cause = "check the task's memory use (or raise memory=)"
-    elif code is not None and code < 0:
-        cause = "the task crashes its process (a fault in native code, or a signal)"
-    elif code is not None:
-        cause = "the task ends its process (sys.exit or os._exit in the task?)"
-    else:
-        cause = "check the task's memory use and the worker's output"
-    return (f"It was tried {retries + 1} times (max_task_retries={retries}); if the loss is "
-            f"transient, raise max_task_retries; otherwise {cause}")
 
 
 def _abrupt_end(conn: Conn) -> str:
