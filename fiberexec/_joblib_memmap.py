@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import cloudpickle
+from fiberexec._inherit import Pickler
 
 MODES = frozenset({"r", "r+", "w+", "c"})
 SEARCH_DEPTH = 3  # containers within containers looked into for arrays
@@ -129,7 +129,7 @@ class ArrayStore:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-class _MappingPickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _MappingPickler(Pickler):
     def __init__(self, file: io.BytesIO, store: ArrayStore) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.store = store
