@@ -33,6 +33,8 @@ if _typing.TYPE_CHECKING:
     from fiberexec._executor import (
         FiberExecutor,
     )
+    from fiberexec._fiber import init
+    from fiberexec._fiber_queues import SimpleQueuePush
     from fiberexec._logging import enable_logging
     from fiberexec._observe import FailureInfo, TaskInfo, TaskSpan, WorkerInfo
     from fiberexec._progress import ProgressBar, progress_bar
@@ -109,7 +111,11 @@ _EXPORTS: dict[str, str] = {
     "cpu_count": "fiberexec.multiprocessing",
     "current_process": "fiberexec.multiprocessing",
     "meta": "fiberexec.multiprocessing",
+    "SimpleQueuePush": "fiberexec._fiber_queues",  # Fiber 0.2.1's names
+    "init": "fiberexec._fiber",
 }
+# submodules reached as attributes, as Fiber's ``fiber.config`` and ``fiber.managers`` are
+_SUBMODULES = frozenset({"config", "managers"})
 
 __all__ = [
     "AuthenticationError",
@@ -135,6 +141,7 @@ __all__ = [
     "RetryPolicy",
     "SerializationError",
     "SimpleQueue",
+    "SimpleQueuePush",
     "Stats",
     "TLSOptions",
     "TaskInfo",
@@ -148,12 +155,15 @@ __all__ = [
     "cpu_count",
     "current_process",
     "enable_logging",
+    "init",
     "meta",
     "progress_bar",
 ]
 
 
 def __getattr__(name: str) -> _typing.Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"fiberexec.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fiberexec' has no attribute {name!r}")

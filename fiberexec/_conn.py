@@ -40,6 +40,7 @@ class Conn:
         self.nonce = b""
         self.worker_nonce = b""
         self.doomed: list[WorkItem] = []  # out of retries; failed once the exit status is known
+        self.charged: WorkItem | None = None  # the task it was running when it was lost
         self.why: str | None = None  # how the connection was lost, when we know better
         self.leaving: str | None = None  # why an orderly exit was agreed ("idle", ...)
         self.counted = False  # included in the shard's ready_workers

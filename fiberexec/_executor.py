@@ -137,6 +137,19 @@ class FiberExecutor(Executor):
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=False)
         return self._pool
 
+    def _workers_share_host(self) -> bool:
+        """Whether every worker runs on this host (`Backend.workers_share_host`)."""
+        with self._lock:
+            return not self._shutdown and self._get_pool().backend.workers_share_host
+
+    def _start_workers(self) -> None:
+        """Start the workers now, not at the first submit: `multiprocessing.Pool` starts
+        its workers with the pool, so its initializer runs even if no task ever comes."""
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot start workers after shutdown")
+            self._get_pool().start()
+
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""
         with self._lock:

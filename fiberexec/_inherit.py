@@ -23,6 +23,7 @@ import fcntl
 import io
 import os
 import stat
+import types
 from collections import ChainMap
 from collections.abc import Callable, Iterator
 from multiprocessing import context, synchronize
@@ -30,6 +31,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar
 
 import cloudpickle
+
+from fiberexec._codenames import reduce_code
 
 # a plain pickle naming this module needs the stdlib's reducers: a stdlib Connection
 # pickles without them, but as a file descriptor number, meaningless in another process
@@ -70,11 +73,13 @@ def _rebuild_semlock(cls: type[synchronize.SemLock], state: Any,
 
 
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, with the standard library multiprocessing's reducers first (the
+    """cloudpickle, with code keeping its file's name, the standard library
+    multiprocessing's reducers first (the
     pickler reads its class's table as it is made; later registrations are seen), and
     stdlib locks that check, where they are rebuilt, that their name can be opened there."""
 
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
+        {types.CodeType: reduce_code},  # tracebacks name the real file (see `_codenames`)
         {kind: _reduce_semlock for kind in (synchronize.Lock, synchronize.RLock,
                                             synchronize.Semaphore, synchronize.BoundedSemaphore)},
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]

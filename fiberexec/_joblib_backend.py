@@ -42,6 +42,7 @@ from joblib.parallel import (
 from fiberexec._contract import ENV_ADDRESS
 from fiberexec._errors import ConfigurationError
 from fiberexec._executor import FiberExecutor
+from fiberexec._joblib_memmap import ArrayStore, run_packed
 from fiberexec._observe import WorkerInfo
 
 log = logging.getLogger("fiberexec")
@@ -249,6 +250,7 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         self._executor: FiberExecutor | None = None
         self._futures: set[Future[Any]] = set()
         self._lock = threading.Lock()
+        self._arrays = ArrayStore(None, None)  # this call's memory-mapped arrays
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable as its settings: a live executor, locks and futures stay behind.
@@ -283,17 +285,27 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             raise FallbackToBackend(ThreadingBackend(nesting_level=self._level()))
         if n == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        self._arrays.close()
+        self._arrays = ArrayStore(kwargs.get("max_nbytes"), kwargs.get("mmap_mode"),
+                                  kwargs.get("temp_folder"))
         extra = {k: v for k, v in kwargs.items() if k not in _JOBLIB_KWARGS}
         self._call_options = {**self.options, **executor_options(extra)}
         self._call_options.pop("max_workers", None)
         self._n_jobs = n
         self.parallel = parallel
+        self._get_executor()  # joblib's process backends hold their pool from here on
         return n
 
     def _level(self) -> int:
         return (self.nesting_level or 0) + 1
 
     # ------------------------------------------------------------ running
+
+    @property
+    def _workers(self) -> FiberExecutor | None:
+        """The executor this call runs on (joblib's name for a backend's pool of workers:
+        its tests look here to see a pool restarted after an error, and gone after a call)."""
+        return self._executor
 
     def _get_executor(self) -> FiberExecutor:
         if self._executor is None:
@@ -321,14 +333,26 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
     def _submit_once(self, func: Callable[[], Any]) -> Future[Any]:
         executor = self._get_executor()
         try:
-            return executor.submit(operator.call, func)
+            return self._submit_to(executor, func)
         except (BrokenExecutor, RuntimeError):
             # A warm executor that broke, or that shutdown_executors() stopped: try a fresh one.
             _warm.discard(executor)
             self._executor = None
             if not self.reuse:
                 raise
-            return self._get_executor().submit(operator.call, func)
+            return self._submit_to(self._get_executor(), func)
+
+    def _submit_to(self, executor: FiberExecutor, func: Callable[[], Any]) -> Future[Any]:
+        """Large arrays go as one shared memory map to workers on this host (as loky's);
+        a batch whose packing fails goes as it is, for the executor's own error."""
+        if self._arrays.active and executor._workers_share_host():
+            try:
+                packed = self._arrays.pack(func)
+            except Exception:
+                packed = None
+            if packed is not None:
+                return executor.submit(run_packed, packed)
+        return executor.submit(operator.call, func)
 
     def _forget(self, future: Future[Any]) -> None:
         with self._lock:
@@ -345,29 +369,30 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         executor, self._executor = self._executor, None
         if executor is not None and not self.reuse:
             executor.shutdown(wait=True)
+        self._arrays.close()  # every task of the call is done
         self.reset_batch_stats()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """First error or timeout: cancel queued batches; stop workers that may hang.
-
-        Batches already running on a warm executor finish and are ignored, unless the call had
-        a ``timeout``: then a task may never return, so that executor's workers are stopped.
-        """
+        """First error, timeout or dropped generator: cancel queued batches and restart the
+        pool, as loky does: batches still running are stopped with their workers (their
+        results would be ignored, and one may never return), and with ``ensure_ready`` a
+        fresh executor takes over for the calls that follow."""
         with self._lock:
             futures, self._futures = list(self._futures), set()
         for future in futures:
             future.cancel()
         running = any(not f.done() for f in futures)
         executor, self._executor = self._executor, None
-        timeout = getattr(self.parallel, "timeout", None)
-        if executor is not None and (not self.reuse or (running and timeout is not None)):
+        if executor is not None:
             _warm.discard(executor)
-            if running and timeout is not None:
-                executor.terminate()  # a timed-out task may never return: kill its worker
+            if running:
+                executor.terminate()
             else:
                 executor.shutdown(wait=False, cancel_futures=True)
+        self._arrays.close()  # what could still read it was cancelled or stopped
         self.reset_batch_stats()
-        # ensure_ready: the next submit gets a (warm or fresh) executor on demand.
+        if ensure_ready:
+            self._get_executor()
 
     def get_nested_backend(self) -> tuple[ParallelBackendBase, int | None]:
         """Nested calls inside a task use threads; deeper ones run sequentially (as loky)."""

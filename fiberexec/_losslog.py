@@ -50,4 +50,4 @@ def _kind(why: str) -> str:
     """A loss's kind, from the shard's words: what comes after the worker's name."""
     words = why.split(" ", 2)
     rest = words[2] if len(words) == 3 and words[0] == "worker" else why
-    return rest.split(" (", 1)[0].split(";", 1)[0]
+    return rest.split(" while running ", 1)[0].split(" (", 1)[0].split(";", 1)[0]

@@ -88,14 +88,16 @@ class TaskPool:
     # ------------------------------------------------------------ submitting
 
     def submit(self, item: WorkItem) -> None:
-        if not self._started:
-            self._start()
+        self.start()
         self._submitted += 1
         self.shards[next(self._next_shard) % len(self.shards)].put(item)
         if self.supervisor.wants_more():
             self.supervisor.scale_up()
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the shards and the first workers (at the first submit, or when asked)."""
+        if self._started:
+            return
         self._started = True
         _fdlimit.ensure(self.config.max_workers)
         self._t0 = time.monotonic()

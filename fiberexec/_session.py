@@ -42,6 +42,9 @@ class Lifecycle(Protocol):
     def ready_count(self) -> int:
         """Workers ready across the whole executor."""
 
+    def starting(self, index: int) -> int:
+        """Workers being started for shard ``index`` (or not yet given a shard)."""
+
     def break_executor(self, message: str, cause: BaseException | None) -> None:
         """The executor cannot go on; every shard is told with a `Broken` event."""
 

@@ -38,6 +38,7 @@ from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._conn import LONG_TASK, MAX_WINDOW, Conn, State
+from fiberexec._crash import Loss, loss_line, lost_message, phrase_of
 from fiberexec._errors import (
     AuthenticationError,
     PicklingError,
@@ -56,7 +57,6 @@ from fiberexec._serialize import (
 from fiberexec._session import Lifecycle, Session
 from fiberexec._task import (
     WorkItem,
-    describe,
     function_key,
     name_task,
     settle,
@@ -238,14 +238,23 @@ class Shard:
         return max(0.0, self._next_housekeeping - self.clock())
 
     def finished(self) -> bool:
-        """Shut down, and nothing is left to run or to hear about: no task out, and (unless
-        the executor broke) no connected worker still in its initializer, which a stop
-        would cut short (the stdlib's workers finish theirs too)."""
+        """Shut down, and nothing is left to run or to hear about: no task out, no task
+        that ran out of retries still awaiting its worker's exit status to fail with, and
+        (unless the executor broke) no connected worker still in its initializer, which a
+        stop would cut short (the stdlib's workers finish theirs too)."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
-        return not any(c.inflight or (c.initializing and c.state is State.READY
-                                      and self.broken is None)
+        if self._initializers_to_come():
+            return False
+        return not any(c.inflight or c.doomed or (c.initializing and c.state is State.READY
+                                                  and self.broken is None)
                        for c in self.conns.values())
+
+    def _initializers_to_come(self) -> bool:
+        """Workers started before the shutdown will run the initializer, as a stdlib pool's
+        do even when no task comes: wait for them to connect (or fail to start)."""
+        return (self.session.initializer is not None and self.broken is None
+                and self.lifecycle.starting(self.index) > 0)
 
     # ------------------------------------------------------------ receiving
 
@@ -746,6 +755,7 @@ class Shard:
         items = list(conn.inflight.values())
         conn.inflight.clear()
         self._unregister(conn)
+        conn.charged = items[0] if items else None
         if items:
             items[0].losses += 1
         doomed = [i for i in items[:1] if i.losses > self.config.max_task_retries]
@@ -757,31 +767,33 @@ class Shard:
         conn.doomed, conn.why = doomed, why
         conn.state = State.DISCONNECTED
         conn.deadline = self.clock() + STATUS_WAIT
-        if conn.status is not None or not doomed:
+        if conn.status is not None or why is not None:  # else the log waits for it, a little
             self._finalize(conn)
 
     def _finalize(self, conn: Conn) -> None:
-        """Fail the task that exhausted its retries (naming how the worker ended); replace."""
+        """Say how the worker ended (to the task it ran, in the log); fail the task that
+        exhausted its retries; replace the worker."""
         why = conn.why or conn.describe_exit()
+        charged, retries = conn.charged, self.config.max_task_retries
+        if charged is not None:
+            charged.causes += (Loss(conn.worker_id, phrase_of(why, conn.worker_id),
+                                    conn.status),)
         for item in conn.doomed:
             for name in item.shm_names:
                 _shm.discard(name)
-            error = WorkerLostError(
-                f"{describe(item)} was running on {item.losses} workers that died; "
-                f"the last one: {why}. {_hint(conn, self.config.max_task_retries)}"
-            )
+            error = WorkerLostError(lost_message(item, retries))
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
             self._count(item, False)
             conn.tasks_failed += 1
             self._record_failure(item, conn.worker_id)
-        conn.doomed = []
+        failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
         self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
         if conn.leaving and conn.why is None:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
-            self.losses.lost(why, self.clock())
+            self.losses.lost(loss_line(why, charged, retries, failed=failed), self.clock())
 
     def _forget(self, conn: Conn | None, *, lost: bool = False) -> None:
         if conn is None:
@@ -818,7 +830,9 @@ class Shard:
         items = list(self.queue) + list(self.incoming)
         for conn in self.conns.values():
             items.extend(conn.inflight.values())
+            items.extend(conn.doomed)
             conn.inflight.clear()
+            conn.doomed = []
         self.queue.clear()
         self.incoming.clear()
         for item in items:
@@ -834,6 +848,8 @@ class Shard:
 
     def close(self) -> None:
         """Say goodbye to connected workers and close every channel (the loop's last act)."""
+        for conn in [c for c in self.conns.values() if c.state is State.DISCONNECTED]:
+            self._finalize(conn)  # its exit status did not come in time: log it as it is
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 self._send(conn, p.Bye("shutdown"))
@@ -843,22 +859,6 @@ class Shard:
             _observe.note_gone(self.gone, conn, self.clock())
         self.losses.flush(float("inf"))
         self.selector.close()
-
-
-def _hint(conn: Conn, retries: int) -> str:
-    """What to do about a task that kept losing its workers, given how the last one ended."""
-    code = conn.status.exit_code if conn.status is not None else None
-    reason = (conn.status.reason or "") if conn.status is not None else ""
-    if code == -9 or "OOM" in reason or "memory" in reason.lower():
-        cause = "check the task's memory use (or raise memory=)"
-    elif code is not None and code < 0:
-        cause = "the task crashes its process (a fault in native code, or a signal)"
-    elif code is not None:
-        cause = "the task ends its process (sys.exit or os._exit in the task?)"
-    else:
-        cause = "check the task's memory use and the worker's output"
-    return (f"It was tried {retries + 1} times (max_task_retries={retries}); if the loss is "
-            f"transient, raise max_task_retries; otherwise {cause}")
 
 
 def _abrupt_end(conn: Conn) -> str:

@@ -88,6 +88,14 @@ class WorkerSupervisor:
         with self._lock:
             return dict(self._handles)
 
+    def starting(self, index: int) -> int:
+        """Workers on their way to shard ``index`` (placed there, not yet authenticated),
+        plus launches promised and not yet placed anywhere."""
+        with self._lock:
+            placed = sum(1 for w, s in self._placement.items()
+                         if s.index == index and w not in self._ready)
+            return placed + self._promised
+
     # ------------------------------------------------------------ starting workers
 
     def scale_up(self) -> None:
@@ -108,9 +116,7 @@ class WorkerSupervisor:
 
     def _launch_each(self, count: int) -> None:
         for _ in range(count):
-            with self._lock:
-                self._promised -= 1
-            self.launch()
+            self.launch(promised=True)
 
     def _known(self) -> int:
         """Workers started, starting, or promised by a `launch_many` under way."""
@@ -119,9 +125,13 @@ class WorkerSupervisor:
     def wants_more(self) -> bool:
         return self._known() < self.config.max_workers
 
-    def launch(self) -> None:
-        """Start one more worker in the background: the caller never waits on a backend."""
+    def launch(self, *, promised: bool = False) -> None:
+        """Start one more worker in the background: the caller never waits on a backend.
+        ``promised``: one a `launch_many` counted (it is placed in the same breath, so a
+        shard asking what is `starting` never misses it)."""
         with self._lock:
+            if promised:
+                self._promised -= 1
             if self._finished or self.broken is not None:
                 return
             worker_id = f"w{next(self._ids)}"

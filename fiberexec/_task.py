@@ -6,12 +6,15 @@ import reprlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiberexec import _protocol as p
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._serialize import loads, loads_exception
+
+if TYPE_CHECKING:
+    from fiberexec._crash import Loss
 
 
 @dataclass(eq=False, slots=True)
@@ -23,6 +26,7 @@ class WorkItem:
     kwargs: dict[str, Any]
     started: bool = False  # set_running_or_notify_cancel() has been called
     losses: int = 0  # workers that died while this task was running on them
+    causes: tuple[Loss, ...] = ()  # how those workers ended, as each became known
     shm_names: list[str] | tuple[()] = ()
     cost: float = 0.0  # what Conn.hold counted when it was sent
     key: str = ""  # function_key(fn), once it was sent

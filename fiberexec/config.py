@@ -6,10 +6,18 @@ immutable
 `ExecutorConfig`; ``describe`` lists each setting with its value and where it came from, as
 ``fiberexec info`` prints it, and ``rows`` gives the same with the values as plain data (what
 ``fiberexec info --json`` prints).
+
+Fiber's configuration keys read and set here as attributes too (``config.backend``,
+``config.cpu_per_job = 2``; see `fiberexec.init`), and ``get_dict()`` lists them.
 """
 
 from __future__ import annotations
 
-from fiberexec._config import ENV_PREFIX, ExecutorConfig, Row, describe, resolve, rows
+import sys
 
-__all__ = ["ENV_PREFIX", "ExecutorConfig", "Row", "describe", "resolve", "rows"]
+from fiberexec._config import ENV_PREFIX, ExecutorConfig, Row, describe, resolve, rows
+from fiberexec._fiber import ConfigModule, get_dict
+
+__all__ = ["ENV_PREFIX", "ExecutorConfig", "Row", "describe", "get_dict", "resolve", "rows"]
+
+sys.modules[__name__].__class__ = ConfigModule

@@ -17,6 +17,7 @@ runs, takes in what the executor sent meanwhile, and answers a request for the t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -48,6 +49,7 @@ FLUSH_BYTES = 8 << 20
 FLUSH_AGE = 0.0008  # seconds a finished result may wait for others to share its message
 SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would only delay it
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
+SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
 M = TypeVar("M")
 
 
@@ -150,6 +152,7 @@ class Worker:
             logging.getLogger("concurrent.futures").critical(
                 "Exception in initializer:", exc_info=True
             )
+            _settle_output()  # the executor breaks on InitFailed: what was logged goes first
             self.outbox.send(p.InitFailed(dumps_exception(exc)))
             _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
         self.outbox.send(p.Initialized())
@@ -414,6 +417,20 @@ class _Functions:
         else:
             cls.recent.move_to_end(payload.data)
         return fn
+
+
+def _settle_output() -> None:
+    """Do what a normal exit would do for the output this process has written, before
+    saying it is ending: run the exit handlers (they flush logging's handlers and wait for
+    multiprocessing queues' feeder threads, as a stdlib worker's exit does), then flush
+    stdio. Bounded: a handler blocked on a reader that is gone costs `SETTLE_TIMEOUT`."""
+    runner = threading.Thread(target=atexit._run_exitfuncs, name="fiberexec-settle",
+                              daemon=True)
+    runner.start()
+    runner.join(SETTLE_TIMEOUT)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _die(code: int, why: str) -> NoReturn:

@@ -66,3 +66,9 @@ def make_array(n: int, value: float) -> Any:
     import numpy as np
 
     return np.full(n, value)
+
+
+def array_view(array: Any) -> tuple[str, str | None, bool, float]:
+    """How a task got ``array``: its type, the file it maps (if any), writable, its sum."""
+    filename = getattr(array, "filename", None)
+    return type(array).__name__, filename, bool(array.flags.writeable), float(array.sum())

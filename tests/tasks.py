@@ -46,6 +46,12 @@ def kill_self(_: object = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def segfault_after(seconds: float) -> None:
+    """Die of SIGSEGV ``seconds`` into the task, as a fault in native code would."""
+    time.sleep(seconds)
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def stop_self(_: object = None) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -192,3 +198,17 @@ def hold_until(started: Any, release: Any) -> Any:
 def hold_init(started: Any, release: Any) -> None:
     """An initializer that waits (as `hold_until`) until the test lets it finish."""
     hold_until(started, release)
+
+
+def log_then_fail_init(queue: Any) -> None:
+    """An initializer that sends this process's logging to ``queue`` (a stdlib
+    ``QueueHandler``, as CPython's own tests do), logs a line, then raises."""
+    import logging
+    import logging.handlers
+
+    for name in ("concurrent.futures", "tests.init"):
+        logger = logging.getLogger(name)
+        logger.addHandler(logging.handlers.QueueHandler(queue))
+        logger.propagate = False
+    logging.getLogger("tests.init").error("initializer giving up")
+    raise ValueError("error in initializer")

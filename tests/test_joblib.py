@@ -284,3 +284,59 @@ def test_generator_unordered_returns_the_fastest_task_first(opts: Options, backe
         elapsed = time.monotonic() - start
         assert (first, list(results)) == (0.0, [1.5])
     assert elapsed < 1.0, f"the instant task came back after {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize("n_jobs", [2, 4])
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_generator_unordered_yields_every_quick_task_before_a_slow_one(
+        opts: Options, backend: str, n_jobs: int) -> None:
+    # joblib's own check, on more jobs than this machine has cores: the second of ten tasks
+    # takes far longer than the others and the whole start; the other nine come first
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=n_jobs, **extra):
+        results = Parallel(return_as="generator_unordered")(
+            delayed(jt.sleep_return)(60.0 if i == 1 else 0.0, i) for i in range(10)
+        )
+        quick = sorted(next(results) for _ in range(9))
+        with pytest.warns(UserWarning, match="have been cancelled"):  # joblib's own notice
+            del results  # aborts the call: the slow task's worker is stopped, not awaited
+    assert quick == [0, *range(2, 10)]
+
+
+def _pool_of(backend: Any) -> Any:
+    """A joblib backend's pool of workers, where joblib's own tests look for it."""
+    return getattr(backend, "_pool", getattr(backend, "_workers", None))
+
+
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_an_error_restarts_the_pool_of_a_managed_parallel(opts: Options, backend: str) -> None:
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, **extra), Parallel(n_jobs=2) as parallel:
+        first = _pool_of(parallel._backend)
+        assert first is not None
+        with pytest.raises(ValueError, match="task 1 refuses"):
+            parallel(delayed(jt.fail_on)(i, 1) for i in range(2))
+        second = _pool_of(parallel._backend)
+        assert second is not None and second is not first
+        assert parallel(delayed(jt.square)(i) for i in range(4)) == [0, 1, 4, 9]
+    assert _pool_of(parallel._backend) is None
+
+
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_large_arrays_reach_same_host_workers_as_one_read_only_map(
+        opts: Options, backend: str) -> None:
+    np = pytest.importorskip("numpy")
+    big, small = np.ones(300_000), np.ones(10)  # 2.4 MB over joblib's default 1M, and not
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=2, **extra):
+        views = Parallel(batch_size=1)(delayed(jt.array_view)(a) for a in [big] * 4 + [small])
+        copies = Parallel(batch_size=1, max_nbytes=None)(delayed(jt.array_view)(big)
+                                                          for _ in range(2))
+    *mapped, unmapped = views
+    if backend == "fiber" and not opts["executor_backend"].workers_share_host:
+        assert all(v[0] == "ndarray" for v in views)  # another host: copies, as with loky's
+        return
+    assert {(kind, writable, total) for kind, _, writable, total in mapped} == {
+        ("memmap", False, 300_000.0)}
+    assert len({filename for _, filename, _, _ in mapped}) == 1  # one file for every task
+    assert unmapped[0] == "ndarray" and copies[0][0] == "ndarray"

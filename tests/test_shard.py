@@ -132,6 +132,9 @@ class Recorder:
     def ready_count(self) -> int:
         return len(self.ready)
 
+    def starting(self, index: int) -> int:
+        return 0  # the fake starts nothing
+
     def break_executor(self, message: str, cause: BaseException | None) -> None:
         self.calls.append(("broken", message))
 
@@ -376,12 +379,40 @@ def test_a_lost_worker_charges_only_the_task_it_was_running(bench: Any) -> None:
     b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
     b.step()
     assert [i.losses for i in items] == [1, 0, 0]
-    assert list(b.shard.queue) == items  # requeued in their order
+    assert list(b.shard.queue) == items  # requeued in their order, at once
     assert b.shard.lost == 1 and b.shard.retried == 3
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.FAILED, -11)))
+    b.step()  # replaced once its exit status says how it ended (or STATUS_WAIT passed)
     assert b.life.named("gone") == [("gone", "w0", True)]
     b.connect("w1")
     b.step()
     assert b.tasks_sent("w1") == [i.task_id for i in items]
+
+
+def test_each_loss_is_logged_with_its_cause_and_the_retry(
+        bench: Any, caplog: pytest.LogCaptureFixture) -> None:
+    b = bench(max_task_retries=1)
+    items = _hold_three(b)
+    b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))  # the connection drops first
+    b.step()
+    assert not caplog.records  # how it ended is not known yet: not "lost its connection"
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.FAILED, -11)))
+    b.step()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (f"worker w0 was killed by signal 11 (SIGSEGV) while running "
+                    f"{__name__}.job({items[0].task_id}); retrying it on another worker "
+                    f"(try 2 of 2, max_task_retries=1)")
+    b.connect("w1")
+    b.step()
+    b.shard.post(ev.PipeDown("w1", b.pipes["w1"].id))
+    b.shard.post(ev.Exited("w1", WorkerStatus(WorkerState.FAILED, 3)))
+    b.step()
+    assert "it was tried 2 times (max_task_retries=1) and fails" in caplog.records[-1].getMessage()
+    message = str(items[0].future.exception(timeout=0))
+    # each cause, the count, and the hint that fits the first loss (a signal, not an exit)
+    assert ("workers that died: worker w0 was killed by signal 11 (SIGSEGV); "
+            "worker w1 exited with code 3. It was tried 2 times") in message
+    assert "a fault in native code" in message
 
 
 def test_a_task_out_of_retries_fails_naming_how_its_worker_ended(bench: Any) -> None:

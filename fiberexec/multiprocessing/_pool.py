@@ -288,6 +288,8 @@ class Pool:
         self._backend: Backend | None = None
         self._owns_backend = False
         self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
+        if initializer is not None:  # as the stdlib's: it runs even if no task comes
+            self.start_workers()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
@@ -306,13 +308,13 @@ class Pool:
             executor = self._executor
         return [] if executor is None else executor.workers()
 
-    def _get_executor(self, fn: Callable[..., Any]) -> FiberExecutor:
+    def _get_executor(self, fn: Callable[..., Any] | None) -> FiberExecutor:
         with self._lock:
             if self._executor is None:
                 self._executor = self._make_executor(fn)
             return self._executor
 
-    def _make_executor(self, fn: Callable[..., Any]) -> FiberExecutor:
+    def _make_executor(self, fn: Callable[..., Any] | None) -> FiberExecutor:
         options = dict(self._options)
         hint = meta_of(fn)
         if hint is not None and not {"cpu", "memory", "gpu"} & options.keys():
@@ -331,6 +333,13 @@ class Pool:
                                          options.get("gpu") or 0))
         weakref.finalize(self, _finalize, executor, inner if self._owns_backend else None)
         return executor
+
+    def start_workers(self) -> None:
+        """Start the pool's workers now rather than with its first task (Fiber's method;
+        a pool given an initializer starts them at once, as the stdlib's does). A function
+        decorated with `meta` submitted later no longer sets the workers' resources."""
+        self._check_running()
+        self._get_executor(None)._start_workers()
 
     def _check_running(self) -> None:
         if self._state != RUN:

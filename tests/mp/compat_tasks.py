@@ -266,3 +266,9 @@ def take_then_say(q: Any, n: int, go: Any, done: Any, rounds: int) -> None:
             q.get(timeout=60)
         done.set()
     go.wait(60)  # alive until the creator has counted the last round
+
+
+def touch_unique(directory: str) -> None:
+    """An initializer: leave one new file in ``directory`` per call."""
+    with open(os.path.join(directory, f"init-{os.getpid()}"), "x"):
+        pass

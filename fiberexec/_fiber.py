@@ -1,0 +1,160 @@
+"""Fiber 0.2.1's configuration API over fiberexec's settings, so code written for Fiber runs
+with ``import fiberexec as fiber``.
+
+Fiber is configured process-wide: ``fiber.init(backend="docker", cpu_per_job=2)``, or
+``fiber.config.backend = "docker"``, or ``FIBER_*`` environment variables. Here each Fiber
+key maps onto the fiberexec setting that means the same, and `init` sets it as this
+process's default the way fiberexec takes process-wide defaults, through its ``FIBEREXEC_*``
+environment variable (so an executor's explicit arguments still win, and the workers it
+starts inherit nothing they would not otherwise). Reading ``fiber.config.<key>`` gives the
+value an executor built now would use.
+
+    fiber.init(**kwargs) / fiber.config.key = v --> FIBEREXEC_<SETTING> --> every executor
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from fiberexec._config import ENV_PREFIX, resolve
+from fiberexec._errors import ConfigurationError
+from fiberexec._logging import enable_logging
+
+
+def _memory_mb(value: object) -> str:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigurationError(f"mem_per_job is MiB per worker as a positive integer "
+                                 f"(Fiber's unit), got {value!r}")
+    return f"{value}Mi"
+
+
+def _same(value: object) -> str:
+    return str(value)
+
+
+# Fiber key -> (fiberexec setting, how the value is written for it)
+SETTINGS: dict[str, tuple[str, Callable[[object], str]]] = {
+    "backend": ("backend", _same),
+    "default_backend": ("backend", _same),
+    "image": ("image", _same),
+    "default_image": ("image", _same),
+    "cpu_per_job": ("cpu", _same),
+    "mem_per_job": ("memory", _memory_mb),
+    "ipc_admin_master_port": ("ports", _same),
+}
+LOGGING = frozenset({"log_level", "log_file", "debug"})
+# Fiber's own plumbing: accepted so its programs run, with no meaning here
+IGNORED = frozenset({"ipc_active", "ipc_admin_worker_port", "merge_output", "use_bash",
+                     "use_push_queue", "kubernetes_namespace"})
+KEYS = frozenset(SETTINGS) | LOGGING | IGNORED
+log = logging.getLogger("fiberexec")
+
+
+def init(**kwargs: Any) -> None:
+    """Set Fiber configuration keys as this process's defaults (Fiber's ``fiber.init``).
+
+    ``backend``, ``image``, ``cpu_per_job`` (CPUs per worker) and ``mem_per_job`` (MiB per
+    worker) become fiberexec's ``backend``, ``image``, ``cpu`` and ``memory``;
+    ``ipc_admin_master_port`` its ``ports``; ``log_level``, ``log_file`` (``"stdout"`` or a
+    path) and ``debug`` configure the ``fiberexec`` logger. A value of None (or Fiber's
+    port 0, "any port") goes back to fiberexec's default.
+
+    Raises:
+        ConfigurationError: a key Fiber does not have, or a value the setting refuses.
+
+    Example:
+        >>> import fiberexec as fiber
+        >>> fiber.init(backend="local", cpu_per_job=1)  # doctest: +SKIP
+    """
+    unknown = sorted(set(kwargs) - KEYS)
+    if unknown:
+        raise ConfigurationError(f"fiber.init got unknown key(s) {unknown}; Fiber's keys "
+                                 f"are {sorted(KEYS)}")
+    for key, value in kwargs.items():
+        if key in SETTINGS:
+            _set(key, value)
+        elif key in LOGGING:
+            _configure_logging(key, value)
+        else:
+            log.debug("fiber.init: %s=%r has no meaning for fiberexec; ignored", key, value)
+
+
+def _set(key: str, value: object) -> None:
+    setting, write = SETTINGS[key]
+    name = ENV_PREFIX + setting.upper()
+    if value is None or (key == "ipc_admin_master_port" and value == 0):
+        os.environ.pop(name, None)
+        return
+    text = write(value)
+    before = os.environ.get(name)
+    os.environ[name] = text
+    try:
+        resolve({})  # the setting's own check, naming the value and the rule
+    except ConfigurationError as exc:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+        raise ConfigurationError(f"fiber.init({key}={value!r}): {exc}") from exc
+
+
+def _configure_logging(key: str, value: object) -> None:
+    logger = logging.getLogger("fiberexec")
+    if key == "debug":
+        if value:
+            logger.setLevel(logging.DEBUG)
+    elif key == "log_level":
+        level = value.upper() if isinstance(value, str) else value
+        if not isinstance(level, int | str) or isinstance(level, bool):
+            raise ConfigurationError(f"log_level is a logging level or one of debug, info, "
+                                     f"warning, error, critical; got {value!r}")
+        enable_logging(level)
+    elif str(value).lower() == "stdout":
+        enable_logging(logger.level or logging.INFO, stream=sys.stdout)
+    else:
+        path = str(value)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        handler = logging.FileHandler(f"{path}.{os.getpid()}", mode="w")  # one per process
+        logger.addHandler(handler)
+        logger.setLevel(logger.level or logging.INFO)
+
+
+def current() -> dict[str, object]:
+    """Fiber's keys with the values an executor made now would use (``get_dict``)."""
+    config = resolve({})
+    memory = config.resources.memory
+    return {
+        "backend": config.backend,
+        "image": config.image,
+        "cpu_per_job": config.resources.cpu,
+        "mem_per_job": memory // (1 << 20) if memory else None,
+        "log_level": logging.getLogger("fiberexec").getEffectiveLevel(),
+    }
+
+
+class ConfigModule(ModuleType):
+    """``fiberexec.config``, which also reads and sets Fiber's keys as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        values = current()
+        if name in values:
+            return values[name]
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in KEYS:
+            init(**{name: value})
+        else:
+            super().__setattr__(name, value)
+
+
+def get_dict() -> dict[str, object]:
+    """Fiber's ``fiber.config.get_dict()``: the current values of Fiber's keys."""
+    return current()

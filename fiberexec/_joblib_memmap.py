@@ -1,0 +1,182 @@
+"""Large numpy arguments of a joblib call reach same-host workers as one shared memory map.
+
+joblib's process backends do this (``max_nbytes``, ``mmap_mode``, ``temp_folder``): an array
+of at least ``max_nbytes`` is written once to a file in a temporary folder (``/dev/shm`` when
+it exists), and every task that gets it opens that file as a read-only `numpy.memmap`, so
+workers share one copy in the page cache instead of each unpickling its own.
+
+    FiberBackend.submit(batch) --ArrayStore.pack--> found large arrays? --no--> as it is
+        --yes--> cloudpickle with arrays reduced to (file, dtype, shape) -> run_packed(bytes)
+    worker: run_packed -> unpickle (each file opened once per worker, `open_map`) -> batch()
+
+Arrays are looked for where joblib users pass them: in a task's arguments and keyword
+arguments, and inside the lists, tuples, sets and dicts among them (not inside other
+objects: a DataFrame's columns travel as they are). Each array is written once per call,
+however many tasks get it. Only for workers on this host (`Backend.workers_share_host`):
+elsewhere the folder is not theirs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fiberexec._inherit import Pickler
+
+MODES = frozenset({"r", "r+", "w+", "c"})
+SEARCH_DEPTH = 3  # containers within containers looked into for arrays
+_opened: weakref.WeakValueDictionary[tuple[str, str], Any] = weakref.WeakValueDictionary()
+_opened_lock = threading.Lock()
+
+
+def open_map(path: str, mode: str) -> Any:
+    """An array's file as a memory map; a worker opens each file once while it is in use."""
+    import numpy as np
+
+    with _opened_lock:
+        array = _opened.get((path, mode))
+        if array is None:
+            array = np.load(path, mmap_mode=mode)  # type: ignore[arg-type]  # one of MODES
+            _opened[(path, mode)] = array
+    return array
+
+
+def run_packed(payload: bytes) -> Any:
+    """Unpickle a batch packed by `ArrayStore.pack` and run it (in a worker)."""
+    batch: Callable[[], Any] = pickle.loads(payload)
+    return batch()
+
+
+class ArrayStore:
+    """The temporary folder of one joblib call's large arrays; `close` removes it.
+
+    Args:
+        max_nbytes: arrays of this many bytes or more are memory-mapped; None: none are.
+        mmap_mode: how workers open them (``"r"``, ``"r+"``, ``"c"``; ``"w+"`` means
+            ``"r+"`` once written); None: no memory mapping.
+        temp_folder: where the folder goes (default: ``JOBLIB_TEMP_FOLDER``, else
+            ``/dev/shm``, else the system's temporary directory).
+    """
+
+    def __init__(self, max_nbytes: int | None, mmap_mode: str | None,
+                 temp_folder: str | None = None) -> None:
+        if mmap_mode is not None and mmap_mode not in MODES:
+            raise ValueError(f"mmap_mode must be one of {sorted(MODES)} or None, "
+                             f"got {mmap_mode!r}")
+        self.max_nbytes = max_nbytes
+        self.mode = "r+" if mmap_mode == "w+" else mmap_mode
+        self.temp_folder = temp_folder
+        self.folder: str | None = None
+        self._files: dict[int, tuple[weakref.ref[Any], str]] = {}  # id(array) -> its file
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.max_nbytes is not None and self.mode is not None
+
+    def pack(self, batch: Any) -> bytes | None:
+        """The batch pickled with its large arrays as references to files, or None when it
+        holds no such array (then it travels as it is)."""
+        if not self.active or not any(self._mapped(a) for a in _arrays(_task_arguments(batch))):
+            return None
+        buffer = io.BytesIO()
+        _MappingPickler(buffer, self).dump(batch)
+        return buffer.getvalue()
+
+    def _mapped(self, array: Any) -> bool:
+        assert self.max_nbytes is not None
+        if array.dtype.hasobject:
+            return False
+        return bool(array.nbytes >= self.max_nbytes)
+
+    def reduce(self, array: Any) -> tuple[Any, ...] | None:
+        """How the pickler sends ``array``: as its file, or (None) as it is."""
+        if not self._mapped(array):
+            return None
+        return open_map, (self._file_for(array), self.mode)
+
+    def _file_for(self, array: Any) -> str:
+        with self._lock:
+            known = self._files.get(id(array))
+            if known is not None and known[0]() is array:
+                return known[1]
+            if self.folder is None:
+                self.folder = tempfile.mkdtemp(prefix="fiberexec-joblib-", dir=self._where())
+            path = os.path.join(self.folder, f"{len(self._files)}.npy")
+            _write(path, array)
+            self._files[id(array)] = (weakref.ref(array), path)
+            return path
+
+    def _where(self) -> str | None:
+        folder = self.temp_folder or os.environ.get("JOBLIB_TEMP_FOLDER")
+        if folder:
+            return folder
+        return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+    def close(self) -> None:
+        """Remove the folder (workers that still map a file keep their view of it)."""
+        with self._lock:
+            folder, self.folder = self.folder, None
+            self._files.clear()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class _MappingPickler(Pickler):
+    def __init__(self, file: io.BytesIO, store: ArrayStore) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.store = store
+
+    def reducer_override(self, obj: Any) -> Any:
+        if _is_array(obj):
+            reduced = self.store.reduce(obj)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _is_array(obj: Any) -> bool:
+    numpy = _numpy()
+    return numpy is not None and isinstance(obj, numpy.ndarray)
+
+
+def _numpy() -> Any:
+    import sys
+
+    return sys.modules.get("numpy")  # no numpy imported: no array can be in the batch
+
+
+def _write(path: str, array: Any) -> None:
+    numpy = _numpy()
+    target = numpy.lib.format.open_memmap(path, mode="w+", dtype=array.dtype,
+                                          shape=array.shape,
+                                          fortran_order=array.flags.f_contiguous
+                                          and not array.flags.c_contiguous)
+    target[...] = array
+    target.flush()
+    del target
+
+
+def _task_arguments(batch: Any) -> Iterable[Any]:
+    for item in getattr(batch, "items", ()):
+        if isinstance(item, tuple) and len(item) == 3:
+            _, args, kwargs = item
+            yield from args
+            yield from kwargs.values()
+
+
+def _arrays(values: Iterable[Any], depth: int = SEARCH_DEPTH) -> Iterable[Any]:
+    for value in values:
+        if _is_array(value):
+            yield value
+        elif depth and isinstance(value, list | tuple | set | frozenset):
+            yield from _arrays(value, depth - 1)
+        elif depth and isinstance(value, dict):
+            yield from _arrays(value.values(), depth - 1)

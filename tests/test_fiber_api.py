@@ -1,0 +1,101 @@
+"""Code written for Fiber 0.2.1 runs with ``import fiberexec as fiber``: the launch article's
+`AsyncManager` example, ``fiber.init``/``fiber.config``, `Pool.start_workers` and
+`SimpleQueuePush`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pytest
+
+import fiberexec as fiber
+from fiberexec import ConfigurationError
+from tests import fiber_tasks as ft
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class EnvManager(fiber.managers.AsyncManager):
+    pass
+
+
+EnvManager.register("Env", ft.Env)
+
+
+def test_the_launch_articles_async_manager_example_runs() -> None:
+    managers = [EnvManager() for _ in range(2)]
+    for manager in managers:
+        manager.start()
+    try:
+        envs = [manager.Env() for manager in managers]
+        assert [env.reset().get() for env in envs] == [0, 0]
+        for step in range(1, 3):
+            handles = [env.step(a) for env, a in zip(envs, [1, 2], strict=True)]
+            obs = [h.get() for h in handles]
+            assert obs == [(step, 1.0, False, {}), (2 * step, 2.0, False, {})]
+    finally:
+        for manager in managers:
+            manager.shutdown()
+
+
+def test_a_handle_is_a_future_with_async_results_methods() -> None:
+    with EnvManager() as manager:
+        env = manager.Env()
+        handle = env.step(3)
+        assert isinstance(handle, Future)
+        handle.wait(30)
+        assert handle.ready() and handle.successful() and handle.result() == (3, 3.0, False, {})
+        failing = env.step(-1)
+        with pytest.raises(ValueError, match="not in the action space"):
+            failing.get(timeout=30)
+        assert not failing.successful()
+        slow = env.slow(5.0)
+        with pytest.raises(ValueError, match="not ready"):
+            slow.successful()
+        with pytest.raises(multiprocessing.TimeoutError):  # as AsyncResult.get raises
+            slow.get(timeout=0.05)
+        assert slow.get(timeout=30) == "slow"
+
+
+@pytest.fixture
+def clean_settings() -> Iterator[None]:
+    before = {k: v for k, v in os.environ.items() if k.startswith("FIBEREXEC_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("FIBEREXEC_")]:
+        del os.environ[key]
+    os.environ.update(before)
+
+
+def test_init_and_config_map_fibers_keys_onto_the_settings(clean_settings: None) -> None:
+    fiber.init(backend="local", cpu_per_job=2, mem_per_job=256)
+    assert (fiber.config.backend, fiber.config.cpu_per_job, fiber.config.mem_per_job) == (
+        "local", 2.0, 256)
+    fiber.config.image = "me/env:1"  # Fiber's other way: set the module's attribute
+    assert fiber.config.get_dict()["image"] == "me/env:1"
+    ex = fiber.FiberExecutor(1)
+    assert ex._config.resources.cpu == 2.0 and ex._config.resources.memory == 256 << 20
+    assert ex._config.image == "me/env:1"
+    with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['bakcend'\]"):
+        fiber.init(bakcend="docker")
+    with pytest.raises(ConfigurationError, match="cpu_per_job=0.*cpu must be"):
+        fiber.init(cpu_per_job=0)
+    assert fiber.config.cpu_per_job == 2.0  # a refused value leaves the last one
+
+
+def test_pool_start_workers_and_simple_queue_push() -> None:
+    pool = fiber.Pool(1)
+    pool.start_workers()  # before any task, as Fiber's users call it
+    assert pool.apply(abs, (-3,)) == 3
+    pool.close()
+    pool.join()
+    with pytest.raises(ValueError, match="Pool not running"):
+        pool.start_workers()
+    queue = fiber.SimpleQueuePush()
+    child = fiber.Process(target=ft.put_one, args=(queue, "pushed"))
+    child.start()
+    assert queue.get() == "pushed"
+    child.join(30)
+    assert child.exitcode == 0
