@@ -21,6 +21,7 @@ from fiberexec.backend import (
     PermanentBackendError,
     Resources,
     RetryPolicy,
+    Sweep,
     TransientBackendError,
     WorkerState,
 )
@@ -453,10 +454,12 @@ def test_remove_stray(make_backend: Any, emu: Emulator, client: Any) -> None:
     for _ in range(2):
         mine.start_worker(make_spec(*SLEEP, executor_id="exa", secret_env={"K": "v"}))
     other.start_worker(make_spec(*SLEEP, executor_id="exb"))
-    assert remove_stray(client, namespace=NAMESPACE, executor_id="exa") == 3
+    assert remove_stray(client, namespace=NAMESPACE) == []  # both executors hold their lease
+    removed = remove_stray(client, namespace=NAMESPACE, executor_id="exa")
+    assert [line.split()[1] for line in removed] == ["pod", "pod", "secret", "lease"], removed
     assert [p["metadata"]["labels"]["fiberexec.executor"] for p in
             emu.pods(NAMESPACE, selector="fiberexec")] == ["exb"]
-    assert remove_stray(client, namespace=NAMESPACE) == 1
+    assert len(remove_stray(client, namespace=NAMESPACE, sweep=Sweep(everything=True))) == 2
     for backend in (mine, other):
         backend.close()
     assert emu.pods(NAMESPACE) == []
