@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 
 from fiberexec.backend import (
+    LEASE_LABEL,
     PermanentBackendError,
     Resources,
     RetryPolicy,
     Sweep,
     TransientBackendError,
     WorkerState,
+    lease_name,
 )
 from tests.k8s._kubelet import pull_error_message
 from tests.k8s.conftest import Exits, make_spec
@@ -91,13 +93,17 @@ def test_labels_resources_template_and_owner(make_backend: Any, emu: Emulator,
     pod = emu.pod(NAMESPACE, handle.ref)
     assert pod is not None
     labels = pod["metadata"]["labels"]
-    assert labels == {**spec.all_labels(), "team": "ml"}
+    assert labels == {**spec.all_labels(), "team": "ml",
+                      LEASE_LABEL: lease_name(spec.executor_id)}
     assert pod["metadata"]["annotations"] == {"note": "x"}
     owner = emu.pod(NAMESPACE, "executor-0")
     assert owner is not None
     assert pod["metadata"]["ownerReferences"] == [{
         "apiVersion": "v1", "kind": "Pod", "name": "executor-0",
         "uid": owner["metadata"]["uid"]}]
+    lease = emu.store.get("leases", NAMESPACE, labels[LEASE_LABEL])  # the executor's lease
+    assert lease is not None and lease["metadata"]["ownerReferences"] == \
+        pod["metadata"]["ownerReferences"]
     podspec = pod["spec"]
     assert podspec["restartPolicy"] == "Never"  # fiberexec's rule beats the template
     assert podspec["automountServiceAccountToken"] is False
