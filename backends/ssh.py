@@ -57,6 +57,7 @@ from fiberexec.backend import (
     ConfigurationError,
     ExitListener,
     ExitWatch,
+    PermanentBackendError,
     RetryPolicy,
     Sweep,
     TransientBackendError,
@@ -170,6 +171,7 @@ class SSHBackend(Backend):
         self._noted: set[str] = set()
         self._pinger: threading.Thread | None = None
         self._closed = threading.Event()
+        self._starting: dict[str, Session] = {}  # worker id -> its session, while it connects
         self._exit_watch = ExitWatch()
         self._lock = threading.Lock()
 
@@ -266,12 +268,23 @@ class SSHBackend(Backend):
         host = self.placement.reserve(spec.worker_id)
         session = Session(host, spec, self.command_for(
             host, remote.WORKER_MARK, spec.executor_id, spec.worker_id))
+        with self._lock:
+            closed = self._closed.is_set()
+            if not closed:
+                self._starting[spec.worker_id] = session  # close() cuts it short
         try:
+            if closed:
+                raise PermanentBackendError(
+                    f"cannot start worker {spec.worker_id}: the ssh backend was closed; "
+                    "create a new SSHBackend")
             pid = session.start(self._message(spec), self.connect_timeout + self.start_timeout)
         except BaseException:
             self.placement.release(spec.worker_id)
             self.placement.suspect(host)
             raise
+        finally:
+            with self._lock:
+                self._starting.pop(spec.worker_id, None)
         with self._lock:
             self._sessions[spec.worker_id] = session
             if self._pinger is None:
@@ -380,12 +393,17 @@ class SSHBackend(Backend):
                 if s.pid is not None and not s.current().finished}
 
     def close(self) -> None:
+        """Stop every worker; a start still connecting is cut short (it raises)."""
+        with self._lock:
+            self._closed.set()
+            starting = list(self._starting.values())
+        for session in starting:  # ssh still connecting to a host that may never answer
+            session.kill()
         with self._lock:
             workers = list(self._sessions)
         if workers:
             with ThreadPoolExecutor(min(16, len(workers)), "fiberexec-ssh-stop") as pool:
                 list(pool.map(lambda w: self.stop(WorkerHandle(w, "")), workers))
-        self._closed.set()
         if self._pinger is not None:
             self._pinger.join(timeout=10)
         for handle in self._exit_watch.clear():
