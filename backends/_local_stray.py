@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiberexec.backend import ENV_ADDRESS, ENV_EXECUTOR_ID, ENV_WORKER_ID
+from fiberexec.backend import ENV_ADDRESS, ENV_EXECUTOR_ID, ENV_WORKER_ID, Sweep
 
 PROC = Path("/proc")
 ENV_EXECUTOR_PID = "FIBEREXEC_EXECUTOR_PID"
@@ -123,9 +123,14 @@ def is_stray(worker: LocalWorker, listening: set[int]) -> bool:
 
 
 def stray_local_workers(executor_id: str | None = None) -> list[LocalWorker]:
+    """Workers whose executor is gone (of ``executor_id``, if given)."""
+    return [w for w, held in _judged() if not held and executor_id in (None, w.executor_id)]
+
+
+def _judged() -> list[tuple[LocalWorker, bool]]:
+    """Every worker here, and whether its executor holds its lease (still runs)."""
     listening = listening_ports()
-    return [w for w in local_workers()
-            if is_stray(w, listening) and executor_id in (None, w.executor_id)]
+    return [(w, not is_stray(w, listening)) for w in local_workers()]
 
 
 def _wait_exit(pidfd: int, timeout: float) -> bool:
@@ -152,12 +157,16 @@ def terminate(worker: LocalWorker, grace: float = 3.0) -> bool:
         os.close(pidfd)
 
 
-def remove_stray_local(executor_id: str | None) -> list[str]:
-    """Stop every stray worker (of ``executor_id``, if given); one line per worker."""
+def remove_stray_local(sweep: Sweep) -> list[str]:
+    """Stop the workers ``sweep`` picks (by default those whose executor is gone); one line
+    per worker."""
     lines = []
-    for worker in stray_local_workers(executor_id):
-        gone = terminate(worker)
-        lines.append(f"{'stopped' if gone else 'could not stop'} worker "
-                     f"{worker.worker_id or '?'} of executor {worker.executor_id or '?'} "
-                     f"(pid {worker.pid}, dialing {worker.address})")
+    for worker, held in _judged():
+        if not sweep.picks(worker.executor_id, held):
+            continue
+        gone = sweep.dry_run or terminate(worker)
+        verb = sweep.verb() if gone else "could not stop"
+        lines.append(f"{verb} worker {worker.worker_id or '?'} of executor "
+                     f"{worker.executor_id or '?'} (pid {worker.pid}, dialing {worker.address}: "
+                     f"{sweep.why(held)})")
     return lines or ["no stray workers"]

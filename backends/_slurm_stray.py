@@ -23,6 +23,16 @@ def is_worker_job(record: JobRecord, executor_id: str | None) -> bool:
     return record.name == script.job_name(executor_id)
 
 
+def find_worker_jobs(executor_id: str | None = None,
+                     command_timeout: float = 30.0) -> list[JobRecord]:
+    """This user's queued or running worker jobs (of ``executor_id``, if given)."""
+    document = cli.run_json(["squeue", "--json"], what="list Slurm jobs",
+                            timeout=command_timeout)
+    user = getpass.getuser()
+    return [r for r in parse_squeue(document).values()
+            if r.active and r.user in ("", user) and is_worker_job(r, executor_id)]
+
+
 def remove_stray(executor_id: str | None = None, staging_dir: str | None = None,
                  command_timeout: float = 30.0) -> int:
     """Cancel this user's queued or running fiberexec worker jobs (of one executor, if given).
@@ -30,16 +40,13 @@ def remove_stray(executor_id: str | None = None, staging_dir: str | None = None,
     Jobs are recognised by their comment (``fiberexec,executor=<id>,batch=<id>``) and name
     (``fiberexec-<executor id>``); master jobs of ``fiberexec run`` are left alone. The
     staging directories of the executors they belonged to are removed too. Like the other
-    backends' ``remove_stray``, it cannot tell a live executor's jobs from a dead one's.
+    backends' ``remove_stray``, it holds no lease to tell a live executor's jobs from a dead
+    one's: `SlurmBackend.remove_stray` asks for an executor id or ``everything``.
 
     Returns:
         how many jobs (array tasks count one each) were cancelled.
     """
-    document = cli.run_json(["squeue", "--json"], what="list Slurm jobs",
-                            timeout=command_timeout)
-    user = getpass.getuser()
-    found = [r for r in parse_squeue(document).values()
-             if r.active and r.user in ("", user) and is_worker_job(r, executor_id)]
+    found = find_worker_jobs(executor_id, command_timeout)
     cli.cancel(sorted({str(r.key[0]) for r in found}), timeout=command_timeout)
     root = Path(staging_dir or DEFAULT_STAGING).expanduser()
     for executor in {r.name.removeprefix(script.JOB_PREFIX) for r in found}:

@@ -19,8 +19,10 @@ worker, ``ping`` lines (sent every second) prove the executor is still there. En
 between them failed, even while the worker is deep in a long task) terminates the worker,
 SIGKILL after the grace period. The wrapper exits with the worker, reporting its exit code.
 
-As a **stray finder** (``action == "strays"``) it signals every worker the ssh backend started
-in this host's network namespace (optionally of one executor) and reports how many it found.
+As a **stray finder** (``action == "strays"``) it signals the workers the ssh backend started
+in this host's network namespace that the message picks: by default those whose wrapper is
+gone (a wrapper is its executor's lease here: it lives only while the executor pings it),
+or one executor's workers and wrappers, or all of them; it reports which it found.
 """
 
 from __future__ import annotations
@@ -203,18 +205,52 @@ def _same_netns(pid: int) -> bool:
         return False
 
 
-def _ours(pid: int, executor_id: str | None) -> str:
-    """``"worker"`` or ``"wrapper"`` when ``pid`` is one the ssh backend started, else ``""``."""
-    argv = _read(f"/proc/{pid}/cmdline").decode(errors="replace").split("\0")
-    if len(argv) >= 5 and argv[1] == "-c" and argv[3] == WORKER_MARK:
-        return "wrapper" if executor_id in (None, argv[4]) else ""
+def _argv(pid: int) -> list[str]:
+    return _read(f"/proc/{pid}/cmdline").decode(errors="replace").split("\0")
+
+
+def _is_wrapper(argv: list[str]) -> bool:
+    return len(argv) >= 5 and argv[1] == "-c" and argv[3] == WORKER_MARK
+
+
+def _parent(pid: int) -> int:
+    fields = _read(f"/proc/{pid}/stat").decode(errors="replace").rsplit(")", 1)[-1].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def _wrapped(pid: int) -> bool:
+    """Whether a wrapper (the worker's lease on this host) is among its ancestors."""
+    for _ in range(4):  # the wrapper, maybe a systemd-run or limits shell between
+        pid = _parent(pid)
+        if pid <= 1:
+            return False
+        if _is_wrapper(_argv(pid)):
+            return True
+    return False
+
+
+def _ours(pid: int) -> tuple[str, str, bool] | None:
+    """``(what, executor id, lease held)`` when ``pid`` is one the ssh backend started."""
+    argv = _argv(pid)
+    if _is_wrapper(argv):
+        return f"wrapper of worker {argv[5] if len(argv) > 5 else '?'}", argv[4], True
     if argv[1:3] != ["-m", "fiberexec.worker"]:
-        return ""
+        return None
     environ = _read(f"/proc/{pid}/environ").decode(errors="replace").split("\0")
     env = dict(e.partition("=")[::2] for e in environ if e)
     if env.get(ENV_MARK) != "1":
-        return ""
-    return "worker" if executor_id in (None, env.get("FIBEREXEC_EXECUTOR_ID")) else ""
+        return None
+    return (f"worker {env.get('FIBEREXEC_WORKER_ID', '?')}", env.get("FIBEREXEC_EXECUTOR_ID", ""),
+            _wrapped(pid))
+
+
+def _picked(message: dict[str, Any], executor_id: str, held: bool) -> bool:
+    """`fiberexec.backend.Sweep.picks`, here where fiberexec may not be installed."""
+    if message.get("everything"):
+        return True
+    if message.get("executor_id") is not None:
+        return bool(executor_id == message["executor_id"])
+    return not held
 
 
 def _gone_within(pid: int, timeout: float) -> bool:
@@ -229,14 +265,19 @@ def _gone_within(pid: int, timeout: float) -> bool:
 
 
 def find_strays(message: dict[str, Any]) -> None:
-    executor_id = message.get("executor_id")
     found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid() and _same_netns(int(entry)):
-            kind = _ours(int(entry), executor_id)
-            if kind:
-                found[int(entry)] = kind
-    for sig, wait in ((signal.SIGTERM, float(message.get("grace", 3.0))), (signal.SIGKILL, 5.0)):
+            ours = _ours(int(entry))
+            if ours is not None and _picked(message, ours[1], ours[2]):
+                found[int(entry)] = f"{ours[0]} of executor {ours[1] or '?'}"
+    if not message.get("dry_run"):
+        _signal_all(found, float(message.get("grace", 3.0)))
+    say(event="strays", found={str(p): what for p, what in sorted(found.items())})
+
+
+def _signal_all(found: dict[int, str], grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         deadline = time.monotonic() + wait
         for pid in list(found):
             try:
@@ -246,9 +287,6 @@ def find_strays(message: dict[str, Any]) -> None:
         left = [p for p in found if not _gone_within(p, max(0.0, deadline - time.monotonic()))]
         if not left:
             break
-    workers = sorted(p for p, k in found.items() if k == "worker")
-    say(event="strays", workers=workers, wrappers=sorted(p for p, k in found.items()
-                                                         if k == "wrapper"))
 
 
 def main(message: dict[str, Any]) -> None:

@@ -3,8 +3,9 @@
 ::
 
     start_worker(spec) --create+start--> container  (host network, auto-removed on exit,
-         |                                          labels fiberexec=worker, executor, worker)
+         |                           labels fiberexec=worker, executor, worker, lease)
          +-- first call opens one /events stream (die, oom) before any container exists
+         +-- and holds the executor's lease container (`_docker_lease`) before any worker
                                    |
     events thread: oom -> remember; die -> keep exit code (+ "OOMKilled"), keep the last log
                    lines (best effort), call the watch listener once
@@ -18,6 +19,9 @@ stream, which is subscribed before the first container is created so no exit is 
 
 Docker reports a process killed by signal ``N`` as exit code ``128 + N``; `WorkerStatus`
 carries it as ``-N``. A worker that calls ``sys.exit(137)`` itself is indistinguishable.
+
+`remove_stray` (``fiberexec cleanup``) removes a worker container only when its executor's
+lease container no longer runs: the executor is gone, however it ended.
 
 Every docker SDK and ``requests`` error is translated in `_translate`, and only there.
 """
@@ -38,6 +42,8 @@ from typing import Any, ClassVar
 from fiberexec.backend import (
     EXECUTOR_LABEL,
     LABEL_KEY,
+    LEASE_LABEL,
+    WORKER_LABEL,
     Backend,
     BackendError,
     ConfigurationError,
@@ -48,13 +54,16 @@ from fiberexec.backend import (
     Probe,
     Resources,
     RetryPolicy,
+    Sweep,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
     WorkerStatus,
+    lease_name,
 )
-from fiberexec.backends import _docker_master
+from fiberexec.backends import _docker_lease, _docker_master
+from fiberexec.backends._docker_lease import DockerLease
 
 __all__ = ["DockerBackend", "container_name", "remove_stray"]
 
@@ -311,6 +320,7 @@ class DockerBackend(Backend):
         self._oom: set[str] = set()
         self._kept_logs: dict[str, str] = {}
         self._remove_retry = RetryPolicy(attempts=3, deadline=min(timeout, 30.0))
+        self._leases: dict[str, DockerLease] = {}  # executor id -> its lease on the engine
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -349,6 +359,7 @@ class DockerBackend(Backend):
                 "to FiberExecutor or DockerBackend"
             )
         self._ensure_events()
+        self._hold_lease(spec, image)
         name = container_name(spec)
         kwargs = self._create_kwargs(spec, name)
         with self._errors("create container", image=image, name=name):
@@ -364,10 +375,18 @@ class DockerBackend(Backend):
             raise
         return handle
 
+    def _hold_lease(self, spec: WorkerSpec, image: str) -> None:
+        """Hold the executor's lease before its first worker exists (`_docker_lease`)."""
+        api = self._api()
+        with self._lock:
+            lease = self._leases.setdefault(spec.executor_id, DockerLease(api, spec.executor_id))
+        with self._errors("start the executor's lease container", image=image, name=lease.name):
+            lease.acquire(image, spec.command[0])
+
     def _create_kwargs(self, spec: WorkerSpec, name: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "name": name,
-            "labels": spec.all_labels(),
+            "labels": {**spec.all_labels(), LEASE_LABEL: lease_name(spec.executor_id)},
             "environment": {**spec.env, **spec.secret_env},
             "network_mode": "host",
             "auto_remove": True,
@@ -549,6 +568,10 @@ class DockerBackend(Backend):
         for handle in self._exit_watch.clear():  # watched here, started elsewhere
             self.stop(handle, grace=0.5)
         self._exit_watch.stop_polling(timeout=5)
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:  # after the workers: none may look like a stray meanwhile
+            lease.release()
         if self._events is not None:
             self._events.close()
         if self._owns_client and self._client is not None:
@@ -567,36 +590,58 @@ class DockerBackend(Backend):
         return _docker_master.probe()
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """Remove containers labelled ``fiberexec`` (this module's `remove_stray`)."""
-        count = remove_stray(executor_id=executor_id)  # the module-level function
-        return [f"removed {count} stray object(s)"]
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """Remove the worker containers ``sweep`` picks (this module's `remove_stray`)."""
+        return remove_stray(sweep=sweep) or ["no stray workers"]
 
 
-def remove_stray(client: Any = None, executor_id: str | None = None) -> int:
-    """Remove containers labelled ``fiberexec`` (all, or one executor's); return how many.
+def remove_stray(client: Any = None, executor_id: str | None = None, *,
+                 sweep: Sweep | None = None) -> list[str]:
+    """Remove worker containers whose executor is gone (or those ``sweep`` picks).
 
-    Use it after a crash left containers behind (e.g. ones started without auto-removal).
+    An executor's lease is a container it holds open (`_docker_lease`); a worker container
+    goes when its executor holds none on this engine. ``executor_id`` removes that
+    executor's workers and lease, live or not. Returns one line per container.
 
     Example:
         >>> remove_stray(executor_id="3f2a")  # doctest: +SKIP
-        0
+        ['removed container fiberexec-3f2a-w0 (worker w0 of executor 3f2a: its executor was named)']
     """
+    sweep = sweep or Sweep(executor_id=executor_id)
     docker = _import_docker()
     engine = _engine(None) if client is None else str(client.api.base_url)
-    label = f"{EXECUTOR_LABEL}={executor_id}" if executor_id else LABEL_KEY
     with _translate("remove stray containers", engine=engine):
         own = client is None
         client = client if client is not None else docker.from_env(timeout=60)
         try:
-            found = client.api.containers(all=True, filters={"label": label})
-            for container in found:
-                _force_remove(client.api, container["Id"])
+            return _sweep_engine(client.api, sweep)
         finally:
             if own:
                 client.close()
-    return len(found)
+
+
+def _sweep_engine(api: Any, sweep: Sweep) -> list[str]:
+    held = _docker_lease.held(api)
+    lines = []
+    for container in api.containers(all=True, filters={"label": LABEL_KEY}):
+        labels = container.get("Labels") or {}
+        executor = labels.get(EXECUTOR_LABEL, "")
+        kind = labels.get(LABEL_KEY)
+        if kind not in ("worker", _docker_lease.LEASE_VALUE):
+            continue  # a master of `fiberexec run`: its own program ends it
+        lease = labels.get(LEASE_LABEL)
+        is_held = None if kind == "worker" and lease is None else executor in held
+        if kind == _docker_lease.LEASE_VALUE and not (sweep.executor_id or sweep.everything):
+            continue  # a lease goes only with its executor named, or with everything
+        if not sweep.picks(executor, is_held):
+            continue
+        name = (container.get("Names") or ["?"])[0].lstrip("/")
+        if not sweep.dry_run:
+            _force_remove(api, container["Id"])
+        what = f"worker {labels.get(WORKER_LABEL, '?')}" if kind == "worker" else "lease"
+        lines.append(f"{sweep.verb()} container {name} ({what} of executor {executor}: "
+                     f"{sweep.why(is_held)})")
+    return lines
 
 
 def _force_remove(api: Any, ref: str) -> None:

@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 from fiberexec.backend import (
     EXECUTOR_LABEL,
     LABEL_KEY,
+    LEASE_LABEL,
+    WORKER_LABEL,
     Backend,
     ConfigurationError,
     ExitListener,
@@ -38,6 +40,7 @@ from fiberexec.backend import (
     PermanentBackendError,
     Probe,
     RetryPolicy,
+    Sweep,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
@@ -53,6 +56,8 @@ from fiberexec.backends._k8s_config import (
     require_client,
 )
 from fiberexec.backends._k8s_errors import ApiStatus, api_errors
+from fiberexec.backends._k8s_lease import DEFAULT_DURATION, KubeLease, list_items
+from fiberexec.backends._k8s_lease import held as held_leases
 from fiberexec.backends._k8s_pods import (
     build_pod,
     build_secret,
@@ -114,10 +119,12 @@ class KubernetesBackend(Backend):
                  advertise_host: str | None = None, bind_host: str | None = None,
                  pending_deadline: float = 300.0, owner_pod: str | None = None,
                  retry: RetryPolicy | None = None, request_timeout: float = 30.0,
-                 close_timeout: float = 30.0,
+                 close_timeout: float = 30.0, lease_duration: float = DEFAULT_DURATION,
                  clock: Callable[[], float] = time.monotonic) -> None:
         require_client()
         _check_options(api_client, kubeconfig, context, pod_template, pending_deadline)
+        if lease_duration < 1:
+            raise ConfigurationError(f"lease_duration must be >= 1 second, got {lease_duration}")
         inside = in_cluster()
         self.advertise_host = advertise_host or (own_address() if inside else "127.0.0.1")
         self.bind_host = bind_host or ("127.0.0.1" if loopback(self.advertise_host)
@@ -146,6 +153,8 @@ class KubernetesBackend(Backend):
         self._workers: dict[str, tuple[WorkerHandle, float]] = {}  # pod name -> handle, start
         self._pull_errors: dict[str, str] = {}  # pod name -> its last ErrImagePull message
         self._closed = False
+        self.lease_duration = lease_duration
+        self._lease: KubeLease | None = None
 
     # -- the seam --------------------------------------------------------------------------
     @property
@@ -165,9 +174,11 @@ class KubernetesBackend(Backend):
             if self._closed:
                 raise PermanentBackendError("start_worker after close(); create a new backend")
             watcher = self._ensure_watch(spec.executor_id)
+            lease = self._ensure_lease(spec.executor_id)
             secret_name = self._ensure_secret(spec)
             pod = build_pod(spec, name=name, image=image, secret_name=secret_name,
                             template=self.pod_template, owners=self._owner_refs())
+            pod["metadata"]["labels"][LEASE_LABEL] = lease.name
             self._workers[name] = (WorkerHandle(spec.worker_id, name), self._clock())
         try:
             created = self._create_pod(core, pod, spec.executor_id)
@@ -258,6 +269,8 @@ class KubernetesBackend(Backend):
         self._exit_watch.clear()  # every pod is deleted below: none is reported
         if parts is not None:
             self._release(*parts, delete=names)
+        if self._lease is not None:  # after the pods: none may look like a stray meanwhile
+            self._lease.release(self._delete_lease)
         self._deadlines.stop()
         if self._owns_client and self._client is not None:
             self._client.close()
@@ -273,11 +286,9 @@ class KubernetesBackend(Backend):
         return _k8s_master.probe()
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """Delete pods and Secrets labelled ``fiberexec`` (this module's `remove_stray`)."""
-        count = remove_stray(namespace=namespace, executor_id=executor_id)  # module-level
-        return [f"removed {count} stray object(s)"]
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """Delete the worker pods ``sweep`` picks (this module's `remove_stray`)."""
+        return remove_stray(namespace=sweep.namespace, sweep=sweep) or ["no stray workers"]
 
     # -- pods ------------------------------------------------------------------------------
     def _create_pod(self, core: Any, pod: Json, executor_id: str) -> Json:
@@ -394,6 +405,37 @@ class KubernetesBackend(Backend):
     def _deadline_passed(self, name: str) -> None:
         self._check([name])
 
+    # -- the lease ----------------------------------------------------------------------------
+    def _ensure_lease(self, executor_id: str) -> KubeLease:
+        """Hold the executor's Lease before its first pod exists (`_k8s_lease`; under lock)."""
+        if self._lease is None:
+            from kubernetes import client
+
+            lease = KubeLease(client.CoordinationV1Api(self._api_client()), self.namespace,
+                              executor_id, duration=self.lease_duration, call=self._lease_call,
+                              owners=self._owner_refs())
+            with contextlib.suppress(ApiStatus):  # AlreadyExists: an earlier attempt landed
+                lease.acquire()
+            self._lease = lease
+        return self._lease
+
+    def _lease_call(self, verb: str, fn: Callable[..., Any], *args: Any) -> None:
+        extra = {"_content_type": "application/merge-patch+json"} if verb == "patch" else {}
+        self._retry.call(lambda: _finish(_call(
+            verb, "leases", self.namespace, fn, *args, passthrough=frozenset({409}),
+            _preload_content=False, _request_timeout=self.request_timeout, **extra)))
+
+    def _delete_lease(self, name: str) -> None:
+        from kubernetes import client
+
+        try:
+            _delete(self._retry, "leases", self.namespace,
+                    client.CoordinationV1Api(self._api_client()).delete_namespaced_lease, name,
+                    grace_period_seconds=0, timeout=self.request_timeout)
+        except Exception as exc:  # cleanup goes on; the Lease lapses by itself
+            log.warning("could not delete Lease %s: %s; it lapses in %.0fs", name, exc,
+                        self.lease_duration)
+
     # -- secret, owner, client -------------------------------------------------------------
     def _ensure_secret(self, spec: WorkerSpec) -> str | None:
         """Create the backend's one Secret at the first worker that has ``secret_env``."""
@@ -453,44 +495,102 @@ class KubernetesBackend(Backend):
             if self._core_api is None:
                 from kubernetes import client
 
-                if self._client is None:
-                    self._client = make_api_client(self._kubeconfig, self._context)
-                self._core_api = client.CoreV1Api(self._client)
+                self._core_api = client.CoreV1Api(self._api_client())
             return self._core_api
+
+    def _api_client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = make_api_client(self._kubeconfig, self._context)
+            return self._client
 
 
 def remove_stray(api_client: Any = None, namespace: str | None = None,
-                 executor_id: str | None = None) -> int:
-    """Delete pods and Secrets labelled ``fiberexec`` (of one executor, if given).
+                 executor_id: str | None = None, *, sweep: Sweep | None = None,
+                 now: float | None = None) -> list[str]:
+    """Delete worker pods whose executor's Lease lapsed (or those ``sweep`` picks).
 
-    Needs ``list`` on secrets besides the executor's Role (see ``docs/kubernetes-rbac.yaml``).
+    An executor renews a Lease (`_k8s_lease`) while it runs; a pod goes when its executor's
+    Lease is missing or was not renewed within its duration (judged at ``now``, default this
+    machine's clock). ``executor_id`` deletes that executor's pods, Secret and Lease, live or
+    not. Needs ``list`` on pods, secrets and leases besides the executor's Role (see
+    ``docs/kubernetes-rbac.yaml``).
 
     Returns:
-        how many objects were deleted.
+        one line per object deleted.
     """
     require_client()
     from kubernetes import client
 
-    namespace = namespace or default_namespace(None, None)
+    sweep = sweep or Sweep(executor_id=executor_id, namespace=namespace)
+    namespace = namespace or sweep.namespace or default_namespace(None, None)
     owned = api_client is None
     api_client = api_client or make_api_client(None, None)
-    selector = f"{EXECUTOR_LABEL}={executor_id}" if executor_id else LABEL_KEY
-    core, retry, count = client.CoreV1Api(api_client), RetryPolicy(), 0
     try:
-        for resource, lister, deleter in (
-            ("pods", core.list_namespaced_pod, core.delete_namespaced_pod),
-            ("secrets", core.list_namespaced_secret, core.delete_namespaced_secret),
-        ):
-            resp = retry.call(functools.partial(
-                _call, "list", resource, namespace, lister, namespace, label_selector=selector,
-                _preload_content=False, _request_timeout=30))
-            for item in json.loads(resp.data).get("items") or []:
-                count += _delete(retry, resource, namespace, deleter, item["metadata"]["name"],
-                                 grace_period_seconds=1, timeout=30)
+        return _Sweeper(client.CoreV1Api(api_client), client.CoordinationV1Api(api_client),
+                        namespace, sweep).run(time.time() if now is None else now)
     finally:
         if owned:
             api_client.close()
-    return count
+
+
+class _Sweeper:
+    """One ``remove_stray`` pass over a namespace: list, judge by the leases, delete."""
+
+    def __init__(self, core: Any, coordination: Any, namespace: str, sweep: Sweep) -> None:
+        self.namespace, self.sweep, self.retry = namespace, sweep, RetryPolicy()
+        self.apis = {"pods": (core.list_namespaced_pod, core.delete_namespaced_pod),
+                     "secrets": (core.list_namespaced_secret, core.delete_namespaced_secret),
+                     "leases": (coordination.list_namespaced_lease,
+                                coordination.delete_namespaced_lease)}
+
+    def items(self, resource: str) -> list[Json]:
+        resp = self.retry.call(functools.partial(
+            _call, "list", resource, self.namespace, self.apis[resource][0], self.namespace,
+            label_selector=LABEL_KEY, _preload_content=False, _request_timeout=30))
+        return list_items(resp)
+
+    def run(self, now: float) -> list[str]:
+        leases = self.items("leases")
+        held = held_leases(leases, now)
+        lapsed = {_executor(lease) for lease in leases} - held
+        lines, gone = [], set()
+        for pod in self.items("pods"):
+            labels = pod["metadata"].get("labels") or {}
+            executor = labels.get(EXECUTOR_LABEL, "")
+            is_held = None if LEASE_LABEL not in labels else executor in held
+            if labels.get(LABEL_KEY) != "worker" or not self.sweep.picks(executor, is_held):
+                continue
+            gone.add(executor)
+            lines.append(self.delete("pods", pod, f"worker {labels.get(WORKER_LABEL, '?')}",
+                                     self.sweep.why(is_held)))
+        for resource, items in (("secrets", self.items("secrets")), ("leases", leases)):
+            for item in items:
+                executor = _executor(item)
+                if self._goes_with_workers(executor, executor in held, gone | lapsed):
+                    lines.append(self.delete(resource, item, resource[:-1],
+                                             self.sweep.why(executor in held)))
+        return lines
+
+    def _goes_with_workers(self, executor: str, held: bool, gone: set[str]) -> bool:
+        """A Secret or Lease goes with its executor named, with everything, or when its
+        Lease lapsed or its workers went and its Lease is not held."""
+        if self.sweep.everything or self.sweep.executor_id is not None:
+            return self.sweep.picks(executor, held)
+        return executor in gone and not held
+
+    def delete(self, resource: str, item: Json, what: str, why: str) -> str:
+        name = item["metadata"]["name"]
+        executor = (item["metadata"].get("labels") or {}).get(EXECUTOR_LABEL, "?")
+        if not self.sweep.dry_run:
+            _delete(self.retry, resource, self.namespace, self.apis[resource][1], name,
+                    grace_period_seconds=1, timeout=30)
+        return (f"{self.sweep.verb()} {resource[:-1]} {name} ({what} of executor {executor}: "
+                f"{why})")
+
+
+def _executor(item: Json) -> str:
+    return str((item["metadata"].get("labels") or {}).get(EXECUTOR_LABEL, ""))
 
 
 # -- helpers ---------------------------------------------------------------------------------

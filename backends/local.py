@@ -43,6 +43,7 @@ from fiberexec.backend import (
     MasterRequest,
     PermanentBackendError,
     Probe,
+    Sweep,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -143,9 +144,8 @@ class LocalBackend(Backend):
         self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
-        env = {**os.environ, **spec.env, **spec.secret_env}
-        if ENV_LOCAL_ADDRESS in spec.env:  # an executor's worker: it names that executor
-            env[ENV_EXECUTOR_PID] = _executor_pid()
+        # Every worker names this process: its executor's lease here (``fiberexec cleanup``).
+        env = {**os.environ, **spec.env, **spec.secret_env, ENV_EXECUTOR_PID: _executor_pid()}
         if self._forks(spec) and not self._first_ones(spec):
             try:
                 return self._fork_worker(spec, env)
@@ -380,7 +380,7 @@ class LocalBackend(Backend):
                                      f"{platform.python_version()}, {os.cpu_count()} CPUs")
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """Stop worker processes of this machine whose executor is gone."""
-        return remove_stray_local(executor_id)
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """Stop the worker processes of this machine ``sweep`` picks (by default those whose
+        executor process is gone)."""
+        return remove_stray_local(sweep)

@@ -62,6 +62,7 @@ from fiberexec.backend import (
     PermanentBackendError,
     Probe,
     RetryPolicy,
+    Sweep,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -81,7 +82,7 @@ from fiberexec.backends._slurm_jobs import (
 )
 from fiberexec.backends._slurm_master import run_master
 from fiberexec.backends._slurm_reaper import start_guard, stop_guard
-from fiberexec.backends._slurm_stray import DEFAULT_STAGING, remove_stray
+from fiberexec.backends._slurm_stray import DEFAULT_STAGING, find_worker_jobs, remove_stray
 
 __all__ = ["SlurmBackend", "remove_stray", "run_master"]
 
@@ -270,10 +271,19 @@ class SlurmBackend(Backend):
         return Probe(cls.name, True, "; ".join(text.split("\n")[:3]).strip() or "no partitions")
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """Cancel this user's fiberexec worker jobs (of one executor, if given)."""
-        return [f"removed {remove_stray(executor_id)} stray object(s)"]
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """Cancel this user's fiberexec worker jobs ``sweep`` picks: one executor's, or all.
+
+        Slurm holds no lease an executor renews, so a bare sweep cannot tell a live
+        executor's jobs from a dead one's: it cancels nothing and says so.
+        """
+        if sweep.executor_id is None and not sweep.everything:
+            return ["cannot tell live executors' jobs from gone ones' on Slurm; nothing "
+                    "removed (name one with --executor ID, or pass --all)"]
+        if sweep.dry_run:
+            return [f"would cancel job {r.key[0]} ({r.name})"
+                    for r in find_worker_jobs(sweep.executor_id)] or ["no worker jobs"]
+        return [f"cancelled {remove_stray(sweep.executor_id)} worker job(s)"]
 
     def close(self) -> None:
         """Cancel every job this backend submitted, wait until they left, remove its files."""

@@ -57,7 +57,9 @@ from fiberexec.backend import (
     ConfigurationError,
     ExitListener,
     ExitWatch,
+    PermanentBackendError,
     RetryPolicy,
+    Sweep,
     TransientBackendError,
     WorkerHandle,
     WorkerSpec,
@@ -169,6 +171,7 @@ class SSHBackend(Backend):
         self._noted: set[str] = set()
         self._pinger: threading.Thread | None = None
         self._closed = threading.Event()
+        self._starting: dict[str, Session] = {}  # worker id -> its session, while it connects
         self._exit_watch = ExitWatch()
         self._lock = threading.Lock()
 
@@ -265,12 +268,23 @@ class SSHBackend(Backend):
         host = self.placement.reserve(spec.worker_id)
         session = Session(host, spec, self.command_for(
             host, remote.WORKER_MARK, spec.executor_id, spec.worker_id))
+        with self._lock:
+            closed = self._closed.is_set()
+            if not closed:
+                self._starting[spec.worker_id] = session  # close() cuts it short
         try:
+            if closed:
+                raise PermanentBackendError(
+                    f"cannot start worker {spec.worker_id}: the ssh backend was closed; "
+                    "create a new SSHBackend")
             pid = session.start(self._message(spec), self.connect_timeout + self.start_timeout)
         except BaseException:
             self.placement.release(spec.worker_id)
             self.placement.suspect(host)
             raise
+        finally:
+            with self._lock:
+                self._starting.pop(spec.worker_id, None)
         with self._lock:
             self._sessions[spec.worker_id] = session
             if self._pinger is None:
@@ -379,12 +393,17 @@ class SSHBackend(Backend):
                 if s.pid is not None and not s.current().finished}
 
     def close(self) -> None:
+        """Stop every worker; a start still connecting is cut short (it raises)."""
+        with self._lock:
+            self._closed.set()
+            starting = list(self._starting.values())
+        for session in starting:  # ssh still connecting to a host that may never answer
+            session.kill()
         with self._lock:
             workers = list(self._sessions)
         if workers:
             with ThreadPoolExecutor(min(16, len(workers)), "fiberexec-ssh-stop") as pool:
                 list(pool.map(lambda w: self.stop(WorkerHandle(w, "")), workers))
-        self._closed.set()
         if self._pinger is not None:
             self._pinger.join(timeout=10)
         for handle in self._exit_watch.clear():
@@ -393,42 +412,41 @@ class SSHBackend(Backend):
     # ------------------------------------------------------------ strays
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """``fiberexec cleanup``: stop workers on the hosts the configuration names."""
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """``fiberexec cleanup``: stop the workers ``sweep`` picks on the configured hosts."""
         options = configured_backend_options("ssh")
         if not options.get("hosts") and not options.get("inventory"):
             raise ConfigurationError(
                 "no ssh hosts are configured; set backend = \"ssh\" and backend_options "
                 "hosts=[...] (or inventory=) in .fiberexec.toml or FIBEREXEC_BACKEND_OPTIONS"
             )
-        return [f"removed {remove_stray(executor_id, **options)} stray object(s)"]
+        return remove_stray(sweep=sweep, **options) or ["no stray workers"]
 
-    def remove_workers(self, executor_id: str | None = None, *, grace: float = 3.0) -> int:
-        """Signal the workers this backend started on every host (all, or one executor's);
-        return how many there were.
+    def remove_workers(self, sweep: Sweep, *, grace: float = 3.0) -> list[str]:
+        """Signal the workers ``sweep`` picks on every host (by default those whose wrapper,
+        their executor's lease there, is gone); one line per process.
 
         Raises:
             TransientBackendError: some hosts could not be reached (the others were cleaned).
         """
         hosts = self.placement.hosts()
         with ThreadPoolExecutor(min(16, len(hosts)), "fiberexec-ssh-strays") as pool:
-            outcomes = list(pool.map(lambda h: self._strays_on(h, executor_id, grace), hosts))
+            outcomes = list(pool.map(lambda h: self._strays_on(h, sweep, grace), hosts))
         failed = [o for o in outcomes if isinstance(o, str)]
         if failed:
             raise TransientBackendError("cannot clean up on " + "; ".join(failed))
-        return sum(o for o in outcomes if isinstance(o, int))
+        return [line for o in outcomes if isinstance(o, list) for line in o]
 
-    def _strays_on(self, host: SSHHost, executor_id: str | None, grace: float) -> int | str:
-        """How many workers were stopped on ``host``, or why it could not be cleaned."""
+    def _strays_on(self, host: SSHHost, sweep: Sweep, grace: float) -> list[str] | str:
+        """Lines naming what was stopped on ``host``, or why it could not be cleaned."""
         try:
-            return STRAY_RETRY.call(lambda: self._strays_once(host, executor_id, grace))
+            return STRAY_RETRY.call(lambda: self._strays_once(host, sweep, grace))
         except BackendError as exc:
             return f"{host.label} ({exc})"
 
-    def _strays_once(self, host: SSHHost, executor_id: str | None, grace: float) -> int:
-        message = {"code": _ssh_code(), "action": "strays", "executor_id": executor_id,
-                   "grace": grace}
+    def _strays_once(self, host: SSHHost, sweep: Sweep, grace: float) -> list[str]:
+        message = {"code": _ssh_code(), "action": "strays", "executor_id": sweep.executor_id,
+                   "everything": sweep.everything, "dry_run": sweep.dry_run, "grace": grace}
         try:
             done = subprocess.run(self.command_for(host, remote.CLEANUP_MARK),
                                   input=frame(message).decode(), capture_output=True,
@@ -438,8 +456,9 @@ class SSHBackend(Backend):
             raise TransientBackendError("no answer") from exc
         for line in done.stdout.splitlines():
             if line.startswith(remote.TAG):
-                report = json.loads(line[len(remote.TAG):])
-                return len(report.get("workers", []))
+                found = json.loads(line[len(remote.TAG):]).get("found", {})
+                return [f"{sweep.verb()} {what} on {host.label} (pid {pid})"
+                        for pid, what in found.items()]
         error = classify(host, done.returncode, done.stderr, None, "cleanup")
         raise type(error)(str(error).replace("cannot start worker cleanup", "cannot clean up"))
 
@@ -448,19 +467,21 @@ def _ssh_code() -> str:
     return Path(remote.__file__).read_text()
 
 
-def remove_stray(executor_id: str | None = None, **options: Any) -> int:
+def remove_stray(executor_id: str | None = None, *, sweep: Sweep | None = None,
+                 **options: Any) -> list[str]:
     """Stop workers the ssh backend started on the hosts ``options`` name (the
-    `SSHBackend` arguments: ``hosts=`` or ``inventory=``, and how to reach them); all of
-    them, or one executor's. Return how many were found.
+    `SSHBackend` arguments: ``hosts=`` or ``inventory=``, and how to reach them): those
+    whose wrapper is gone, one executor's (``executor_id``), or those ``sweep`` picks.
+    Return one line per process signalled.
 
     ``fiberexec cleanup --backend ssh`` calls this with the configured ``backend_options``.
 
     Example:
         >>> remove_stray(hosts=["me@node1", "me@node2"])  # doctest: +SKIP
-        0
+        []
     """
     known = {"hosts", "inventory", "python", "slots", "ssh", "ssh_config", "identity_file",
              "known_hosts", "ssh_options", "connect_timeout"}
     backend = SSHBackend(**{k: v for k, v in options.items() if k in known})
     with contextlib.closing(backend):
-        return backend.remove_workers(executor_id)
+        return backend.remove_workers(sweep or Sweep(executor_id=executor_id))

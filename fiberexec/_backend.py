@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from fiberexec._errors import BackendError, ConfigurationError
+from fiberexec._sweep import Sweep
 
 if TYPE_CHECKING:  # _capabilities imports _config, which imports this module
     from fiberexec._capabilities import MasterRequest, Probe
@@ -270,11 +271,15 @@ class Backend(abc.ABC):
         raise _unsupported(cls.name, "probe")
 
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        """Remove jobs whose executor is gone (one executor's, if given); one line per action.
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        """Remove the workers ``sweep`` picks; one line per worker, naming its worker id.
 
-        ``namespace`` is for backends that have namespaces; others ignore it.
+        The contract (``fiberexec.testing.check_remove_stray``): by default only workers
+        whose executor's lease is gone go (see `Sweep`: every executor holds a lease its
+        workers name, testable from any process); a worker whose lease this backend cannot
+        test stays, and a line says so. ``sweep.executor_id`` removes that executor's
+        workers, ``sweep.everything`` every worker; ``sweep.dry_run`` removes nothing and
+        returns the lines it would. Raises `BackendError` when the engine cannot be asked.
         """
         raise _unsupported(cls.name, "remove_stray")
 

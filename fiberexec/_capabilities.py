@@ -5,8 +5,9 @@ A backend class may offer, as class methods (no instance, so no client or thread
     launch_master(request: MasterRequest) -> int     ``fiberexec run``: run a program as the
                                                       master job; return its exit status
     probe() -> Probe                                  ``fiberexec info``: usable here, and why
-    remove_stray(executor_id, options) -> list[str]   ``fiberexec cleanup``: remove jobs whose
-                                                      executor is gone; one line per action
+    remove_stray(sweep: Sweep) -> list[str]          ``fiberexec cleanup``: remove the workers
+                                                      a `Sweep` picks (by default those whose
+                                                      executor's lease is gone); one line each
 
 `Backend` defines all three to raise `CapabilityError`, which names the backend and the
 capability, so a third-party backend that offers none still works with the executor.

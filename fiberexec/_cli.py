@@ -21,6 +21,7 @@ from fiberexec.backend import (
     BackendError,
     ConfigurationError,
     MasterRequest,
+    Sweep,
     available_backends,
     check_backend_name,
 )
@@ -84,10 +85,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     if args.backend:
         check_backend_name(args.backend, BACKEND_OPTION)
-    lines: list[str] = []
-    for name in [args.backend] if args.backend else available_backends():
-        lines += cleanup.cleanup(name, args.executor, args.namespace)
-    print("\n".join(lines))
+    sweep = Sweep(executor_id=args.executor, everything=args.all, dry_run=args.dry_run,
+                  namespace=args.namespace)
+    names = [args.backend] if args.backend else available_backends()
+    for line in cleanup.run(names, sweep):
+        print(line, flush=True)  # --all's list is on screen before anything is removed
     return 0
 
 
@@ -153,11 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     clean = sub.add_parser(
-        "cleanup", help="remove stray workers, containers, pods and secrets",
-        description="Remove workers whose executor is gone: local worker processes, and "
-                    "containers, pods and Secrets labelled 'fiberexec'.")
+        "cleanup", help="remove workers whose executor is gone",
+        description="Remove workers whose executor is gone: every executor holds a lease "
+                    "its workers name (its process on this machine, a lease container on "
+                    "Docker, a Lease on Kubernetes, the wrapper on an ssh host), and only "
+                    "workers whose lease is gone are removed. Live executors' workers stay.")
     clean.add_argument("--backend", help="only this backend (default: every backend)")
-    clean.add_argument("--executor", metavar="ID", help="only this executor's workers")
+    which = clean.add_mutually_exclusive_group()
+    which.add_argument("--executor", metavar="ID",
+                       help="this executor's workers (and its Secret and lease), live or not")
+    which.add_argument("--all", action="store_true",
+                       help="every fiberexec worker, live executors' too; lists them first")
+    clean.add_argument("--dry-run", action="store_true",
+                       help="remove nothing; say what would be removed")
     clean.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
     clean.set_defaults(func=cmd_cleanup)
 

@@ -155,7 +155,10 @@ class TaskPool:
                     shard.close()  # never ran: its loop's last act is ours to do
             self.supervisor.stop_all()
             if self.owns_backend:
-                self.backend.close()
+                self.backend.close()  # a backend's close also ends its starts in flight
+            # A broken executor's starts in flight were abandoned: they clean up after
+            # themselves, so its shutdown does not wait for a host that does not answer.
+            self.supervisor.join(timeout=1.0 if self.supervisor.broken else 30.0)
             _shm.remove_all(self.executor_id)
         finally:
             self._closed.set()

@@ -1,11 +1,14 @@
 """Retry as data: a small value that builds a tenacity policy for backend calls.
 
 Only `TransientBackendError` is retried; a permanent error or any other exception goes straight
-through. A ``retry_after`` the remote side asked for (HTTP 429) is honoured.
+through. A ``retry_after`` the remote side asked for (HTTP 429) is honoured. A call given an
+``abandon`` event makes no attempt once it is set, and its backoff sleep ends when it is set
+(the executor broke or shut down: nothing more is started).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,12 +35,19 @@ class RetryPolicy:
     initial: float = 0.1
     maximum: float = 5.0
     jitter: float = 0.2
+    #: Starting workers only: once every worker is lost, starts that keep failing for this
+    #: many seconds break the executor with their cause (the full ``deadline`` applies while
+    #: other workers serve).
+    deadline_without_workers: float = 5.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ConfigurationError(f"retry attempts must be >= 1, got {self.attempts}")
         if self.deadline <= 0:
             raise ConfigurationError(f"retry deadline must be > 0 seconds, got {self.deadline}")
+        if self.deadline_without_workers <= 0:
+            raise ConfigurationError("retry deadline_without_workers must be > 0 seconds, got "
+                                     f"{self.deadline_without_workers}")
 
     def call(
         self,
@@ -45,16 +55,21 @@ class RetryPolicy:
         *,
         sleep: Callable[[float], None] = time.sleep,
         before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
+        abandon: threading.Event | None = None,
     ) -> T:
-        """Call ``fn`` until it succeeds, raises a non-transient error, or the policy runs out.
+        """Call ``fn`` until it succeeds, raises a non-transient error, or the policy runs out
+        (or ``abandon`` is set: no attempt is made after that, and a backoff ends at once).
 
         When it runs out, the last `TransientBackendError` is raised as it was.
         """
+        stop = tenacity.stop_after_attempt(self.attempts) | tenacity.stop_after_delay(
+            self.deadline)
+        if abandon is not None:
+            stop = stop | _Abandoned(abandon)
+            sleep = _sleep_unless(abandon)
+            fn = _unless_abandoned(fn, abandon)
         retrying = tenacity.Retrying(
-            stop=(
-                tenacity.stop_after_attempt(self.attempts)
-                | tenacity.stop_after_delay(self.deadline)
-            ),
+            stop=stop,
             wait=_RetryAfterOr(
                 tenacity.wait_exponential(multiplier=self.initial, max=self.maximum)
                 + tenacity.wait_random(0, self.jitter)
@@ -65,6 +80,38 @@ class RetryPolicy:
             reraise=True,
         )
         return retrying(fn)
+
+
+class _Abandoned(tenacity.stop.stop_base):
+    """Stop retrying once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.event.is_set()
+
+
+def _unless_abandoned(fn: Callable[[], T], event: threading.Event) -> Callable[[], T]:
+    """``fn``, except that once ``event`` is set an attempt raises the last one's error."""
+    last: list[BaseException] = []
+
+    def attempt() -> T:
+        if event.is_set() and last:
+            raise last[-1]
+        try:
+            return fn()
+        except BaseException as exc:
+            last[:] = [exc]
+            raise
+    return attempt
+
+
+def _sleep_unless(event: threading.Event) -> Callable[[float], None]:
+    """A backoff sleep that ends when ``event`` is set."""
+    def sleep(seconds: float) -> None:
+        event.wait(seconds)
+    return sleep
 
 
 class _RetryAfterOr(tenacity.wait.wait_base):

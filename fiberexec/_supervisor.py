@@ -9,6 +9,13 @@ started, failed and exited workers with events.
     launch():  (launcher) open an Endpoint -> Adopt -> backend.start_worker -> Started
                backend's exit watch -> Exited;  a peer hangs up -> PipeDown
     worker_gone / worker_failed_to_start (from a shard) -> stop its handle, maybe launch()
+
+Once the executor is broken or shut down (`_halt` is set) nothing more is started: queued
+launches return at once, a start's retries stop and its backoff ends, and a start still in
+flight when it returns closes its endpoint and stops what it started. When the last ready
+worker is lost with tasks outstanding, starts that keep failing for
+``start_retry.deadline_without_workers`` seconds break the executor with their cause (a
+timer checks, so a start that hangs cannot delay it).
 """
 
 from __future__ import annotations
@@ -18,10 +25,13 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import tenacity
 
 from fiberexec import _contract, _syspath
 from fiberexec import _events as ev
@@ -66,6 +76,12 @@ class WorkerSupervisor:
         self._start_failures = 0
         self._ids = itertools.count()
         self._finished = False  # the shards are done: no new workers
+        self._halt = threading.Event()  # broken or finished: start nothing more
+        self._starving_since: float | None = None  # the last ready worker was lost then
+        self._start_error: BaseException | None = None  # since a worker was last ready
+        self._starving_timer: threading.Timer | None = None
+        self._busy = threading.Condition(self._lock)  # launcher jobs not yet done: _active
+        self._active = 0
         self._next_port = 0  # where the search for a free port in config.ports starts
         self._tls_server = self.config.tls.server_config() if self.config.tls else None
         # Starts block on backends (forks, API calls): more threads for more workers.
@@ -244,17 +260,21 @@ class WorkerSupervisor:
         def attempt() -> WorkerHandle:
             return self.backend.start_worker(spec)
 
+        def retrying(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("starting worker %s failed (%s); retrying", spec.worker_id, exc)
+            if exc is not None:
+                self._start_failed(exc)
+
         try:
-            handle = self.config.start_retry.call(
-                attempt,
-                before_sleep=lambda state: log.warning(
-                    "starting worker %s failed (%s); retrying", spec.worker_id,
-                    state.outcome.exception() if state.outcome else "?",
-                ),
-            )
+            handle = self.config.start_retry.call(attempt, before_sleep=retrying,
+                                                  abandon=self._halt)
         except Exception as exc:
             shard.post(ev.StartFailed(spec.worker_id))
             self._drop(spec.worker_id)
+            if self._halt.is_set():  # broken or shut down meanwhile: nothing more to say
+                self._close_endpoint(spec.worker_id)
+                return
             self.break_executor(
                 f"could not start a worker on the {self.backend.name!r} backend: {exc}", exc
             )
@@ -262,11 +282,59 @@ class WorkerSupervisor:
         with self._lock:
             self._handles[spec.worker_id] = handle
             too_late = self._finished
+        if too_late:  # started after shutdown began: nobody will serve it
+            self._close_endpoint(spec.worker_id)
+            self._stop(handle)
+            return
         log.info("started worker %s (%s)", spec.worker_id, handle.ref)
         shard.post(ev.Started(spec.worker_id, handle))
         self.backend.watch(handle, lambda h, status: shard.post(ev.Exited(h.worker_id, status)))
-        if too_late:
-            self._stop(handle)
+
+    def _close_endpoint(self, worker_id: str) -> None:
+        with self._lock:
+            endpoint = self._endpoints.pop(worker_id, None) if self._finished else None
+        if endpoint is not None:  # its shard has finished: nobody else will close it
+            endpoint.close()
+
+    # ------------------------------------------------------------ no worker left
+
+    def _start_failed(self, exc: BaseException) -> None:
+        """A start attempt failed: remember why and, if every worker is lost, maybe give up."""
+        with self._lock:
+            self._start_error = exc
+        self._check_starving()
+
+    def _starve(self) -> None:
+        """The last ready worker is gone with tasks outstanding (the caller holds the lock)."""
+        window = self.config.start_retry.deadline_without_workers
+        self._starving_since = time.monotonic()
+        if self._starving_timer is not None:
+            self._starving_timer.cancel()
+        self._starving_timer = threading.Timer(window, self._check_starving)
+        self._starving_timer.daemon = True
+        self._starving_timer.start()
+
+    def _fed(self) -> None:
+        """A worker is ready: the executor is not starving (the caller holds the lock)."""
+        self._starving_since = self._start_error = None
+        if self._starving_timer is not None:
+            self._starving_timer.cancel()
+            self._starving_timer = None
+
+    def _check_starving(self) -> None:
+        """Break once every worker has been lost for the window and a start has failed
+        since a worker was last ready."""
+        window = self.config.start_retry.deadline_without_workers
+        with self._lock:
+            since, error = self._starving_since, self._start_error
+            if since is None or error is None or self._halt.is_set() or self._ready:
+                return
+            due = time.monotonic() - since >= window
+        if due:
+            self.break_executor(
+                f"every worker was lost and none could be started on the {self.backend.name!r} "
+                f"backend for {window:g}s (start_retry.deadline_without_workers); the last "
+                f"start failed: {error}", error)
 
     # ------------------------------------------------------------ the shards' Lifecycle
 
@@ -274,13 +342,17 @@ class WorkerSupervisor:
         with self._lock:
             self._ready.add(worker_id)
             self._start_failures = 0
+            self._fed()
 
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
         with self._lock:
             self._handles.pop(worker_id, None)
             self._unplace(worker_id)
             self._endpoints.pop(worker_id, None)
+            was_ready = worker_id in self._ready
             self._ready.discard(worker_id)
+            if was_ready and not self._ready and self._outstanding() > 0:
+                self._starve()
             retired = worker_id in self._retiring
             self._retiring.discard(worker_id)
             wanted = not retired and replace and self._known() < self.config.max_workers
@@ -341,6 +413,8 @@ class WorkerSupervisor:
                 return
             self.broken = BrokenFiberExecutor(message)
             self.broken.__cause__ = cause
+            self._halt.set()  # nothing more is started; retries under way stop
+            self._fed()
         log.log(level, "%s", message)
         for shard in self.shards:
             shard.post(ev.Broken(self.broken))
@@ -357,24 +431,44 @@ class WorkerSupervisor:
             log.warning("could not stop worker %s: %s", handle.worker_id, exc)
 
     def _in_background(self, fn: Callable[..., None], *args: object) -> None:
+        with self._lock:
+            self._active += 1
         try:
-            self._launcher.submit(fn, *args)
+            self._launcher.submit(self._counted, fn, *args)
             return
         except RuntimeError:  # the launcher is shutting down: do it here
             pass
-        fn(*args)
+        self._counted(fn, *args)
+
+    def _counted(self, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        finally:
+            with self._busy:
+                self._active -= 1
+                self._busy.notify_all()
 
     def stop_all(self) -> None:
-        """The shards are done: stop every worker left and the launcher threads."""
+        """The shards are done: start nothing more, stop every worker left."""
         with self._lock:
             self._finished = True
+            self._halt.set()
+            self._fed()
             handles = [h for h in self._handles.values() if h is not None]
             self._handles.clear()
         for handle in handles:
             self._stop(handle)
-        self._launcher.shutdown(wait=True)
+        self._launcher.shutdown(wait=False)  # queued launches return at once (_halt)
         with self._lock:  # opened after its shard had finished, so never adopted
             endpoints = list(self._endpoints.values())
             self._endpoints.clear()
         for endpoint in endpoints:
             endpoint.close()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the launcher's jobs (starts in flight, stops); True
+        if none is left. One still running cleans up after itself (`_start_worker`)."""
+        deadline = time.monotonic() + timeout
+        with self._busy:
+            return self._busy.wait_for(lambda: self._active == 0,
+                                       max(0.0, deadline - time.monotonic()))

@@ -58,6 +58,7 @@ from fiberexec._registry import (
     load_backend,
 )
 from fiberexec._retry import RetryPolicy
+from fiberexec._sweep import LEASE_LABEL, Sweep, lease_name
 from fiberexec._watch import ExitWatch
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "ENV_WORKER_ID",
     "EXECUTOR_LABEL",
     "LABEL_KEY",
+    "LEASE_LABEL",
     "MASTER_LABEL",
     "WORKER_COMMAND",
     "WORKER_LABEL",
@@ -89,6 +91,7 @@ __all__ = [
     "Resources",
     "RetryPolicy",
     "SignalNotSupportedError",
+    "Sweep",
     "TransientBackendError",
     "WorkerHandle",
     "WorkerSpec",
@@ -99,6 +102,7 @@ __all__ = [
     "check_backend_name",
     "configured_backend_options",
     "first_line",
+    "lease_name",
     "load_backend",
     "parse_memory",
 ]

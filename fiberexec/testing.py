@@ -18,7 +18,9 @@ every backend it made, and raises `AssertionError` naming the broken rule. The c
 * an unknown handle: `status` is UNKNOWN, `logs` is ``""``, `stop` is a no-op; none raises;
 * `stop` ends the worker and is not reported as an exit; stopping again is a no-op;
 * `close` stops every worker the backend started;
-* the ``remove_stray`` capability stops one executor's workers and spares the others';
+* ``remove_stray`` keeps live executors' workers (their lease is held), stops one executor's
+  workers when named and spares the others', lists without removing in a dry run, and (when
+  the harness can make a lease lapse) stops the workers of an executor that is gone;
 * `logs` returns the last lines a worker wrote.
 
 Workers dial back to ``Backend.bind_host``/``advertise_host`` (loopback for the built-in
@@ -44,6 +46,7 @@ from fiberexec.backend import (
     WORKER_COMMAND,
     Backend,
     Resources,
+    Sweep,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
@@ -77,9 +80,12 @@ class Harness:
             and reported ``OOMKilled``); False skips that part of `check_signals`.
         logs_after_exit: `logs` still returns a worker's output after it exited (False for a
             backend whose jobs vanish with their output, as auto-removed containers may).
-        remove_stray: how to call the backend's ``remove_stray`` for one executor id (default:
+        remove_stray: how to call the backend's ``remove_stray`` with a `Sweep` (default:
             the class method, which finds the engine or cluster as the ``fiberexec`` command
             would).
+        abandon: ``abandon(backend, executor_id)`` makes that executor look dead: its lease
+            goes, its workers keep running (as after a SIGKILL, before they notice); None
+            skips that part of `check_remove_stray`.
     """
 
     make_backend: Callable[[], Backend]
@@ -87,7 +93,8 @@ class Harness:
     timeout: float = 30.0
     memory_limits: bool = False
     logs_after_exit: bool = True
-    remove_stray: Callable[[Backend, str], object] | None = None
+    remove_stray: Callable[[Backend, Sweep], object] | None = None
+    abandon: Callable[[Backend, str], None] | None = None
     executor_id: str = field(default_factory=lambda: f"conformance-{secrets.token_hex(4)}")
 
 
@@ -303,10 +310,13 @@ def check_close(harness: Harness) -> None:
 
 
 def check_remove_stray(harness: Harness) -> None:
-    """``remove_stray(executor_id)`` stops that executor's workers and spares the others'.
+    """``remove_stray`` removes only what its `Sweep` picks.
 
-    The workers are real ``python -m fiberexec.worker`` processes whose executor is gone
-    (they dial a port nothing listens on), as strays are.
+    A bare sweep spares live executors' workers; a dry run of everything names them and
+    removes nothing; naming an executor stops its workers and spares the others'; once an
+    executor's lease lapses (``Harness.abandon``), a bare sweep stops its workers. The
+    workers are real ``python -m fiberexec.worker`` processes dialing a port nothing
+    listens on, so only a removal ends them within the check.
     """
     with _session(harness) as s:
         victims, bystanders = s.backend(), s.backend()
@@ -316,13 +326,32 @@ def check_remove_stray(harness: Harness) -> None:
         spared = bystanders.start_worker(_stray_spec(s, other, bystanders))
         victims.watch(victim, exits)
         bystanders.watch(spared, exits)
-        remove = harness.remove_stray or (lambda b, ident: type(b).remove_stray(ident))
-        remove(victims, gone)
-        worker_id, status = exits.next()
-        assert worker_id == victim.worker_id, "remove_stray stopped another executor's worker"
-        assert status.finished
+        call = harness.remove_stray or (lambda b, sweep: type(b).remove_stray(sweep))
+        call(victims, Sweep())
+        assert exits.none_within(1.0), "remove_stray() stopped a live executor's worker"
+        listed = "\n".join(str(line) for line in _lines(call(victims, Sweep(everything=True,
+                                                                        dry_run=True))))
+        assert gone in listed and other in listed, (
+            f"a dry run of everything must name every executor's workers; it said:\n{listed}")
+        assert exits.none_within(0.5), "a dry run stopped a worker"
+        call(victims, Sweep(executor_id=gone))
+        _expect_exit(exits, victim, "remove_stray(executor_id)")
         assert exits.none_within(0.5), "remove_stray stopped another executor's worker"
         assert bystanders.status(spared).state in (WorkerState.RUNNING, WorkerState.PENDING)
+        if harness.abandon is not None:
+            harness.abandon(bystanders, other)
+            call(bystanders, Sweep())
+            _expect_exit(exits, spared, "remove_stray() after its executor's lease lapsed")
+
+
+def _lines(result: object) -> list[object]:
+    return list(result) if isinstance(result, list | tuple) else [result]
+
+
+def _expect_exit(exits: _Exits, handle: WorkerHandle, what: str) -> None:
+    worker_id, status = exits.next()
+    assert worker_id == handle.worker_id, f"{what} stopped another executor's worker"
+    assert status.finished
 
 
 def _stray_spec(s: _Session, executor_id: str, backend: Backend) -> WorkerSpec:

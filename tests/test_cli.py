@@ -246,7 +246,7 @@ def test_cleanup_local_stops_a_stray_worker(
     proc, executor_id = stray_worker
     result = fiberexec("cleanup", "--backend", "local", "--executor", executor_id)
     assert result.returncode == 0, result.stderr
-    assert f"local: stopped worker w0 of executor {executor_id} (pid {proc.pid}" in result.stdout
+    assert f"local: removed worker w0 of executor {executor_id} (pid {proc.pid}" in result.stdout
     assert proc.wait(timeout=10) == -signal.SIGTERM
 
 
@@ -259,7 +259,7 @@ def test_cleanup_local_spares_live_executors_and_other_programs() -> None:
             assert len(mine) == 1  # the worker (one worker starts afresh: no launcher)
             assert not any(_local_stray.is_stray(w, _local_stray.listening_ports())
                            for w in mine)
-            result = fiberexec("cleanup", "--backend", "local", "--executor", mine[0].executor_id)
+            result = fiberexec("cleanup", "--backend", "local")
             assert result.stdout.strip() == "local: no stray workers"
             assert ex.submit(abs, -2).result(timeout=60) == 2
         assert bystander.poll() is None

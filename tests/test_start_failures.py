@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
+import threading
+from collections.abc import Iterator
 
 import pytest
 
-from fiberexec import BrokenFiberExecutor, FiberExecutor
-from fiberexec.backend import WorkerHandle, WorkerSpec
+from fiberexec import BrokenFiberExecutor, FiberExecutor, RetryPolicy
+from fiberexec.backend import TransientBackendError, WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
 
@@ -48,8 +52,6 @@ def test_failing_starts_break_an_executor_with_no_worker() -> None:
 
 def test_submit_never_waits_for_a_worker_to_start() -> None:
     """Workers start in the background: a backend that takes its time holds up no caller."""
-    import threading
-
     from fiberexec import FiberExecutor
     from fiberexec.backends.local import LocalBackend
 
@@ -76,4 +78,87 @@ def test_submit_never_waits_for_a_worker_to_start() -> None:
             assert [f.result(timeout=60) for f in futures] == list(range(20))
     finally:
         backend.gate.set()
+        backend.close()
+
+
+class LostHostBackend(LocalBackend):
+    """Its first two workers start for real; of the later starts, the first fails at once
+    and every other blocks until the test opens ``gate`` (a host that does not answer), then
+    fails. ``called`` is set by every later start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handles: list[WorkerHandle] = []
+        self.gate = threading.Event()
+        self.called = threading.Event()
+        self.calls = 0
+        self._count = threading.Lock()
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        with self._count:
+            number, self.calls = self.calls, self.calls + 1
+        if number < 2:
+            handle = super().start_worker(spec)
+            self.handles.append(handle)
+            return handle
+        self.called.set()
+        if number > 2:
+            self.gate.wait(120)
+        raise TransientBackendError("cannot reach host h1: connection timed out")
+
+
+class Connected(logging.Handler):
+    """Set once ``count`` workers have connected (the executor logs each at INFO)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(logging.INFO)
+        self.count, self.all = count, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if " connected (" in record.getMessage():
+            self.count -= 1
+            if self.count <= 0:
+                self.all.set()
+
+
+@pytest.fixture
+def connected() -> Iterator[Connected]:
+    logger = logging.getLogger("fiberexec")
+    level, handler = logger.level, Connected(2)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_losing_every_worker_breaks_with_the_start_failure_and_starts_nothing_more(
+    connected: Connected,
+) -> None:
+    """Every worker lost, every start failing or hanging: the executor breaks with the
+    start's cause once ``deadline_without_workers`` has passed (not after the full retry
+    deadline), its shutdown does not wait for the hanging starts, and none is retried."""
+    backend = LostHostBackend()
+    policy = RetryPolicy(deadline_without_workers=0.5, initial=0.01, maximum=0.05)
+    ex = FiberExecutor(2, backend=backend, start_retry=policy, max_task_retries=5)
+    try:
+        futures = [ex.submit(tasks.sleep_return, 60, i) for i in range(2)]
+        assert connected.all.wait(60), "the two workers did not connect"
+        for handle in list(backend.handles):
+            backend.signal(handle, signal.SIGKILL)
+        with pytest.raises(BrokenFiberExecutor) as caught:
+            futures[0].result(timeout=30)  # the full retry deadline is 60 s
+        assert "cannot reach host h1" in str(caught.value)
+        assert "deadline_without_workers" in str(caught.value)
+        assert isinstance(caught.value.__cause__, TransientBackendError)
+        closing = threading.Thread(target=ex.shutdown, kwargs={"wait": True})
+        closing.start()
+        closing.join(timeout=15)
+        assert not closing.is_alive(), "shutdown waited for starts to a host that never answers"
+        backend.called.clear()
+        backend.gate.set()  # the hanging starts fail now: none may be tried again
+        assert not backend.called.wait(1.0), "a broken executor retried a start"
+    finally:
+        backend.gate.set()
+        ex.shutdown(wait=True)
         backend.close()

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 import fiberexec
-from fiberexec.backend import Backend, CapabilityError, MasterRequest, available_backends
+from fiberexec.backend import (
+    Backend,
+    CapabilityError,
+    MasterRequest,
+    Sweep,
+    available_backends,
+)
 
 ROOT = Path(fiberexec.__file__).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -209,7 +215,7 @@ def test_missing_capability_names_the_backend_and_the_capability(capability: str
         name = "plain"
 
     call = {"launch_master": lambda: Plain.launch_master(MasterRequest(("true",), "plain")),
-            "probe": Plain.probe, "remove_stray": Plain.remove_stray}[capability]
+            "probe": Plain.probe, "remove_stray": lambda: Plain.remove_stray(Sweep())}[capability]
     with pytest.raises(CapabilityError, match=rf"the 'plain' backend does not support "
                                               rf"fiberexec \w+ \(it does not implement "
                                               rf"Backend\.{capability}\)"):

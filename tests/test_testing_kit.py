@@ -4,11 +4,12 @@ checks nothing): each case is the local backend with one rule broken."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import ClassVar
 
 import pytest
 
-from fiberexec.backend import ExitListener, WorkerHandle, WorkerState, WorkerStatus
+from fiberexec.backend import ExitListener, Sweep, WorkerHandle, WorkerState, WorkerStatus
 from fiberexec.backends.local import LocalBackend
 from fiberexec.testing import CHECKS, Harness
 
@@ -64,11 +65,13 @@ class LeavesWorkersOnClose(LocalBackend):
         LeavesWorkersOnClose.left.append(self)
 
 
-class NoStrayRemoval(LocalBackend):
+class IgnoresLeases(LocalBackend):
+    """A bare sweep removes every worker, live executors' too."""
+
     @classmethod
-    def remove_stray(cls, executor_id: str | None = None, *,
-                     namespace: str | None = None) -> list[str]:
-        return ["nothing removed"]
+    def remove_stray(cls, sweep: Sweep) -> list[str]:
+        bare = sweep.executor_id is None and not sweep.everything
+        return super().remove_stray(replace(sweep, everything=True) if bare else sweep)
 
 
 BROKEN: dict[str, Callable[[], LocalBackend]] = {
@@ -78,7 +81,7 @@ BROKEN: dict[str, Callable[[], LocalBackend]] = {
     "unknown_handle": GuessesUnknown,
     "stop": ReportsStops,
     "close": LeavesWorkersOnClose,
-    "remove_stray": NoStrayRemoval,
+    "remove_stray": IgnoresLeases,
     "logs": LocalBackend,  # without capture_output=True it keeps no output
 }
 

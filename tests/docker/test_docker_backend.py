@@ -135,10 +135,11 @@ def test_remove_stray_removes_one_executors_containers(
     client: Any, strays: str, executor_id: str, backend: DockerBackend, make_spec: SpecFactory
 ) -> None:
     mine = backend.start_worker(make_spec(*SLEEP))
-    assert remove_stray(client, executor_id=strays) == 2
+    assert len(remove_stray(client, executor_id=strays)) == 2
     assert not client.api.containers(all=True, filters={"label": f"{EXECUTOR_LABEL}={strays}"})
     assert backend.status(mine).state is WorkerState.RUNNING
-    assert remove_stray(executor_id=executor_id) == 1  # with its own client
+    removed = remove_stray(executor_id=executor_id)  # with its own client: worker and lease
+    assert [line.split("(")[1].split()[0] for line in removed] == ["worker", "lease"], removed
 
 
 @pytest.mark.parametrize(

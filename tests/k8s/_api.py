@@ -1,4 +1,5 @@
-"""The emulator's non-streaming verbs: list, get, create, delete on pods, secrets, namespaces."""
+"""The emulator's non-streaming verbs: list, get, create, delete on pods, secrets, namespaces
+and leases (coordination.k8s.io/v1), and a merge PATCH on leases."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.k8s._store import Conflict, Json, SelectorError, parse_selector
-from tests.k8s._validate import validate_pod, validate_secret
+from tests.k8s._validate import validate_lease, validate_pod, validate_secret
 
-KINDS = {"pods": "Pod", "secrets": "Secret", "namespaces": "Namespace"}
+KINDS = {"pods": "Pod", "secrets": "Secret", "namespaces": "Namespace", "leases": "Lease"}
+API_VERSIONS = {"leases": "coordination.k8s.io/v1"}  # the rest are core/v1
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class ApiError(Exception):
 
 
 def typed(resource: str, obj: Json) -> Json:
-    return {"apiVersion": "v1", "kind": KINDS[resource], **obj}
+    return {"apiVersion": API_VERSIONS.get(resource, "v1"), "kind": KINDS[resource], **obj}
 
 
 def _not_found(resource: str, name: str) -> ApiError:
@@ -79,7 +81,8 @@ class Api:
         except SelectorError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from exc
         items, version = self.store.list(req.resource, req.namespace, selector)
-        return 200, {"kind": f"{KINDS[req.resource]}List", "apiVersion": "v1",
+        return 200, {"kind": f"{KINDS[req.resource]}List",
+                     "apiVersion": API_VERSIONS.get(req.resource, "v1"),
                      "metadata": {"resourceVersion": str(version)}, "items": items}
 
     def _get(self, req: Request, body: Json) -> tuple[int, Json | str]:
@@ -100,6 +103,8 @@ class Api:
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if req.resource == "pods":
             return self._create_pod(req, body)
+        if req.resource == "leases":
+            return self._create_lease(req, body)
         errors = validate_secret(body)
         if errors:
             raise _invalid("Secret", meta.get("name", ""), errors)
@@ -120,6 +125,33 @@ class Api:
         created = self._store(req, pod)
         self.emu.kubelet.admit(req.namespace, created["metadata"]["name"])
         return 201, typed("pods", created)
+
+    def _create_lease(self, req: Request, lease: Json) -> tuple[int, Json | str]:
+        errors = validate_lease(lease)
+        if errors:
+            raise _invalid("Lease", lease["metadata"].get("name", ""), errors)
+        lease = {"metadata": lease["metadata"], "spec": dict(lease.get("spec") or {})}
+        return 201, typed("leases", self._store(req, lease))
+
+    def _patch(self, req: Request, body: Json) -> tuple[int, Json | str]:
+        """A JSON merge patch (RFC 7386), which a strategic merge patch of plain fields is."""
+        assert req.namespace is not None
+        assert req.name is not None
+        if req.resource != "leases":
+            raise ApiError(405, "MethodNotAllowed", f"PATCH on {req.resource} is not emulated")
+
+        def apply(obj: Json) -> None:
+            merged = _merge(obj, body)
+            errors = validate_lease(merged)
+            if errors:
+                raise _invalid("Lease", req.name or "", errors)
+            obj.clear()
+            obj.update(merged)
+
+        updated = self.store.update(req.resource, req.namespace, req.name, apply)
+        if updated is None:
+            raise _not_found(req.resource, req.name)
+        return 200, typed(req.resource, updated)
 
     def _store(self, req: Request, obj: Json) -> Json:
         assert req.namespace is not None
@@ -167,6 +199,19 @@ class Api:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-int(tail):]) if int(tail) > 0 else ""
         return 200, text
+
+
+def _merge(target: Json, patch: Json) -> Json:
+    """RFC 7386: objects merge key by key, null deletes, anything else replaces."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _invalid(kind: str, name: str, errors: list[tuple[str, str]]) -> ApiError:

@@ -161,6 +161,11 @@ class Store:
                      if res == resource and namespace in (None, ns) and matches(obj, selector)]
             return items, self.version
 
+    def objects(self) -> list[tuple[str, str, str]]:
+        """(resource, namespace, name) of every stored object."""
+        with self.cond:
+            return sorted(self._objects)
+
     def compact(self) -> None:
         """Forget the event log up to now (etcd compaction)."""
         with self.cond:

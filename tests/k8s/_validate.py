@@ -98,3 +98,23 @@ def validate_secret(secret: Json) -> list[tuple[str, str]]:
             errors.append((f"data[{key}]", "Invalid value: a valid config key must consist of "
                            "alphanumeric characters, '-', '_' or '.'"))
     return errors
+
+
+# RFC 3339 with microseconds, as the API server parses a MicroTime (Z or an offset)
+_MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+
+
+def validate_lease(lease: Json) -> list[tuple[str, str]]:
+    """coordination.k8s.io/v1 Lease: a positive duration, MicroTime timestamps."""
+    errors = validate_meta(lease)
+    spec = lease.get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        errors.append(("spec.leaseDurationSeconds", f"Invalid value: {duration}: must be "
+                       "greater than 0"))
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and _MICRO_TIME.match(value)):
+            errors.append((f"spec.{key}", f'Invalid value: "{value}": not a MicroTime '
+                           "(2006-01-02T15:04:05.000000Z)"))
+    return errors

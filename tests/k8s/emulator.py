@@ -5,13 +5,15 @@
                                          └─> Kubelet: runs each pod's first container as a
                                              local process and reports its status back
 
-Real: REST paths and verbs for pods, secrets and namespaces (core/v1), Status bodies with the
+Real: REST paths and verbs for pods, secrets and namespaces (core/v1) and leases
+(coordination.k8s.io/v1, with a merge PATCH), Status bodies with the
 API server's reasons, label selectors (=, ==, !=, in, notin, exists, !exists), one global
 resourceVersion, chunked watch streams (ADDED/MODIFIED/DELETED, ERROR 410 after compaction),
 graceful pod deletion (SIGTERM, SIGKILL after the grace period), pods/log with tailLines.
 Simulated on request: 429/503 bursts, 403 per verb and resource, slow or failed scheduling,
 image pull errors, OOMKilled (a SIGKILL labelled OOMKilled: memory limits are NOT enforced),
-eviction. Not emulated: authn, RBAC beyond `forbid`, PATCH/PUT, bookmarks, restarts
+eviction. Not emulated: authn, RBAC beyond `forbid`, PUT, PATCH on anything but leases,
+bookmarks, restarts
 (restartPolicy is always treated as Never), init/sidecar containers (only the first runs).
 """
 
@@ -411,14 +413,15 @@ def _route(method: str, path: str, query: dict[str, str]) -> Request:
     parts = [p for p in path.split("/") if p]
     if parts in (["version"], ["api"]):
         return Request("get", "version", None, None, query)
-    if parts[:2] != ["api", "v1"]:
+    group = parts[:3] == ["apis", "coordination.k8s.io", "v1"]
+    if parts[:2] != ["api", "v1"] and not group:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource "
                        f"({method} {path})")
-    rest = parts[2:]
+    rest = parts[3:] if group else parts[2:]
     namespace = None
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
-    if not rest or rest[0] not in _KINDS or len(rest) > 3:
+    if not rest or rest[0] not in _KINDS or len(rest) > 3 or group != (rest[0] == "leases"):
         raise ApiError(404, "NotFound", f"the server could not find the requested resource "
                        f"({method} {path})")
     resource, name = rest[0], rest[1] if len(rest) > 1 else None
@@ -438,4 +441,6 @@ def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
         return "create"
     if method == "DELETE":
         return "delete" if name is not None else "deletecollection"
+    if method == "PATCH" and name is not None:
+        return "patch"
     raise ApiError(405, "MethodNotAllowed", f"{method} is not supported by the emulator")

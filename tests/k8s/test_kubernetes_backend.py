@@ -18,11 +18,14 @@ from typing import Any
 import pytest
 
 from fiberexec.backend import (
+    LEASE_LABEL,
     PermanentBackendError,
     Resources,
     RetryPolicy,
+    Sweep,
     TransientBackendError,
     WorkerState,
+    lease_name,
 )
 from tests.k8s._kubelet import pull_error_message
 from tests.k8s.conftest import Exits, make_spec
@@ -90,13 +93,17 @@ def test_labels_resources_template_and_owner(make_backend: Any, emu: Emulator,
     pod = emu.pod(NAMESPACE, handle.ref)
     assert pod is not None
     labels = pod["metadata"]["labels"]
-    assert labels == {**spec.all_labels(), "team": "ml"}
+    assert labels == {**spec.all_labels(), "team": "ml",
+                      LEASE_LABEL: lease_name(spec.executor_id)}
     assert pod["metadata"]["annotations"] == {"note": "x"}
     owner = emu.pod(NAMESPACE, "executor-0")
     assert owner is not None
     assert pod["metadata"]["ownerReferences"] == [{
         "apiVersion": "v1", "kind": "Pod", "name": "executor-0",
         "uid": owner["metadata"]["uid"]}]
+    lease = emu.store.get("leases", NAMESPACE, labels[LEASE_LABEL])  # the executor's lease
+    assert lease is not None and lease["metadata"]["ownerReferences"] == \
+        pod["metadata"]["ownerReferences"]
     podspec = pod["spec"]
     assert podspec["restartPolicy"] == "Never"  # fiberexec's rule beats the template
     assert podspec["automountServiceAccountToken"] is False
@@ -453,10 +460,12 @@ def test_remove_stray(make_backend: Any, emu: Emulator, client: Any) -> None:
     for _ in range(2):
         mine.start_worker(make_spec(*SLEEP, executor_id="exa", secret_env={"K": "v"}))
     other.start_worker(make_spec(*SLEEP, executor_id="exb"))
-    assert remove_stray(client, namespace=NAMESPACE, executor_id="exa") == 3
+    assert remove_stray(client, namespace=NAMESPACE) == []  # both executors hold their lease
+    removed = remove_stray(client, namespace=NAMESPACE, executor_id="exa")
+    assert [line.split()[1] for line in removed] == ["pod", "pod", "secret", "lease"], removed
     assert [p["metadata"]["labels"]["fiberexec.executor"] for p in
             emu.pods(NAMESPACE, selector="fiberexec")] == ["exb"]
-    assert remove_stray(client, namespace=NAMESPACE) == 1
+    assert len(remove_stray(client, namespace=NAMESPACE, sweep=Sweep(everything=True))) == 2
     for backend in (mine, other):
         backend.close()
     assert emu.pods(NAMESPACE) == []

@@ -298,7 +298,7 @@ def test_cleanup_command_cancels_stray_jobs(kit: BackendKit) -> None:
             [sys.executable, "-m", "fiberexec", "cleanup", "--backend", "slurm", "--executor",
              executor], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
         assert done.returncode == 0, done.stderr
-        assert "slurm: removed 1 stray object(s)" in done.stdout
+        assert "slurm: cancelled 1 worker job(s)" in done.stdout
         assert wait_for(lambda: not active_fiberexec_jobs(f"fiberexec-{executor}"), 30)
     finally:
         backend.close()

@@ -23,6 +23,7 @@ import pytest
 
 from fiberexec import BrokenFiberExecutor, RetryPolicy, TLSOptions
 from fiberexec._stats import Stats
+from fiberexec.backend import WorkerHandle, WorkerSpec
 from fiberexec.backends.ssh import SSHBackend, remove_stray
 from tests import tasks
 from tests.conftest import ExecutorFactory
@@ -145,7 +146,7 @@ def test_executor_link_cut_ends_every_worker(make_backend: Maker, make_executor:
     finally:
         lab.heal("ex")
     assert all(f.done() for f in futures)
-    assert remove_stray(**backend_options(lab)) == 0
+    assert remove_stray(**backend_options(lab)) == []
     print(f"every worker exited {took:.1f}s after the cut")
 
 
@@ -170,13 +171,13 @@ def test_executor_killed_ends_every_worker(lab: Lab, tls: TLSOptions) -> None:
             proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
-    assert remove_stray(**options) == 0
+    assert remove_stray(**options) == []
     done = subprocess.run(
         [sys.executable, "-m", "fiberexec", "cleanup", "--backend", "ssh"], cwd=ROOT,
         env={**__import__("os").environ, "FIBEREXEC_BACKEND": "ssh",
              "FIBEREXEC_BACKEND_OPTIONS": json.dumps(options)},
         capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == "ssh: removed 0 stray object(s)"
+    assert done.stdout.strip() == "ssh: no stray workers"
 
 
 def _map_cleanly(ex: Any, n: int) -> None:
@@ -256,3 +257,74 @@ def test_python_without_fiberexec_breaks_with_host_and_cause(
     for part in (lab.site.target("w3"), bare, "cannot import fiberexec", "No module named"):
         assert part in message, message
     _others_still_work(make_backend, make_executor, lab, tls)
+
+
+class CountingSSH(SSHBackend):
+    """An SSHBackend that notes when each start began."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.starts: list[float] = []
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        self.starts.append(time.monotonic())
+        return super().start_worker(spec)
+
+
+def test_every_host_cut_mid_map_breaks_soon_and_starts_nothing_more(
+        make_executor: ExecutorFactory, lab: Lab, tls: TLSOptions,
+        timeline: Callable[[str, int], Timeline]) -> None:
+    """Every worker host's link is cut mid-map (ssh's own connect timeout, 10 s): the map
+    raises within 20 s of the cut (so of the last worker's loss), naming why no worker could
+    start; the executor starts nothing after it broke, and its shutdown takes under 5 s."""
+    hosts = [name for name in lab.bed.hosts if name != "ex"]
+    backend = CountingSSH(**backend_options(lab, slots=2, connect_timeout=10.0))
+    cut_at: list[float] = []
+
+    def progress(stats: Stats) -> None:  # on the scheduling thread: the cut lands mid-map
+        if stats.tasks_done >= 400 and not cut_at:
+            for host in hosts:
+                lab.cut(host)
+            cut_at.append(time.monotonic())
+
+    connected = _all_connected(timeline, 6)
+    lost = timeline("stopped responding", 1)
+    broke = timeline("every worker was lost", 1)
+    ex = make_executor(6, backend=backend, tls=tls, heartbeat=HEARTBEAT,
+                       silence_timeout=SILENCE, progress=progress)
+    raised: list[tuple[float, BaseException]] = []
+
+    def run_map() -> None:
+        try:
+            list(ex.map(faulttasks.slow_square, range(20000), timeout=300))
+        except BaseException as exc:  # what the map raised, and when
+            raised.append((time.monotonic(), exc))
+
+    try:
+        assert ex.submit(tasks.square, 2).result(timeout=60) == 4
+        assert connected.reached.wait(60), "not every worker connected"
+        mapper = threading.Thread(target=run_map)
+        mapper.start()
+        mapper.join(timeout=240)
+        assert not mapper.is_alive(), "the map never returned"
+        assert cut_at and raised, "the map finished although every host was cut"
+        raised_at, error = raised[0]
+        after_cut = raised_at - cut_at[0]  # the last loss comes after the cut: a stricter bound
+        print(f"losses seen {[round(t - cut_at[0], 1) for t in lost.times]}s after the cut "
+              f"(by silence; others by their ssh session's end); the map raised "
+              f"{after_cut:.1f}s after the cut")
+        assert isinstance(error, BrokenFiberExecutor), repr(error)
+        assert "could be started" in str(error) and "ssh host" in str(error), str(error)
+        assert after_cut <= 20.0, f"the map raised {after_cut:.1f}s after every host was cut"
+        assert broke.reached.is_set()
+        late = [t for t in backend.starts if t > broke.times[0]]
+        began = time.monotonic()
+        ex.shutdown(wait=True)
+        took = time.monotonic() - began
+        print(f"shutdown took {took:.1f}s; {len(late)} starts began after the executor broke")
+        assert late == [], f"{len(late)} starts began after the executor broke"
+        assert took <= 5.0, f"shutdown of the broken executor took {took:.1f}s"
+    finally:
+        for host in hosts:
+            lab.heal(host)
+        backend.close()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fiberexec.backend import LABEL_KEY, Backend
+from fiberexec.backend import LABEL_KEY, Backend, lease_name
 from fiberexec.backends.docker import DockerBackend
 from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
@@ -118,7 +118,11 @@ def backend_session() -> Iterator[BackendKit]:
 
         # Containers are auto-removed on exit, and their output with them (DockerBackend keeps
         # it only when it wins that race): logs after the exit are not part of its contract.
-        contract = Harness(make_backend=make_backend, memory_limits=True, logs_after_exit=False)
+        def abandon(_: Backend, executor_id: str) -> None:  # as if its executor were killed
+            client.api.remove_container(lease_name(executor_id), force=True)
+
+        contract = Harness(make_backend=make_backend, memory_limits=True, logs_after_exit=False,
+                           abandon=abandon)
         yield BackendKit(
             name="docker",
             make_backend=make_backend,

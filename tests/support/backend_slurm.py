@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fiberexec.backend import Backend
+from fiberexec.backend import Backend, Sweep
 from fiberexec.backends.slurm import SlurmBackend
 from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
@@ -95,12 +95,13 @@ def list_leaks() -> list[str]:
     return [f"slurm job {j['job_id']} {j['name']} ({j['job_state']})" for j in left]
 
 
-def _remove_stray(_backend: Backend, executor_id: str) -> None:
+def _remove_stray(_backend: Backend, sweep: Sweep) -> list[str]:
     """Workers are submitted in batches a moment after start_worker: a stray exists for
     Slurm (and remove_stray) once its job is queued."""
-    queued = wait_for(lambda: active_fiberexec_jobs(f"fiberexec-{executor_id}"), 60)
-    assert queued, f"no job of executor {executor_id} was queued within 60s"
-    SlurmBackend.remove_stray(executor_id)
+    prefix = f"fiberexec-{sweep.executor_id or ''}"
+    queued = wait_for(lambda: active_fiberexec_jobs(prefix), 60)
+    assert queued, f"no job named {prefix}* was queued within 60s"
+    return SlurmBackend.remove_stray(sweep)
 
 
 @contextlib.contextmanager

@@ -91,8 +91,8 @@ def backend_session() -> Iterator[BackendKit]:
 
         contract = Harness(
             make_backend=make_backend, timeout=60.0,
-            remove_stray=lambda _backend, executor_id: remove_stray(
-                executor_id, **backend_options(lab)),
+            remove_stray=lambda _backend, sweep: remove_stray(
+                sweep=sweep, **backend_options(lab)),
         )
         yield SSHKit(name="ssh", make_backend=make_backend, leaks=lambda: leaks(lab),
                      contract=contract, executor_kwargs={"workdir": str(Path.cwd())}, lab=lab)
