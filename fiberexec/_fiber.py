@@ -143,7 +143,9 @@ class ConfigModule(ModuleType):
     """``fiberexec.config``, which also reads and sets Fiber's keys as attributes."""
 
     def __getattr__(self, name: str) -> Any:
-        values = current()
+        # Only Fiber's keys resolve the settings: the import system asks for others
+        # (``__path__``), and a bad setting must not break an import.
+        values = current() if name in KEYS else {}
         if name in values:
             return values[name]
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
