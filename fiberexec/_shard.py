@@ -85,6 +85,9 @@ class Shard:
         self.index = index
         self.lifecycle = lifecycle
         self.clock = clock
+        # Where the clock stands against the wall clock, fixed once: a time shown (a span, a
+        # start) is then the same at every look, not recomputed with the moment of looking.
+        self.wall_offset = time.time() - clock()
         self.peers: Sequence[Shard] = (self,)  # the executor's shards, this one included
         self.incoming: deque[WorkItem] = deque()
         self.events: deque[ev.Event] = deque()
