@@ -30,8 +30,10 @@ class Lifecycle(Protocol):
     def worker_ready(self, worker_id: str) -> None:
         """The worker authenticated and may be given tasks."""
 
-    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
-        """The worker left or was lost; start another one if ``replace`` and work remains."""
+    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
+                    lost: bool = False) -> None:
+        """The worker left (or was ``lost``: died, cut off); start another one if
+        ``replace`` and work remains (replacements of lost workers are paced)."""
 
     def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
         """The worker ended, or timed out, before it authenticated."""

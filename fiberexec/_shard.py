@@ -792,8 +792,10 @@ class Shard:
             self._record_failure(item, conn.worker_id)
         failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
-        self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
-        if conn.leaving and conn.why is None:  # logged once the worker table says so too
+        orderly = conn.leaving is not None and conn.why is None
+        self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished(),
+                                   lost=not orderly)
+        if orderly:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:
             self.losses.lost(loss_line(why, charged, retries, failed=failed), self.clock())

@@ -39,6 +39,7 @@ from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
 from fiberexec._link_nng import Channel
+from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
 from fiberexec._shard import Shard
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME
@@ -87,6 +88,8 @@ class WorkerSupervisor:
         # Starts block on backends (forks, API calls): more threads for more workers.
         threads = max(4, min(32, self.config.max_workers // 32))
         self._launcher = ThreadPoolExecutor(threads, thread_name_prefix="fiberexec-launcher")
+        self._pace = Pace.for_pool(self.config.max_workers)  # replacements of lost workers
+        self._deferred: set[threading.Timer] = set()  # replacements waiting for their turn
 
     # ------------------------------------------------------------ counts
 
@@ -344,7 +347,8 @@ class WorkerSupervisor:
             self._start_failures = 0
             self._fed()
 
-    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
+    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
+                    lost: bool = False) -> None:
         with self._lock:
             self._handles.pop(worker_id, None)
             self._unplace(worker_id)
@@ -362,7 +366,39 @@ class WorkerSupervisor:
         if handle is not None:
             self._in_background(self._stop, handle)
         if wanted:
+            self._replace(lost)
+
+    def _replace(self, lost: bool) -> None:
+        """Start a worker for one that left; for a lost one, at the pace `Pace` allows."""
+        with self._lock:
+            delay = self._pace.wait() if lost else 0.0
+            deferred = delay > 0 and not (self._finished or self.broken is not None)
+            if deferred:
+                self._promised += 1  # counted as known until it starts
+                first = self._pace.deferred == 1
+        if not deferred:
             self.launch()
+            return
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "workers are being lost faster than %d per %.0fs; replacing them at that pace",
+                self._pace.burst, REFILL)
+        self._defer(delay)
+
+    def _defer(self, delay: float) -> None:
+        def fire() -> None:
+            with self._lock:
+                self._promised -= 1
+                self._deferred.discard(timer)
+            self.launch()
+
+        timer = threading.Timer(delay, fire)
+        timer.daemon = True
+        with self._lock:
+            if self._halt.is_set():  # stopped or broken meanwhile: nothing to replace
+                self._promised -= 1
+                return
+            self._deferred.add(timer)
+        timer.start()
 
     def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
         handle = self._drop(worker_id)
@@ -415,6 +451,9 @@ class WorkerSupervisor:
             self.broken.__cause__ = cause
             self._halt.set()  # nothing more is started; retries under way stop
             self._fed()
+            deferred, self._deferred = self._deferred, set()
+        for timer in deferred:
+            timer.cancel()
         log.log(level, "%s", message)
         for shard in self.shards:
             shard.post(ev.Broken(self.broken))
@@ -456,6 +495,9 @@ class WorkerSupervisor:
             self._fed()
             handles = [h for h in self._handles.values() if h is not None]
             self._handles.clear()
+            deferred, self._deferred = self._deferred, set()
+        for timer in deferred:  # replacements waiting for their turn: none is wanted now
+            timer.cancel()
         for handle in handles:
             self._stop(handle)
         self._launcher.shutdown(wait=False)  # queued launches return at once (_halt)

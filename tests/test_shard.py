@@ -118,7 +118,8 @@ class Recorder:
         self.ready.add(worker_id)
         self.calls.append(("ready", worker_id))
 
-    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool) -> None:
+    def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
+                    lost: bool = False) -> None:
         self.ready.discard(worker_id)
         self.calls.append(("gone", worker_id, replace))
 
