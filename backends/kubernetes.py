@@ -1,6 +1,7 @@
 """Workers as Kubernetes pods, on the official ``kubernetes`` client.
 
-    start_worker ──> Secret (once, holds secret_env) ──> Pod (restartPolicy Never)
+    start_worker ──> Lease (once, renewed: the executor's liveness, `_k8s_lease`)
+                 ──> Secret (once, holds secret_env) ──> Pod (restartPolicy Never)
     PodWatcher: ONE list+watch on ``fiberexec.executor=<id>`` ──> cache ──> status(), watch()
     Deadlines: a pod Pending past ``pending_deadline`` ──> FAILED with the pod's own reason
     Image pull refused (no such image or tag, access denied) ──> FAILED at once, in the
@@ -96,6 +97,10 @@ class KubernetesBackend(Backend):
         owner_pod: the executor's own pod, made owner of every worker pod and the Secret so
             they are garbage-collected with it (default: ``HOSTNAME`` in a cluster; ``""``: none).
         retry: policy for API calls other than pod creation.
+        lease_duration: seconds the executor's ``coordination.k8s.io`` Lease holds without
+            renewal (it is renewed every third of it); ``fiberexec cleanup`` removes the pods
+            of an executor whose Lease lapsed, so keep it above the clock skew between
+            machines.
 
     Raises:
         ConfigurationError: a bad option, or the ``kubernetes`` package missing.
