@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing.context
+import os
 import threading
 import time
 import weakref
@@ -92,6 +93,8 @@ class FiberExecutor(Executor):
         progress: Callable[[Stats], None] | None = None,
         tls: TLSOptions | None = None,
         ports: str | int | tuple[int, int] | None = None,
+        output: str | os.PathLike[str] | None = None,
+        observe: bool | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):

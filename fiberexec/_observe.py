@@ -15,7 +15,6 @@ never torn, and no lock sits between a submit and its dispatch.
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -168,7 +167,7 @@ def worker_infos(
     infos: list[WorkerInfo] = []
     seen: set[str] = set()
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         for conn in list(shard.conns.values()):
             seen.add(conn.worker_id)
             infos.append(_worker_info(conn, backend, offset))
@@ -177,7 +176,7 @@ def worker_infos(
             seen.add(worker_id)
             infos.append(WorkerInfo(worker_id, backend, handle.ref if handle else "", "",
                                     "starting", None, 0, 0, None, None, None))
-    gone = [(conn, time.time() - shard.clock()) for shard in shards for conn in list(shard.gone)]
+    gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)]
     gone.sort(key=lambda pair: pair[0].ended or 0.0)
     infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone[-GONE_MAX:]
                  if conn.worker_id not in seen)
@@ -225,7 +224,7 @@ def _state(conn: Conn, task: TaskInfo | None) -> str:
 def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
     spans: list[TaskSpan] = []
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         spans.extend(_span(task_id, worker_id, function, start + offset, end + offset, ok)
                      for task_id, worker_id, function, start, end, ok in list(shard.spans)
                      if end + offset >= since)
@@ -233,10 +232,24 @@ def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
     return spans
 
 
+def span_summary(shards: Iterable[Shard], window: float) -> tuple[dict[str, float], float]:
+    """The median run time of each function over the spans kept, and tasks finished per
+    second over the last ``window`` seconds."""
+    durations: dict[str, list[float]] = {}
+    recent = 0
+    for shard in shards:
+        since = shard.clock() - window
+        for _, _, function, start, end, _ in list(shard.spans):
+            durations.setdefault(function, []).append(end - start)
+            recent += end >= since
+    medians = {f: sorted(d)[len(d) // 2] for f, d in durations.items()}
+    return medians, recent / window
+
+
 def failures(shards: Iterable[Shard], limit: int) -> list[FailureInfo]:
     records: list[tuple[float, WorkItem, str | None, BaseException]] = []
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         records.extend((when + offset, item, worker_id, exc)
                        for item, worker_id, exc, when in list(shard.failures))
     records.sort(key=lambda record: record[0])
