@@ -246,6 +246,7 @@ class TaskPool:
         try:
             return future.result(timeout)
         except TimeoutError:
+            future.cancel()  # a late answer is dropped
             raise TimeoutError(
                 f"worker {worker_id} did not send its stack within timeout={timeout}s; it may "
                 f"be stopped, or a task may hold the interpreter's lock in native code "
