@@ -171,15 +171,16 @@ def worker_infos(
         for conn in list(shard.conns.values()):
             seen.add(conn.worker_id)
             infos.append(_worker_info(conn, backend, offset))
+    gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)
+            if conn.worker_id not in seen]
+    gone.sort(key=lambda pair: pair[0].ended or 0.0)
+    gone = gone[-GONE_MAX:]
+    seen.update(conn.worker_id for conn, _ in gone)  # the supervisor may not know yet
     for worker_id, handle in starting.items():
         if worker_id not in seen:
-            seen.add(worker_id)
             infos.append(WorkerInfo(worker_id, backend, handle.ref if handle else "", "",
                                     "starting", None, 0, 0, None, None, None))
-    gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)]
-    gone.sort(key=lambda pair: pair[0].ended or 0.0)
-    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone[-GONE_MAX:]
-                 if conn.worker_id not in seen)
+    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone)
     return infos
 
 
