@@ -40,7 +40,6 @@ SpanRecord = tuple[int, str, str, float, float, bool]
 # A failed task: (item, worker_id or None, exception, when on the shard's clock).
 FailureRecord = tuple[WorkItem, "str | None", BaseException, float]
 
-STATES = ("starting", "idle", "running", "lost", "retired")
 V = TypeVar("V")
 
 
@@ -185,7 +184,7 @@ def worker_infos(
 
 
 def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
-    task = None if conn.initializing else _running_task(conn, offset)
+    task = _running_task(conn, offset) if conn.inflight and not conn.initializing else None
     handle = conn.handle
     reference = handle.ref if handle is not None else (f"{conn.host}:{conn.pid}"
                                                         if conn.pid else "")
