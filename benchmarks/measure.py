@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.workers:
                 sizes = {**sizes, "sim_workers": args.workers}
             metrics = workloads.simulated_dispatch(args.system, sizes, args.shards)
+        elif args.workload == "output":
+            metrics = workloads.output_forwarding(args.system, sizes)
         else:
             metrics = workloads.WORKLOADS[args.workload](args.system, sizes)
     except Exception as exc:

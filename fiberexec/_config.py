@@ -61,6 +61,8 @@ class ExecutorConfig:
     tls: TLSOptions | None = None
     ports: tuple[int, int] | None = None  # the range worker channels listen in (inclusive)
     arg_cache: int = 256 << 20  # bytes of large arguments each worker keeps; 0: none
+    output: str | None = None  # "forward", "inherit", "off", a directory; None: by backend
+    observe: bool = False  # serve snapshots to `fiberexec top` on a loopback endpoint
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)
@@ -149,6 +151,38 @@ def _ports(value: object) -> tuple[int, int]:
     if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high <= 65535):
         raise _Invalid(rule)
     return low, high
+
+
+OUTPUT_MODES = ("forward", "inherit", "off")
+
+
+def _output(value: object) -> str:
+    rule = (f"one of {', '.join(map(repr, OUTPUT_MODES))} or a directory path containing "
+            f"'/' (e.g. './worker-output')")
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid(rule)
+    value = value.strip()
+    if value.lower() in OUTPUT_MODES:
+        return value.lower()
+    if "/" not in value:
+        raise _Invalid(rule)
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise _Invalid(f"{rule}; {value!r} exists and is not a directory")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _FLAGS:
+        return _FLAGS[value.strip().lower()]
+    raise _Invalid("true or false (or 1/0, yes/no, on/off)")
+
+
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
 
 
 def _text(value: object) -> str:
@@ -292,6 +326,15 @@ SETTINGS: tuple[Setting, ...] = (
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "
             "Services.", none_means="any free port"),
+    Setting("output", _optional(_output), None,
+            "where tasks' stdout and stderr go: ``\"forward\"`` (to this process's, each "
+            "line prefixed ``[w12 host] ``), ``\"inherit\"`` (the worker's own, unprefixed), "
+            "``\"off\"`` (discarded) or a directory (one ``<worker>.out`` and ``.err`` file "
+            "per worker). Default: ``\"inherit\"`` where workers share this host (local), "
+            "else ``\"forward\"``.", none_means="by backend"),
+    Setting("observe", _flag, False,
+            "serve snapshots of the workers to ``fiberexec top`` on a loopback endpoint, "
+            "guarded by a token in a file only this user can read (default: false)."),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing.context
+import os
 import threading
 import time
 import weakref
@@ -93,6 +94,8 @@ class FiberExecutor(Executor):
         tls: TLSOptions | None = None,
         ports: str | int | tuple[int, int] | None = None,
         arg_cache: int | str | None = None,
+        output: str | os.PathLike[str] | None = None,
+        observe: bool | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):

@@ -39,6 +39,7 @@ from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
 from fiberexec._link_nng import Channel
+from fiberexec._output import OutputSink
 from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
 from fiberexec._shard import Shard
@@ -56,6 +57,7 @@ class WorkerSupervisor:
         *,
         outstanding: Callable[[], int],
         progress: Callable[[], None],
+        sink: OutputSink | None = None,
     ) -> None:
         self.session = session
         self.config = session.config
@@ -65,6 +67,7 @@ class WorkerSupervisor:
         self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
         self._outstanding = outstanding  # tasks submitted and not finished
         self._progress = progress
+        self._sink = sink  # where forwarded task output goes
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
         self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
@@ -460,6 +463,10 @@ class WorkerSupervisor:
 
     def progress(self) -> None:
         self._progress()
+
+    def output(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        if self._sink is not None:
+            self._sink.put(worker_id, host, stdout, stderr)
 
     # ------------------------------------------------------------ stopping
 

@@ -212,3 +212,11 @@ def log_then_fail_init(queue: Any) -> None:
         logger.propagate = False
     logging.getLogger("tests.init").error("initializer giving up")
     raise ValueError("error in initializer")
+def chatter(lines: int, value: Any = None) -> Any:
+    """Print ``lines`` numbered lines to stdout and one to stderr; return ``value``."""
+    import sys
+
+    for i in range(lines):
+        print(f"line {i}")
+    print("to stderr", file=sys.stderr)
+    return value
