@@ -221,11 +221,15 @@ class Process:
             worker_id=f"mp-{os.getpid()}-{proc_id}",
             executor_id=f"mp{os.getpid()}",
             command=COMMAND,
+            # a child's own children run beside it, on the local backend, whatever the
+            # configuration there says (its options are for this process's backend)
             env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
+                 "FIBEREXEC_BACKEND_OPTIONS": "{}",
                  ENV_PARENT: f"{os.getpid()} {current_process().name}",
                  _syspath.ENV_SYS_PATH: _syspath.export(), _main.ENV_MAIN: _main.describe(),
                  **_logging_env()},
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
+            image=_backends.configuration().image,
             workdir=os.getcwd(),
             resources=resources,
             labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
