@@ -49,9 +49,10 @@ def set_default_backend(backend: BackendLike | None) -> None:
     """Run new processes, pools and managers on ``backend`` (a name or a factory).
 
     Pass a name (``"docker"``), a zero-argument callable returning a `Backend`, or None for
-    ``FIBEREXEC_BACKEND``. A `Backend` instance is used for processes only (pools need
-    their own). Call it before the first queue or process is created: the broker binds to
-    the host this backend's workers can reach.
+    the configuration's backend (``FIBEREXEC_BACKEND``, else the config file's, else
+    ``"local"``; read again on next use). A `Backend` instance is used for processes only
+    (pools need their own). Call it before the first queue or process is created: the
+    broker binds to the host this backend's workers can reach.
     """
     global _default, _shared, _config
     if backend is not None and not (isinstance(backend, str | Backend) or callable(backend)):
