@@ -33,6 +33,7 @@ from fiberexec.backend import (
     ENV_EXECUTOR_ID,
     ENV_LOCAL_ADDRESS,
     WORKER_COMMAND,
+    WORKER_PROGRAM,
     Backend,
     ConfigurationError,
     ExitListener,
@@ -136,6 +137,7 @@ class LocalBackend(Backend):
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._forked: dict[int, str] = {}  # pid of a forked worker -> its worker id
         self._spawning = 0  # forks asked of the launcher and not yet recorded
+        self._keep_launcher = False  # it forked processes a program starts again and again
         self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._lock = threading.Lock()
@@ -146,9 +148,10 @@ class LocalBackend(Backend):
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
         # Every worker names this process: its executor's lease here (``fiberexec cleanup``).
         env = {**os.environ, **spec.env, **spec.secret_env, ENV_EXECUTOR_PID: _executor_pid()}
-        if self._forks(spec) and not self._first_ones(spec):
+        program = self._forks(spec)
+        if program is not None and not self._first_ones(program):
             try:
-                return self._fork_worker(spec, env)
+                return self._fork_worker(spec, env, program)
             except LauncherError as exc:  # the launcher cannot run: start workers afresh
                 self.use_launcher = False
                 log.warning("the worker launcher failed (%s); starting each worker as a new "
@@ -192,30 +195,45 @@ class LocalBackend(Backend):
         self._reaper.add(spec.worker_id, pidfd, proc)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _forks(self, spec: WorkerSpec) -> bool:
-        """Fork from the launcher: an executor's worker program (its process names its
-        executor, as ``fiberexec cleanup`` needs), no address-space limit (a forked child
-        keeps the launcher's malloc arenas, so the limit would fit by luck)."""
-        return (self.use_launcher and tuple(spec.command) == WORKER_COMMAND
-                and ENV_LOCAL_ADDRESS in spec.env and spec.resources.memory is None)
+    def _forks(self, spec: WorkerSpec) -> str | None:
+        """The program to fork from the launcher, or None to start a new process.
 
-    def _first_ones(self, spec: WorkerSpec) -> bool:
+        Forked: an executor's worker program (its process names its executor, as
+        ``fiberexec cleanup`` needs) and fiberexec's other ``python -m fiberexec...``
+        programs (a `fiberexec.multiprocessing.Process`), without an address-space limit (a
+        forked child keeps the launcher's malloc arenas, so the limit would fit by luck)."""
+        command = tuple(spec.command)
+        if not self.use_launcher or spec.resources.memory is not None:
+            return None
+        if command == WORKER_COMMAND:
+            return WORKER_PROGRAM if ENV_LOCAL_ADDRESS in spec.env else None
+        if len(command) == 3 and command[:2] == ("python", "-m") and command[2].startswith(
+                "fiberexec."):
+            return command[2]
+        return None
+
+    def _first_ones(self, program: str) -> bool:
         """The first `FRESH_FIRST` workers start as new processes (a small pool's first result
         comes as soon as a spawned worker's would, with no launcher to start beside it); the
-        launcher starts for the next one and serves every worker after them."""
+        launcher starts for the next one and serves every worker after them. Other programs
+        (processes the user starts, often several at once) all fork."""
+        if program != WORKER_PROGRAM:
+            return False
         with self._lock:
             first = self._fresh < FRESH_FIRST
             self._fresh += first
         return first
 
-    def _fork_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
+    def _fork_worker(self, spec: WorkerSpec, env: dict[str, str], program: str) -> WorkerHandle:
         log = None
         if self.capture_output:
             log = str(self._log_path(spec.worker_id))
         launcher = self._the_launcher(spec.executor_id)  # counts this fork as under way
+        if program != WORKER_PROGRAM:
+            self._keep_launcher = True
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
-                                  log=log)
+                                  log=log, program=program)
         except LauncherError:
             with self._lock:
                 self._spawning -= 1
@@ -297,9 +315,12 @@ class LocalBackend(Backend):
 
     def _close_idle_launcher(self) -> None:
         """No worker left and none being forked: the launcher goes too (a backend the user
-        passed in outlives its executors, and leaves no process behind them)."""
+        passed in outlives its executors, and leaves no process behind them). One that has
+        forked other programs than the worker (a program's `Process`es, started batch after
+        batch, as the stdlib's forkserver serves them) stays until the backend closes."""
         with self._lock:
-            if self._procs or self._spawning or self._launcher is None:
+            if (self._procs or self._spawning or self._launcher is None
+                    or self._keep_launcher):
                 return
             launcher, self._launcher = self._launcher, None
         launcher.close()
@@ -352,6 +373,7 @@ class LocalBackend(Backend):
         self._reaper.close()
         with self._lock:
             launcher, self._launcher = self._launcher, None
+            self._keep_launcher = False
         if launcher is not None:
             launcher.close()
         if self._logdir is not None:

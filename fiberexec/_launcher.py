@@ -9,8 +9,17 @@ stay where they are).
 
     executor (a backend)                         launcher: python -m fiberexec.worker --launcher
     Launcher.spawn --("spawn", env, ...)-->      fork -> child: setsid, env, cwd, limits,
-               <--("spawned", pid) + pidfd--             fiberexec.worker.run()
-    reader thread <--("exited", pid, code)--     SIGCHLD -> waitpid -> report
+                     + stdout, stderr                    output, then its program:
+               <--("spawned", pid) + pidfd--             fiberexec.worker.run(), or another
+    reader thread <--("exited", pid, code)--             of fiberexec's as ``python -m`` would
+                                                 SIGCHLD -> waitpid -> report
+
+A program other than the worker (``program=``: a module of fiberexec with a ``main()``, such
+as the one a `fiberexec.multiprocessing.Process` runs) is imported by the launcher the first
+time it is asked for, so every child after that starts with it loaded; the child makes it
+its ``__main__`` and calls its ``main()``, as ``python -m`` would. A child writes
+to the standard output and error its requester has at the time it asks (passed along with
+the request), as a child started afresh would, unless it logs to a file.
 
 The two talk over a private ``SOCK_SEQPACKET`` socket pair (one message per datagram, the
 child's pidfd passed along, so a signal never reaches a recycled pid). When the executor
@@ -41,6 +50,7 @@ ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher import
 LAUNCHER_FLAG = "--launcher"
 MAX_MESSAGE = 1 << 20
 SPAWN_TIMEOUT = 30.0
+WORKER_PROGRAM = "fiberexec.worker"
 
 
 class LauncherError(OSError):
@@ -105,14 +115,16 @@ class Launcher:
         self._reader.start()
 
     def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
-              log: str | None) -> ForkedProcess:
-        """Fork a worker. Several threads may ask at once: their requests are pipelined
-        (the launcher forks them back to back), and replies come back in order."""
-        request = pickle.dumps(("spawn", dict(env), cwd, memory, log))
+              log: str | None, program: str = WORKER_PROGRAM) -> ForkedProcess:
+        """Fork a worker (or another of fiberexec's programs, by module name). Several
+        threads may ask at once: their requests are pipelined (the launcher forks them back
+        to back), and replies come back in order."""
+        request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program))
+        output = [] if log is not None else [1, 2]  # where our own output goes now
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
             try:
-                self._sock.send(request)
+                socket.send_fds(self._sock, [request], output)
             except OSError as exc:
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
             self._waiting.append(slot)
@@ -223,23 +235,43 @@ def _preload() -> None:
 
 
 def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
-    data = sock.recv(MAX_MESSAGE)
+    data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
     if not data:
         return False
-    _tag, *request = pickle.loads(data)
+    _tag, env, cwd, memory, log, program = pickle.loads(data)
+    _load(program)
     try:
         pid = os.fork()
     except OSError as exc:
+        _close(output)
         sock.send(pickle.dumps(("failed", repr(exc))))
         return True
     if pid == 0:
-        _become_worker(sock, pipe, *request)
+        _become_worker(sock, pipe, env, cwd, memory, log, program, output)
+    _close(output)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
         socket.send_fds(sock, [pickle.dumps(("spawned", pid))], [pidfd])
     finally:
         os.close(pidfd)
     return True
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _load(program: str) -> None:
+    """Import a program before the first fork of it: its children start with it loaded."""
+    if program in sys.modules:
+        return
+    import importlib
+
+    try:
+        importlib.import_module(program)
+    except Exception as exc:  # the child imports it again, and reports the error there
+        print(f"fiberexec launcher: cannot preload {program!r}: {exc!r}", file=sys.stderr)
 
 
 def _reap(sock: socket.socket) -> None:
@@ -255,7 +287,8 @@ def _reap(sock: socket.socket) -> None:
 
 
 def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, str],  # noqa: PLR0917
-                   cwd: str, memory: int | None, log: str | None) -> None:
+                   cwd: str, memory: int | None, log: str | None, program: str,
+                   output: list[int]) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
     code = 0
     try:
@@ -267,17 +300,16 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
         os.setsid()
         if log is not None:
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
+            output = [out, out]
+        for target, fd in zip((1, 2), output, strict=False):
+            os.dup2(fd, target)
+        _close(sorted(set(output)))
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
         if memory is not None:
             _limit_address_space(memory)
-        from fiberexec import worker
-
-        worker.run()
+        _run(program)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int | None):
@@ -290,6 +322,20 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _run(program: str) -> None:
+    if program == WORKER_PROGRAM:
+        from fiberexec import worker
+
+        worker.run()
+        return
+    import importlib
+
+    module = importlib.import_module(program)  # loaded by the launcher already
+    sys.argv = [module.__file__ or program]
+    sys.modules["__main__"] = module  # as under ``python -m``: pickles of __main__ ask it
+    module.main()
 
 
 def _limit_address_space(memory: int) -> None:

@@ -50,7 +50,7 @@ from fiberexec._errors import (
     PermanentBackendError,
     TransientBackendError,
 )
-from fiberexec._launcher import ForkedProcess, Launcher, LauncherError
+from fiberexec._launcher import WORKER_PROGRAM, ForkedProcess, Launcher, LauncherError
 from fiberexec._registry import (
     available_backends,
     backend_class,
@@ -75,6 +75,7 @@ __all__ = [
     "MASTER_LABEL",
     "WORKER_COMMAND",
     "WORKER_LABEL",
+    "WORKER_PROGRAM",
     "Backend",
     "BackendError",
     "CapabilityError",

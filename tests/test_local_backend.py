@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from typing import Any
 
 import pytest
 
@@ -195,6 +196,47 @@ def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
         if executor.poll() is None:
             executor.kill()
         executor.communicate(timeout=30)
+
+
+def _launched_parents(mp: Any, count: int, words: str) -> set[int]:
+    from tests.mp import tasks as mp_tasks
+
+    out = mp.Queue()
+    procs = [mp.Process(target=mp_tasks.say_and_put_parent, args=(out, words))
+             for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    parents = {out.get(timeout=60) for _ in procs}
+    for proc in procs:
+        proc.join(30)
+    assert [proc.exitcode for proc in procs] == [0] * count
+    return parents
+
+
+def test_processes_fork_from_one_launcher_that_serves_batch_after_batch(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """`fiberexec.multiprocessing` processes are forked by the launcher, which stays for the
+    next batch (until the backend closes); a child writes to the stderr its parent has when
+    it starts it, not to the one the launcher was started with."""
+    import psutil
+
+    import fiberexec.multiprocessing as mp
+
+    backend = LocalBackend()
+    mp.set_default_backend(backend)
+    try:
+        with capfd.disabled():  # the launcher starts with the terminal's stderr
+            first = _launched_parents(mp, 2, "first batch")
+        second = _launched_parents(mp, 2, "second batch")
+        assert first == second and len(first) == 1
+        launcher = psutil.Process(first.pop())
+        assert launcher.ppid() == os.getpid() and "--launcher" in launcher.cmdline()
+        assert capfd.readouterr().err.count("second batch") == 2
+    finally:
+        mp.set_default_backend(None)
+        backend.close()
+    _gone, alive = psutil.wait_procs([launcher], timeout=10)
+    assert not alive, "the launcher outlived its backend"
 
 
 def _parent(pid: int) -> int:

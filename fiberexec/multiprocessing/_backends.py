@@ -1,8 +1,12 @@
 """Which backend `Process`, `Pool`, `Manager` and the broker use, and resource hints.
 
-The default is ``FIBEREXEC_BACKEND`` (else ``"local"``); `set_default_backend` changes it
-for this process, like `multiprocessing.set_start_method`. `Pool` gets a fresh backend
-instance each (a backend's worker ids are per executor); processes share one.
+The backend, its ``backend_options`` and the worker ``image`` come from the executor's own
+configuration (`fiberexec._config.resolve`: ``FIBEREXEC_*`` variables, then
+``.fiberexec.toml`` or ``pyproject.toml``, then defaults), resolved once per process on first
+use; `set_default_backend` overrides the backend for this process, like
+`multiprocessing.set_start_method`, and makes the next use resolve the configuration again.
+`Pool` gets a fresh backend instance each (a backend's worker ids are per executor);
+processes share one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from fiberexec._backend import (
     Resources,
     parse_memory,
 )
+from fiberexec._config import ExecutorConfig, resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec.multiprocessing._links import outward_ip
 
@@ -27,37 +32,55 @@ log = logging.getLogger("fiberexec.multiprocessing")
 BackendLike = str | Backend | Callable[[], Backend]
 _default: BackendLike | None = None
 _shared: Backend | None = None
-_lock = threading.Lock()
+_config: ExecutorConfig | None = None
+_lock = threading.RLock()  # `shared_backend` resolves the configuration under it
+
+
+def configuration() -> ExecutorConfig:
+    """The executor's configuration of this process, resolved once (see the module)."""
+    global _config
+    with _lock:
+        if _config is None:
+            _config = resolve()
+        return _config
 
 
 def set_default_backend(backend: BackendLike | None) -> None:
     """Run new processes, pools and managers on ``backend`` (a name or a factory).
 
     Pass a name (``"docker"``), a zero-argument callable returning a `Backend`, or None for
-    ``FIBEREXEC_BACKEND``. A `Backend` instance is used for processes only (pools need
-    their own). Call it before the first queue or process is created: the broker binds to
-    the host this backend's workers can reach.
+    the configuration's backend (``FIBEREXEC_BACKEND``, else the config file's, else
+    ``"local"``; read again on next use). A `Backend` instance is used for processes only
+    (pools need their own). Call it before the first queue or process is created: the
+    broker binds to the host this backend's workers can reach.
     """
-    global _default, _shared
+    global _default, _shared, _config
     if backend is not None and not (isinstance(backend, str | Backend) or callable(backend)):
         raise ConfigurationError(
             f"backend must be a name, a Backend or a factory, got {backend!r}"
         )
     with _lock:
-        _default, old, _shared = backend, _shared, None
+        _default, old, _shared, _config = backend, _shared, None, None
     if old is not None:
         old.close()
 
 
-def new_backend(choice: BackendLike | None = None) -> Backend:
-    """A new backend instance for ``choice`` (default: the default backend)."""
+def new_backend(choice: BackendLike | None = None,
+                options: dict[str, Any] | None = None) -> Backend:
+    """A new backend instance for ``choice`` (default: the default backend).
+
+    A backend made by name gets ``options``, else the configuration's ``backend_options``
+    when the configuration names the same backend.
+    """
     from fiberexec._registry import load_backend
 
     choice = _default if choice is None else choice
-    if choice is None:
-        choice = os.environ.get("FIBEREXEC_BACKEND") or "local"
-    if isinstance(choice, str):
-        return load_backend(choice)
+    if choice is None or isinstance(choice, str):
+        config = configuration()
+        name = config.backend if choice is None else choice
+        if options is None:
+            options = dict(config.backend_options) if name == config.backend else {}
+        return load_backend(name, **options)
     if isinstance(choice, Backend):
         return choice
     backend = choice()

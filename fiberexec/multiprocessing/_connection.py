@@ -20,7 +20,7 @@ from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._queues import SLICE
-from fiberexec.multiprocessing._rpc import _TOKEN, CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint, process_token
 from fiberexec.multiprocessing._wire import dumps, loads
 
 
@@ -249,7 +249,7 @@ def _release_collected() -> None:
 def _release(endpoint: Endpoint, cid: int) -> None:
     broker = b.local_broker(endpoint)
     if broker is not None:  # never through the network to ourselves (nor once closed)
-        broker.unref(cid, _TOKEN)
+        broker.unref(cid, process_token())
         return
     try:
         stream = st.stream_for(endpoint)

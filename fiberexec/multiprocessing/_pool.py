@@ -319,14 +319,8 @@ class Pool:
         hint = meta_of(fn)
         if hint is not None and not {"cpu", "memory", "gpu"} & options.keys():
             options.update(cpu=hint.cpu, memory=hint.memory, gpu=hint.gpu)
-        backend_options = options.pop("backend_options", None) or {}
         choice = self._backend_choice
-        if isinstance(choice, str):
-            from fiberexec._registry import load_backend
-
-            inner = load_backend(choice, **backend_options)
-        else:
-            inner = new_backend(choice)
+        inner = new_backend(choice, options.pop("backend_options", None))
         self._backend, self._owns_backend = inner, not isinstance(choice, Backend)
         executor = FiberExecutor(self._processes, backend=inner, **options)
         note_unenforced(inner, Resources(options.get("cpu"), parse_memory(options.get("memory")),

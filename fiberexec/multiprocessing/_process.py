@@ -52,8 +52,9 @@ _exit_hook = False
 class _Runtime:
     """Parent-side state of a started process (never pickled)."""
 
-    def __init__(self, backend: Backend, proc_id: int) -> None:
+    def __init__(self, backend: Backend, proc_id: int, *, owns_backend: bool = False) -> None:
         self.backend = backend
+        self.owns_backend = owns_backend  # made for this process alone: closed after it
         self.proc_id = proc_id
         self.handle: WorkerHandle | None = None
         self.exitcode: int | None = None
@@ -199,7 +200,8 @@ class Process:
             payload = dumps(self, what="process", spawning=True)
         finally:
             _connection.stop_capture()
-        runtime = _Runtime(backend, broker.add_process(payload))
+        runtime = _Runtime(backend, broker.add_process(payload),
+                           owns_backend=choice is not None and not isinstance(choice, Backend))
         runtime.tickets = [(cid, t) for address, cid, t in tickets if address == broker.address]
         spec = self._spec(broker.address, broker.secret, runtime.proc_id)
         _backends.note_unenforced(backend, spec.resources)
@@ -221,11 +223,15 @@ class Process:
             worker_id=f"mp-{os.getpid()}-{proc_id}",
             executor_id=f"mp{os.getpid()}",
             command=COMMAND,
+            # a child's own children run beside it, on the local backend, whatever the
+            # configuration there says (its options are for this process's backend)
             env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
+                 "FIBEREXEC_BACKEND_OPTIONS": "{}",
                  ENV_PARENT: f"{os.getpid()} {current_process().name}",
                  _syspath.ENV_SYS_PATH: _syspath.export(), _main.ENV_MAIN: _main.describe(),
                  **_logging_env()},
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
+            image=_backends.configuration().image,
             workdir=os.getcwd(),
             resources=resources,
             labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
@@ -444,6 +450,8 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
             if text:
                 sys.stderr.write(text if text.endswith("\n") else text + "\n")
         backend.stop(handle, grace=0.5)
+        if runtime.owns_backend:
+            backend.close()  # and what it kept for later starts (the local launcher)
     except Exception as exc:
         print(f"fiberexec: could not clean up {handle.ref}: {exc}", file=sys.stderr)
     finally:

@@ -102,14 +102,16 @@ class _Releaser:
         self.start_lock = threading.Lock()
         self.live: dict[int, weakref.finalize[Any, Any]] = {}  # proxies not yet released
         self.keys = itertools.count()
-        # at exit, this process's proxies release their references, as the standard
-        # library's do: its exit function runs in our children too (`_process_main`)
-        std_util.Finalize(None, self.release_all, exitpriority=10)
 
     def watch(self, proxy: BaseProxy, address: str, secret: bytes, oid: int) -> None:
         if self.thread is None:
             with self.start_lock:
                 if self.thread is None:
+                    # at exit, this process's proxies release their references, as the
+                    # standard library's do: its exit function runs in our children too
+                    # (`_process_main`). Registered by the process that makes proxies: a
+                    # finalizer of another (a launcher that imported this) is skipped
+                    std_util.Finalize(None, self.release_all, exitpriority=10)
                     self.thread = threading.Thread(target=self._run, daemon=True,
                                                    name="fiberexec-mp-proxy-release")
                     self.thread.start()

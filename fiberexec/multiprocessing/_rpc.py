@@ -69,7 +69,22 @@ _clients: dict[str, RpcClient] = {}
 # re-entrant: a garbage collection inside it (say while a client is made) may run a dropped
 # manager's or proxy's finalizer in this very thread, and that calls a server too
 _clients_lock = threading.RLock()
-_TOKEN = secrets.token_hex(8)
+_TOKEN = secrets.token_hex(8)  # who this process is to the servers it calls
+
+
+def process_token() -> str:
+    """This process's token (a forked child gets its own: see `_forked`)."""
+    return _TOKEN
+
+
+def _forked() -> None:
+    """In a child forked from a process that imported this module (the local backend's
+    launcher): a token of its own, or servers would take it for its siblings."""
+    global _TOKEN
+    _TOKEN = secrets.token_hex(8)
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _frame(tag: bytes, head: Any, body: bytes | memoryview) -> list[bytes | memoryview]:

@@ -40,7 +40,7 @@ from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._rpc import _TOKEN, Endpoint, _local_servers, client_for
+from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
@@ -257,7 +257,7 @@ class Stream:
         self.lost = False
         self.reading = False  # a thread is reading the socket for everyone (leader)
         self.reader: threading.Thread | None = None  # the permanent leader, once needed
-        self.send(TOKEN, 0, _TOKEN.encode())
+        self.send(TOKEN, 0, process_token().encode())
         self.rpc.on_lost(self._abort)
 
     def _abort(self) -> None:

@@ -46,6 +46,11 @@ def put_pid(q: Any) -> None:
     q.put(os.getpid())
 
 
+def say_and_put_parent(q: Any, words: str) -> None:
+    print(words, file=sys.stderr, flush=True)
+    q.put(os.getppid())
+
+
 def echo_pipe(conn: Any) -> None:
     while True:
         try:

@@ -20,6 +20,9 @@ def _no_leaks() -> None:
 def _no_leaks_after_the_suite() -> Iterator[None]:
     shm_before = _shm_files()
     yield
+    import fiberexec.multiprocessing as mp
+
+    mp.set_default_backend(None)  # closes the processes' backend (its launcher): as at exit
     leaked = _leaks()
     assert not leaked, f"the suite left these running: {leaked}"
     stray = _shm_files() - shm_before

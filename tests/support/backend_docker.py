@@ -9,6 +9,7 @@ raises: a Docker test run never turns into a run of skips.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
@@ -110,10 +111,11 @@ def backend_session() -> Iterator[BackendKit]:
     try:
         image = ensure_image()
 
+        # Tests hand workers paths under the temp dir (tmp_path): share it like the cwd.
+        tmp = tempfile.gettempdir()
+        shared = {"volumes": {tmp: {"bind": tmp, "mode": "rw"}}}
+
         def make_backend() -> Backend:
-            # Tests hand workers paths under the temp dir (tmp_path): share it like the cwd.
-            tmp = tempfile.gettempdir()
-            shared = {"volumes": {tmp: {"bind": tmp, "mode": "rw"}}}
             return DockerBackend(image=image, extra_run_kwargs=shared)
 
         # Containers are auto-removed on exit, and their output with them (DockerBackend keeps
@@ -129,6 +131,8 @@ def backend_session() -> Iterator[BackendKit]:
             leaks=lambda: list_leaks(client),
             contract=contract,
             executor_kwargs={"image": image},
+            settings={"FIBEREXEC_BACKEND": "docker", "FIBEREXEC_IMAGE": image,
+                      "FIBEREXEC_BACKEND_OPTIONS": json.dumps({"extra_run_kwargs": shared})},
         )
     finally:
         client.close()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 from fiberexec.backend import Backend, Sweep, lease_name
 from fiberexec.testing import Harness
@@ -38,11 +41,31 @@ def backend_session() -> Iterator[BackendKit]:
         # Memory limits are not enforced by the emulator (its OOM is injected: see
         # tests/k8s), so the contract's OOM check does not apply here.
         contract = Harness(make_backend=make_backend, remove_stray=remove, abandon=abandon)
-        try:
-            yield BackendKit(name="kubernetes", make_backend=make_backend,
-                             leaks=lambda: leaks(emu), contract=contract, executor_kwargs={})
-        finally:
-            client.close()
+        with tempfile.TemporaryDirectory() as home:
+            kubeconfig = _kubeconfig(Path(home), emu.url)
+            options = {"kubeconfig": str(kubeconfig), "namespace": NAMESPACE,
+                       "advertise_host": "127.0.0.1"}
+            settings = {"FIBEREXEC_BACKEND": "kubernetes", "FIBEREXEC_IMAGE": IMAGE,
+                        "FIBEREXEC_BACKEND_OPTIONS": json.dumps(options)}
+            try:
+                yield BackendKit(name="kubernetes", make_backend=make_backend,
+                                 leaks=lambda: leaks(emu), contract=contract, executor_kwargs={},
+                                 settings=settings)
+            finally:
+                client.close()
+
+
+def _kubeconfig(folder: Path, url: str) -> Path:
+    """A kubeconfig naming the emulator (plain HTTP, no credentials), as a user's would."""
+    path = folder / "kubeconfig"
+    path.write_text(json.dumps({  # JSON is YAML
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "emulator", "user": {}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator",
+                                                      "user": "emulator"}}],
+    }))
+    return path
 
 
 def leaks(emu: Emulator) -> list[str]:

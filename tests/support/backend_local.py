@@ -60,7 +60,8 @@ def _leaks() -> list[str]:
 def backend_session() -> Iterator[BackendKit]:
     # The contract's logs checks need the output kept: capture_output=True.
     contract = Harness(make_backend=lambda: LocalBackend(capture_output=True))
-    yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks, contract=contract)
+    yield BackendKit(name="local", make_backend=LocalBackend, leaks=_leaks, contract=contract,
+                     settings={"FIBEREXEC_BACKEND": "local"})
 
 
 class NetworkLocalBackend(LocalBackend):

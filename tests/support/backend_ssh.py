@@ -9,6 +9,7 @@ worker hosts, and ssh clients on the executor host.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -95,4 +96,6 @@ def backend_session() -> Iterator[BackendKit]:
                 sweep=sweep, **backend_options(lab)),
         )
         yield SSHKit(name="ssh", make_backend=make_backend, leaks=lambda: leaks(lab),
-                     contract=contract, executor_kwargs={"workdir": str(Path.cwd())}, lab=lab)
+                     contract=contract, executor_kwargs={"workdir": str(Path.cwd())}, lab=lab,
+                     settings={"FIBEREXEC_BACKEND": "ssh",
+                               "FIBEREXEC_BACKEND_OPTIONS": json.dumps(backend_options(lab))})

@@ -20,3 +20,6 @@ class BackendKit:
     # every process of the backend runs on this host and shares its /dev/shm (the
     # multiprocessing layer's "same host" features then work, see the README)
     same_host: bool = True
+    # the FIBEREXEC_* variables that select and configure this backend by name, as a user
+    # sets them (no object: what the configuration alone must carry to every facade)
+    settings: dict[str, str] = field(default_factory=dict)
