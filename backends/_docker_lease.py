@@ -7,7 +7,7 @@
                 however it ends (SIGKILL too): the container exits and is auto-removed.
     held():     the executors whose lease container runs: what ``fiberexec cleanup`` tests,
                 from any process that can reach the engine.
-    release():  remove the container (our close()).
+    release():  remove the container (with the executor's last worker container, or close()).
 
 A container's labels cannot change once it exists, so no timestamp is renewed: the lease's
 liveness is the engine's own record of a connection, with no clock and no renewal thread.
@@ -63,9 +63,11 @@ class DockerLease:
         with self._lock:
             ref, self._ref = self._ref, None
             self._close_stdin()
-        if ref is not None:
-            with contextlib.suppress(Exception):  # gone already: the lease is released
+        if ref is not None:  # removed (and waited for: its name may be taken again at once)
+            with contextlib.suppress(Exception):  # gone, or auto-removal already under way
                 self.api.remove_container(ref, force=True)
+            with contextlib.suppress(Exception):  # gone already: the lease is released
+                self.api.wait(ref, condition="removed", timeout=30)
 
     def _close_stdin(self) -> None:
         stdin, self._stdin = self._stdin, None

@@ -15,6 +15,7 @@ unrenewed for a whole duration lets ``cleanup`` take its workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -82,9 +83,13 @@ class KubeLease:
         while not self._stop.wait(self.duration / 3):
             try:
                 self.renew()
-            except Exception as exc:  # the next period tries again; cleanup waits a duration
-                log.warning("could not renew Lease %s in namespace %s: %s", self.name,
-                            self.namespace, exc)
+            except Exception as exc:  # gone (deleted by hand, or by a backend letting go of
+                # it as this one took it): made again; else the next period tries again
+                log.warning("could not renew Lease %s in namespace %s: %s; creating it again",
+                            self.name, self.namespace, exc)
+                with contextlib.suppress(Exception):
+                    self._call("create", self.api.create_namespaced_lease, self.namespace,
+                               self.body())
 
     def renew(self) -> None:
         patch = {"spec": {"renewTime": micro_time(self._clock())}}

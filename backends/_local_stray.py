@@ -166,7 +166,8 @@ def remove_stray_local(sweep: Sweep) -> list[str]:
             continue
         gone = sweep.dry_run or terminate(worker)
         verb = sweep.verb() if gone else "could not stop"
+        dialing = f", dialing {worker.address}" if worker.address else ""
         lines.append(f"{verb} worker {worker.worker_id or '?'} of executor "
-                     f"{worker.executor_id or '?'} (pid {worker.pid}, dialing {worker.address}: "
+                     f"{worker.executor_id or '?'} (pid {worker.pid}{dialing}: "
                      f"{sweep.why(held)})")
     return lines or ["no stray workers"]

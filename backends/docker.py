@@ -5,7 +5,7 @@
     start_worker(spec) --create+start--> container  (host network, auto-removed on exit,
          |                           labels fiberexec=worker, executor, worker, lease)
          +-- first call opens one /events stream (die, oom) before any container exists
-         +-- and holds the executor's lease container (`_docker_lease`) before any worker
+         +-- and holds the executor's lease container (`_docker_lease`) while it has workers
                                    |
     events thread: oom -> remember; die -> keep exit code (+ "OOMKilled"), keep the last log
                    lines (best effort), call the watch listener once
@@ -35,6 +35,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -321,6 +322,8 @@ class DockerBackend(Backend):
         self._kept_logs: dict[str, str] = {}
         self._remove_retry = RetryPolicy(attempts=3, deadline=min(timeout, 30.0))
         self._leases: dict[str, DockerLease] = {}  # executor id -> its lease on the engine
+        self._holding: Counter[str] = Counter()  # executor id -> containers it has or starts
+        self._owners: dict[str, str] = {}  # container id -> executor id
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -361,12 +364,17 @@ class DockerBackend(Backend):
         self._ensure_events()
         self._hold_lease(spec, image)
         name = container_name(spec)
-        kwargs = self._create_kwargs(spec, name)
-        with self._errors("create container", image=image, name=name):
-            container = self._client.containers.create(image, list(spec.command), **kwargs)
+        try:
+            kwargs = self._create_kwargs(spec, name)
+            with self._errors("create container", image=image, name=name):
+                container = self._client.containers.create(image, list(spec.command), **kwargs)
+        except BaseException:
+            self._let_go(spec.executor_id)
+            raise
         handle = WorkerHandle(spec.worker_id, str(container.id))
         with self._lock:
             self._started[handle.ref] = handle
+            self._owners[handle.ref] = spec.executor_id
         try:
             with self._errors("start container", image=image, name=name):
                 container.start()
@@ -376,12 +384,38 @@ class DockerBackend(Backend):
         return handle
 
     def _hold_lease(self, spec: WorkerSpec, image: str) -> None:
-        """Hold the executor's lease before its first worker exists (`_docker_lease`)."""
+        """Hold the executor's lease before its first worker exists (`_docker_lease`); it is
+        let go with the executor's last container."""
         api = self._api()
         with self._lock:
             lease = self._leases.setdefault(spec.executor_id, DockerLease(api, spec.executor_id))
-        with self._errors("start the executor's lease container", image=image, name=lease.name):
-            lease.acquire(image, spec.command[0])
+            self._holding[spec.executor_id] += 1
+        try:
+            with self._errors("start the executor's lease container", image=image,
+                              name=lease.name):
+                lease.acquire(image, spec.command[0])
+        except BaseException:
+            self._let_go(spec.executor_id)
+            raise
+
+    def _let_go(self, executor_id: str) -> None:
+        """One container of the executor fewer; with its last, its lease goes."""
+        with self._lock:
+            self._holding[executor_id] -= 1
+            lease = None
+            if self._holding[executor_id] <= 0:
+                del self._holding[executor_id]
+                lease = self._leases.pop(executor_id, None)
+        if lease is not None:
+            lease.release()
+
+    def _forget(self, ref: str) -> None:
+        """A container of ours is gone for good (stopped or removed)."""
+        with self._lock:
+            handle = self._started.pop(ref, None)
+            owner = self._owners.pop(ref, None)
+        if handle is not None and owner is not None:
+            self._let_go(owner)
 
     def _create_kwargs(self, spec: WorkerSpec, name: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -530,8 +564,7 @@ class DockerBackend(Backend):
                 if not _is_gone(exc):
                     raise
         self._remove_retry.call(lambda: self._remove(handle))
-        with self._lock:
-            self._started.pop(handle.ref, None)
+        self._forget(handle.ref)
 
     def _remove(self, handle: WorkerHandle) -> None:
         api = self._api()
@@ -549,8 +582,7 @@ class DockerBackend(Backend):
             self._remove(handle)
         except BackendError as exc:
             log.warning("fiberexec docker: could not remove container %s: %s", handle.ref, exc)
-        with self._lock:
-            self._started.pop(handle.ref, None)
+        self._forget(handle.ref)
 
     def _stop_quietly(self, handle: WorkerHandle) -> None:
         try:
@@ -570,6 +602,7 @@ class DockerBackend(Backend):
         self._exit_watch.stop_polling(timeout=5)
         with self._lock:
             leases, self._leases = list(self._leases.values()), {}
+            self._holding.clear()
         for lease in leases:  # after the workers: none may look like a stray meanwhile
             lease.release()
         if self._events is not None:

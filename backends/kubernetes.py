@@ -274,8 +274,6 @@ class KubernetesBackend(Backend):
         self._exit_watch.clear()  # every pod is deleted below: none is reported
         if parts is not None:
             self._release(*parts, delete=names)
-        if self._lease is not None:  # after the pods: none may look like a stray meanwhile
-            self._lease.release(self._delete_lease)
         self._deadlines.stop()
         if self._owns_client and self._client is not None:
             self._client.close()
@@ -337,16 +335,18 @@ class KubernetesBackend(Backend):
         if parts is not None:
             self._release(*parts, delete=set())
 
-    def _detach(self) -> tuple[PodWatcher, str | None] | None:
-        """Take the watch and the Secret out of service (under ``_lock``)."""
+    def _detach(self) -> tuple[PodWatcher, str | None, KubeLease | None] | None:
+        """Take the watch, the Secret and the Lease out of service (under ``_lock``)."""
         if self._watcher is None:
             return None
-        parts = (self._watcher, self._secret[0] if self._secret else None)
-        self._watcher, self._secret = None, None
+        parts = (self._watcher, self._secret[0] if self._secret else None, self._lease)
+        self._watcher, self._secret, self._lease = None, None, None
         return parts
 
-    def _release(self, watcher: PodWatcher, secret: str | None, *, delete: set[str]) -> None:
-        """Delete ``delete`` and any other live pod, wait until the watch sees them gone."""
+    def _release(self, watcher: PodWatcher, secret: str | None, lease: KubeLease | None, *,
+                 delete: set[str]) -> None:
+        """Delete ``delete`` and any other live pod, wait until the watch sees them gone;
+        then the Secret, and last the Lease (no pod may look like a stray meanwhile)."""
         live = watcher.live_names()
         for name in sorted(delete | live):
             try:
@@ -361,6 +361,8 @@ class KubernetesBackend(Backend):
         watcher.stop()
         if secret is not None:
             self._delete_secret(secret)
+        if lease is not None:
+            lease.release(self._delete_lease)
 
     # -- the watch -------------------------------------------------------------------------
     def _ensure_watch(self, executor_id: str) -> PodWatcher:
@@ -412,23 +414,24 @@ class KubernetesBackend(Backend):
 
     # -- the lease ----------------------------------------------------------------------------
     def _ensure_lease(self, executor_id: str) -> KubeLease:
-        """Hold the executor's Lease before its first pod exists (`_k8s_lease`; under lock)."""
+        """Hold the executor's Lease before its first pod exists (`_k8s_lease`; under lock);
+        it goes with the last pod, as the Secret does."""
         if self._lease is None:
             from kubernetes import client
 
             lease = KubeLease(client.CoordinationV1Api(self._api_client()), self.namespace,
                               executor_id, duration=self.lease_duration, call=self._lease_call,
                               owners=self._owner_refs())
-            with contextlib.suppress(ApiStatus):  # AlreadyExists: an earlier attempt landed
-                lease.acquire()
+            lease.acquire()
             self._lease = lease
         return self._lease
 
     def _lease_call(self, verb: str, fn: Callable[..., Any], *args: Any) -> None:
         extra = {"_content_type": "application/merge-patch+json"} if verb == "patch" else {}
-        self._retry.call(lambda: _finish(_call(
-            verb, "leases", self.namespace, fn, *args, passthrough=frozenset({409}),
-            _preload_content=False, _request_timeout=self.request_timeout, **extra)))
+        with contextlib.suppress(ApiStatus):  # AlreadyExists: an earlier attempt landed
+            self._retry.call(lambda: _finish(_call(
+                verb, "leases", self.namespace, fn, *args, passthrough=frozenset({409}),
+                _preload_content=False, _request_timeout=self.request_timeout, **extra)))
 
     def _delete_lease(self, name: str) -> None:
         from kubernetes import client

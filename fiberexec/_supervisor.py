@@ -286,8 +286,9 @@ class WorkerSupervisor:
             )
             return
         with self._lock:
-            self._handles[spec.worker_id] = handle
             too_late = self._finished
+            if not too_late:
+                self._handles[spec.worker_id] = handle
         if too_late:  # started after shutdown began: nobody will serve it
             self._close_endpoint(spec.worker_id)
             self._stop(handle)

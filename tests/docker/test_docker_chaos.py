@@ -21,14 +21,17 @@ from tests.support.kit import BackendKit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _worker_containers(executor_id: str | None = None) -> list[str]:
-    """Ids of one executor's containers (or anyone's), running or stopped.
+def _worker_containers(executor_id: str | None = None, *, lease: bool = False) -> list[str]:
+    """Ids of one executor's worker containers (or anyone's), running or stopped; with
+    ``lease``, its lease container too.
 
     The low-level listing: the high-level one inspects each container after listing, which
     races with auto-removal, the very thing these tests provoke.
     """
-    label = f"{EXECUTOR_LABEL}={executor_id}" if executor_id else LABEL_KEY
-    found = engine_client().api.containers(all=True, filters={"label": label})
+    labels = [f"{EXECUTOR_LABEL}={executor_id}" if executor_id else LABEL_KEY]
+    if not lease:
+        labels.append(f"{LABEL_KEY}=worker")
+    found = engine_client().api.containers(all=True, filters={"label": labels})
     return [str(c["Id"]) for c in found]
 
 
@@ -97,9 +100,9 @@ def test_executor_killed_leaves_no_container(kit: BackendKit) -> None:
             master.stdout.close()
     import docker.errors
 
-    for container in _worker_containers(executor_id):
+    for container in _worker_containers(executor_id, lease=True):
         try:  # the engine tells us when the container is removed; 10 s at most
             engine_client().api.wait(container, condition="removed", timeout=10)
         except docker.errors.NotFound:
             pass  # already removed
-    assert _worker_containers(executor_id) == []
+    assert _worker_containers(executor_id, lease=True) == []  # the lease went with it
