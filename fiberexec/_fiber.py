@@ -126,6 +126,9 @@ def _configure_logging(key: str, value: object) -> None:
         logger.setLevel(logger.level or logging.INFO)
 
 
+READABLE = frozenset({"backend", "image", "cpu_per_job", "mem_per_job", "log_level"})
+
+
 def current() -> dict[str, object]:
     """Fiber's keys with the values an executor made now would use (``get_dict``)."""
     config = resolve({})
@@ -143,11 +146,8 @@ class ConfigModule(ModuleType):
     """``fiberexec.config``, which also reads and sets Fiber's keys as attributes."""
 
     def __getattr__(self, name: str) -> Any:
-        # Only Fiber's keys resolve the settings: the import system asks for others
-        # (``__path__``), and a bad setting must not break an import.
-        values = current() if name in KEYS else {}
-        if name in values:
-            return values[name]
+        if name in READABLE:  # only these: the import system asks for others it may lack
+            return current()[name]
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -244,8 +244,8 @@ class Shard:
     def finished(self) -> bool:
         """Shut down, and nothing is left to run or to hear about: no task out, no task
         that ran out of retries still awaiting its worker's exit status to fail with, and
-        (unless the executor broke) no connected worker still in its initializer, which a
-        stop would cut short (the stdlib's workers finish theirs too)."""
+        (unless the executor broke) no worker still in its initializer, or starting to run
+        it, which a stop would cut short (the stdlib's workers finish theirs too)."""
         if not self.shutting_down or self.queue or self.incoming or self.events:
             return False
         if self._initializers_to_come():
