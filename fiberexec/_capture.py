@@ -33,9 +33,11 @@ BUFFER = 64 << 10  # bytes a task's stdout holds before they reach the capture
 class Capture:
     """Complete lines written to each stream, held until `take`."""
 
-    def __init__(self, send: Callable[[], None], wake: Callable[[], None]) -> None:
+    def __init__(self, send: Callable[[], None], wake: Callable[[], None],
+                 prefix: bytes = b"") -> None:
         self._send = send  # sends what is held (called without the lock held)
         self._wake = wake  # the first line is held: the outbox should send it soon
+        self._prefix = prefix  # put before every line (here: the executor does no per-line work)
         self._lock = threading.Lock()
         self._held: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
         self._partial = {STDOUT: b"", STDERR: b""}
@@ -83,7 +85,13 @@ class Capture:
             self._held[STDOUT].clear()
             self._held[STDERR].clear()
             self.size, self.since = 0, None
-        return out, err
+        return self._prefixed(out), self._prefixed(err)
+
+    def _prefixed(self, lines: bytes) -> bytes:
+        prefix = self._prefix
+        if not prefix or not lines:
+            return lines
+        return prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
 
 
 class _Stream(io.RawIOBase):

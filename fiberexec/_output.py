@@ -1,8 +1,11 @@
 """Where the tasks' forwarded output goes in the executor's process: one writer thread.
 
     shard thread: Heartbeat(stdout, stderr) -> OutputSink.put   (appends; never blocks)
-    writer thread: each line prefixed ``[w12 host] `` -> sys.stdout / sys.stderr (looked
-                   up at each write, so redirections apply), or ``<dir>/w12.out`` / ``.err``
+    writer thread: the lines, as the worker prefixed them (``[w12 host] ``) ->
+                   sys.stdout / sys.stderr (looked up at each write, so redirections
+                   apply), or unprefixed to ``<dir>/w12.out`` / ``.err``
+
+Workers prefix their own lines: the executor does no work per line.
 
 A terminal or pipe that does not keep up holds up only the writer thread. What it has not
 written is bounded by `HELD_MAX`; past that, output is dropped and the drop is said in the
@@ -89,10 +92,9 @@ class OutputSink:
                     f.write(data)
                     f.flush()
             return
-        prefix = f"[{worker_id} {host}] ".encode()
         for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
             if data:
-                _write_to(stream, prefix + data[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
+                _write_to(stream, data)
 
     def _note(self, text: bytes) -> None:
         with contextlib.suppress(Exception):

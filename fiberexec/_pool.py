@@ -45,9 +45,9 @@ def _output_mode(output: str | None, backend: Backend) -> OutputMode:
     otherwise be lost (workers on other hosts, in containers, pods or jobs)."""
     if output is None:
         output = "inherit" if backend.workers_share_host else "forward"
-    if output == "inherit":
-        return OutputMode.INHERIT
-    return OutputMode.DISCARD if output == "off" else OutputMode.FORWARD
+    modes = {"inherit": OutputMode.INHERIT, "off": OutputMode.DISCARD,
+             "forward": OutputMode.FORWARD}
+    return modes.get(output, OutputMode.FILES)  # else a directory
 
 
 class TaskPool:
@@ -75,8 +75,9 @@ class TaskPool:
             shm_token=secrets.token_bytes(32) if _shm.available() else b"",
             output=_output_mode(config.output, backend),
         )
-        self.sink = None if self.session.output is not OutputMode.FORWARD else OutputSink(
-            config.output if config.output not in (None, "forward") else None)
+        self.sink = None
+        if self.session.output in (OutputMode.FORWARD, OutputMode.FILES):
+            self.sink = OutputSink(config.output if config.output != "forward" else None)
         self.supervisor = WorkerSupervisor(
             self.session, backend, outstanding=self._outstanding, progress=self.report_progress,
             sink=self.sink,

@@ -104,8 +104,9 @@ class Auth:
 
 class OutputMode(enum.IntEnum):
     INHERIT = 0  # leave them: they go where the worker's own output goes
-    FORWARD = 1  # capture them and send their lines with heartbeats
+    FORWARD = 1  # capture them and send their lines, prefixed "[w12 host] ", with heartbeats
     DISCARD = 2
+    FILES = 3  # as FORWARD, unprefixed: the executor writes them to a file per worker
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,13 @@ class Worker:
         """Send the tasks' stdout and stderr to the executor, or nowhere, as it asks."""
         global _captured
         _captured = mode is not p.OutputMode.INHERIT
-        if mode is p.OutputMode.FORWARD:
+        if mode in (p.OutputMode.FORWARD, p.OutputMode.FILES):
             outbox = self.outbox
-            outbox.capture = _capture.Capture(send=outbox.send_output, wake=outbox.wake)
+            prefix = b""
+            if mode is p.OutputMode.FORWARD:
+                prefix = f"[{self.config.worker_id} {socket.gethostname()}] ".encode()
+            outbox.capture = _capture.Capture(send=outbox.send_output, wake=outbox.wake,
+                                              prefix=prefix)
             _capture.install(outbox.capture)
         elif mode is p.OutputMode.DISCARD:
             _capture.install(None)

@@ -70,3 +70,10 @@ def test_capture_holds_whole_lines_and_sends_when_full() -> None:
     assert capture.take(everything=True) == (b"next\n", b"")
     capture.write(1, b"x" * (300 << 10) + b"\n")
     assert sent == [1]
+
+
+def test_capture_prefixes_every_line_when_asked() -> None:
+    capture = Capture(send=lambda: None, wake=lambda: None, prefix=b"[w1 h] ")
+    capture.write(1, b"a\nb\n")
+    capture.write(2, b"c\n")
+    assert capture.take() == (b"[w1 h] a\n[w1 h] b\n", b"[w1 h] c\n")
