@@ -8,9 +8,7 @@ executor is, until its silence timeout) is left for ``cleanup`` to find.
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -21,44 +19,15 @@ from typing import Any
 import pytest
 
 from fiberexec.backend import EXECUTOR_LABEL, LABEL_KEY, lease_name
+from tests.support.lease_executor import Executor, executors
 
 ROOT = Path(__file__).resolve().parents[2]
-Executor = tuple[subprocess.Popen[str], str]
-
-
-def _read_ready(proc: subprocess.Popen[str], timeout: float = 120.0) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    assert line.startswith("ready "), f"the executor did not start: {line!r}"
-    return line.split()[1]
 
 
 @pytest.fixture
 def start_executor(image: str) -> Iterator[Callable[[], Executor]]:
-    started: list[subprocess.Popen[str]] = []
-
-    def start() -> Executor:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.lease_executor", "docker", "{}",
-             json.dumps({"image": image})],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        started.append(proc)
-        return proc, _read_ready(proc)
-
-    yield start
-    for proc in started:  # a live one shuts down when its stdin closes
-        if proc.stdin is not None:
-            proc.stdin.close()
-    for proc in started:
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with executors("docker", {}, {"image": image}, os.environ) as start:
+        yield start
 
 
 def _workers(client: Any, executor_id: str) -> list[str]:

@@ -7,9 +7,7 @@ and once it has lapsed ``cleanup`` (run as the command, from another process) ta
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -25,6 +23,7 @@ from fiberexec.backend import EXECUTOR_LABEL, lease_name
 from tests.k8s.emulator import Emulator
 from tests.k8s.test_kubernetes_cli import _kubeconfig
 from tests.support.backend_kubernetes import IMAGE, NAMESPACE
+from tests.support.lease_executor import Executor, executors
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FIBEREXEC_TEST_BACKEND") != "kubernetes",
@@ -32,7 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2
-Executor = tuple[subprocess.Popen[str], str]
 
 
 @pytest.fixture
@@ -43,34 +41,10 @@ def environ(emu: Emulator, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def start_executor(environ: dict[str, str]) -> Iterator[Callable[[], Executor]]:
-    started: list[subprocess.Popen[str]] = []
     options = {"namespace": NAMESPACE, "image": IMAGE, "advertise_host": "127.0.0.1",
                "lease_duration": LEASE_SECONDS}
-
-    def start() -> Executor:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.lease_executor", "kubernetes",
-             json.dumps(options), "{}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=environ)
-        started.append(proc)
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 120)
-        line = proc.stdout.readline() if ready else ""
-        assert line.startswith("ready "), f"the executor did not start: {line!r}"
-        return proc, line.split()[1]
-
-    yield start
-    for proc in started:  # a live one shuts down (deleting its pods) when its stdin closes
-        if proc.stdin is not None:
-            proc.stdin.close()
-    for proc in started:
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with executors("kubernetes", options, {}, environ) as start:
+        yield start
 
 
 def _pods(emu: Emulator, executor_id: str) -> list[str]:
