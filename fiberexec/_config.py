@@ -60,6 +60,7 @@ class ExecutorConfig:
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     tls: TLSOptions | None = None
     ports: tuple[int, int] | None = None  # the range worker channels listen in (inclusive)
+    dashboard: str | None = None  # "host:port" (port 0: any free one) the dashboard serves on
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)
@@ -138,6 +139,28 @@ def _ports(value: object) -> tuple[int, int]:
     if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high <= 65535):
         raise _Invalid(rule)
     return low, high
+
+
+DASHBOARD_LOOPBACK = "127.0.0.1:0"
+_ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0", "", "none")
+
+
+def _dashboard(value: object) -> str | None:
+    """On (loopback, any free port), off, or ``host:port``; kept as ``host:port``."""
+    rule = ("on, off, or host:port such as 127.0.0.1:8265 or [::1]:8265 (port 0: any free "
+            "port)")
+    if isinstance(value, bool):
+        return DASHBOARD_LOOPBACK if value else None
+    if not isinstance(value, str):
+        raise _Invalid(rule)
+    text = value.strip()
+    if text.lower() in _ON + _OFF:
+        return DASHBOARD_LOOPBACK if text.lower() in _ON else None
+    host, sep, port = text.rpartition(":")
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.strip().isdigit() or int(port) > 65535:
+        raise _Invalid(rule)
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 def _text(value: object) -> str:
@@ -276,6 +299,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "
             "Services.", none_means="any free port"),
+    Setting("dashboard", _dashboard, None,
+            "serve a web dashboard and Prometheus ``/metrics`` from this process: ``True`` "
+            "or ``\"on\"`` for loopback on a free port, ``\"host:port\"`` to choose "
+            "(needs ``fiberexec[dashboard]``; see `dashboard_url`).", none_means="off"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
