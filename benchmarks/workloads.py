@@ -278,10 +278,12 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics
                                    "connected within 120s")
             connected = _await_workers(ex, workers, timeout=10)
             connect_s = time.perf_counter() - start
+            idle_ms = _snapshot_ms(ex, workers)
             sim_cpu, own_cpu = backend.simulator_cpu(), time.process_time()
             begin = time.perf_counter()
             futures = [ex.submit(tasks.noop) for _ in range(n)]
             submitted = time.perf_counter() - begin
+            busy_ms = _snapshot_ms(ex, workers)  # while the flood is dispatched
             _, pending = wait_futures(futures, timeout=TIMEOUT)
             elapsed = time.perf_counter() - begin
             if pending:
@@ -293,9 +295,21 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics
             ex.shutdown(wait=True)
     return {"tasks_per_s": n / elapsed, "connect_s": connect_s, "workers": connected,
             "submit_s": submitted, "n": n, "shards": shards, "tasks_done": stats.tasks_done,
-            "dispatch_s": elapsed,
+            "dispatch_s": elapsed, "workers_idle_ms": idle_ms, "workers_busy_ms": busy_ms,
             # CPU seconds per second of dispatch: near 1.0 means that process was the limit
             "simulator_busy": sim_cpu / elapsed, "executor_busy": own_cpu / elapsed}
+
+
+def _snapshot_ms(ex: Any, workers: int, times: int = 5) -> float:
+    """The median time of ``ex.workers()``, milliseconds (each lists every worker)."""
+    samples = []
+    for _ in range(times):
+        begin = time.perf_counter()
+        infos = ex.workers()
+        samples.append(1000 * (time.perf_counter() - begin))
+        if len(infos) < workers:
+            raise RuntimeError(f"workers() listed {len(infos)} of {workers} workers")
+    return sorted(samples)[times // 2]
 
 
 def _await_workers(ex: Any, workers: int, timeout: float) -> int:

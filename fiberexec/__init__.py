@@ -34,6 +34,7 @@ if _typing.TYPE_CHECKING:
         FiberExecutor,
     )
     from fiberexec._logging import enable_logging
+    from fiberexec._observe import FailureInfo, TaskInfo, TaskSpan, WorkerInfo
     from fiberexec._progress import ProgressBar, progress_bar
     from fiberexec._retry import (
         RetryPolicy,
@@ -75,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "BrokenFiberExecutor": "fiberexec._errors",
     "BufferTooShort": "fiberexec.multiprocessing",
     "ConfigurationError": "fiberexec._errors",
+    "FailureInfo": "fiberexec._observe",
     "FiberExecError": "fiberexec._errors",
     "FiberExecutor": "fiberexec._executor",
     "JoinableQueue": "fiberexec.multiprocessing",
@@ -93,9 +95,12 @@ _EXPORTS: dict[str, str] = {
     "SimpleQueue": "fiberexec.multiprocessing",
     "Stats": "fiberexec._stats",
     "TLSOptions": "fiberexec._tls",
+    "TaskInfo": "fiberexec._observe",
+    "TaskSpan": "fiberexec._observe",
     "TimeoutError": "builtins",  # catches Future.result(timeout=) and Pool timeouts alike
     "TransientBackendError": "fiberexec._errors",
     "UnpicklingError": "fiberexec._errors",
+    "WorkerInfo": "fiberexec._observe",
     "WorkerLostError": "fiberexec._errors",
     "ProgressBar": "fiberexec._progress",
     "progress_bar": "fiberexec._progress",
@@ -112,6 +117,7 @@ __all__ = [
     "BrokenFiberExecutor",
     "BufferTooShort",
     "ConfigurationError",
+    "FailureInfo",
     "FiberExecError",
     "FiberExecutor",
     "JoinableQueue",
@@ -131,9 +137,12 @@ __all__ = [
     "SimpleQueue",
     "Stats",
     "TLSOptions",
+    "TaskInfo",
+    "TaskSpan",
     "TimeoutError",
     "TransientBackendError",
     "UnpicklingError",
+    "WorkerInfo",
     "WorkerLostError",
     "active_children",
     "cpu_count",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from fiberexec._backend import WorkerHandle, WorkerStatus
@@ -56,6 +57,15 @@ class Conn:
         self.head_since = now  # when the first task it holds started (about: sent or freed)
         self.overstaying = False  # its first task outran its estimate: queue nothing behind
         self.revoking = False  # asked to give back tasks it has not started
+        # What workers() shows (`fiberexec._observe`); written only by the shard's thread.
+        self.host = ""  # as the worker said in its Hello
+        self.pid = 0
+        self.tasks_done = self.tasks_failed = 0
+        self.cpu_percent = -1.0  # from its last heartbeat; negative: not reported yet
+        self.rss_bytes = 0  # 0: not reported yet
+        self.lost = False  # died, was cut off, or never connected (else it left in order)
+        self.ended: float | None = None  # when it left the shard's table (shard's clock)
+        self.stack_requests: dict[int, Future[str]] = {}  # dump_stack calls awaiting it
 
     @property
     def pipe_id(self) -> int | None:

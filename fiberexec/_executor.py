@@ -18,6 +18,7 @@ from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
+from fiberexec._observe import FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
 from fiberexec._retry import RetryPolicy
@@ -281,6 +282,63 @@ class FiberExecutor(Executor):
         if pool is None:
             return Stats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
         return pool.stats()
+
+    def workers(self) -> list[WorkerInfo]:
+        """Each worker's state and the task it runs, then workers recently gone.
+
+        Cheap enough to call often (a few milliseconds for a thousand workers) and never
+        holds up dispatch: it reads what the scheduler last recorded, a moment old at most.
+        Workers that left or were lost stay listed (the last 256) as ``"retired"`` or
+        ``"lost"``.
+
+        Returns:
+            A list of `WorkerInfo`, live workers first.
+
+        Example:
+            >>> for w in ex.workers():  # doctest: +SKIP
+            ...     if w.task: print(w.worker_id, w.host, w.task.function, w.task.arguments)
+        """
+        pool = self._pool
+        return [] if pool is None else pool.workers()
+
+    def task_spans(self, since: float = 0.0) -> list[TaskSpan]:
+        """Finished tasks (the last 10,000 per shard), oldest first, for a task-stream view.
+
+        Args:
+            since: a `time.time` value: only tasks that ended at or after it.
+        """
+        pool = self._pool
+        return [] if pool is None else pool.task_spans(since)
+
+    def failures(self, limit: int = 20) -> list[FailureInfo]:
+        """The last ``limit`` tasks that failed (raised, or lost their workers), oldest
+        first, each with its function, arguments, error and the worker's traceback text."""
+        pool = self._pool
+        return [] if pool is None else pool.failures(limit)
+
+    def dump_stack(self, worker_id: str, timeout: float = 5.0) -> str:
+        """The Python stack of every thread of a worker, the running task's first.
+
+        The worker answers from a thread other than the one running the task, so a task
+        stuck in a loop or a wait shows where it is. (A task holding the interpreter's lock
+        in native code keeps that thread from answering.)
+
+        Args:
+            worker_id: as in `workers` (``"w3"``).
+            timeout: seconds to wait for the answer.
+
+        Raises:
+            LookupError: no connected worker has that id (unknown, still starting, or gone).
+            TimeoutError: no answer within ``timeout`` seconds.
+
+        Example:
+            >>> print(ex.dump_stack("w0"))  # doctest: +SKIP
+        """
+        pool = self._pool
+        if pool is None:
+            raise LookupError(f"no worker {worker_id!r}: the executor has started no worker "
+                              f"yet (submit a task first)")
+        return pool.dump_stack(worker_id, timeout)
 
 
 _TERMINATE, _KILL = "terminate", "kill"  # the standard library's operation names

@@ -42,6 +42,7 @@ from joblib.parallel import (
 from fiberexec._contract import ENV_ADDRESS
 from fiberexec._errors import ConfigurationError
 from fiberexec._executor import FiberExecutor
+from fiberexec._observe import WorkerInfo
 
 log = logging.getLogger("fiberexec")
 
@@ -166,6 +167,10 @@ class _WarmExecutors:
                 if value is executor:
                     del self._entries[key]
 
+    def executors(self) -> list[FiberExecutor]:
+        with self._lock:
+            return list(self._entries.values())
+
     def shutdown_all(self, wait: bool) -> None:
         with self._lock:
             executors = list(self._entries.values())
@@ -189,6 +194,12 @@ def shutdown_executors(wait: bool = True) -> None:
     """
     _warm.shutdown_all(wait)
     _relay.stop()
+
+
+def workers() -> list[WorkerInfo]:
+    """The workers of every executor the ``"fiber"`` backend keeps warm (see
+    `FiberExecutor.workers`); those of a ``reuse=False`` backend: `FiberBackend.workers`."""
+    return [info for executor in _warm.executors() for info in executor.workers()]
 
 
 # ---------------------------------------------------------------- the backend
@@ -291,6 +302,11 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             else:
                 self._executor = FiberExecutor(self._n_jobs, **self._call_options)
         return self._executor
+
+    def workers(self) -> list[WorkerInfo]:
+        """This backend's executor's workers (see `FiberExecutor.workers`); [] before any."""
+        executor = self._executor
+        return [] if executor is None else executor.workers()
 
     def submit(self, func: Callable[[], Any], callback: Any = None) -> Future[Any]:
         """Send one batch; joblib's ``callback`` runs on the relay thread once it is done."""

@@ -1,20 +1,89 @@
-"""The executor's observation records (placeholder: the executor's own module replaces it)."""
+"""What an executor can tell about its workers: who runs what, where, and how it went.
+
+    shard thread (owner)                          any thread: FiberExecutor.workers() ...
+      Conn: host, pid, done, failed, usage  ---->  read without a lock, built into
+      spans: deque of tuples (bounded)       ---->  frozen values on the caller's thread
+      failures: deque of (item, exc) (bounded) -->  (arguments described only then)
+      gone: deque of Conn (bounded)          ---->
+
+The shard's thread only records, as plain attributes and tuples appended to bounded deques;
+everything shown to the user (`WorkerInfo`, `TaskSpan`, `FailureInfo`) is built here, on the
+thread that asks, from what it finds. Reads are of single attributes and of copies made in one
+step (``list(deque)``), which the interpreter makes atomic: a snapshot may be a moment old,
+never torn, and no lock sits between a submit and its dispatch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fiberexec._conn import Conn, State
+from fiberexec._serialize import RemoteTraceback
+from fiberexec._task import WorkItem, describe_call
+
+if TYPE_CHECKING:
+    from fiberexec._backend import WorkerHandle
+    from fiberexec._shard import Shard
+
+SPANS_MAX = 10_000  # finished tasks remembered per shard, for task_spans()
+FAILURES_MAX = 100  # failed tasks remembered per shard, for failures()
+GONE_MAX = 256  # workers that left or were lost, remembered for workers()
+
+# A finished task as the shard records it: (task_id, worker_id, function, started, ended, ok),
+# times on the shard's clock.
+SpanRecord = tuple[int, str, str, float, float, bool]
+# A failed task: (item, worker_id or None, exception, when on the shard's clock).
+FailureRecord = tuple[WorkItem, "str | None", BaseException, float]
+
+STATES = ("starting", "idle", "running", "lost", "retired")
+V = TypeVar("V")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskInfo:
+    """A task running on a worker.
+
+    Attributes:
+        task_id: the executor's number for the task (in submission order).
+        function: the qualified name of the function, as ``module.qualname``; for a chunk
+            of a chunked ``map``, the user's function.
+        arguments: a short repr of the arguments (at most about 80 characters).
+        started: `time.time` when the worker began it (when it was sent, if that is all
+            the executor knows).
+    """
+
     task_id: int
     function: str
     arguments: str
     started: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
+    """One worker, as `FiberExecutor.workers` sees it.
+
+    Attributes:
+        worker_id: the executor's name for it (``"w12"``), as in logs and errors.
+        backend: the backend's name (``"local"``, ``"docker"``, ...).
+        reference: the backend's handle: a pid, container id, pod or job name.
+        host: the host name the worker reported ("" before it connected).
+        state: ``"starting"`` (not connected, or in its initializer), ``"idle"``,
+            ``"running"``, ``"lost"`` (died or cut off) or ``"retired"`` (left in order).
+        task: the task it is running, or None.
+        tasks_done: tasks it finished with a result.
+        tasks_failed: tasks it finished with an exception.
+        cpu_percent: its process's CPU use since its last report (100 is one core), or
+            None before its first report.
+        rss_bytes: its resident memory at its last report, or None.
+        last_heard: `time.time` of the last message from it, or None.
+    """
+
     worker_id: str
     backend: str
     reference: str
@@ -28,8 +97,14 @@ class WorkerInfo:
     last_heard: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskSpan:
+    """A finished task, for a task-stream view: where it ran, from when to when.
+
+    ``started`` and ``ended`` are `time.time` values: ``ended`` when its result reached the
+    executor, ``started`` that less the run time the worker measured.
+    """
+
     task_id: int
     worker_id: str
     function: str
@@ -38,8 +113,21 @@ class TaskSpan:
     ok: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailureInfo:
+    """A task that failed: what it was, where it ran, and the error.
+
+    Attributes:
+        task_id: the executor's number for the task.
+        worker_id: the worker it failed on; None if it never reached one (its arguments
+            could not be pickled, say).
+        function: the qualified name of its function.
+        arguments: a short repr of its arguments.
+        error: the exception, on one line (``ValueError: bad input``).
+        traceback: the traceback text; the worker's, for an exception raised there.
+        when: `time.time` when the executor learned of it.
+    """
+
     task_id: int
     worker_id: str | None
     function: str
@@ -47,3 +135,158 @@ class FailureInfo:
     error: str
     traceback: str
     when: float
+
+
+# ---------------------------------------------------------------------------- snapshots
+
+
+def _builder(cls: type[V]) -> Callable[..., V]:
+    """Build ``cls`` from its fields' values, in order, without the frozen ``__init__``'s
+    per-field ``object.__setattr__`` (4 times the cost): snapshots build thousands."""
+    setters = [getattr(cls, f.name).__set__ for f in fields(cls)]  # type: ignore[arg-type]
+    new = object.__new__
+
+    def build(*values: Any) -> V:
+        obj: V = new(cls)
+        for set_field, value in zip(setters, values, strict=True):
+            set_field(obj, value)
+        return obj
+
+    return build
+
+
+
+_worker = _builder(WorkerInfo)
+_task = _builder(TaskInfo)
+_span = _builder(TaskSpan)
+
+
+def worker_infos(
+    shards: Sequence[Shard], starting: Mapping[str, WorkerHandle | None], backend: str
+) -> list[WorkerInfo]:
+    """Every worker the shards serve, those being started, then those recently gone."""
+    infos: list[WorkerInfo] = []
+    seen: set[str] = set()
+    for shard in shards:
+        offset = time.time() - shard.clock()
+        for conn in list(shard.conns.values()):
+            seen.add(conn.worker_id)
+            infos.append(_worker_info(conn, backend, offset))
+    for worker_id, handle in starting.items():
+        if worker_id not in seen:
+            seen.add(worker_id)
+            infos.append(WorkerInfo(worker_id, backend, handle.ref if handle else "", "",
+                                    "starting", None, 0, 0, None, None, None))
+    gone = [(conn, time.time() - shard.clock()) for shard in shards for conn in list(shard.gone)]
+    gone.sort(key=lambda pair: pair[0].ended or 0.0)
+    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone[-GONE_MAX:]
+                 if conn.worker_id not in seen)
+    return infos
+
+
+def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
+    task = None if conn.initializing else _running_task(conn, offset)
+    handle = conn.handle
+    reference = handle.ref if handle is not None else (f"{conn.host}:{conn.pid}"
+                                                        if conn.pid else "")
+    heard = conn.last_recv + offset if conn.host else None
+    return _worker(
+        conn.worker_id, backend, reference, conn.host, _state(conn, task), task,
+        conn.tasks_done, conn.tasks_failed,
+        conn.cpu_percent if conn.cpu_percent >= 0 else None,
+        conn.rss_bytes or None, heard,
+    )
+
+
+def _running_task(conn: Conn, offset: float) -> TaskInfo | None:
+    try:
+        item = next(iter(conn.inflight.values()), None)
+    except RuntimeError:  # changed under us by the shard's thread: a moment later, it runs
+        return None
+    if item is None:
+        return None
+    function, arguments = describe_call(item)
+    return _task(item.task_id, function, arguments, conn.head_since + offset)
+
+
+def _state(conn: Conn, task: TaskInfo | None) -> str:
+    state = conn.state
+    if state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+        return "starting"
+    if state in (State.READY, State.RETIRING):
+        if conn.initializing:  # what it was sent waits for the initializer
+            return "starting"
+        if task is not None:
+            return "running"
+        return "idle" if state is State.READY else "retired"
+    return "lost" if conn.lost else "retired"
+
+
+def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
+    spans: list[TaskSpan] = []
+    for shard in shards:
+        offset = time.time() - shard.clock()
+        spans.extend(_span(task_id, worker_id, function, start + offset, end + offset, ok)
+                     for task_id, worker_id, function, start, end, ok in list(shard.spans)
+                     if end + offset >= since)
+    spans.sort(key=lambda span: span.ended)
+    return spans
+
+
+def failures(shards: Iterable[Shard], limit: int) -> list[FailureInfo]:
+    records: list[tuple[float, WorkItem, str | None, BaseException]] = []
+    for shard in shards:
+        offset = time.time() - shard.clock()
+        records.extend((when + offset, item, worker_id, exc)
+                       for item, worker_id, exc, when in list(shard.failures))
+    records.sort(key=lambda record: record[0])
+    return [_failure(*record) for record in records[-limit:]] if limit > 0 else []
+
+
+def _failure(when: float, item: WorkItem, worker_id: str | None,
+             exc: BaseException) -> FailureInfo:
+    function, arguments = describe_call(item)
+    lines = str(exc).strip().splitlines()
+    error = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    cause = exc.__cause__
+    if isinstance(cause, RemoteTraceback):
+        text = str(cause.tb).strip("\n").strip('"').strip("\n")
+    else:
+        text = "".join(traceback.format_exception(exc))
+    return FailureInfo(item.task_id, worker_id, function, arguments, error, text, when)
+
+
+# ---------------------------------------------------------------------------- stack dumps
+
+
+def connected(shard: Shard, worker_id: str) -> bool:
+    """Whether ``shard`` serves ``worker_id`` and can still ask it something."""
+    conn = shard.conns.get(worker_id)
+    return (conn is not None and conn.state in (State.READY, State.RETIRING)
+            and shard.thread.is_alive())
+
+
+def not_serving(worker_id: str, workers: Sequence[WorkerInfo]) -> str:
+    """Why a stack dump cannot be asked of ``worker_id``, and which workers could."""
+    for info in workers:
+        if info.worker_id == worker_id:
+            return (f"worker {worker_id} is {info.state}: only a connected worker can send "
+                    f"its stack")
+    live = [w.worker_id for w in workers if w.state in ("idle", "running")]
+    return (f"no worker {worker_id!r} in this executor; connected workers: "
+            f"{', '.join(live[:20]) or 'none'}{' ...' if len(live) > 20 else ''}")
+
+
+def fail_stack_requests(requests: dict[int, Future[str]], why: str) -> None:
+    """The worker is gone: nobody answers these."""
+    for future in requests.values():
+        if not future.done():
+            future.set_exception(LookupError(why))
+    requests.clear()
+
+
+def note_gone(gone: deque[Conn], conn: Conn, now: float) -> None:
+    """Remember a worker that left (its record outlives it in workers())."""
+    if conn.ended is None:
+        conn.ended = now
+        gone.append(conn)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fiberexec import _auth, _fdlimit, _shm
+from fiberexec import _auth, _fdlimit, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec._backend import Backend
 from fiberexec._config import ExecutorConfig
@@ -188,3 +188,28 @@ class TaskPool:
             messages_rejected=sum(s.rejected for s in shards),
             throughput=(done + failed) / elapsed if elapsed > 0 else 0.0,
         )
+
+    # ------------------------------------------------------------ observing
+
+    def workers(self) -> list[_observe.WorkerInfo]:
+        return _observe.worker_infos(self.shards, self.supervisor.known(), self.backend.name)
+
+    def task_spans(self, since: float) -> list[_observe.TaskSpan]:
+        return _observe.task_spans(self.shards, since)
+
+    def failures(self, limit: int) -> list[_observe.FailureInfo]:
+        return _observe.failures(self.shards, limit)
+
+    def dump_stack(self, worker_id: str, timeout: float) -> str:
+        shard = next((s for s in self.shards if _observe.connected(s, worker_id)), None)
+        if shard is None:
+            raise LookupError(_observe.not_serving(worker_id, self.workers()))
+        future = shard.request_stack(worker_id)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"worker {worker_id} did not send its stack within timeout={timeout}s; it may "
+                f"be stopped, or a task may hold the interpreter's lock in native code "
+                f"(raise timeout= to wait longer)"
+            ) from None

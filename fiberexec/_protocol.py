@@ -13,7 +13,11 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | <-- Tasks(functions, tasks) --  |   as many tasks as the worker has credit for
       | -- Results(results) ---------->  |   completions return credit
       | <-> Heartbeat                   |   sent when nothing else is; `Setup.silence` of
-      |                                 |   silence means the peer is gone
+      |                                 |   silence means the peer is gone; a worker's
+      |                                 |   also goes out every heartbeat while results
+      |                                 |   flow, with its CPU and memory use
+      | <-- DumpStack(request_id) ----  |   the Python stack of every thread, please
+      | -- Stack(request_id, text) --->  |   answered by a thread not running the task
       | <-- Revoke(task_ids) ---------  |   give back tasks not started yet (for idle workers)
       | -- Revoked(task_ids) --------->  |   the ones it gave back (it runs the others)
       | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
@@ -35,7 +39,7 @@ from fiberexec._errors import ProtocolError
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 2
+VERSION = 3
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -62,6 +66,8 @@ class Kind(enum.IntEnum):
     INITIALIZED = 10
     REVOKE = 11
     REVOKED = 12
+    DUMP_STACK = 13
+    STACK = 14
 
 
 class Status(enum.IntEnum):
@@ -126,7 +132,10 @@ class Results:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    pass
+    """I am here; from a worker, with its process's resource use (the executor's: none)."""
+
+    cpu_percent: float = -1.0  # since its last heartbeat (100: one core); negative: unknown
+    rss_bytes: int = 0  # resident memory; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -158,8 +167,23 @@ class Revoked:
     task_ids: Sequence[int]
 
 
+@dataclass(frozen=True)
+class DumpStack:
+    """Asks a worker for the Python stack of each of its threads."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A worker's answer to `DumpStack`: the formatted stacks."""
+
+    request_id: int
+    text: str
+
+
 Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
-           | Initialized | Revoke | Revoked)
+           | Initialized | Revoke | Revoked | DumpStack | Stack)
 
 
 @dataclass
@@ -274,8 +298,21 @@ def _enc_results(w: _Writer, m: Results) -> None:
             parts.append(data.data)
 
 
-def _enc_empty(w: _Writer, m: Heartbeat | Initialized) -> None:
+def _enc_empty(w: _Writer, m: Initialized) -> None:
     pass
+
+
+def _enc_heartbeat(w: _Writer, m: Heartbeat) -> None:
+    w.pack("!dQ", m.cpu_percent, m.rss_bytes)
+
+
+def _enc_dump_stack(w: _Writer, m: DumpStack) -> None:
+    w.pack("!Q", m.request_id)
+
+
+def _enc_stack(w: _Writer, m: Stack) -> None:
+    w.pack("!Q", m.request_id)
+    w.blob(m.text.encode("utf-8", "replace"))
 
 
 def _enc_ids(w: _Writer, m: Revoke | Revoked) -> None:
@@ -304,12 +341,14 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     Setup: (Kind.SETUP, _enc_setup),  # type: ignore[dict-item]
     Tasks: (Kind.TASKS, _enc_tasks),  # type: ignore[dict-item]
     Results: (Kind.RESULTS, _enc_results),  # type: ignore[dict-item]
-    Heartbeat: (Kind.HEARTBEAT, _enc_empty),  # type: ignore[dict-item]
+    Heartbeat: (Kind.HEARTBEAT, _enc_heartbeat),  # type: ignore[dict-item]
     Bye: (Kind.BYE, _enc_bye),  # type: ignore[dict-item]
     InitFailed: (Kind.INIT_FAILED, _enc_init_failed),  # type: ignore[dict-item]
     Initialized: (Kind.INITIALIZED, _enc_empty),  # type: ignore[dict-item]
     Revoke: (Kind.REVOKE, _enc_ids),  # type: ignore[dict-item]
     Revoked: (Kind.REVOKED, _enc_ids),  # type: ignore[dict-item]
+    DumpStack: (Kind.DUMP_STACK, _enc_dump_stack),  # type: ignore[dict-item]
+    Stack: (Kind.STACK, _enc_stack),  # type: ignore[dict-item]
 }
 
 # ---------------------------------------------------------------------------- decoding
@@ -458,6 +497,16 @@ def _dec_results(r: _Reader) -> Results:
     return Results(results)
 
 
+def _dec_heartbeat(r: _Reader) -> Heartbeat:
+    cpu, rss = r.unpack("!dQ")
+    return Heartbeat(float(cpu), int(rss))
+
+
+def _dec_stack(r: _Reader) -> Stack:
+    request_id = r.uint("!Q")
+    return Stack(request_id, r.blob().decode("utf-8", "replace"))
+
+
 def _dec_ids(r: _Reader) -> list[int]:
     n = r.count(8)
     return list(struct.unpack(f"!{n}Q", r.take(8 * n)))
@@ -473,10 +522,12 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.SETUP: _dec_setup,
     Kind.TASKS: _dec_tasks,
     Kind.RESULTS: _dec_results,
-    Kind.HEARTBEAT: lambda r: Heartbeat(),
+    Kind.HEARTBEAT: _dec_heartbeat,
     Kind.BYE: lambda r: Bye(r.text()),
     Kind.INIT_FAILED: lambda r: InitFailed(r.payload()),
     Kind.INITIALIZED: lambda r: Initialized(),
     Kind.REVOKE: lambda r: Revoke(_dec_ids(r)),
     Kind.REVOKED: lambda r: Revoked(_dec_ids(r)),
+    Kind.DUMP_STACK: lambda r: DumpStack(r.uint("!Q")),
+    Kind.STACK: _dec_stack,
 }

@@ -29,9 +29,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
-from fiberexec import _auth, _shm
+from fiberexec import _auth, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._backend import WorkerHandle, WorkerStatus
@@ -52,7 +53,14 @@ from fiberexec._serialize import (
     remote_traceback,
 )
 from fiberexec._session import Lifecycle, Session
-from fiberexec._task import WorkItem, describe, function_key, name_task, settle
+from fiberexec._task import (
+    WorkItem,
+    describe,
+    function_key,
+    name_task,
+    settle,
+    span_function,
+)
 
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
@@ -109,6 +117,11 @@ class Shard:
         self._next_revoke_scan = 0.0
         # Results of a function in a row that came back as estimated (see _allowance).
         self.trusted: dict[str, int] = {}
+        # What workers(), task_spans() and failures() read (see `fiberexec._observe`).
+        self.spans: deque[_observe.SpanRecord] = deque(maxlen=_observe.SPANS_MAX)
+        self.failures: deque[_observe.FailureRecord] = deque(maxlen=_observe.FAILURES_MAX)
+        self.gone: deque[Conn] = deque(maxlen=_observe.GONE_MAX)
+        self._stack_ids = 0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
         )
@@ -145,6 +158,22 @@ class Shard:
 
     def _wake(self) -> None:
         os.eventfd_write(self._wake_fd, 1)
+
+    def request_stack(self, worker_id: str) -> Future[str]:
+        """Ask ``worker_id`` for its threads' stacks; the future holds its answer (or a
+        `LookupError` if the shard does not serve it, or it leaves before answering)."""
+        future: Future[str] = Future()
+        self.post(ev.Call(lambda: self._request_stack(worker_id, future)))
+        return future
+
+    def _request_stack(self, worker_id: str, future: Future[str]) -> None:
+        conn = self.conns.get(worker_id)
+        if conn is None or conn.state not in (State.READY, State.RETIRING):
+            future.set_exception(LookupError(f"worker {worker_id} is not connected"))
+            return
+        self._stack_ids += 1
+        conn.stack_requests[self._stack_ids] = future
+        self._send(conn, p.DumpStack(self._stack_ids))
 
     @property
     def backlog(self) -> int:
@@ -243,8 +272,16 @@ class Shard:
             self._on_init_failed(conn, message.error)
         elif isinstance(message, p.Revoked):
             self._on_revoked(conn, message.task_ids)
+        elif isinstance(message, p.Heartbeat):
+            conn.cpu_percent, conn.rss_bytes = message.cpu_percent, message.rss_bytes
+        elif isinstance(message, p.Stack):
+            future = conn.stack_requests.pop(message.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(message.text)
 
     def _on_results(self, conn: Conn, results: Sequence[p.Result]) -> None:
+        now = self.clock()
+        worker_id, spans = conn.worker_id, self.spans
         for result in results:
             item = conn.inflight.pop(result.task_id, None)
             if item is None:
@@ -258,7 +295,15 @@ class Shard:
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
-            self._count(item, settle(item, result))
+            ok = settle(item, result)
+            self._count(item, ok)
+            spans.append((item.task_id, worker_id, span_function(item),
+                          now - result.runtime, now, ok))
+            if ok:
+                conn.tasks_done += 1
+            else:
+                conn.tasks_failed += 1
+                self._record_failure(item, worker_id)
         conn.overstaying = False
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
@@ -267,6 +312,12 @@ class Shard:
         if not conn.inflight:
             conn.idle_since = self.clock()
         self.lifecycle.progress()
+
+    def _record_failure(self, item: WorkItem, worker_id: str | None) -> None:
+        """Keep a failed task for failures() (described only when someone asks)."""
+        exc = item.future.exception(timeout=0)
+        if exc is not None:
+            self.failures.append((item, worker_id, exc, self.clock()))
 
     def _on_revoked(self, conn: Conn, task_ids: Iterable[int]) -> None:
         """Tasks the worker gave back unstarted go to the head of the queue, in order."""
@@ -362,6 +413,7 @@ class Shard:
         if hello.worker_id != conn.worker_id:
             raise ProtocolError(f"worker id {hello.worker_id!r} is not {conn.worker_id!r}")
         conn.pipe, conn.nonce = pipe, _auth.new_nonce()
+        conn.host, conn.pid = hello.host, hello.pid
         conn.channel.bind(pipe)
         proof = _auth.proof(self.session.secret, "executor", hello.nonce, conn.nonce)
         conn.worker_nonce = hello.nonce
@@ -417,7 +469,7 @@ class Shard:
                 case ev.Started(worker_id, handle):
                     self._started(worker_id, handle)
                 case ev.StartFailed(worker_id):
-                    self._forget(self.conns.get(worker_id))
+                    self._forget(self.conns.get(worker_id), lost=True)
                 case ev.PipeDown(worker_id, pipe_id):
                     self._pipe_down(worker_id, pipe_id)
                 case ev.Exited(worker_id, status):
@@ -467,7 +519,7 @@ class Shard:
             return
         conn.status = status
         if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
-            self._forget(conn)
+            self._forget(conn, lost=True)
             self.lifecycle.worker_failed_to_start(conn.worker_id, status)
         elif conn.state is State.DISCONNECTED:
             self._finalize(conn)
@@ -602,6 +654,7 @@ class Shard:
             exc = wrapped
         item.future.set_exception(name_task(exc, item))
         self._count(item, False)
+        self._record_failure(item, None)
 
     def _send_frame(self, conn: Conn, message: p.Tasks, items: list[WorkItem]) -> None:
         policy = p.ShmPolicy(self.session.executor_id) if conn.shm else None
@@ -643,7 +696,7 @@ class Shard:
                 self._maybe_retire(conn, now)
             elif conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
                 if now - conn.created > self.config.start_timeout:
-                    self._forget(conn)
+                    self._forget(conn, lost=True)
                     self.lifecycle.worker_failed_to_start(conn.worker_id, None)
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
@@ -697,6 +750,7 @@ class Shard:
             self.queue.appendleft(item)
             self.retried += 1
         self.lost += 1
+        conn.lost = True
         conn.doomed, conn.why = doomed, why
         conn.state = State.DISCONNECTED
         conn.deadline = self.clock() + STATUS_WAIT
@@ -716,6 +770,8 @@ class Shard:
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
             self._count(item, False)
+            conn.tasks_failed += 1
+            self._record_failure(item, conn.worker_id)
         conn.doomed = []
         self._forget(conn)
         self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished())
@@ -724,12 +780,14 @@ class Shard:
         else:
             self.losses.lost(why, self.clock())
 
-    def _forget(self, conn: Conn | None) -> None:
+    def _forget(self, conn: Conn | None, *, lost: bool = False) -> None:
         if conn is None:
             return
+        conn.lost = conn.lost or lost
         self._unregister(conn)
         conn.state = State.GONE
         self.conns.pop(conn.worker_id, None)
+        _observe.note_gone(self.gone, conn, self.clock())
 
     def _drop_probe(self, conn: Conn) -> None:
         if conn.probe:
@@ -741,6 +799,9 @@ class Shard:
         self.hungry.pop(conn.worker_id, None)
         self.idle.pop(conn.worker_id, None)
         self.holders.pop(conn.worker_id, None)
+        if conn.stack_requests:
+            _observe.fail_stack_requests(
+                conn.stack_requests, f"worker {conn.worker_id} left before it answered")
         if conn.counted:
             conn.counted = False
             self.ready_workers -= 1
@@ -776,6 +837,7 @@ class Shard:
         for conn in list(self.conns.values()):
             self._unregister(conn)
             conn.state = State.GONE
+            _observe.note_gone(self.gone, conn, self.clock())
         self.losses.flush(float("inf"))
         self.selector.close()
 

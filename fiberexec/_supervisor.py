@@ -83,6 +83,11 @@ class WorkerSupervisor:
         with self._lock:
             return len(self._ready)
 
+    def known(self) -> dict[str, WorkerHandle | None]:
+        """Every worker started or being started, with its handle (None: not yet)."""
+        with self._lock:
+            return dict(self._handles)
+
     # ------------------------------------------------------------ starting workers
 
     def scale_up(self) -> None:

@@ -55,15 +55,32 @@ def name_task(exc: BaseException, item: WorkItem) -> BaseException:
 
 def describe(item: WorkItem) -> str:
     """A task as its user wrote it: ``module.function(short repr of the arguments)``."""
+    function, arguments = describe_call(item)
+    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
+        return f"{function} {arguments}"
+    return f"{function}({arguments})"
+
+
+def describe_call(item: WorkItem) -> tuple[str, str]:
+    """A task's function (``module.qualname``, the user's for a map chunk) and a short
+    repr of its arguments (at most 80 characters). Costly next to a tiny task: call it
+    only when someone asks (a failure, a snapshot), never on the way to a worker."""
     if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
         fn, chunk = item.args
         first = _short_repr.repr(chunk[0]) if chunk else ""
-        return f"{function_key(fn)} on a chunk of {len(chunk)} map items from {first}"
+        return function_key(fn), f"on a chunk of {len(chunk)} map items from {first}"
     args = ", ".join([*map(_short_repr.repr, item.args),
                       *(f"{k}={_short_repr.repr(v)}" for k, v in item.kwargs.items())])
     if len(args) > 80:
         args = args[:77] + "..."
-    return f"{function_key(item.fn)}({args})"
+    return function_key(item.fn), args
+
+
+def span_function(item: WorkItem) -> str:
+    """The function a finished task is shown under (its key, or the user's for a chunk)."""
+    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
+        return function_key(item.args[0])
+    return item.key or function_key(item.fn)
 
 
 _short_repr = reprlib.Repr()

@@ -11,12 +11,13 @@ Importing this module registers the backend::
 
 Options other than joblib's own are `FiberExecutor` arguments; the executor's backend is
 ``executor_backend=`` because joblib already uses ``backend=``. Workers need joblib installed.
-Executors stay warm between calls with the same options; `shutdown_executors()` stops them.
+Executors stay warm between calls with the same options; `shutdown_executors()` stops them,
+and `workers()` shows their workers and the batches they run.
 """
 
 from __future__ import annotations
 
-from fiberexec._joblib_backend import FiberBackend, in_worker, shutdown_executors
+from fiberexec._joblib_backend import FiberBackend, in_worker, shutdown_executors, workers
 
 BACKEND_NAME = "fiber"
 
@@ -35,4 +36,5 @@ def register(name: str = BACKEND_NAME, *, make_default: bool = False) -> None:
 
 register()
 
-__all__ = ["BACKEND_NAME", "FiberBackend", "in_worker", "register", "shutdown_executors"]
+__all__ = ["BACKEND_NAME", "FiberBackend", "in_worker", "register", "shutdown_executors",
+           "workers"]

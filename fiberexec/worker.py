@@ -10,8 +10,9 @@ worker never outlives its executor.
 
 The main thread receives and runs tasks; tasks sent ahead (prefetch) wait in the link's
 receive buffer, so no thread hop sits between a task's arrival and its start. The `Outbox` timer
-thread sends held results and heartbeats while a task runs. The connection's removal ends
-the process at once.
+thread sends held results and heartbeats (with the process's CPU and memory use) while a task
+runs, takes in what the executor sent meanwhile, and answers a request for the threads' stacks
+(so a stuck task can be seen). The connection's removal ends the process at once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 from fiberexec import _auth, _contract, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
@@ -206,6 +208,9 @@ class Worker:
             self._give_back(set(message.task_ids))
         elif isinstance(message, p.Bye):
             self.stopping = True
+        elif isinstance(message, p.DumpStack):
+            stacks = format_stacks(threading.main_thread().ident)
+            self.outbox.send(p.Stack(message.request_id, stacks))
 
     def _give_back(self, wanted: set[int]) -> None:
         """Hand back the wanted tasks this worker has not started (it runs the rest)."""
@@ -291,6 +296,8 @@ class Outbox:
         self._nbytes = 0
         self._since: float | None = None  # when the oldest held result was added
         self.last_sent = time.monotonic()
+        self._usage = Usage()
+        self._last_beat = time.monotonic()
 
     def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
         """Hold ``result``, or send it.
@@ -342,22 +349,30 @@ class Outbox:
         self._send_frame(frame)
         self.last_sent = time.monotonic()
 
+    def beat(self) -> None:
+        """Send a heartbeat with this process's CPU and memory use."""
+        with self._cond:
+            self._last_beat = time.monotonic()
+            self._send_locked(p.encode(p.Heartbeat(*self._usage.read())))
+
     def run_timer(self, heartbeat: float) -> None:
-        """The timer thread: flush held results when due; heartbeat when quiet."""
+        """The timer thread: flush held results when due; a heartbeat with the process's
+        resource use every ``heartbeat`` seconds (also while results flow, so the executor
+        sees a busy worker's use too)."""
         with self._cond:
             while True:
                 self._watch()
                 now = time.monotonic()
+                delay = self._last_beat + heartbeat - now
+                if delay <= 0:
+                    self.beat()
+                    continue
                 if self._since is not None:
-                    delay = self._since + FLUSH_AGE - now
-                    if delay <= 0:
+                    flush = self._since + FLUSH_AGE - now
+                    if flush <= 0:
                         self._flush_locked()
                         continue
-                else:
-                    delay = self.last_sent + heartbeat - now
-                    if delay <= 0:
-                        self._send_locked(p.encode(p.Heartbeat()))
-                        continue
+                    delay = min(delay, flush)
                 self._cond.wait(delay)
 
 
@@ -452,6 +467,7 @@ def run() -> None:
     except ProtocolError as exc:
         _die(EXIT_AUTH_FAILED, f"handshake failed: {exc}")
         return
+    worker.outbox.beat()  # the executor knows its resource use before anything else
     timer = partial(worker.outbox.run_timer, worker.heartbeat)
     threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
     worker.run_initializer(setup)

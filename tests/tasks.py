@@ -171,3 +171,17 @@ def sleep_pid(seconds: float) -> int:
     """Sleep, then say which worker process ran the task."""
     time.sleep(seconds)
     return os.getpid()
+
+
+def hold_until(started: Any, release: Any) -> Any:
+    """Say so on ``started`` (a Connection), then wait for what comes on ``release``."""
+    started.send(os.getpid())
+    started.close()
+    if not release.poll(60):
+        raise TimeoutError("nobody released the task within 60s")
+    return release.recv()
+
+
+def hold_init(started: Any, release: Any) -> None:
+    """An initializer that waits (as `hold_until`) until the test lets it finish."""
+    hold_until(started, release)

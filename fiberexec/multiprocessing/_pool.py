@@ -33,6 +33,7 @@ from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
+from fiberexec._observe import WorkerInfo
 from fiberexec.multiprocessing._backends import (
     BackendLike,
     meta_of,
@@ -297,6 +298,13 @@ class Pool:
                   source=self)
 
     # ------------------------------------------------------------ the executor
+
+    def workers(self) -> list[WorkerInfo]:
+        """Each worker's state and the task it runs (see `FiberExecutor.workers`); an
+        empty list before the first task started the pool's executor."""
+        with self._lock:
+            executor = self._executor
+        return [] if executor is None else executor.workers()
 
     def _get_executor(self, fn: Callable[..., Any]) -> FiberExecutor:
         with self._lock:

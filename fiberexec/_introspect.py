@@ -1,0 +1,58 @@
+"""What a worker tells about itself: its resource use, and the stacks of its threads.
+
+Both run in the worker, off the thread running tasks, and cost microseconds: the usage goes
+out with every heartbeat, the stacks when the executor asks (`FiberExecutor.dump_stack`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Usage:
+    """CPU use between two readings (100 is one core busy) and the current resident memory."""
+
+    def __init__(self) -> None:
+        self._cpu = time.process_time()
+        self._wall = time.monotonic()
+
+    def read(self) -> tuple[float, int]:
+        cpu, wall = time.process_time(), time.monotonic()
+        elapsed = wall - self._wall
+        percent = 100.0 * (cpu - self._cpu) / elapsed if elapsed > 0 else 0.0
+        self._cpu, self._wall = cpu, wall
+        return max(percent, 0.0), rss_bytes()
+
+
+def rss_bytes() -> int:
+    """Resident memory now (``/proc``); where there is none, the peak (`resource`)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB here
+
+
+def format_stacks(first: int | None = None) -> str:
+    """The stack of every thread, thread ``first`` (an ident) first; the calling thread's
+    only if it is ``first`` (else it would show just this function)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    frames = sorted(sys._current_frames().items(), key=lambda pair: pair[0] != first)
+    parts = []
+    for ident, frame in frames:
+        if ident == me and ident != first:
+            continue
+        title = f'Thread "{names.get(ident, "?")}" ({ident})'
+        if ident == first:
+            title += ", running the task"
+        parts.append(f"{title}, most recent call last:\n{''.join(traceback.format_stack(frame))}")
+    return "\n".join(parts)

@@ -1,0 +1,171 @@
+"""workers(), task_spans(), failures() and dump_stack() with real local workers.
+
+A task (or an initializer) that must be caught in the act says so on a pipe and waits on
+another (`tasks.hold_until`), so each state is looked at when it surely holds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import fiberexec
+from fiberexec import FailureInfo, FiberExecutor, TaskInfo, TaskSpan, WorkerInfo, WorkerLostError
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+
+@contextmanager
+def held() -> Iterator[tuple[Any, Any, Any]]:
+    """(the worker's ends to pass, the started reader, the release writer)."""
+    started_r, started_w = multiprocessing.Pipe(duplex=False)
+    release_r, release_w = multiprocessing.Pipe(duplex=False)
+    try:
+        yield (started_w, release_r), started_r, release_w
+    finally:
+        for conn in (started_r, started_w, release_r, release_w):
+            conn.close()
+
+
+def only(ex: FiberExecutor) -> WorkerInfo:
+    infos = ex.workers()
+    assert len(infos) == 1, infos
+    return infos[0]
+
+
+def test_no_workers_before_the_first_task() -> None:
+    ex = FiberExecutor(1)
+    assert ex.workers() == [] and ex.task_spans() == [] and ex.failures() == []
+    with pytest.raises(LookupError, match="no worker 'w0'"):
+        ex.dump_stack("w0")
+    ex.shutdown()
+
+
+def test_a_worker_goes_from_starting_to_idle_running_and_retired(
+        make_executor: ExecutorFactory) -> None:
+    with held() as (init_args, init_started, init_release):
+        ex = make_executor(1, initializer=tasks.hold_init, initargs=init_args)
+        first = ex.submit(tasks.square, 3)
+        assert init_started.poll(30), "the initializer did not start"
+        worker = only(ex)
+        assert worker.state == "starting" and worker.backend == "local"
+        assert worker.reference and worker.host == os.uname().nodename
+        init_release.send(None)
+        assert first.result(timeout=30) == 9
+    worker = only(ex)
+    assert (worker.state, worker.task, worker.tasks_done, worker.tasks_failed) == (
+        "idle", None, 1, 0)
+    assert worker.rss_bytes is not None and worker.rss_bytes > 1 << 20
+    assert worker.cpu_percent is not None and worker.cpu_percent >= 0
+    assert worker.last_heard is not None and abs(worker.last_heard - time.time()) < 30
+
+    with held() as (args, started, release):
+        before = time.time()
+        future = ex.submit(tasks.hold_until, *args)
+        assert started.poll(30), "the task did not start"
+        worker = only(ex)
+        assert worker.state == "running" and isinstance(worker.task, TaskInfo)
+        assert worker.task.function == "tests.tasks.hold_until"
+        assert worker.task.arguments.startswith("<multiproc") and len(worker.task.arguments) <= 80
+        assert before - 1 <= worker.task.started <= time.time()
+        stack = ex.dump_stack(worker.worker_id, timeout=10)
+        assert "hold_until" in stack and "running the task" in stack
+        release.send("done")
+        assert future.result(timeout=30) == "done"
+    ex.shutdown()
+    worker = only(ex)
+    assert (worker.state, worker.tasks_done) == ("retired", 2)
+    with pytest.raises(LookupError, match="retired"):
+        ex.dump_stack(worker.worker_id)
+
+
+def test_a_running_chunk_of_a_map_is_shown_by_the_users_function(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    with held() as (args, started, release):
+        results = ex.map(tasks.hold_until, [args[0]], [args[1]], chunksize=2)
+        assert started.poll(30)
+        task = only(ex).task
+        assert task is not None and task.function == "tests.tasks.hold_until"
+        assert task.arguments.startswith("on a chunk of 1 map items")
+        release.send(7)
+        assert list(results) == [7]
+    spans = ex.task_spans()
+    assert [s.function for s in spans] == ["tests.tasks.hold_until"]
+
+
+def test_spans_and_failures_say_what_ran_where_and_how_it_ended(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    t0 = time.time()
+    assert ex.submit(tasks.square, 4).result(timeout=30) == 16
+    with pytest.raises(ValueError, match="boom"):
+        ex.submit(tasks.raise_value_error, "boom").result(timeout=30)
+    worker = only(ex)
+    assert (worker.tasks_done, worker.tasks_failed) == (1, 1)
+    spans = ex.task_spans()
+    assert all(isinstance(s, TaskSpan) for s in spans)
+    assert [(s.function, s.ok, s.worker_id) for s in spans] == [
+        ("tests.tasks.square", True, worker.worker_id),
+        ("tests.tasks.raise_value_error", False, worker.worker_id),
+    ]
+    assert all(t0 - 1 <= s.started <= s.ended <= time.time() for s in spans)
+    assert ex.task_spans(since=spans[1].ended) == spans[1:]
+    assert ex.task_spans(since=time.time() + 60) == []
+    (failure,) = ex.failures()
+    assert isinstance(failure, FailureInfo)
+    assert (failure.task_id, failure.worker_id, failure.function, failure.arguments) == (
+        spans[1].task_id, worker.worker_id, "tests.tasks.raise_value_error", "'boom'")
+    assert failure.error == "ValueError: boom"
+    assert "raise_value_error" in failure.traceback and "Traceback" in failure.traceback
+    assert ex.failures(limit=0) == []
+
+
+def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, max_task_retries=0)
+    with pytest.raises(WorkerLostError):
+        ex.submit(tasks.kill_self).result(timeout=30)
+    assert ex.submit(tasks.square, 2).result(timeout=30) == 4  # on a replacement
+    states = {w.worker_id: w.state for w in ex.workers()}
+    assert sorted(states.values()) == ["idle", "lost"], states
+    (failure,) = ex.failures()
+    lost = next(w for w, state in states.items() if state == "lost")
+    assert failure.worker_id == lost and failure.function == "tests.tasks.kill_self"
+    assert failure.error.startswith("WorkerLostError: ")
+    assert f"worker {lost} terminated abruptly" in failure.traceback
+
+
+def test_dump_stack_of_an_unknown_worker_names_the_connected_ones(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    ex.submit(tasks.square, 1).result(timeout=30)
+    worker = only(ex)
+    with pytest.raises(LookupError, match=f"no worker 'w99'.*connected workers: "
+                                          f"{worker.worker_id}"):
+        ex.dump_stack("w99")
+    assert "Thread" in ex.dump_stack(worker.worker_id)  # an idle worker answers too
+
+
+def test_the_info_values_are_frozen_and_exported() -> None:
+    info = TaskInfo(1, "m.f", "1, 2", 0.0)
+    with pytest.raises(AttributeError):
+        info.task_id = 2  # type: ignore[misc]
+    for name in ("WorkerInfo", "TaskInfo", "TaskSpan", "FailureInfo"):
+        assert name in fiberexec.__all__
+
+
+def test_multiprocessing_pool_shows_its_workers() -> None:
+    from fiberexec.multiprocessing import Pool
+
+    with Pool(1) as pool:
+        assert pool.workers() == []
+        assert pool.apply(tasks.square, (3,)) == 9
+        (worker,) = pool.workers()
+        assert worker.state == "idle" and worker.tasks_done == 1
