@@ -27,7 +27,7 @@ from fiberexec._task import WorkItem
 from fiberexec._tls import TLSOptions
 
 if TYPE_CHECKING:
-    from fiberexec._dashboard import Dashboard
+    from fiberexec._dashboard import Dashboard, Source
 
 T = TypeVar("T")
 _live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
@@ -159,8 +159,10 @@ class FiberExecutor(Executor):
             return None
         from fiberexec._dashboard import start
 
+        source: Source = self  # mypy checks here that the executor is what the page reads
         # The server holds the executor weakly: an executor dropped is still collected.
-        self._dashboard = start(self._config.dashboard, weakref.proxy(self), self._config.tls)
+        self._dashboard = start(self._config.dashboard, weakref.proxy(source),
+                                self._config.tls)
         return self._dashboard
 
     @property

@@ -17,9 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from fiberexec._dashboard.source import Source
-from fiberexec._observe import TaskSpan
+from fiberexec._observe import STATES, TaskSpan
 
-STATES = ("starting", "idle", "running", "lost", "retired")
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
            30.0, 60.0, 300.0, math.inf)
 OVERLAP = 2.0  # seconds: how late after its end a span may still be recorded
@@ -33,7 +32,9 @@ class SpanTally:
         self.buckets = buckets
         self.counts = [0] * len(buckets)  # per bucket, not cumulative
         self.total = 0.0
-        self._seen: dict[tuple[int, str, float], float] = {}  # span -> its end
+        # span (task, worker) -> its end; not its times, which the executor derives anew at
+        # each read (its clock against the wall clock) and may differ by microseconds
+        self._seen: dict[tuple[int, str], float] = {}
         self._latest = 0.0
         self._lock = threading.Lock()  # two scrapes at once must not count a span twice
 
@@ -43,7 +44,7 @@ class SpanTally:
     def add(self, spans: Iterable[TaskSpan]) -> None:
         with self._lock:
             for s in spans:
-                key = (s.task_id, s.worker_id, s.started)
+                key = (s.task_id, s.worker_id)
                 if key in self._seen:
                     continue
                 self._seen[key] = s.ended

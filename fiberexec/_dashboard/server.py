@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from fiberexec._dashboard import metrics, page
 from fiberexec._dashboard.source import Source, state
@@ -161,9 +161,11 @@ class DashboardServer:
         return web.json_response({"worker": worker_id, "stack": text})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = await _off_loop(generate_latest, self.registry)
+        # The format the scraper asks for (Accept): OpenMetrics, or Prometheus text 0.0.4
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = await _off_loop(encode, self.registry)
         response = web.Response(body=body)
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        response.headers["Content-Type"] = content_type
         return response
 
 

@@ -52,7 +52,7 @@ def state(source: Source, since: float, now: float) -> dict[str, Any]:
         "workers": [worker(w) for w in source.workers()],
         "spans": [span(s) for s in spans[-MAX_SPANS:]],
         "spans_left_out": max(0, len(spans) - MAX_SPANS),
-        "failures": [failure(f) for f in source.failures(FAILURES)],
+        "failures": [failure(f) for f in reversed(source.failures(FAILURES))],  # newest first
     }
 
 

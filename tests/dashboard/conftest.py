@@ -112,3 +112,27 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+# Resolves once `check()` is true: checked now and at each change of the page (a
+# MutationObserver), so nothing polls; false after the timeout.
+_UNTIL = """
+const [source, timeout, done] = arguments;
+const check = new Function(source);
+let timer = null;
+const observer = new MutationObserver(() => { if (check()) finish(true); });
+function finish(ok) { observer.disconnect(); clearTimeout(timer); done(ok); }
+if (check()) { done(true); } else {
+  observer.observe(document, {subtree: true, childList: true, characterData: true,
+                              attributes: true});
+  timer = setTimeout(() => finish(check()), timeout * 1000);
+}
+"""
+
+
+def until(browser: Any, check: str, timeout: float = 30.0) -> None:
+    """Wait until the JavaScript ``check`` (a function body returning a boolean) holds on the
+    page; fail naming it after ``timeout`` seconds."""
+    browser.set_script_timeout(timeout + 10)
+    assert browser.execute_async_script(_UNTIL, check, timeout), (
+        f"the page never showed: {check}")

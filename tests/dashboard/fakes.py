@@ -32,7 +32,7 @@ class FakeSource:
         return [s for s in self.spans if s.ended > since]
 
     def failures(self, limit: int = 20) -> list[FailureInfo]:
-        return self.failure_list[:limit]
+        return self.failure_list[-limit:]  # oldest first, as the executor gives them
 
     def dump_stack(self, worker_id: str, timeout: float = 5.0) -> str:
         if self.stack_error is not None:
@@ -49,7 +49,7 @@ def worker(n: int, state: str = "idle", *, function: str | None = None,
            running_for: float = 0.0, now: float | None = None) -> WorkerInfo:
     """Worker ``w<n>``; running ``function`` for ``running_for`` seconds when given one."""
     now = time.time() if now is None else now
-    task = None if function is None else TaskInfo(n, function, f"({n},)", now - running_for)
+    task = None if function is None else TaskInfo(n, function, f"{n}", now - running_for)
     return WorkerInfo(f"w{n}", "local", f"pid {1000 + n}", f"host{n % 4}", state, task,
                       tasks_done=n, tasks_failed=n % 3, cpu_percent=12.5, rss_bytes=50 << 20,
                       last_heard=now - 0.2)
@@ -64,7 +64,7 @@ def busy_source(workers: int, now: float | None = None) -> FakeSource:
     """``workers`` workers, most running, one straggling and one lost, with a stream of spans
     over the last minute and a few failures."""
     now = time.time() if now is None else now
-    fns = ("simulate", "evaluate", "fit_model")
+    fns = ("model.simulate", "model.evaluate", "model.fit")
     source = FakeSource()
     for n in range(workers):
         state = "lost" if n == 1 else "idle" if n % 7 == 6 else "running"
@@ -77,10 +77,10 @@ def busy_source(workers: int, now: float | None = None) -> FakeSource:
         source.spans.append(span(i, f"w{i % workers}", fns[i % 3], ended, 15.0 + (i % 5),
                                  ok=i % 97 != 0))
     source.failure_list = [
-        FailureInfo(i, f"w{i}", "evaluate", f"({i},)", f"ValueError: bad input {i}",
+        FailureInfo(i, f"w{i}", "model.evaluate", f"{i}", f"ValueError: bad input {i}",
                     f"Traceback (most recent call last):\n  File \"model.py\", line {i}, in "
                     f"evaluate\nValueError: bad input {i}\n", now - i)
-        for i in range(5)
+        for i in reversed(range(5))
     ]
     source.numbers = Stats(workers - 1, 0, 250, workers - workers // 7 - 1, 40000, 41, 3, 0, 1,
                            0, 700.0)

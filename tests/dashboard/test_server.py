@@ -83,7 +83,7 @@ def test_state_carries_workers_spans_failures_and_stats(served: Served) -> None:
     running = workers[0]
     task = dict(zip(state["columns"]["task"], running["task"], strict=True))
     assert running["state"] == "running" and task["function"] == "simulate"
-    assert task["arguments"] == "(0,)" and running["rss"] == 50 << 20
+    assert task["arguments"] == "0" and running["rss"] == 50 << 20
     assert task["started"] == round(now, 3) and running["heard"] == round(now - 0.2, 3)
     assert workers[1]["task"] is None
     assert served.source.asked_since[-1] == pytest.approx(now - 7.5)

@@ -4,7 +4,9 @@
   const TOKEN = new URLSearchParams(location.search).get("token") || "";
   const AUTH = { Authorization: "Bearer " + TOKEN };
   const POLL_MS = 1000;
-  const WINDOW = 60;        // seconds of task stream drawn
+  const WINDOW = 60;        // seconds of task stream drawn, at most...
+  const WINDOW_MIN = 10;    // ...and at least
+  const AXIS = 14;          // pixels under the stream's lanes, for its time labels
   const OVERLAP = 2;        // seconds: spans are asked for again, as one may be recorded late
   const MAX_KEPT = 20000;   // spans kept for the stream and the straggler medians
   const HISTORY = 120;      // refreshes kept for the rate plots
@@ -42,6 +44,11 @@
   const FAILED = "#c0392b";
 
   // ------------------------------------------------------------------ data
+  const GONE = new Set(["lost", "retired"]);
+  const compareIds = new Intl.Collator("en", { numeric: true }).compare;  // w2 before w10
+  const byLiveThenId = (a, b) =>
+    GONE.has(a.state) - GONE.has(b.state) || compareIds(a.id, b.id);
+
   function objects(columns, rows) {  // rows (lists) as objects keyed by column name
     return rows.map((row) => {
       const found = {};
@@ -50,9 +57,11 @@
     });
   }
 
+  // A span is known by (task, worker): its times are derived anew at each read (the
+  // executor's clock against the wall clock) and may differ by microseconds.
   function keepSpans(fresh, now) {
     for (const s of fresh) {
-      const key = s.task + "/" + s.worker + "/" + s.started;
+      const key = s.task + "/" + s.worker;
       if (spanKeys.has(key)) continue;
       spanKeys.add(key);
       spans.push(s);
@@ -62,7 +71,7 @@
     if (spans.length > MAX_KEPT || (spans.length && spans[0].ended < horizon)) {
       spans = spans.filter((s) => s.ended >= horizon).slice(-MAX_KEPT);
       spanKeys.clear();
-      for (const s of spans) spanKeys.add(s.task + "/" + s.worker + "/" + s.started);
+      for (const s of spans) spanKeys.add(s.task + "/" + s.worker);
     }
   }
 
@@ -152,12 +161,21 @@
     ctx.stroke();
   }
 
+  // The stream shows the last minute, or less while the run is younger (at least 10 s).
+  function streamWindow(workers, now) {
+    let first = now;
+    for (const s of spans) if (s.started < first) first = s.started;
+    for (const wk of workers) if (wk.task && wk.task.started < first) first = wk.task.started;
+    return Math.min(WINDOW, Math.max(WINDOW_MIN, Math.ceil((now - first) / 5) * 5));
+  }
+
   function drawStream(box, workers, now) {
     const ctx = sizeCanvas(box), { w, h } = box;
+    const shown = streamWindow(workers, now);
     const lane = new Map(workers.map((wk, i) => [wk.id, i]));
-    const laneH = h / Math.max(1, workers.length);
+    const laneH = (h - AXIS) / Math.max(1, workers.length);
     const barH = Math.max(1, laneH - (laneH > 3 ? 1 : 0));
-    const x = (t) => ((t - (now - WINDOW)) / WINDOW) * w;
+    const x = (t) => ((t - (now - shown)) / shown) * w;
     const byFill = new Map();  // one fillStyle per colour, not per bar
     const add = (id, start, end, fill) => {
       const i = lane.get(id);
@@ -168,9 +186,10 @@
       bars.push(x0, i * laneH, Math.max(1, x(end) - x0));
     };
     const names = new Set();
+    let failed = false;
     for (const s of spans) {
-      if (s.ended < now - WINDOW) continue;
-      names.add(s.function);
+      if (s.ended < now - shown) continue;
+      if (s.ok) names.add(s.function); else failed = true;
       add(s.worker, s.started, s.ended, s.ok ? colour(s.function) : FAILED);
     }
     for (const wk of workers) {
@@ -182,19 +201,26 @@
       ctx.fillStyle = fill;
       for (let i = 0; i < bars.length; i += 3) ctx.fillRect(bars[i], bars[i + 1], bars[i + 2], barH);
     }
-    renderLegend(names);
+    ctx.fillStyle = "#6b7280";
+    ctx.font = "11px system-ui";
+    ctx.fillText(`-${shown} s`, 2, h - 3);
+    ctx.fillText("now", w - 24, h - 3);
+    $("stream-window").textContent = `last ${shown} s, one lane per worker`;
+    renderLegend(names, failed);
   }
 
-  function renderLegend(names) {
-    const sorted = [...names].sort();
-    const key = sorted.join("\n");
+  function renderLegend(names, failed) {
+    const sorted = [...names].sort().slice(0, 30);
+    const entries = sorted.map((name) => [name, colour(name)]);
+    if (failed) entries.push(["failed", FAILED]);
+    const key = entries.map((e) => e.join(" ")).join("\n");
     const legend = $("legend");
     if (legend.dataset.key === key) return;
     legend.dataset.key = key;
-    legend.replaceChildren(...sorted.slice(0, 30).map((name) => {
+    legend.replaceChildren(...entries.map(([name, fill]) => {
       const li = document.createElement("li");
       const swatch = document.createElement("span");
-      swatch.style.background = colour(name);
+      swatch.style.background = fill;
       li.append(swatch, name);
       return li;
     }));
@@ -285,7 +311,7 @@
     setCell(row, 0, wk.id);
     setCell(row, 1, wk.host);
     setCell(row, 2, wk.state);
-    setCell(row, 3, task ? `${task.function}${task.arguments}` : "");
+    setCell(row, 3, task ? `${task.function}(${task.arguments})` : "");
     setCell(row, 4, task ? seconds(now - task.started) : "");
     setCell(row, 5, String(wk.done));
     setCell(row, 6, String(wk.failed));
@@ -334,7 +360,7 @@
       const error = document.createElement("span");
       error.className = "error";
       error.textContent = f.error;
-      summary.append(`${f.function}${f.arguments}: `, error);
+      summary.append(`${f.function}(${f.arguments}): `, error);
       const meta = document.createElement("div");
       meta.className = "meta";
       meta.textContent = `task ${f.task} on ${f.worker ?? "no worker"}, ${seconds(now - f.when)} ago`;
@@ -364,6 +390,7 @@
     s.workers = objects(s.columns.workers, s.workers);
     s.spans = objects(s.columns.spans, s.spans);
     for (const wk of s.workers) if (wk.task) wk.task = objects(s.columns.task, [wk.task])[0];
+    s.workers.sort(byLiveThenId);  // rows and lanes keep their places between refreshes
     timings.fetch = performance.now() - t0;
     const view = timed("measure", measure);
     timed("spans", () => keepSpans(s.spans, s.now));
@@ -395,6 +422,7 @@
     setTimeout(loop, POLL_MS);
   }
 
-  window.fiberexecDashboard = { refresh, timings };  // for tests and the curious: one full refresh
+  // For tests and the curious: one full refresh, what its steps took, how many were made.
+  window.fiberexecDashboard = { refresh, timings, refreshes: () => history.length };
   loop();
 })();
