@@ -347,7 +347,7 @@
   }
 
   // ------------------------------------------------------------------ failures
-  function renderFailures(failures, now) {
+  function renderFailures(failures) {
     const key = failures.map((f) => f.task + "@" + f.when).join(",");
     if (key === failuresShown) return;
     failuresShown = key;
@@ -363,7 +363,8 @@
       summary.append(`${f.function}(${f.arguments}): `, error);
       const meta = document.createElement("div");
       meta.className = "meta";
-      meta.textContent = `task ${f.task} on ${f.worker ?? "no worker"}, ${seconds(now - f.when)} ago`;
+      const when = new Date(f.when * 1000).toLocaleTimeString();  // drawn once: not "ago"
+      meta.textContent = `task ${f.task} on ${f.worker ?? "no worker"}, at ${when}`;
       const pre = document.createElement("pre");
       pre.className = "traceback";
       pre.textContent = f.traceback;
@@ -402,7 +403,7 @@
       plot(view.throughput, "rate", "#3b6fd8");
       plot(view.failures, "failRate", "#c0392b");
     });
-    timed("failures", () => renderFailures(s.failures, s.now));
+    timed("failures", () => renderFailures(s.failures));
     return s;
   }
 
