@@ -1,13 +1,15 @@
 """What the dashboard costs the executor: no-op submit throughput and round trip, off and on.
 
-    python -m benchmarks.dashboard_bench              # 5 runs of each, alternated (~1.5 min)
+    python -m benchmarks.dashboard_bench              # 5 runs of each, alternated
     python -m benchmarks.dashboard_bench --quick      # 3 runs of each, smaller sizes
+    python -m benchmarks.dashboard_bench --measure idle --mode quick   # one run: on, unpolled
 
 Each run is a fresh process (`benchmarks.fresh`) with a 2-worker `FiberExecutor`, either
 without a dashboard or with one and a client process that does what an open page and a
-Prometheus server do: ``GET /api/state`` (the page's whole refresh) and ``GET /metrics`` once
-a second, with the token, over real HTTP. The runs alternate off/on, so a noisy moment hits
-both; the result is each setting's median and the ratio on/off, written to
+Prometheus server do: ``GET /api/state`` (the page's whole refresh) once a second and
+``GET /metrics`` every 15 s, with the token, over real HTTP on a kept-alive connection. The
+runs alternate off/on, so a noisy moment hits both; the result is each setting's median and
+the ratio on/off, written to
 ``benchmarks/dashboard.json`` and, as the table docs/dashboard.md shows,
 ``benchmarks/dashboard.md``.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -24,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
+import urllib.parse
 from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,8 @@ from benchmarks.measure import MARKER
 
 WORKERS = 2
 TIMEOUT = 300.0
-POLL = 1.0  # seconds between the client's rounds of requests, as the page polls
+POLL = 1.0  # seconds between the page's requests, as the page polls
+SCRAPE = 15  # polls between two of /metrics (Prometheus' default scrape_interval: 15 s)
 # Long enough that every run spans several of the client's polls.
 SIZES = {"full": {"submit_n": 100_000, "latency_n": 10_000, "warmup": 500, "repeat": 5},
          "quick": {"submit_n": 20_000, "latency_n": 3000, "warmup": 200, "repeat": 3}}
@@ -56,6 +60,12 @@ class PageClient:
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.dashboard_bench",
                                       "--client", self.url], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        # Measured from its first poll on: its start (imports) is not the dashboard's cost.
+        if not select.select([self.proc.stdout], [], [], TIMEOUT)[0]:
+            raise TimeoutError(f"the page client made no request within {TIMEOUT:.0f} s")
+        if self.proc.stdout.readline().strip() != "polling":
+            raise RuntimeError("the page client failed before its first request")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -66,27 +76,37 @@ class PageClient:
 
 
 def poll(url: str) -> None:
-    """The client's process: poll until stdin closes, then print what it did."""
-    base, _, token = url.partition("?token=")
-    requests, seconds, newest = 0, 0.0, 0.0
+    """The client's process: poll until stdin closes, then print what it did. Like a
+    browser it keeps its connection open; ``/metrics`` is scraped as often as Prometheus
+    does by default."""
+    parts = urllib.parse.urlsplit(url)
+    token = urllib.parse.parse_qs(parts.query)["token"][0]
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    requests, seconds, newest, rounds = 0, 0.0, 0.0, 0
 
     def get(path: str) -> bytes:
         nonlocal requests, seconds
-        request = urllib.request.Request(base + path,
-                                         headers={"Authorization": f"Bearer {token}"})
         start = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            body: bytes = reply.read()
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        reply = conn.getresponse()
+        body = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"GET {path}: {reply.status} {body[:200]!r}")
         seconds += time.perf_counter() - start
         requests += 1
         return body
 
     while True:
-        state = json.loads(get(f"api/state?since={max(0.0, newest - 2)}"))
+        state = json.loads(get(f"/api/state?since={max(0.0, newest - 2)}"))
         newest = max([newest, *(span[4] for span in state["spans"])])
-        get("metrics")
+        if rounds % SCRAPE == 0:
+            get("/metrics")
+        if rounds == 0:
+            print("polling", flush=True)
+        rounds += 1
         if select.select([sys.stdin], [], [], POLL)[0]:  # readable: closed by the parent
             break
+    conn.close()
     print(json.dumps({"requests": requests, "seconds": seconds}), flush=True)
 
 
@@ -118,10 +138,10 @@ def measure(setting: str, mode: str) -> dict[str, Any]:
     from fiberexec import FiberExecutor
 
     sizes = SIZES[mode]
-    with FiberExecutor(WORKERS, dashboard=setting == "on") as ex:
+    with FiberExecutor(WORKERS, dashboard=setting in ("on", "idle")) as ex:
         wait([ex.submit(tasks.noop) for _ in range(8 * WORKERS)], timeout=TIMEOUT)
         url = ex.dashboard_url
-        client = PageClient(url) if url else None
+        client = PageClient(url) if url and setting == "on" else None
         with client or contextlib.nullcontext():
             samples = _latency(ex, sizes["latency_n"], sizes["warmup"])
             rate = _throughput(ex, sizes["submit_n"])
@@ -164,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, 3 runs of each")
     parser.add_argument("--repeat", type=int, help="runs of each setting")
-    parser.add_argument("--measure", choices=("off", "on"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", choices=("off", "on", "idle"), help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=tuple(SIZES), default="full", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -193,7 +213,8 @@ def _table(result: dict[str, Any]) -> str:
     return (
         "| dashboard | no-op `submit`, tasks/s | round trip p50 | p99 |\n|---|---|---|---|\n"
         f"| off | {off['tasks_per_s']:,.0f} | {off['p50_us']:.0f} us | {off['p99_us']:.0f} us |\n"
-        f"| on, page and `/metrics` polled every {POLL:.0f} s | {on['tasks_per_s']:,.0f} | "
+        f"| on, page polled every {POLL:.0f} s, `/metrics` every {SCRAPE * POLL:.0f} s | "
+        f"{on['tasks_per_s']:,.0f} | "
         f"{on['p50_us']:.0f} us | {on['p99_us']:.0f} us |\n"
         f"| on / off | {result['throughput_on_over_off']:.3f} | "
         f"{result['p50_on_over_off']:.3f} | |\n\n"

@@ -6,6 +6,7 @@ Chromium and its driver: there, a missing browser fails the tests instead of ski
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -80,12 +81,16 @@ def served() -> Iterator[Served]:
 
 
 @pytest.fixture(scope="session")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def artifacts(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Path:
     """Where screenshots go: ``$FIBEREXEC_DASHBOARD_ARTIFACTS``, else under pytest's tmp."""
     named = os.environ.get(ARTIFACTS_ENV)
     path = Path(named) if named else tmp_path_factory.mktemp("dashboard-screenshots")
     path.mkdir(parents=True, exist_ok=True)
-    print(f"\ndashboard screenshots: {path} (set {ARTIFACTS_ENV} to choose)")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\ndashboard screenshots: {path} (set {ARTIFACTS_ENV} to choose)")
     return path
 
 
