@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics = workloads.es_generation(args.system, sizes, args.iters)
         elif args.workload == "simulated":
             metrics = workloads.simulated_dispatch(args.system, sizes, args.shards)
+        elif args.workload == "output":
+            metrics = workloads.output_forwarding(args.system, sizes)
         else:
             metrics = workloads.WORKLOADS[args.workload](args.system, sizes)
     except Exception as exc:

@@ -119,6 +119,12 @@ ROWS: list[Row] = [
     _eff_row("es", "ES generation (population x ~2 ms tasks), efficiency", 0.95),
     _sim_row(1),
     _sim_row(4),
+    Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs off: executor "
+        "CPU us/task (tasks/s)", lambda m: m["forward_tasks_per_s"],
+        lambda m: f"{m['forward_cpu_us']:.0f} vs {m['off_cpu_us']:.0f} "
+                  f"({100 * m['slowdown']:+.1f}%; {_num(m['forward_tasks_per_s'])} vs "
+                  f"{_num(m['off_tasks_per_s'])})",
+        "CPU per task within +5%", lambda by: _fx(by)["slowdown"] <= 0.05),
 ]
 
 
@@ -139,7 +145,7 @@ def _ratio(row: Row, by: dict[str, Metrics], other: str) -> str:
 
 
 def _verdict(row: Row, by: dict[str, Metrics]) -> str:
-    needed = ("fiberexec",) if row.key.startswith("simulated") else tuple(by)
+    needed = ("fiberexec",) if row.key.startswith(("simulated", "output")) else tuple(by)
     if not all(_ok(by.get(s)) for s in needed) or not _ok(by.get("fiberexec")):
         return "not measured"
     try:

@@ -89,6 +89,9 @@ def plan(workloads: list[str], systems: list[str], mode: str, iters: int) -> lis
     """The measurements of one repeat, as ``(row key, system, measure args)``."""
     steps = []
     for workload in workloads:
+        if workload == "output":
+            steps.append(("output", "fiberexec", ["output", "fiberexec", mode]))
+            continue
         if workload == "simulated":
             for shards in SIM_SHARDS:
                 steps.append((f"simulated_{shards}", "fiberexec",
@@ -103,7 +106,8 @@ def run(options: argparse.Namespace) -> tuple[report.Results, dict[str, Any]]:
     mode = "quick" if options.quick else "full"
     repeat = options.repeat or (1 if options.quick else 3)
     timeout = options.timeout or (120.0 if options.quick else 600.0)
-    workloads = options.workloads.split(",") if options.workloads else [*WORKLOADS, "simulated"]
+    workloads = (options.workloads.split(",") if options.workloads
+                 else [*WORKLOADS, "simulated", "output"])
     systems = options.systems.split(",") if options.systems else list(SYSTEMS)
     started, load_before = time.monotonic(), os.getloadavg()
     calibration = measure(["calibrate", "stdlib", mode], timeout) if "es" in workloads else {}
@@ -144,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=0, help="runs per measurement (3; quick 1)")
     parser.add_argument("--plot", action="store_true", help=f"write {HERE / 'results.png'}")
     parser.add_argument("--workloads", default="",
-                        help=f"comma-separated subset of {','.join(WORKLOADS)},simulated")
+                        help=f"comma-separated subset of {','.join(WORKLOADS)},simulated,output")
     parser.add_argument("--systems", default="", help="comma-separated subset of "
-                        f"{','.join(SYSTEMS)} (the simulated workload is fiberexec only)")
+                        f"{','.join(SYSTEMS)} (simulated and output are fiberexec only)")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds one measurement may take (120; full 600)")
     parser.add_argument("--output", type=Path, default=HERE / "results.json")

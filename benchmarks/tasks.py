@@ -20,6 +20,14 @@ def noop(*_args: object) -> None:
     """Does nothing; what a no-op task costs is the executor's own overhead."""
 
 
+def print_mib(mib: int) -> int:
+    """Print ``mib`` MiB to stdout in 100-byte lines."""
+    line = "x" * 99
+    for _ in range(mib * (1 << 20) // 100):
+        print(line)
+    return mib
+
+
 def sleep_1ms() -> None:
     time.sleep(0.001)
 

@@ -300,6 +300,43 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics
             "simulator_busy": sim_cpu / elapsed, "executor_busy": own_cpu / elapsed}
 
 
+def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 3) -> Metrics:
+    """fiberexec only: no-op dispatch while another task prints 10 MiB, its output forwarded
+    (``output="forward"``, written to /dev/null here) against discarded (``"off"``); the
+    modes alternate, each keeps its median. ``slowdown`` compares the executor process's
+    CPU time per task (what dispatch costs it, and what receiving and writing the output
+    adds), which a busy machine disturbs less than the wall time (also reported)."""
+    import contextlib
+    import os
+    from concurrent.futures import wait as wait_futures
+
+    from fiberexec import FiberExecutor
+
+    if name != "fiberexec":
+        raise ValueError("the output workload runs on fiberexec only")
+    n = sizes["submit_n"]
+    rates: dict[str, list[float]] = {"off": [], "forward": []}
+    cpu: dict[str, list[float]] = {"off": [], "forward": []}
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        for mode in [*rates] * rounds:
+            with FiberExecutor(max_workers=WORKERS, output=mode) as ex:
+                wait_futures([ex.submit(tasks.noop) for _ in range(8 * WORKERS)], TIMEOUT)
+                begin, cpu_begin = time.perf_counter(), time.process_time()
+                printer = ex.submit(tasks.print_mib, 10)
+                _, pending = wait_futures([ex.submit(tasks.noop) for _ in range(n)], TIMEOUT)
+                rates[mode].append(n / (time.perf_counter() - begin))
+                printer.result(timeout=TIMEOUT)
+                ex.submit(tasks.noop).result(timeout=TIMEOUT)  # the output has been received
+                cpu[mode].append((time.process_time() - cpu_begin) / n)
+                if pending:
+                    raise TimeoutError(f"{len(pending)} of {n} tasks unfinished")
+    off, forward = (sorted(r)[len(r) // 2] for r in rates.values())
+    cpu_off, cpu_forward = (sorted(c)[len(c) // 2] for c in cpu.values())
+    return {"off_tasks_per_s": off, "forward_tasks_per_s": forward, "n": n,
+            "off_cpu_us": 1e6 * cpu_off, "forward_cpu_us": 1e6 * cpu_forward,
+            "slowdown": cpu_forward / cpu_off - 1, "wall_slowdown": 1 - forward / off}
+
+
 def _snapshot_ms(ex: Any, workers: int, times: int = 5) -> float:
     """The median time of ``ex.workers()``, milliseconds (each lists every worker)."""
     samples = []

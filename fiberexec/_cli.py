@@ -1,4 +1,4 @@
-"""The ``fiberexec`` command: ``info``, ``run``, ``cleanup`` and ``bench``.
+"""The ``fiberexec`` command: ``info``, ``run``, ``cleanup``, ``top`` and ``bench``.
 
 Installed as ``fiberexec`` (``[project.scripts]``) and runnable as ``python -m fiberexec``.
 Errors in what the user asked for (`ConfigurationError`) print one line and exit with 2; a
@@ -91,6 +91,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from fiberexec import _cli_top as top
+
+    if args.interval <= 0:
+        raise ConfigurationError(f"--interval must be > 0 seconds, got {args.interval}")
+    return top.run(args.executor, once=args.once, interval=args.interval)
+
+
 def find_benchmarks(cwd: Path) -> Path | None:
     """The folder holding ``benchmarks/run.py``: here, or the source tree fiberexec runs from."""
     for root in (cwd, Path(__file__).resolve().parent.parent):
@@ -160,6 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--executor", metavar="ID", help="only this executor's workers")
     clean.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
     clean.set_defaults(func=cmd_cleanup)
+
+    top = sub.add_parser(
+        "top", help="watch a running executor's workers, tasks and failures",
+        description="Attach to an executor of this user on this machine made with "
+                    "observe=True (or FIBEREXEC_OBSERVE=1) and show its workers, the task "
+                    "each runs and for how long (stragglers, over 3x their function's "
+                    "median, marked '!'), throughput and the last failures.")
+    top.add_argument("--executor", metavar="ID",
+                     help="the executor's id or pid, when several are running")
+    top.add_argument("--once", action="store_true",
+                     help="print one snapshot and exit (no screen control)")
+    top.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between refreshes (default: 1)")
+    top.set_defaults(func=cmd_top)
 
     bench = sub.add_parser(
         "bench", help="run the benchmark suite and print its table",

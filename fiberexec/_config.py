@@ -60,6 +60,8 @@ class ExecutorConfig:
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     tls: TLSOptions | None = None
     ports: tuple[int, int] | None = None  # the range worker channels listen in (inclusive)
+    output: str | None = None  # "forward", "inherit", "off", a directory; None: by backend
+    observe: bool = False  # serve snapshots to `fiberexec top` on a loopback endpoint
     dashboard: str | None = None  # "host:port" (port 0: any free one) the dashboard serves on
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -141,8 +143,39 @@ def _ports(value: object) -> tuple[int, int]:
     return low, high
 
 
+OUTPUT_MODES = ("forward", "inherit", "off")
+
+
+def _output(value: object) -> str:
+    rule = (f"one of {', '.join(map(repr, OUTPUT_MODES))} or a directory path containing "
+            f"'/' (e.g. './worker-output')")
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid(rule)
+    value = value.strip()
+    if value.lower() in OUTPUT_MODES:
+        return value.lower()
+    if "/" not in value:
+        raise _Invalid(rule)
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise _Invalid(f"{rule}; {value!r} exists and is not a directory")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _FLAGS:
+        return _FLAGS[value.strip().lower()]
+    raise _Invalid("true or false (or 1/0, yes/no, on/off)")
+
+
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
 DASHBOARD_LOOPBACK = "127.0.0.1:0"
-_ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0", "", "none")
 
 
 def _dashboard(value: object) -> str | None:
@@ -154,8 +187,10 @@ def _dashboard(value: object) -> str | None:
     if not isinstance(value, str):
         raise _Invalid(rule)
     text = value.strip()
-    if text.lower() in _ON + _OFF:
-        return DASHBOARD_LOOPBACK if text.lower() in _ON else None
+    if text.lower() in ("", "none"):
+        return None
+    if text.lower() in _FLAGS:
+        return DASHBOARD_LOOPBACK if _FLAGS[text.lower()] else None
     host, sep, port = text.rpartition(":")
     host = host.strip().removeprefix("[").removesuffix("]")
     if not sep or not host or not port.strip().isdigit() or int(port) > 65535:
@@ -299,6 +334,15 @@ SETTINGS: tuple[Setting, ...] = (
             "the port, or range ``\"40000-40999\"``, the executor listens in for its "
             "workers (one port per worker; default: any free port), for firewalls and "
             "Services.", none_means="any free port"),
+    Setting("output", _optional(_output), None,
+            "where tasks' stdout and stderr go: ``\"forward\"`` (to this process's, each "
+            "line prefixed ``[w12 host] ``), ``\"inherit\"`` (the worker's own, unprefixed), "
+            "``\"off\"`` (discarded) or a directory (one ``<worker>.out`` and ``.err`` file "
+            "per worker). Default: ``\"inherit\"`` where workers share this host (local), "
+            "else ``\"forward\"``.", none_means="by backend"),
+    Setting("observe", _flag, False,
+            "serve snapshots of the workers to ``fiberexec top`` on a loopback endpoint, "
+            "guarded by a token in a file only this user can read (default: false)."),
     Setting("dashboard", _dashboard, None,
             "serve a web dashboard and Prometheus ``/metrics`` from this process: ``True`` "
             "or ``\"on\"`` for loopback on a free port, ``\"host:port\"`` to choose "

@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing.context
+import os
 import threading
 import time
 import weakref
@@ -95,6 +96,8 @@ class FiberExecutor(Executor):
         progress: Callable[[Stats], None] | None = None,
         tls: TLSOptions | None = None,
         ports: str | int | tuple[int, int] | None = None,
+        output: str | os.PathLike[str] | None = None,
+        observe: bool | None = None,
         dashboard: bool | str | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None

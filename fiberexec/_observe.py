@@ -15,7 +15,6 @@ never torn, and no lock sits between a submit and its dispatch.
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,7 +40,6 @@ SpanRecord = tuple[int, str, str, float, float, bool]
 # A failed task: (item, worker_id or None, exception, when on the shard's clock).
 FailureRecord = tuple[WorkItem, "str | None", BaseException, float]
 
-STATES = ("starting", "idle", "running", "lost", "retired")
 V = TypeVar("V")
 
 
@@ -168,24 +166,25 @@ def worker_infos(
     infos: list[WorkerInfo] = []
     seen: set[str] = set()
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         for conn in list(shard.conns.values()):
             seen.add(conn.worker_id)
             infos.append(_worker_info(conn, backend, offset))
+    gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)
+            if conn.worker_id not in seen]
+    gone.sort(key=lambda pair: pair[0].ended or 0.0)
+    gone = gone[-GONE_MAX:]
+    seen.update(conn.worker_id for conn, _ in gone)  # the supervisor may not know yet
     for worker_id, handle in starting.items():
         if worker_id not in seen:
-            seen.add(worker_id)
             infos.append(WorkerInfo(worker_id, backend, handle.ref if handle else "", "",
                                     "starting", None, 0, 0, None, None, None))
-    gone = [(conn, time.time() - shard.clock()) for shard in shards for conn in list(shard.gone)]
-    gone.sort(key=lambda pair: pair[0].ended or 0.0)
-    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone[-GONE_MAX:]
-                 if conn.worker_id not in seen)
+    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone)
     return infos
 
 
 def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
-    task = None if conn.initializing else _running_task(conn, offset)
+    task = _running_task(conn, offset) if conn.inflight and not conn.initializing else None
     handle = conn.handle
     reference = handle.ref if handle is not None else (f"{conn.host}:{conn.pid}"
                                                         if conn.pid else "")
@@ -225,7 +224,7 @@ def _state(conn: Conn, task: TaskInfo | None) -> str:
 def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
     spans: list[TaskSpan] = []
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         spans.extend(_span(task_id, worker_id, function, start + offset, end + offset, ok)
                      for task_id, worker_id, function, start, end, ok in list(shard.spans)
                      if end + offset >= since)
@@ -233,10 +232,24 @@ def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
     return spans
 
 
+def span_summary(shards: Iterable[Shard], window: float) -> tuple[dict[str, float], float]:
+    """The median run time of each function over the spans kept, and tasks finished per
+    second over the last ``window`` seconds."""
+    durations: dict[str, list[float]] = {}
+    recent = 0
+    for shard in shards:
+        since = shard.clock() - window
+        for _, _, function, start, end, _ in list(shard.spans):
+            durations.setdefault(function, []).append(end - start)
+            recent += end >= since
+    medians = {f: sorted(d)[len(d) // 2] for f, d in durations.items()}
+    return medians, recent / window
+
+
 def failures(shards: Iterable[Shard], limit: int) -> list[FailureInfo]:
     records: list[tuple[float, WorkItem, str | None, BaseException]] = []
     for shard in shards:
-        offset = time.time() - shard.clock()
+        offset = shard.wall_offset
         records.extend((when + offset, item, worker_id, exc)
                        for item, worker_id, exc, when in list(shard.failures))
     records.sort(key=lambda record: record[0])

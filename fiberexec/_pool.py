@@ -10,18 +10,24 @@ report to; after that it only routes tasks, counts them and shuts everything dow
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fiberexec import _auth, _fdlimit, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec._backend import Backend
 from fiberexec._config import ExecutorConfig
+from fiberexec._control import ControlServer
 from fiberexec._errors import BrokenFiberExecutor
+from fiberexec._output import OutputSink
+from fiberexec._protocol import OutputMode
 from fiberexec._serialize import dumps_for_workers
 from fiberexec._session import Session
 from fiberexec._shard import Shard
@@ -31,6 +37,17 @@ from fiberexec._task import WorkItem
 
 log = logging.getLogger("fiberexec")
 PROGRESS_INTERVAL = 0.1
+THROUGHPUT_WINDOW = 10.0  # seconds over which `fiberexec top` reports tasks per second
+
+
+def _output_mode(output: str | None, backend: Backend) -> OutputMode:
+    """What workers do with their tasks' output: by default, forward it where it would
+    otherwise be lost (workers on other hosts, in containers, pods or jobs)."""
+    if output is None:
+        output = "inherit" if backend.workers_share_host else "forward"
+    if output == "inherit":
+        return OutputMode.INHERIT
+    return OutputMode.DISCARD if output == "off" else OutputMode.FORWARD
 
 
 class TaskPool:
@@ -56,9 +73,13 @@ class TaskPool:
             secret=_auth.new_secret(),
             initializer=initializer,
             shm_token=secrets.token_bytes(32) if _shm.available() else b"",
+            output=_output_mode(config.output, backend),
         )
+        self.sink = None if self.session.output is not OutputMode.FORWARD else OutputSink(
+            config.output if config.output not in (None, "forward") else None)
         self.supervisor = WorkerSupervisor(
-            self.session, backend, outstanding=self._outstanding, progress=self.report_progress
+            self.session, backend, outstanding=self._outstanding, progress=self.report_progress,
+            sink=self.sink,
         )
         self.shards = [Shard(self.session, i, self.supervisor) for i in range(config.shards)]
         for shard in self.shards:
@@ -72,6 +93,7 @@ class TaskPool:
         self._closed = threading.Event()  # everything is stopped and cleaned up
         self._t0 = 0.0
         self._last_progress = 0.0
+        self.control: ControlServer | None = None  # with observe=True, once started
         self._on_close: list[Callable[[], None]] = []
 
     @property
@@ -103,6 +125,14 @@ class TaskPool:
         for shard in self.shards:
             shard.thread.start()
         self.supervisor.launch_many(self.config.min_workers)
+        if self.config.observe:
+            self.control = ControlServer(self.executor_id, self.backend.name, self.observed)
+            try:
+                self.control.start()
+            except OSError as exc:  # no reason to refuse tasks: say so and go on unobserved
+                log.warning("observe=True: could not serve fiberexec top (%s)", exc)
+                self.control.close()
+                self.control = None
 
     def _outstanding(self) -> int:
         finished = sum(s.done + s.failed for s in self.shards)
@@ -151,12 +181,16 @@ class TaskPool:
 
     def _finish(self) -> None:
         try:
+            if self.control is not None:
+                self.control.close()
             for shard in self.shards:
                 if shard.thread.is_alive():
                     shard.thread.join()
                 elif not self._started:
                     shard.close()  # never ran: its loop's last act is ours to do
             self.supervisor.stop_all()
+            if self.sink is not None:
+                self.sink.close()
             if self.owns_backend:
                 self.backend.close()
             _shm.remove_all(self.executor_id)
@@ -200,6 +234,19 @@ class TaskPool:
     def failures(self, limit: int) -> list[_observe.FailureInfo]:
         return _observe.failures(self.shards, limit)
 
+    def observed(self, since: float) -> dict[str, Any]:
+        """What `fiberexec top` shows, as JSON-ready values (see `fiberexec._control`)."""
+        medians, recent = _observe.span_summary(self.shards, THROUGHPUT_WINDOW)
+        return {
+            "executor_id": self.executor_id, "pid": os.getpid(), "time": time.time(),
+            "backend": self.backend.name, "max_workers": self.config.max_workers,
+            "stats": dataclasses.asdict(self.stats()), "throughput": recent,
+            "workers": [dataclasses.asdict(w) for w in self.workers()],
+            "medians": medians,
+            "spans": [dataclasses.asdict(s) for s in self.task_spans(since)] if since else [],
+            "failures": [dataclasses.asdict(f) for f in self.failures(10)],
+        }
+
     def dump_stack(self, worker_id: str, timeout: float) -> str:
         shard = next((s for s in self.shards if _observe.connected(s, worker_id)), None)
         if shard is None:
@@ -208,6 +255,7 @@ class TaskPool:
         try:
             return future.result(timeout)
         except TimeoutError:
+            future.cancel()  # a late answer is dropped
             raise TimeoutError(
                 f"worker {worker_id} did not send its stack within timeout={timeout}s; it may "
                 f"be stopped, or a task may hold the interpreter's lock in native code "

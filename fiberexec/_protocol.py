@@ -15,7 +15,9 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | <-> Heartbeat                   |   sent when nothing else is; `Setup.silence` of
       |                                 |   silence means the peer is gone; a worker's
       |                                 |   also goes out every heartbeat while results
-      |                                 |   flow, with its CPU and memory use
+      |                                 |   flow, with its CPU and memory use, and with
+      |                                 |   the tasks' output lines (before any result
+      |                                 |   that follows them)
       | <-- DumpStack(request_id) ----  |   the Python stack of every thread, please
       | -- Stack(request_id, text) --->  |   answered by a thread not running the task
       | <-- Revoke(task_ids) ---------  |   give back tasks not started yet (for idle workers)
@@ -96,12 +98,19 @@ class Auth:
     shm_token: bytes  # what the worker read from the probe ("" if it could not)
 
 
+class OutputMode(enum.IntEnum):
+    INHERIT = 0  # leave them: they go where the worker's own output goes
+    FORWARD = 1  # capture them and send their lines with heartbeats
+    DISCARD = 2
+
+
 @dataclass(frozen=True)
 class Setup:
     heartbeat: float
     silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited
     initializer: Payload | None
+    output: OutputMode = OutputMode.INHERIT  # what the worker does with tasks' stdout, stderr
 
 
 @dataclass(slots=True)
@@ -136,6 +145,8 @@ class Heartbeat:
 
     cpu_percent: float = -1.0  # since its last heartbeat (100: one core); negative: unknown
     rss_bytes: int = 0  # resident memory; 0: unknown
+    stdout: bytes = b""  # whole lines the tasks wrote since the last heartbeat
+    stderr: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -266,7 +277,8 @@ def _enc_auth(w: _Writer, m: Auth) -> None:
 
 
 def _enc_setup(w: _Writer, m: Setup) -> None:
-    w.pack("!ddIB", m.heartbeat, m.silence, m.max_tasks, m.initializer is not None)
+    w.pack("!ddIBB", m.heartbeat, m.silence, m.max_tasks, m.initializer is not None,
+           m.output)
     if m.initializer is not None:
         w.payload(m.initializer)
 
@@ -304,6 +316,8 @@ def _enc_empty(w: _Writer, m: Initialized) -> None:
 
 def _enc_heartbeat(w: _Writer, m: Heartbeat) -> None:
     w.pack("!dQ", m.cpu_percent, m.rss_bytes)
+    w.blob(m.stdout)
+    w.blob(m.stderr)
 
 
 def _enc_dump_stack(w: _Writer, m: DumpStack) -> None:
@@ -467,11 +481,13 @@ def _dec_auth(r: _Reader) -> Auth:
 
 
 def _dec_setup(r: _Reader) -> Setup:
-    heartbeat, silence, max_tasks, has_init = r.unpack("!ddIB")
+    heartbeat, silence, max_tasks, has_init, output = r.unpack("!ddIBB")
     if has_init not in (0, 1):
         raise ProtocolError(f"bad initializer flag {has_init}")
+    if output not in _OUTPUT_MODES:
+        raise ProtocolError(f"unknown output mode {output}")
     return Setup(float(heartbeat), float(silence), int(max_tasks),
-                 r.payload() if has_init else None)
+                 r.payload() if has_init else None, _OUTPUT_MODES[int(output)])
 
 
 def _dec_tasks(r: _Reader) -> Tasks:
@@ -499,7 +515,7 @@ def _dec_results(r: _Reader) -> Results:
 
 def _dec_heartbeat(r: _Reader) -> Heartbeat:
     cpu, rss = r.unpack("!dQ")
-    return Heartbeat(float(cpu), int(rss))
+    return Heartbeat(float(cpu), int(rss), r.blob(), r.blob())
 
 
 def _dec_stack(r: _Reader) -> Stack:
@@ -513,6 +529,7 @@ def _dec_ids(r: _Reader) -> list[int]:
 
 
 _STATUSES = {int(s): s for s in Status}
+_OUTPUT_MODES = {int(m): m for m in OutputMode}
 
 
 _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._config import ExecutorConfig
+from fiberexec._protocol import OutputMode
 from fiberexec._serialize import Payload
 
 
@@ -22,6 +23,7 @@ class Session:
     secret: bytes  # workers prove they hold it before anything they send is unpickled
     initializer: Payload | None = None  # pickled (initializer, initargs)
     shm_token: bytes = b""  # what a worker on this host reads from a handshake's probe file
+    output: OutputMode = OutputMode.INHERIT  # what workers do with their tasks' output
 
 
 class Lifecycle(Protocol):
@@ -47,3 +49,6 @@ class Lifecycle(Protocol):
 
     def progress(self) -> None:
         """Results arrived: the progress hook may want to hear."""
+
+    def output(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        """Lines a worker's tasks wrote (``output="forward"`` or a directory)."""

@@ -121,6 +121,7 @@ class Shard:
         self.spans: deque[_observe.SpanRecord] = deque(maxlen=_observe.SPANS_MAX)
         self.failures: deque[_observe.FailureRecord] = deque(maxlen=_observe.FAILURES_MAX)
         self.gone: deque[Conn] = deque(maxlen=_observe.GONE_MAX)
+        self.wall_offset = time.time() - clock()  # the clock's readings as time.time()
         self._stack_ids = 0
         self.thread = threading.Thread(
             target=self.run, name=f"fiberexec-shard-{index}", daemon=True
@@ -274,6 +275,9 @@ class Shard:
             self._on_revoked(conn, message.task_ids)
         elif isinstance(message, p.Heartbeat):
             conn.cpu_percent, conn.rss_bytes = message.cpu_percent, message.rss_bytes
+            if message.stdout or message.stderr:
+                self.lifecycle.output(conn.worker_id, conn.host, message.stdout,
+                                      message.stderr)
         elif isinstance(message, p.Stack):
             future = conn.stack_requests.pop(message.request_id, None)
             if future is not None and not future.done():
@@ -440,7 +444,7 @@ class Shard:
         self.ready_workers += 1
         cfg = self.config
         self._send(conn, p.Setup(cfg.heartbeat, cfg.silence_timeout, conn.max_tasks,
-                                 self.session.initializer))
+                                 self.session.initializer, self.session.output))
         conn.initializing = self.session.initializer is not None
         self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)

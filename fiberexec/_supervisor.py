@@ -29,6 +29,7 @@ from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
 from fiberexec._link_nng import Channel
+from fiberexec._output import OutputSink
 from fiberexec._session import Session
 from fiberexec._shard import Shard
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME
@@ -45,6 +46,7 @@ class WorkerSupervisor:
         *,
         outstanding: Callable[[], int],
         progress: Callable[[], None],
+        sink: OutputSink | None = None,
     ) -> None:
         self.session = session
         self.config = session.config
@@ -54,6 +56,7 @@ class WorkerSupervisor:
         self.stop_grace = 2.0  # seconds between SIGTERM and SIGKILL when stopping a worker
         self._outstanding = outstanding  # tasks submitted and not finished
         self._progress = progress
+        self._sink = sink  # where forwarded task output goes
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
         self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
@@ -337,6 +340,10 @@ class WorkerSupervisor:
 
     def progress(self) -> None:
         self._progress()
+
+    def output(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        if self._sink is not None:
+            self._sink.put(worker_id, host, stdout, stderr)
 
     # ------------------------------------------------------------ stopping
 

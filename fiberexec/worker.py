@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from fiberexec import _auth, _contract, _shm, _syspath
+from fiberexec import _auth, _capture, _contract, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._introspect import Usage, format_stacks
@@ -47,6 +47,7 @@ FLUSH_BYTES = 8 << 20
 FLUSH_AGE = 0.0008  # seconds a finished result may wait for others to share its message
 SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would only delay it
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
+OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
 M = TypeVar("M")
 
 
@@ -127,6 +128,17 @@ class Worker:
         self.silence = setup.silence
         return setup
 
+    def redirect_output(self, mode: p.OutputMode) -> None:
+        """Send the tasks' stdout and stderr to the executor, or nowhere, as it asks."""
+        global _captured
+        _captured = mode is not p.OutputMode.INHERIT
+        if mode is p.OutputMode.FORWARD:
+            outbox = self.outbox
+            outbox.capture = _capture.Capture(send=outbox.send_output, wake=outbox.wake)
+            _capture.install(outbox.capture)
+        elif mode is p.OutputMode.DISCARD:
+            _capture.install(None)
+
     def _expect(self, kind: type[M], timeout: float) -> M:
         frame = self.link.recv(timeout)
         if frame is None:
@@ -147,8 +159,10 @@ class Worker:
             logging.getLogger("concurrent.futures").critical(
                 "Exception in initializer:", exc_info=True
             )
+            self.outbox.push_output()
             self.outbox.send(p.InitFailed(dumps_exception(exc)))
             _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
+        self.outbox.push_output()
         self.outbox.send(p.Initialized())
 
     # ---------------------------------------------------------------- receiving
@@ -247,12 +261,13 @@ class Worker:
             done += 1
             if self.max_tasks and done >= self.max_tasks:
                 outbox.add(result, alone=True, slow=True)
+                outbox.finish()
                 outbox.send(p.Bye("max_tasks_per_child reached"))
                 return
             if not self.tasks:
                 self._take_buffered()
             outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
-        outbox.flush()
+        outbox.finish()
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
         start = time.perf_counter()
@@ -298,6 +313,7 @@ class Outbox:
         self.last_sent = time.monotonic()
         self._usage = Usage()
         self._last_beat = time.monotonic()
+        self.capture: _capture.Capture | None = None  # with output="forward"
 
     def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
         """Hold ``result``, or send it.
@@ -306,6 +322,7 @@ class Outbox:
         now. ``slow``: batching would only delay it: the outbox thread sends it while the
         next task already runs. Otherwise it waits for a few more, at most `FLUSH_AGE`.
         """
+        self.push_output()
         now = time.monotonic()
         with self._cond:
             self._results.append(result)
@@ -328,52 +345,100 @@ class Outbox:
         )
 
     def flush(self) -> None:
+        self.push_output()
         with self._cond:
             if self._results:
                 self._flush_locked()
+            elif self.capture is not None and self.capture.size:
+                self.beat()
 
     def send(self, message: p.Message) -> None:
-        """Send a control message, after any results held (order is kept)."""
+        """Send a control message, after any results and output held (order is kept)."""
         with self._cond:
             if self._results:
                 self._flush_locked()
+            elif self.capture is not None and self.capture.size:
+                self.beat()
             self._send_locked(p.encode(message, self.shm))
 
     def _flush_locked(self) -> None:
+        if self.capture is not None and self.capture.size:
+            self.beat()  # what the tasks printed arrives before their results
         results, self._results, self._nbytes, self._since = self._results, [], 0, None
         self._send_locked(p.encode(p.Results(results), self.shm))
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
+        if self.capture is None:  # (a captured stream is flushed by push_output)
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+
+    def send_output(self) -> None:
+        """Send the output held now (from a task printing fast: it waits on the link)."""
+        self.beat()
+
+    def wake(self) -> None:
+        """Output is held: the timer thread sends it within `OUTPUT_AGE`."""
+        with self._cond:
+            self._cond.notify()
+
+    def finish(self) -> None:
+        """The worker leaves: send what is held, lines not ended yet too."""
+        self.push_output()
+        with self._cond:
+            if self._results:
+                self._flush_locked()
+            if self.capture is not None:
+                out, err = self.capture.take(everything=True)
+                if out or err:
+                    self._send_locked(p.encode(p.Heartbeat(stdout=out, stderr=err)))
 
     def _send_locked(self, frame: bytes) -> None:
         self._send_frame(frame)
         self.last_sent = time.monotonic()
 
     def beat(self) -> None:
-        """Send a heartbeat with this process's CPU and memory use."""
+        """Send a heartbeat with this process's CPU and memory use, and output held."""
         with self._cond:
             self._last_beat = time.monotonic()
-            self._send_locked(p.encode(p.Heartbeat(*self._usage.read())))
+            out, err = self.capture.take() if self.capture is not None else (b"", b"")
+            self._send_locked(p.encode(p.Heartbeat(*self._usage.read(), out, err)))
 
     def run_timer(self, heartbeat: float) -> None:
         """The timer thread: flush held results when due; a heartbeat with the process's
         resource use every ``heartbeat`` seconds (also while results flow, so the executor
         sees a busy worker's use too)."""
-        with self._cond:
-            while True:
-                self._watch()
-                now = time.monotonic()
-                delay = self._last_beat + heartbeat - now
-                if delay <= 0:
-                    self.beat()
-                    continue
-                if self._since is not None:
-                    flush = self._since + FLUSH_AGE - now
-                    if flush <= 0:
-                        self._flush_locked()
-                        continue
-                    delay = min(delay, flush)
-                self._cond.wait(delay)
+        while True:
+            self.push_output()  # so a line printed in a long task is seen within OUTPUT_AGE
+            with self._cond:
+                self._timer_step(heartbeat)
+
+    def _timer_step(self, heartbeat: float) -> None:
+        """Send what is due, or wait until something may be."""
+        self._watch()
+        now = time.monotonic()
+        delay = self._last_beat + heartbeat - now
+        if delay <= 0:
+            self.beat()
+            return
+        if self._since is not None:
+            flush = self._since + FLUSH_AGE - now
+            if flush <= 0:
+                self._flush_locked()
+                return
+            delay = min(delay, flush)
+        if self.capture is not None:
+            since = self.capture.since
+            due = OUTPUT_AGE if since is None else since + OUTPUT_AGE - now
+            if due <= 0:
+                self.beat()
+                return
+            delay = min(delay, due)
+        self._cond.wait(delay)
+
+    def push_output(self) -> None:
+        """Push what tasks wrote through their streams' buffers into the capture. Never
+        with the outbox's lock held: a printing thread holds its stream's lock and may
+        want the outbox's (to send when much is held)."""
+        if self.capture is not None:
+            self.capture.flush_streams()
 
 
 class _Functions:
@@ -414,11 +479,15 @@ class _Functions:
 
 
 def _die(code: int, why: str) -> NoReturn:
-    if code:
-        print(f"fiberexec worker: {why}", file=sys.stderr, flush=True)
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
+    if code:  # the worker's own stderr (the backend keeps it), captured or not
+        print(f"fiberexec worker: {why}", file=sys.__stderr__, flush=True)
+    if not _captured:  # a captured stream's lock may be held by a thread waiting on ours
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
     os._exit(code)
+
+
+_captured = False  # sys.stdout and sys.stderr feed a Capture
 
 
 def _guard(loop: Callable[[], None]) -> Callable[[], None]:
@@ -468,6 +537,7 @@ def run() -> None:
         _die(EXIT_AUTH_FAILED, f"handshake failed: {exc}")
         return
     worker.outbox.beat()  # the executor knows its resource use before anything else
+    worker.redirect_output(setup.output)
     timer = partial(worker.outbox.run_timer, worker.heartbeat)
     threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
     worker.run_initializer(setup)

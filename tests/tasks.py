@@ -185,3 +185,13 @@ def hold_until(started: Any, release: Any) -> Any:
 def hold_init(started: Any, release: Any) -> None:
     """An initializer that waits (as `hold_until`) until the test lets it finish."""
     hold_until(started, release)
+
+
+def chatter(lines: int, value: Any = None) -> Any:
+    """Print ``lines`` numbered lines to stdout and one to stderr; return ``value``."""
+    import sys
+
+    for i in range(lines):
+        print(f"line {i}")
+    print("to stderr", file=sys.stderr)
+    return value

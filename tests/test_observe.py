@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,6 +152,37 @@ def test_dump_stack_of_an_unknown_worker_names_the_connected_ones(
                                           f"{worker.worker_id}"):
         ex.dump_stack("w99")
     assert "Thread" in ex.dump_stack(worker.worker_id)  # an idle worker answers too
+
+
+def test_dump_stack_of_a_stopped_worker_times_out_and_says_why(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    ex.submit(tasks.square, 1).result(timeout=30)
+    worker = only(ex)
+    pid = int(worker.reference)
+    os.kill(pid, signal.SIGSTOP)  # stopped before it can read what is sent next
+    try:
+        with pytest.raises(TimeoutError, match=f"worker {worker.worker_id} did not send its "
+                                               f"stack within timeout=0.5s"):
+            ex.dump_stack(worker.worker_id, timeout=0.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert "fiberexec-outbox" in ex.dump_stack(worker.worker_id, timeout=30)
+
+
+def test_joblib_shows_the_workers_of_its_executors() -> None:
+    pytest.importorskip("joblib")
+    from joblib import Parallel, delayed, parallel_config
+
+    import fiberexec.joblib
+
+    try:
+        with parallel_config(backend="fiber", n_jobs=2):
+            assert Parallel()(delayed(tasks.square)(i) for i in range(4)) == [0, 1, 4, 9]
+        infos = fiberexec.joblib.workers()
+        assert infos and sum(w.tasks_done for w in infos) >= 1
+    finally:
+        fiberexec.joblib.shutdown_executors()
 
 
 def test_the_info_values_are_frozen_and_exported() -> None:

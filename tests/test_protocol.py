@@ -24,7 +24,7 @@ messages = st.one_of(
     st.builds(p.Challenge, nonces, proofs, texts),
     st.builds(p.Auth, proofs, st.binary(max_size=40)),
     st.builds(p.Setup, st.floats(0.01, 100), st.floats(0.01, 1000), st.integers(0, 2**32 - 1),
-              st.none() | payloads),
+              st.none() | payloads, st.sampled_from(p.OutputMode)),
     payloads.flatmap(
         lambda fn: st.builds(
             p.Tasks,
@@ -38,7 +38,8 @@ messages = st.one_of(
                            st.floats(0, 10)), max_size=4),
     ),
     st.just(p.Heartbeat()),
-    st.builds(p.Heartbeat, st.floats(0, 6400), st.integers(0, 2**64 - 1)),
+    st.builds(p.Heartbeat, st.floats(0, 6400), st.integers(0, 2**64 - 1), st.binary(max_size=40),
+              st.binary(max_size=40)),
     st.builds(p.DumpStack, st.integers(0, 2**64 - 1)),
     st.builds(p.Stack, st.integers(0, 2**64 - 1), st.text(max_size=200)),
     st.builds(p.Bye, texts),

@@ -138,6 +138,9 @@ class Recorder:
     def progress(self) -> None:
         pass
 
+    def output(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        self.calls.append(("output", worker_id, host, stdout, stderr))
+
     def named(self, kind: str) -> list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == kind]
 
@@ -581,3 +584,16 @@ def test_a_task_is_described_only_when_it_fails(bench: Any) -> None:
     b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
     b.step()
     assert item.future.done() and _CountsReprs.reprs == 0
+
+
+def test_a_heartbeat_brings_usage_and_hands_output_to_the_lifecycle(bench: Any) -> None:
+    b = bench()
+    b.connect("w0")
+    b.links["w0"].deliver(p.Heartbeat(12.5, 1 << 20, b"out\n", b"err\n"), b.pipes["w0"])
+    b.step()
+    conn = b.shard.conns["w0"]
+    assert (conn.cpu_percent, conn.rss_bytes) == (12.5, 1 << 20)
+    assert b.life.named("output") == [("output", "w0", conn.host, b"out\n", b"err\n")]
+    b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])  # nothing printed: nothing handed on
+    b.step()
+    assert len(b.life.named("output")) == 1

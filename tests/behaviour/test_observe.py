@@ -46,3 +46,16 @@ def test_spans_and_failures_come_back_from_any_backend(make_executor: ExecutorFa
     assert "raise_value_error" in failure.traceback
     (worker,) = ex.workers()
     assert (worker.tasks_done, worker.tasks_failed, failure.worker_id) == (1, 1, worker.worker_id)
+
+
+def test_task_output_reaches_this_process_prefixed_by_worker_and_host(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+    ex = make_executor(1, output="forward")
+    assert ex.submit(tasks.chatter, 50, 1).result(timeout=120) == 1
+    (worker,) = ex.workers()
+    ex.shutdown()
+    out, err = capfd.readouterr()
+    prefix = f"[{worker.worker_id} {worker.host}] "
+    assert [line for line in out.splitlines() if line.startswith(prefix)] == [
+        f"{prefix}line {i}" for i in range(50)]
+    assert f"{prefix}to stderr" in err.splitlines()

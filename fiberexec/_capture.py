@@ -1,0 +1,122 @@
+"""A worker's task output, held line by line until it travels to the executor.
+
+    task thread: print() -> sys.stdout (TextIOWrapper, 64 KiB buffer) -> _Stream.write
+                 -> Capture.write: complete lines held; the first wakes the outbox
+    outbox: flushes the streams before each result and at least every OUTPUT_AGE, then
+            Capture.take() -> Heartbeat(stdout, stderr), before any result that follows;
+            past SEND_AT bytes the writing thread sends them itself (so a task printing
+            fast waits on the link, and nothing is dropped)
+
+The buffer makes a print cost what it costs into a file (a line-buffered capture cost 5
+times more); stderr stays line-buffered, as Python's own is.
+
+Only what goes through ``sys.stdout`` and ``sys.stderr`` is captured (print, logging,
+warnings, progress bars); a file descriptor written directly (native code, a subprocess)
+still reaches the worker's own output, which the backend keeps (`Backend.logs`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+STDOUT, STDERR = 1, 2
+SEND_AT = 256 << 10  # bytes held before the writing thread sends them itself
+LONG_LINE = 64 << 10  # a line without its end yet, longer than this, goes in pieces
+BUFFER = 64 << 10  # bytes a task's stdout holds before they reach the capture
+
+
+class Capture:
+    """Complete lines written to each stream, held until `take`."""
+
+    def __init__(self, send: Callable[[], None], wake: Callable[[], None]) -> None:
+        self._send = send  # sends what is held (called without the lock held)
+        self._wake = wake  # the first line is held: the outbox should send it soon
+        self._lock = threading.Lock()
+        self._held: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
+        self._partial = {STDOUT: b"", STDERR: b""}
+        self.size = 0  # bytes held in complete lines
+        self.since: float | None = None  # when the oldest held line came
+        self.streams: tuple[io.TextIOBase, ...] = ()  # the sys.stdout and sys.stderr it feeds
+
+    def flush_streams(self) -> None:
+        """Push what the task wrote through the streams' buffers into this capture."""
+        for stream in self.streams:
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed by the task: nothing more comes from it
+                pass
+
+    def write(self, stream: int, data: bytes) -> None:
+        with self._lock:
+            data = self._partial[stream] + data
+            cut = data.rfind(b"\n") + 1
+            if len(data) - cut > LONG_LINE:  # goes as a line of its own
+                data, cut = data + b"\n", len(data) + 1
+            if cut:
+                self._held[stream].append(data[:cut])
+                self.size += cut
+            self._partial[stream] = data[cut:]
+            first = self.since is None and self.size > 0
+            if first:
+                self.since = time.monotonic()
+            full = self.size >= SEND_AT
+        if full:
+            self._send()
+        elif first:
+            self._wake()
+
+    def take(self, *, everything: bool = False) -> tuple[bytes, bytes]:
+        """What is held, as (stdout, stderr) bytes of whole lines; ``everything`` adds
+        the lines not ended yet (the worker is leaving)."""
+        with self._lock:
+            if everything:
+                for stream, partial in self._partial.items():
+                    if partial:
+                        self._held[stream].append(partial + b"\n")
+                        self._partial[stream] = b""
+            out, err = (b"".join(self._held[STDOUT]), b"".join(self._held[STDERR]))
+            self._held[STDOUT].clear()
+            self._held[STDERR].clear()
+            self.size, self.since = 0, None
+        return out, err
+
+
+class _Stream(io.RawIOBase):
+    """The binary end of a captured ``sys.stdout`` or ``sys.stderr``."""
+
+    def __init__(self, capture: Capture, stream: int) -> None:
+        super().__init__()
+        self._capture, self._stream = capture, stream
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        self._capture.write(self._stream, bytes(data))
+        return len(data)
+
+    def fileno(self) -> int:  # the worker's own descriptor: what uses it is not captured
+        return self._stream
+
+
+def install(capture: Capture | None) -> None:
+    """Point ``sys.stdout`` and ``sys.stderr`` at ``capture``, or at nothing (None)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if capture is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # for the process's lifetime
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+        return
+    out, err = (
+        io.TextIOWrapper(io.BufferedWriter(_Stream(capture, stream), BUFFER),  # type: ignore[type-var]
+                         encoding="utf-8",
+                         errors="backslashreplace", line_buffering=stream == STDERR)
+        for stream in (STDOUT, STDERR)
+    )
+    capture.streams = (out, err)
+    sys.stdout, sys.stderr = out, err

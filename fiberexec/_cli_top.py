@@ -1,0 +1,176 @@
+"""``fiberexec top``: a live view of an executor's workers, their tasks, and its failures.
+
+It attaches to an executor of this user on this machine made with ``observe=True``, through
+`fiberexec.observe`, and redraws in place with ANSI escapes every ``--interval`` seconds
+(``--once``: one snapshot, no escapes). A task running more than `STRAGGLER` times its
+function's median run time is a straggler: marked ``!`` and shown in red.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from fiberexec.observe import ExecutorEntry, list_executors, snapshot
+
+STRAGGLER = 3.0  # times the function's median run time
+EXIT_NONE, EXIT_USAGE = 1, 2
+NONE_RUNNING = ("no executor with observe=True is running for this user on this machine; "
+                "make one with FiberExecutor(observe=True) or FIBEREXEC_OBSERVE=1")
+_RED, _DIM, _BOLD, _RESET = "\x1b[1;31m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
+_CLEAR = "\x1b[H\x1b[2J"
+_ORDER = {"running": 0, "starting": 1, "idle": 2, "retired": 3, "lost": 4}
+
+
+def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.stdout) -> int:
+    entries = list_executors()
+    entry = _choose(entries, executor)
+    if entry is None:
+        return EXIT_NONE if not entries else EXIT_USAGE
+    if once:
+        out.write(render(snapshot(entry), color=False))
+        return 0
+    stop = threading.Event()
+    try:
+        while True:
+            try:
+                view = snapshot(entry)
+            except ConnectionError:
+                out.write(f"executor {entry.executor_id} (pid {entry.pid}) has ended\n")
+                return 0
+            size = shutil.get_terminal_size((120, 40))
+            out.write(_CLEAR + render(view, width=size.columns, height=size.lines,
+                                      color=out.isatty()))
+            out.flush()
+            stop.wait(interval)  # the refresh period: nothing to wait for but the clock
+    except KeyboardInterrupt:
+        out.write("\n")
+        return 0
+
+
+def _choose(entries: Sequence[ExecutorEntry], wanted: str | None) -> ExecutorEntry | None:
+    if not entries:
+        print(f"fiberexec top: {NONE_RUNNING}", file=sys.stderr)
+        return None
+    if wanted is not None:
+        found = [e for e in entries if wanted in (e.executor_id, str(e.pid))]
+        if found:
+            return found[0]
+        print(f"fiberexec top: no executor {wanted!r} (an id or a pid) among:\n"
+              f"{listing(entries)}", file=sys.stderr)
+        return None
+    if len(entries) == 1:
+        return entries[0]
+    print(f"fiberexec top: {len(entries)} executors are running; pick one with "
+          f"--executor ID:\n{listing(entries)}", file=sys.stderr)
+    return None
+
+
+def listing(entries: Sequence[ExecutorEntry]) -> str:
+    now = time.time()
+    return "\n".join(f"  {e.executor_id}  pid {e.pid:<7} {e.backend:<10} "
+                     f"up {_duration(now - e.started):>7}  {e.program}" for e in entries)
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+def render(view: Mapping[str, Any], *, width: int = 120, height: int | None = None,
+           color: bool = False) -> str:
+    """One screen of ``view`` (a snapshot); ``height`` None: every worker."""
+    now = float(view["time"])
+    workers = sorted(view["workers"], key=lambda w: (_ORDER.get(w["state"], 9),
+                                                     -_running_for(w, now)))
+    lines = [*_header(view, workers), "", _row(("WORKER", "HOST", "STATE", "FOR", "DONE",
+                                                "FAIL", "CPU%", "RSS", "TASK"), width)]
+    failures = _failures(view["failures"], width)
+    room = None if height is None else max(1, height - len(lines) - len(failures) - 2)
+    shown = workers if room is None else workers[:room]
+    for worker in shown:
+        lines.append(_worker_line(worker, view["medians"], now, width, color))
+    if len(shown) < len(workers):
+        lines.append(f"  ... {len(workers) - len(shown)} more")
+    return "\n".join([*lines, *failures]) + "\n"
+
+
+def _header(view: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> list[str]:
+    stats = view["stats"]
+    states = {state: sum(w["state"] == state for w in workers) for state in _ORDER}
+    clock = time.strftime("%H:%M:%S", time.localtime(float(view["time"])))
+    return [
+        f"fiberexec top - executor {view['executor_id']} (pid {view['pid']}, "
+        f"{view['backend']}, max_workers={view['max_workers']})  {clock}",
+        "workers: " + ", ".join(f"{n} {state}" for state, n in states.items()),
+        f"tasks: {stats['tasks_pending']} pending, {stats['tasks_running']} running, "
+        f"{stats['tasks_done']} done, {stats['tasks_failed']} failed, "
+        f"{stats['tasks_retried']} retried; {view['throughput']:.1f} tasks/s (last 10 s)",
+    ]
+
+
+def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: float,
+                 width: int, color: bool) -> str:
+    task = worker["task"]
+    running = _running_for(worker, now)
+    what, late = "", False
+    if task is not None:
+        what = f"{task['function']}({task['arguments']})"
+        median = medians.get(task["function"])
+        late = median is not None and running > STRAGGLER * max(median, 1e-3)
+    cells = (worker["worker_id"], worker["host"], worker["state"],
+             (_duration(running) + (" !" if late else "")) if task else "",
+             str(worker["tasks_done"]), str(worker["tasks_failed"]),
+             "" if worker["cpu_percent"] is None else f"{worker['cpu_percent']:.0f}",
+             _bytes(worker["rss_bytes"]), what)
+    line = _row(cells, width)
+    if color and late:
+        return _RED + line + _RESET
+    if color and worker["state"] in ("lost", "retired"):
+        return _DIM + line + _RESET
+    return line
+
+
+def _failures(failures: Sequence[Mapping[str, Any]], width: int) -> list[str]:
+    if not failures:
+        return []
+    lines = ["", f"last failures ({len(failures)}):"]
+    for f in failures[-5:]:
+        where = f" on {f['worker_id']}" if f["worker_id"] else ""
+        lines.append(f"  task {f['task_id']}{where}: {f['function']}({f['arguments']}): "
+                     f"{f['error']}"[:width])
+    return lines
+
+
+_WIDTHS = (8, 14, 8, 9, 6, 5, 5, 7)  # every column but the last, TASK, which takes the rest
+
+
+def _row(cells: Sequence[str], width: int) -> str:
+    head = " ".join(c[:w].ljust(w) for c, w in zip(cells, _WIDTHS, strict=False))
+    return f"{head} {cells[-1]}"[:width].rstrip()
+
+
+def _running_for(worker: Mapping[str, Any], now: float) -> float:
+    task = worker["task"]
+    return max(0.0, now - float(task["started"])) if task else 0.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+
+
+def _bytes(n: int | None) -> str:
+    if not n:
+        return ""
+    value = float(n)
+    for unit in "BKMGT":
+        if value < 1024 or unit == "T":
+            return f"{value:.1f}{unit}" if value < 10 and unit != "B" else f"{value:.0f}{unit}"
+        value /= 1024
+    return ""  # not reached: "T" takes everything left

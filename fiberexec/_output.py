@@ -1,0 +1,123 @@
+"""Where the tasks' forwarded output goes in the executor's process: one writer thread.
+
+    shard thread: Heartbeat(stdout, stderr) -> OutputSink.put   (appends; never blocks)
+    writer thread: each line prefixed ``[w12 host] `` -> sys.stdout / sys.stderr (looked
+                   up at each write, so redirections apply), or ``<dir>/w12.out`` / ``.err``
+
+A terminal or pipe that does not keep up holds up only the writer thread. What it has not
+written is bounded by `HELD_MAX`; past that, output is dropped and the drop is said in the
+output itself, once per stretch, so nothing disappears silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections import deque
+from typing import IO, BinaryIO
+
+HELD_MAX = 64 << 20  # bytes of output waiting for the writer thread
+CLOSE_WAIT = 5.0  # seconds shutdown waits for the writer to finish writing
+
+
+class OutputSink:
+    """Writes workers' output lines; ``directory`` None: to this process's stdout/stderr."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, str, bytes, bytes]] = deque()
+        self._held = 0
+        self._dropped = 0  # bytes dropped since the writer last caught up
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._files: dict[str, BinaryIO] = {}
+
+    def put(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        size = len(stdout) + len(stderr)
+        with self._cond:
+            if self._closed:
+                return
+            if self._held + size > HELD_MAX:
+                self._dropped += size
+                return
+            self._held += size
+            self._queue.append((worker_id, host, stdout, stderr))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fiberexec-output",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Write what is queued (waiting at most `CLOSE_WAIT`), then close the files."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(CLOSE_WAIT)
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+                self._held = 0
+                dropped, self._dropped = self._dropped, 0
+            if dropped:
+                self._note(f"[fiberexec] {dropped} bytes of worker output dropped: this "
+                           f"process's output did not keep up\n".encode())
+            for worker_id, host, stdout, stderr in batch:
+                with contextlib.suppress(Exception):  # a closed stream must not end the thread
+                    self._write(worker_id, host, stdout, stderr)
+
+    def _write(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
+        if self.directory is not None:
+            for suffix, data in ((".out", stdout), (".err", stderr)):
+                if data:
+                    f = self._file(worker_id + suffix)
+                    f.write(data)
+                    f.flush()
+            return
+        prefix = f"[{worker_id} {host}] ".encode()
+        for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
+            if data:
+                _write_to(stream, prefix + data[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def _note(self, text: bytes) -> None:
+        with contextlib.suppress(Exception):
+            if self.directory is not None:
+                self._file("fiberexec.err").write(text)
+            else:
+                _write_to(sys.stderr, text)
+
+    def _file(self, name: str) -> BinaryIO:
+        f = self._files.get(name)
+        if f is None:
+            assert self.directory is not None
+            os.makedirs(self.directory, exist_ok=True)
+            f = self._files[name] = open(os.path.join(self.directory, name), "ab")  # noqa: SIM115
+        return f
+
+
+def _write_to(stream: IO[str] | None, data: bytes) -> None:
+    if stream is None:
+        return
+    stream.flush()  # what this process wrote to it comes first
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        buffer.write(data)
+        buffer.flush()
+    else:
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()

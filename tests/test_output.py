@@ -1,0 +1,72 @@
+"""Task output forwarding with real local workers: prefixes, order, files, off, validation."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from fiberexec import ConfigurationError, FiberExecutor
+from fiberexec._capture import Capture
+from tests import tasks
+from tests.conftest import ExecutorFactory
+
+
+def test_forwarded_lines_carry_worker_and_host_and_keep_their_order(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+    ex = make_executor(1, output="forward")
+    assert ex.submit(tasks.chatter, 2000, "done").result(timeout=60) == "done"
+    (worker,) = ex.workers()
+    ex.shutdown()  # the writer thread has written everything once this returns
+    out, err = capfd.readouterr()
+    prefix = f"[{worker.worker_id} {socket.gethostname()}] "
+    mine = [line for line in out.splitlines() if line.startswith(prefix)]
+    assert mine == [f"{prefix}line {i}" for i in range(2000)]
+    assert f"{prefix}to stderr" in err.splitlines()
+
+
+def test_local_workers_inherit_output_by_default(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+    ex = make_executor(1)
+    ex.submit(tasks.chatter, 1).result(timeout=60)
+    ex.shutdown()
+    out, _ = capfd.readouterr()
+    assert "line 0" in out.splitlines()  # as the worker wrote it, no prefix
+
+
+def test_output_off_discards_and_a_directory_gets_a_file_per_worker_and_stream(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    off = make_executor(1, output="off")
+    off.submit(tasks.chatter, 3).result(timeout=60)
+    off.shutdown()
+    assert "line" not in "".join(capfd.readouterr())
+    into = tmp_path / "out"
+    ex = make_executor(1, output=str(into) + "/")
+    ex.submit(tasks.chatter, 3).result(timeout=60)
+    (worker,) = ex.workers()
+    ex.shutdown()
+    assert (into / f"{worker.worker_id}.out").read_text() == "line 0\nline 1\nline 2\n"
+    assert (into / f"{worker.worker_id}.err").read_text() == "to stderr\n"
+
+
+def test_a_bad_output_setting_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="output must be one of 'forward'.*got 'froward'"):
+        FiberExecutor(1, output="froward")
+    monkeypatch.setenv("FIBEREXEC_OUTPUT", "off")
+    assert FiberExecutor(1)._config.output == "off"
+
+
+def test_capture_holds_whole_lines_and_sends_when_full() -> None:
+    sent: list[int] = []
+    woken: list[int] = []
+    capture = Capture(send=lambda: sent.append(1), wake=lambda: woken.append(1))
+    capture.write(1, b"par")
+    assert capture.size == 0 and not woken
+    capture.write(1, b"tial\nnext")
+    capture.write(2, b"e\n")
+    assert len(woken) == 1 and capture.take() == (b"partial\n", b"e\n")
+    assert capture.take(everything=True) == (b"next\n", b"")
+    capture.write(1, b"x" * (300 << 10) + b"\n")
+    assert sent == [1]

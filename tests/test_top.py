@@ -1,0 +1,107 @@
+"""``fiberexec top`` against real executors with ``observe=True``, and its endpoint's file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fiberexec import _cli_top
+from fiberexec.observe import list_executors, snapshot
+from tests import tasks
+from tests.conftest import ExecutorFactory
+from tests.test_observe import held
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime directory of this test's own: other executors on the machine stay out."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return tmp_path / "fiberexec"
+
+
+def top(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fiberexec", "top", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_top_once_shows_the_workers_and_the_running_task(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    ex = make_executor(1, observe=True)
+    with held() as (args, started, release):
+        future = ex.submit(tasks.hold_until, *args)
+        assert started.poll(30), "the task did not start"
+        (record,) = runtime.glob("*.json")
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+        assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+        shown = top("--once")
+        assert shown.returncode == 0, shown.stderr
+        (worker,) = ex.workers()
+        line = next(x for x in shown.stdout.splitlines() if x.startswith(worker.worker_id))
+        assert "running" in line and "tests.tasks.hold_until(" in line
+        assert f"executor {ex._pool.executor_id}" in shown.stdout  # type: ignore[union-attr]
+        release.send(None)
+        future.result(timeout=30)
+    ex.shutdown()
+    assert not record.exists()
+    gone = top("--once")
+    assert gone.returncode == 1 and "no executor with observe=True" in gone.stderr
+
+
+def test_several_executors_are_listed_and_one_is_picked_by_id(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    first, second = make_executor(1, observe=True), make_executor(1, observe=True)
+    for ex in (first, second):
+        ex.submit(tasks.square, 2).result(timeout=60)
+    ids = [ex._pool.executor_id for ex in (first, second)]  # type: ignore[union-attr]
+    both = top("--once")
+    assert both.returncode == 2 and all(i in both.stderr for i in ids), both.stderr
+    picked = top("--once", "--executor", ids[1])
+    assert picked.returncode == 0 and f"executor {ids[1]}" in picked.stdout
+    unknown = top("--once", "--executor", "nope")
+    assert unknown.returncode == 2 and "no executor 'nope'" in unknown.stderr
+
+
+def test_stale_files_are_ignored_and_a_wrong_token_is_refused(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    ex = make_executor(1, observe=True)
+    ex.submit(tasks.square, 2).result(timeout=60)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    stale = runtime / f"{dead.stdout.strip()}-deadbeef.json"
+    stale.write_text(json.dumps({"executor_id": "deadbeef", "pid": int(dead.stdout),
+                                 "host": "127.0.0.1", "port": 1, "token": "x", "started": 0}))
+    (entry,) = list_executors()
+    assert entry.pid == os.getpid() and not stale.exists()
+    assert [w["state"] for w in snapshot(entry)["workers"]] == ["idle"]
+    with pytest.raises(ConnectionError, match="refused: wrong token"):
+        snapshot(dataclasses.replace(entry, token="0" * 32))
+
+
+def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
+    def worker(wid: str, started: float) -> dict[str, object]:
+        return {"worker_id": wid, "host": "h", "state": "running", "tasks_done": 1,
+                "tasks_failed": 0, "cpu_percent": 99.0, "rss_bytes": 1 << 30,
+                "task": {"task_id": 1, "function": "m.f", "arguments": "1",
+                         "started": started}}
+
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 2, "throughput": 2.0, "medians": {"m.f": 1.0},
+            "stats": {"tasks_pending": 0, "tasks_running": 2, "tasks_done": 9,
+                      "tasks_failed": 1, "tasks_retried": 0},
+            "workers": [worker("w0", 99.0), worker("w1", 95.0)],
+            "failures": [{"task_id": 3, "worker_id": "w0", "function": "m.f",
+                          "arguments": "0", "error": "ValueError: no"}]}
+    lines = _cli_top.render(view, color=True).splitlines()
+    slow = next(x for x in lines if "w1" in x)
+    fast = next(x for x in lines if "w0" in x and "m.f(1)" in x)
+    assert "5.0s !" in slow and slow.startswith("\x1b[1;31m")
+    assert "!" not in fast and "\x1b" not in fast
+    assert lines.index(slow) < lines.index(fast)  # the longest running first
+    assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
