@@ -17,8 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from fiberexec._dashboard.source import Source
-from fiberexec._observe import STATES, TaskSpan
+from fiberexec._observe import TaskSpan
 
+# A worker's states, as `WorkerInfo.state` has them: each is exported, at 0 when none is in it.
+STATES = ("starting", "idle", "running", "lost", "retired")
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
            30.0, 60.0, 300.0, math.inf)
 OVERLAP = 2.0  # seconds: how late after its end a span may still be recorded
