@@ -63,6 +63,7 @@ class ExecutorConfig:
     arg_cache: int = 256 << 20  # bytes of large arguments each worker keeps; 0: none
     output: str | None = None  # "forward", "inherit", "off", a directory; None: by backend
     observe: bool = False  # serve snapshots to `fiberexec top` on a loopback endpoint
+    dashboard: str | None = None  # "host:port" (port 0: any free one) the dashboard serves on
     #: setting -> where its value came from ("argument", "default", an env var, a file)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_file: str | None = field(default=None, compare=False)
@@ -183,6 +184,29 @@ def _flag(value: object) -> bool:
 
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True,
           "0": False, "false": False, "no": False, "off": False}
+
+
+DASHBOARD_LOOPBACK = "127.0.0.1:0"
+
+
+def _dashboard(value: object) -> str | None:
+    """On (loopback, any free port), off, or ``host:port``; kept as ``host:port``."""
+    rule = ("on, off, or host:port such as 127.0.0.1:8265 or [::1]:8265 (port 0: any free "
+            "port)")
+    if isinstance(value, bool):
+        return DASHBOARD_LOOPBACK if value else None
+    if not isinstance(value, str):
+        raise _Invalid(rule)
+    text = value.strip()
+    if text.lower() in ("", "none"):
+        return None
+    if text.lower() in _FLAGS:
+        return DASHBOARD_LOOPBACK if _FLAGS[text.lower()] else None
+    host, sep, port = text.rpartition(":")
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.strip().isdigit() or int(port) > 65535:
+        raise _Invalid(rule)
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 def _text(value: object) -> str:
@@ -335,6 +359,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("observe", _flag, False,
             "serve snapshots of the workers to ``fiberexec top`` on a loopback endpoint, "
             "guarded by a token in a file only this user can read (default: false)."),
+    Setting("dashboard", _dashboard, None,
+            "serve a web dashboard and Prometheus ``/metrics`` from this process: ``True`` "
+            "or ``\"on\"`` for loopback on a free port, ``\"host:port\"`` to choose "
+            "(needs ``fiberexec[dashboard]``; see `dashboard_url`).", none_means="off"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

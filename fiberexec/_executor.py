@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
@@ -26,6 +26,9 @@ from fiberexec._retry import RetryPolicy
 from fiberexec._stats import Stats
 from fiberexec._task import WorkItem
 from fiberexec._tls import TLSOptions
+
+if TYPE_CHECKING:
+    from fiberexec._dashboard import Dashboard, Source
 
 T = TypeVar("T")
 _live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
@@ -96,6 +99,7 @@ class FiberExecutor(Executor):
         arg_cache: int | str | None = None,
         output: str | os.PathLike[str] | None = None,
         observe: bool | None = None,
+        dashboard: bool | str | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
         if backend is not None and instance is None and not isinstance(backend, str):
@@ -110,6 +114,11 @@ class FiberExecutor(Executor):
         self._backend = instance
         self._progress = progress
         self._pool: TaskPool | None = None
+        self._dashboard: Dashboard | None = None
+        if self._config.dashboard is not None:
+            from fiberexec._dashboard import check_installed
+
+            check_installed()
         self._lock = threading.Lock()
         self._shutdown = False
         self._ids = itertools.count()
@@ -130,14 +139,23 @@ class FiberExecutor(Executor):
 
     def _get_pool(self) -> TaskPool:
         if self._pool is None:
-            owns = self._backend is None
-            backend = self._backend or load_backend(
-                self._config.backend, **self._config.backend_options
-            )
-            self._pool = TaskPool(self._config, backend, owns_backend=owns,
-                                  progress=self._progress)
-            _live_pools.add(self._pool)
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=False)
+            dashboard = self._start_dashboard()  # first: if it cannot listen, nothing is built
+            try:
+                owns = self._backend is None
+                backend = self._backend or load_backend(
+                    self._config.backend, **self._config.backend_options
+                )
+                pool = TaskPool(self._config, backend, owns_backend=owns,
+                                progress=self._progress)
+            except BaseException:
+                if dashboard is not None:
+                    dashboard.stop()
+                raise
+            if dashboard is not None:
+                pool.on_close(dashboard.stop)
+            self._pool = pool
+            _live_pools.add(pool)
+            weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=False)
         return self._pool
 
     def _workers_share_host(self) -> bool:
@@ -152,6 +170,35 @@ class FiberExecutor(Executor):
             if self._shutdown:
                 raise RuntimeError("cannot start workers after shutdown")
             self._get_pool().start()
+
+    def _start_dashboard(self) -> Dashboard | None:
+        if self._config.dashboard is None:
+            return None
+        from fiberexec._dashboard import start
+
+        source: Source = self  # mypy checks here that the executor is what the page reads
+        # The server holds the executor weakly: an executor dropped is still collected.
+        self._dashboard = start(self._config.dashboard, weakref.proxy(source),
+                                self._config.tls)
+        return self._dashboard
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's address with its token, or None when ``dashboard`` is off.
+
+        The dashboard starts with the executor's workers (the first ``submit``), or here,
+        if this is asked first; it stops when the executor shuts down.
+
+        Example:
+            >>> ex = FiberExecutor(4, dashboard=True)  # doctest: +SKIP
+            >>> ex.dashboard_url  # doctest: +SKIP
+            'http://127.0.0.1:40123/?token=...'
+        """
+        with self._lock:
+            if self._config.dashboard is None or self._shutdown:
+                return None  # off, or stopped (or stopping) with the executor
+            self._get_pool()
+            return None if self._dashboard is None else self._dashboard.url
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""

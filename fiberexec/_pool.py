@@ -95,6 +95,7 @@ class TaskPool:
         self._t0 = 0.0
         self._last_progress = 0.0
         self.control: ControlServer | None = None  # with observe=True, once started
+        self._on_close: list[Callable[[], None]] = []
 
     @property
     def executor_id(self) -> str:
@@ -166,6 +167,10 @@ class TaskPool:
         self.shutdown(wait=False, cancel_futures=True)
         self.break_executor(message, None, level=logging.INFO)
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once everything is stopped (from the shutdown thread)."""
+        self._on_close.append(callback)
+
     def shutdown(self, *, wait: bool, cancel_futures: bool) -> None:
         with self._lock:
             already = self._closing
@@ -196,7 +201,11 @@ class TaskPool:
             self.supervisor.join(timeout=1.0 if self.supervisor.broken else 30.0)
             _shm.remove_all(self.executor_id)
         finally:
-            self._closed.set()
+            try:
+                for callback in self._on_close:
+                    callback()
+            finally:
+                self._closed.set()
 
     # ------------------------------------------------------------ stats
 

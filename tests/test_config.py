@@ -323,3 +323,34 @@ def test_the_readme_table_lists_every_setting_with_its_variable() -> None:
         assert any(f"`{s.key}`" in row.split("|")[1] and f"`{s.env}`" in row for row in rows), (
             f"README's configuration table has no row for {s.key} ({s.env})"
         )
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (True, "127.0.0.1:0"), ("on", "127.0.0.1:0"), (" ON ", "127.0.0.1:0"), ("1", "127.0.0.1:0"),
+    (False, None), ("off", None), ("", None), ("none", None),
+    ("0.0.0.0:8265", "0.0.0.0:8265"), ("localhost:0", "localhost:0"),
+    ("[::1]:8265", "[::1]:8265"),
+])
+def test_dashboard_is_on_off_or_an_address(tmp_path: Path, given: Any, expected: str) -> None:
+    env = {"FIBEREXEC_DASHBOARD": given} if isinstance(given, str) else None
+    config = _resolve(tmp_path, env) if env else _resolve(tmp_path, dashboard=given)
+    assert config.dashboard == expected
+
+
+def test_dashboard_defaults_to_off_and_an_argument_beats_the_environment(
+    tmp_path: Path,
+) -> None:
+    assert _resolve(tmp_path).dashboard is None
+    assert _resolve(tmp_path, {"FIBEREXEC_DASHBOARD": "on"}, dashboard=False).dashboard is None
+    (tmp_path / ".fiberexec.toml").write_text("dashboard = '127.0.0.1:8265'\n")
+    assert _resolve(tmp_path).dashboard == "127.0.0.1:8265"
+
+
+@pytest.mark.parametrize("bad", ["8265", "host:", ":8265", "host:http", "host:70000", "maybe"])
+def test_a_bad_dashboard_value_names_what_is_allowed(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ConfigurationError, match=(
+            rf"dashboard must be on, off, or host:port such as 127.0.0.1:8265 .*got '{bad}' "
+            r"\(from environment variable FIBEREXEC_DASHBOARD\)")):
+        _resolve(tmp_path, {"FIBEREXEC_DASHBOARD": bad})
+    with pytest.raises(ConfigurationError, match=r"got 8265 \(from the dashboard= argument\)"):
+        _resolve(tmp_path, dashboard=8265)
