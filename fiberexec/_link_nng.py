@@ -9,6 +9,7 @@ cannot carry tasks). On the executor's side a `fiberexec._link.Endpoint` watches
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import pynng
 from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
 
 SEND_QUEUE = 1024  # messages; credit keeps far fewer in flight, so a full queue means a hung peer
+_LISTENING = threading.Lock()  # one listener made at a time in this process
 PipeCallback = Callable[[Any], None]
 
 
@@ -50,20 +52,20 @@ class Channel:
         Raises:
             ConfigurationError: every port of ``ports`` is taken.
         """
-        sock = pynng.Pair1(
-            recv_max_size=max_message, send_buffer_size=SEND_QUEUE, recv_buffer_size=SEND_QUEUE
-        )
-        if tls is not None:
-            sock.tls_config = tls
-        sock.add_post_pipe_connect_cb(on_connect)
-        sock.add_post_pipe_remove_cb(on_remove)
-        bracketed = f"[{host}]" if ":" in host else host
-        scheme = "tls+tcp" if tls is not None else "tcp"
-        try:
-            port = _listen(sock, f"{scheme}://{bracketed}", ports, first)
-        except BaseException:
-            sock.close()
-            raise
+        with _LISTENING:  # pynng once crashed with two threads making listeners at once
+            sock = pynng.Pair1(recv_max_size=max_message, send_buffer_size=SEND_QUEUE,
+                               recv_buffer_size=SEND_QUEUE)
+            if tls is not None:
+                sock.tls_config = tls
+            sock.add_post_pipe_connect_cb(on_connect)
+            sock.add_post_pipe_remove_cb(on_remove)
+            bracketed = f"[{host}]" if ":" in host else host
+            scheme = "tls+tcp" if tls is not None else "tcp"
+            try:
+                port = _listen(sock, f"{scheme}://{bracketed}", ports, first)
+            except BaseException:
+                sock.close()
+                raise
         return cls(sock, f"{scheme}://{bracketed}:{port}")
 
     @classmethod
