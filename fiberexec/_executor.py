@@ -320,14 +320,15 @@ class FiberExecutor(Executor):
         pool = self._pool
         return [] if pool is None else pool.workers()
 
-    def task_spans(self, since: float = 0.0) -> list[TaskSpan]:
+    def task_spans(self, since: float = 0.0, limit: int | None = None) -> list[TaskSpan]:
         """Finished tasks (the last 10,000 per shard), oldest first, for a task-stream view.
 
         Args:
             since: a `time.time` value: only tasks that ended at or after it.
+            limit: at most this many, the newest (None: all).
         """
         pool = self._pool
-        return [] if pool is None else pool.task_spans(since)
+        return [] if pool is None else pool.task_spans(since, limit)
 
     def failures(self, limit: int = 20) -> list[FailureInfo]:
         """The last ``limit`` tasks that failed (raised, or lost their workers), oldest

@@ -221,15 +221,21 @@ def _state(conn: Conn, task: TaskInfo | None) -> str:
     return "lost" if conn.lost else "retired"
 
 
-def task_spans(shards: Iterable[Shard], since: float) -> list[TaskSpan]:
-    spans: list[TaskSpan] = []
+def task_spans(shards: Iterable[Shard], since: float,
+               limit: int | None = None) -> list[TaskSpan]:
+    # Records are built only for the spans returned: a page asks for the newest few
+    # thousand of up to 10,000 per shard, and a record costs more than its raw tuple.
+    raw: list[tuple[float, float, int, str, str, bool]] = []
     for shard in shards:
         offset = shard.wall_offset
-        spans.extend(_span(task_id, worker_id, function, start + offset, end + offset, ok)
-                     for task_id, worker_id, function, start, end, ok in list(shard.spans)
-                     if end + offset >= since)
-    spans.sort(key=lambda span: span.ended)
-    return spans
+        raw.extend((end + offset, start + offset, task_id, worker_id, function, ok)
+                   for task_id, worker_id, function, start, end, ok in list(shard.spans)
+                   if end + offset >= since)
+    raw.sort(key=lambda r: r[0])
+    if limit is not None:
+        raw = raw[max(0, len(raw) - max(0, limit)):]
+    return [_span(task_id, worker_id, function, start, end, ok)
+            for end, start, task_id, worker_id, function, ok in raw]
 
 
 def span_summary(shards: Iterable[Shard], window: float) -> tuple[dict[str, float], float]:

@@ -236,8 +236,8 @@ class TaskPool:
     def workers(self) -> list[_observe.WorkerInfo]:
         return _observe.worker_infos(self.shards, self.supervisor.known(), self.backend.name)
 
-    def task_spans(self, since: float) -> list[_observe.TaskSpan]:
-        return _observe.task_spans(self.shards, since)
+    def task_spans(self, since: float, limit: int | None = None) -> list[_observe.TaskSpan]:
+        return _observe.task_spans(self.shards, since, limit)
 
     def failures(self, limit: int) -> list[_observe.FailureInfo]:
         return _observe.failures(self.shards, limit)

@@ -201,3 +201,12 @@ def test_multiprocessing_pool_shows_its_workers() -> None:
         assert pool.apply(tasks.square, (3,)) == 9
         (worker,) = pool.workers()
         assert worker.state == "idle" and worker.tasks_done == 1
+
+
+def test_task_spans_limit_keeps_the_newest(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    assert list(ex.map(tasks.square, range(20))) == [i * i for i in range(20)]
+    spans = ex.task_spans()
+    assert len(spans) == 20
+    assert ex.task_spans(limit=5) == spans[-5:]
+    assert ex.task_spans(limit=0) == [] and ex.task_spans(limit=50) == spans

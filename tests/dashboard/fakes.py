@@ -26,10 +26,11 @@ class FakeSource:
     def workers(self) -> list[WorkerInfo]:
         return list(self.worker_list)
 
-    def task_spans(self, since: float = 0.0) -> list[TaskSpan]:
+    def task_spans(self, since: float = 0.0, limit: int | None = None) -> list[TaskSpan]:
         with self.lock:
             self.asked_since.append(since)
-        return [s for s in self.spans if s.ended > since]
+        found = [s for s in self.spans if s.ended > since]
+        return found if limit is None else found[max(0, len(found) - limit):]
 
     def failures(self, limit: int = 20) -> list[FailureInfo]:
         return self.failure_list[-limit:]  # oldest first, as the executor gives them

@@ -99,7 +99,7 @@ def test_a_huge_stream_is_cut_to_the_newest_spans(served: Served) -> None:
     now = time.time()
     served.source.spans = [span(i, "w0", "f", now - 1 + i * 1e-6) for i in range(MAX_SPANS + 7)]
     state = request(served.url("/api/state")).json()
-    assert len(state["spans"]) == MAX_SPANS and state["spans_left_out"] == 7
+    assert len(state["spans"]) == MAX_SPANS and state["spans_left_out"] is True
     assert state["spans"][-1][0] == MAX_SPANS + 6  # the newest kept
 
 

@@ -415,7 +415,7 @@
       const ms = performance.now() - t0;
       status.className = "";
       status.textContent = `updated ${new Date(s.now * 1000).toLocaleTimeString()} ` +
-        `in ${ms.toFixed(0)} ms` + (s.spans_left_out ? `, ${s.spans_left_out} spans not drawn` : "");
+        `in ${ms.toFixed(0)} ms` + (s.spans_left_out ? ", older spans not drawn" : "");
     } catch (err) {
       status.className = "error";
       status.textContent = `not connected: ${err.message || err}`;
