@@ -18,6 +18,17 @@ from tests import fiber_tasks as ft
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def _launcher_closed() -> Iterator[None]:
+    """Managers start as processes forked by the default backend's launcher, which lives
+    as long as that backend (as the stdlib's forkserver lives as long as the program):
+    close it after each test, as tests/mp does, so no test leaves it running."""
+    yield
+    import fiberexec.multiprocessing as mp
+
+    mp.set_default_backend(None)
+
+
 class EnvManager(fiber.managers.AsyncManager):
     pass
 
