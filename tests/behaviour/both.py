@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests import tasks
 from tests.conftest import ExecutorFactory
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -30,3 +31,12 @@ def make(request: pytest.FixtureRequest,
     yield stdlib
     for ex in made:
         ex.shutdown(cancel_futures=True)
+
+
+def sees_us(make_executor: ExecutorFactory) -> bool:
+    """Whether the backend's workers see this process (its pid namespace) and its
+    /dev/shm, where the stdlib's queues and locks are reached: else only
+    ``fiberexec.multiprocessing`` objects reach them."""
+    with make_executor(1) as probe:
+        there = probe.submit(tasks.host_view).result(timeout=60)
+    return bool(there == tasks.host_view())

@@ -15,24 +15,16 @@ from concurrent.futures import BrokenExecutor
 import pytest
 
 from tests import tasks
-from tests.behaviour.both import SPAWN, Make, make
+from tests.behaviour.both import SPAWN, Make, make, sees_us
 from tests.conftest import ExecutorFactory
 
 __all__ = ["make"]
-
-def _sees_us(make_executor: ExecutorFactory) -> bool:
-    """Whether the backend's workers see this process (its pid namespace) and its
-    /dev/shm, where the stdlib's locks are opened by name."""
-    with make_executor(1) as probe:
-        there = probe.submit(tasks.host_view).result(timeout=60)
-    return bool(there == tasks.host_view())
-
 
 def test_a_stdlib_queue_and_value_in_initargs_reach_the_workers(
         make: Make, make_executor: ExecutorFactory) -> None:
     queue, counter = SPAWN.Queue(), SPAWN.Value("i", 0)
     ex = make(1, initializer=tasks.remember_shared, initargs=(queue, counter))
-    if make is make_executor and not _sees_us(make_executor):
+    if make is make_executor and not sees_us(make_executor):
         with pytest.raises(BrokenExecutor) as broken:
             ex.submit(tasks.report_and_count, 0).result(timeout=60)
         assert "cannot see" in str(broken.value.__cause__)
@@ -59,7 +51,7 @@ def test_a_stdlib_connection_as_a_task_argument_is_the_same_pipe_there(
     reader, writer = multiprocessing.Pipe(duplex=False)
     ex = make(1)
     future = ex.submit(tasks.send_on, writer, ("hello", os.getpid()))
-    if make is make_executor and not _sees_us(make_executor):
+    if make is make_executor and not sees_us(make_executor):
         # handed over as the stdlib does (`multiprocessing.resource_sharer`, a Unix socket
         # in this host's temporary directory): a container may not reach it, and says so
         try:
