@@ -263,7 +263,7 @@ class Shard:
     # ------------------------------------------------------------ receiving
 
     def _receive(self, conn: Conn) -> None:
-        while (msg := conn.channel.try_recv()) is not None:
+        while not conn.channel.closed and (msg := conn.channel.try_recv()) is not None:
             conn.last_recv = self.clock()
             if conn.state in (State.READY, State.RETIRING) and msg.pipe.id == conn.pipe_id:
                 self._on_frame(conn, msg.bytes)
@@ -281,10 +281,12 @@ class Shard:
         elif isinstance(message, p.Initialized):
             conn.initializing = False
         elif isinstance(message, p.Bye):
-            self._stop_serving(conn, message.reason)
+            self._stop_serving(conn, conn.leaving or message.reason)
+            self._hang_up(conn)
         elif isinstance(message, p.InitFailed):
             conn.initializing = False
             self._on_init_failed(conn, message.error)
+            self._hang_up(conn)
         elif isinstance(message, p.Revoked):
             self._on_revoked(conn, message.task_ids)
         elif isinstance(message, p.Heartbeat):
@@ -401,7 +403,7 @@ class Shard:
             cause: BaseException = loads_exception(error)
         except SerializationError as exc:
             cause = exc
-        self._stop_serving(conn, None)
+        self._stop_serving(conn, "its initializer failed")
         self.lifecycle.break_executor(
             "A worker initializer failed, the executor is not usable anymore", cause
         )
@@ -756,6 +758,18 @@ class Shard:
         self.hungry.pop(conn.worker_id, None)
         self.idle.pop(conn.worker_id, None)
 
+    def _hang_up(self, conn: Conn) -> None:
+        """The worker said its last word (`Bye`, `InitFailed`): close its link, which tells it
+        that everything it sent has arrived (a process that exits with frames still queued in
+        its link may lose them), and wait for its exit status. Tasks it held and will not run
+        go back to the queue, uncharged."""
+        items = list(conn.inflight.values())
+        conn.inflight.clear()
+        self.queue.extendleft(reversed(items))
+        self._unregister(conn)
+        conn.state = State.DISCONNECTED
+        conn.deadline = self.clock() + STATUS_WAIT
+
     # ------------------------------------------------------------ losing workers
 
     def _lose(self, conn: Conn, why: str | None) -> None:
@@ -798,7 +812,10 @@ class Shard:
         failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
         orderly = conn.leaving is not None and conn.why is None
-        self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=not self.finished(),
+        # Once shut down, only queued work wants a new worker (a replacement would run the
+        # initializer, which a shutdown waits for: replacing for `min_workers` never ends).
+        replace = not self.shutting_down or bool(self.queue or self.incoming)
+        self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=replace,
                                    lost=not orderly)
         if orderly:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)

@@ -49,6 +49,7 @@ FLUSH_BYTES = 8 << 20
 FLUSH_AGE = 0.0008  # seconds a finished result may wait for others to share its message
 SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would only delay it
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
+LEAVE_TIMEOUT = 10.0  # seconds a leaving worker waits for the executor to hang up
 SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
 OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
 M = TypeVar("M")
@@ -86,6 +87,7 @@ class Worker:
         self.max_tasks = 0
         self.tasks: deque[tuple[p.Task, _Functions]] = deque()
         self.stopping = False
+        self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
         self.last_heard = time.monotonic()
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
         self._tasks_lock = threading.Lock()  # the main thread takes, a revoke gives back
@@ -171,7 +173,7 @@ class Worker:
             _settle_output()  # the executor breaks on InitFailed: what was logged goes first
             self.outbox.push_output()
             self.outbox.send(p.InitFailed(dumps_exception(exc)))
-            _die(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
+            self.leave(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
         self.outbox.push_output()
         self.outbox.send(p.Initialized())
 
@@ -251,7 +253,23 @@ class Worker:
     def _executor_gone(self, why: str) -> None:
         if self.config.executor_id:
             _shm.remove_all(self.config.executor_id)
+        if self._leaving is not None:  # the hang-up `leave` waits for
+            _die(*self._leaving)
         _die(0, f"{why}; exiting")
+
+    def leave(self, code: int, why: str) -> NoReturn:
+        """Exit once the executor has hung up: it does on this worker's last word (`Bye`,
+        `InitFailed`), so everything sent before has arrived (a link may drop frames still
+        queued when the process ends). Bounded by `LEAVE_TIMEOUT`."""
+        self._leaving = (code, why)
+        deadline = time.monotonic() + LEAVE_TIMEOUT
+        with self._recv_lock:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    self.link.recv(left)  # what still comes is for a worker that stays
+                except LinkClosed:
+                    break
+        _die(code, why)
 
     # ---------------------------------------------------------------- main thread
 
@@ -278,6 +296,7 @@ class Worker:
                 self._take_buffered()
             outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
         outbox.finish()
+        outbox.send(p.Bye("asked to leave"))
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
         start = time.perf_counter()
@@ -492,7 +511,14 @@ def _settle_output() -> None:
     """Do what a normal exit would do for the output this process has written, before
     saying it is ending: run the exit handlers (they flush logging's handlers and wait for
     multiprocessing queues' feeder threads, as a stdlib worker's exit does), then flush
-    stdio. Bounded: a handler blocked on a reader that is gone costs `SETTLE_TIMEOUT`."""
+    stdio. Bounded: a handler blocked on a reader that is gone costs `SETTLE_TIMEOUT`.
+
+    Not pynng's: it tears nng down, and with it a network link to the executor this worker
+    has yet to say why it ends on (the process ends with ``os._exit``, which needs no
+    teardown)."""
+    nng = sys.modules.get("pynng.nng")
+    with contextlib.suppress(AttributeError):
+        atexit.unregister(nng._pynng_atexit)  # type: ignore[union-attr]
     runner = threading.Thread(target=atexit._run_exitfuncs, name="fiberexec-settle",
                               daemon=True)
     runner.start()
@@ -566,7 +592,7 @@ def run() -> None:
     threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
     worker.run_initializer(setup)
     worker.serve()
-    _die(0, "done")
+    worker.leave(0, "done")
 
 
 if __name__ == "__main__":
