@@ -6,10 +6,12 @@ runs unchanged against each (see tests/support/README.md).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +38,30 @@ collect_ignore = [path for path, name in _ONLY_ON.items() if name != BACKEND]
 # where a missing browser fails them, so no env reports them as skipped.
 if not os.environ.get("FIBEREXEC_TEST_DASHBOARD"):
     collect_ignore.append("dashboard")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Bound every teardown by the suite's timeout: pytest-timeout stops timing a test whose
+    call failed (its issue 196), and a teardown that then hangs would hold the run without
+    end. Past the limit: every thread's traceback, then the run ends."""
+    watchdog = threading.Timer(float(item.config.getini("timeout")), _teardown_hung, (item,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return (yield)
+    finally:
+        watchdog.cancel()
+
+
+def _teardown_hung(item: pytest.Item) -> None:
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    print(f"\n+++ teardown of {item.nodeid} hung: every thread's stack +++", file=sys.stderr,
+          flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit(1)
 
 
 @pytest.fixture(scope="session")
