@@ -229,6 +229,8 @@ class TaskPool:
             throughput=(done + failed) / elapsed if elapsed > 0 else 0.0,
             args_kept_bytes=sum(s.arg_tally.kept for s in shards),
             args_saved_bytes=sum(s.arg_tally.saved for s in shards),
+            bytes_sent=sum(s.bytes_sent for s in shards),
+            bytes_received=sum(s.bytes_received for s in shards),
         )
 
     # ------------------------------------------------------------ observing

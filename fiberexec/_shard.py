@@ -115,6 +115,7 @@ class Shard:
         self.estimates: dict[str, float] = {}  # function key -> smoothed run time, seconds
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
+        self.bytes_sent = self.bytes_received = 0  # frames over the workers' links
         self.arg_tally = Tally()  # large arguments kept by workers, and bytes that saved
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
@@ -265,6 +266,7 @@ class Shard:
     def _receive(self, conn: Conn) -> None:
         while not conn.channel.closed and (msg := conn.channel.try_recv()) is not None:
             conn.last_recv = self.clock()
+            self.bytes_received += len(msg.bytes)
             if conn.state in (State.READY, State.RETIRING) and msg.pipe.id == conn.pipe_id:
                 self._on_frame(conn, msg.bytes)
             else:
@@ -695,6 +697,7 @@ class Shard:
             self._lose(conn, f"worker {conn.worker_id} stopped reading its messages")
             return
         conn.last_sent = self.clock()
+        self.bytes_sent += len(frame)
 
     # ------------------------------------------------------------ housekeeping
 

@@ -26,6 +26,8 @@ class Stats:
     throughput: float
     args_kept_bytes: int = 0  # large arguments sent to workers that keep them (arg_cache)
     args_saved_bytes: int = 0  # large arguments not sent: the worker kept them already
+    bytes_sent: int = 0  # to workers, over their links (shared-memory payloads not counted)
+    bytes_received: int = 0  # from workers, likewise
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in fields(self))

@@ -3,17 +3,15 @@ said once, and no log records on stderr unless the application asks for them."""
 
 from __future__ import annotations
 
-import gc
 import logging
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 from fiberexec import BrokenFiberExecutor, FiberExecutor, PermanentBackendError
-from fiberexec.backend import TransientBackendError, WorkerSpec
+from fiberexec.backend import WorkerSpec
 
 
 def test_the_package_logger_has_a_null_handler() -> None:
@@ -30,25 +28,6 @@ def test_warnings_do_not_reach_stderr_through_the_last_resort_handler() -> None:
                           timeout=60, check=True)
     assert "noise" not in done.stderr
     assert done.stderr.rstrip().endswith("fiberexec WARNING asked for")
-
-
-def test_docker_engine_hint_works_without_the_source_tree() -> None:
-    pytest.importorskip("docker")
-    from fiberexec.backends.docker import DockerBackend
-
-    url = "unix:///tmp/fiberexec-no-such-docker.sock"
-    spec = WorkerSpec("w0", "hint-test", ("true",))
-    with DockerBackend(image="any", base_url=url) as backend, \
-            pytest.raises(TransientBackendError) as caught:
-        backend.start_worker(spec)
-    message = str(caught.value)
-    del caught
-    with warnings.catch_warnings():  # docker-py leaks the socket whose connect() failed
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-    assert "scripts/" not in message
-    assert "sudo systemctl start docker" in message and "dockerd" in message
-    assert "DOCKER_HOST" in message
 
 
 @pytest.fixture

@@ -104,6 +104,9 @@ class ExecutorCollector(Collector):
             ("workers_lost", "Workers that died or went silent.", stats.workers_lost),
             ("messages_rejected", "Unauthenticated, malformed or oversized messages.",
              stats.messages_rejected),
+            ("bytes_sent", "Bytes sent to workers over their links.", stats.bytes_sent),
+            ("bytes_received", "Bytes received from workers over their links.",
+             stats.bytes_received),
         ):
             yield CounterMetricFamily(f"fiberexec_{name}", doc, value=value)
         buckets, total = self.durations.snapshot()

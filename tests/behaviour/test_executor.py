@@ -203,6 +203,18 @@ def test_stats_count_map_items_not_chunks(make_executor: ExecutorFactory) -> Non
     assert (stats.tasks_done, stats.tasks_failed) == (96, 4)
 
 
+def test_stats_count_the_bytes_over_the_links(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    assert (ex.stats().bytes_sent, ex.stats().bytes_received) == (0, 0)
+    blob = bytes(range(256)) * 1000  # 256 kB: inline, under the shared-memory threshold
+    assert ex.submit(tasks.identity, blob).result(timeout=60) == blob
+    after_one = ex.stats()
+    assert after_one.bytes_sent > len(blob) and after_one.bytes_received > len(blob)
+    assert ex.submit(tasks.identity, b"").result(timeout=60) == b""
+    after_two = ex.stats()
+    assert after_one.bytes_sent < after_two.bytes_sent < after_one.bytes_sent + len(blob)
+
+
 def test_progress_hook_sees_completion(make_executor: ExecutorFactory) -> None:
     seen = []
     ex = make_executor(2, progress=seen.append)

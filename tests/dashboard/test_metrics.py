@@ -47,6 +47,9 @@ def test_metrics_count_the_work_a_real_executor_did(make_executor: ExecutorFacto
     assert values["fiberexec_tasks_failed_total"] == 3
     assert values["fiberexec_tasks_submitted_total"] == 23
     assert values["fiberexec_tasks_retried_total"] == values["fiberexec_workers_lost_total"] == 0
+    stats = ex.stats()  # the links carried 23 tasks and their results (and heartbeats since)
+    assert 23 * 10 < values["fiberexec_bytes_sent_total"] <= stats.bytes_sent
+    assert 23 * 10 < values["fiberexec_bytes_received_total"] <= stats.bytes_received
     assert values["fiberexec_tasks_pending"] == values["fiberexec_tasks_running"] == 0
     live = values["fiberexec_workers", "state=idle"] + values["fiberexec_workers", "state=running"]
     assert live + values["fiberexec_workers", "state=starting"] == 2
