@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fiberexec import FiberExecutor
+from tests.support.procs import reap
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A started executor's process and its executor id.
@@ -54,11 +55,7 @@ def executors(backend: str, options: Mapping[str, Any], kwargs: Mapping[str, Any
             if proc.stdin is not None:
                 proc.stdin.close()
         for proc in started:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            reap(proc, 60)
             if proc.stdout is not None:
                 proc.stdout.close()
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.procs import reap
 from tests.testbed.netns import BedError, TestBed, run, stale_namespaces
 from tests.testbed.sshd import SSHD, SSHSite, _wait_for_line
 
@@ -78,11 +79,7 @@ class Lab:
         if relay.stdin is not None:
             relay.stdin.close()
         relay.terminate()
-        try:
-            relay.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            relay.kill()
-            relay.wait(timeout=10)
+        reap(relay, 10)
         if relay.stdout is not None:
             relay.stdout.close()
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.procs import reap
 from tests.testbed.netns import BedError, TestBed, run
 
 SSHD = "/usr/sbin/sshd"
@@ -134,11 +135,7 @@ class SSHSite:
         for proc in self.daemons.values():
             if proc.poll() is None:
                 proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            reap(proc, 10)
             if proc.stderr is not None:
                 proc.stderr.close()
         self.daemons.clear()
