@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,8 +107,10 @@ def test_slots_spread_workers_over_hosts(make_backend: Maker, make_executor: Exe
     pids = set(ex.map(tasks.sleep_return, [0.3] * 6, [0] * 6))
     assert pids == {0}
     assert sorted(backend.placement.load().values()) == [2, 2, 2]
-    hosts = sorted(h for h, _ in backend.placements().values())
-    assert hosts == sorted(lab.targets() * 2)
+    # Running workers sit where their slots are, two at most per host (the map may have
+    # needed fewer than six: the others may still be starting)
+    hosts = Counter(h for h, _ in backend.placements().values())
+    assert hosts and set(hosts) <= set(lab.targets()) and max(hosts.values()) <= 2, hosts
 
 
 def test_full_slots_are_a_transient_error_naming_the_fix(make_backend: Maker, lab: Lab) -> None:
