@@ -21,7 +21,7 @@ from fiberexec._backend import WorkerHandle, WorkerState, WorkerStatus
 from fiberexec._config import ExecutorConfig
 from fiberexec._conn import WINDOW_TIME, State
 from fiberexec._errors import ProtocolError, WorkerLostError
-from fiberexec._serialize import dumps
+from fiberexec._serialize import dumps, dumps_exception
 from fiberexec._session import Session
 from fiberexec._shard import STATUS_WAIT, Shard
 from fiberexec._task import WorkItem
@@ -522,6 +522,47 @@ def test_an_idle_worker_is_asked_to_leave_after_idle_timeout(bench: Any) -> None
     b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.EXITED, 0)))
     b.step()
     assert b.shard.lost == 0 and "w0" not in b.shard.conns
+
+
+def test_a_workers_last_word_is_answered_by_hanging_up(bench: Any) -> None:
+    """The worker exits only once its link closes: what it sent before has all arrived."""
+    b = bench()
+    link = b.connect("w0")
+    [item] = b.submit(job, 1)
+    b.step()
+    b.answer("w0", b.tasks_sent("w0"), SHORT)
+    link.deliver(p.Bye("max_tasks_per_child reached"), b.pipes["w0"])
+    b.step()
+    assert item.future.result(timeout=0) == item.task_id
+    assert link.closed and b.shard.conns["w0"].state is State.DISCONNECTED
+    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.EXITED, 0)))
+    b.step()
+    assert b.shard.lost == 0 and "w0" not in b.shard.conns
+
+
+def test_tasks_a_leaving_worker_did_not_run_go_back_uncharged(bench: Any) -> None:
+    b = bench()
+    link = b.connect("w0")
+    [item] = b.submit(job, 1)
+    b.step()
+    assert b.tasks_sent("w0") == [item.task_id]
+    link.deliver(p.Bye("asked to leave"), b.pipes["w0"])
+    b.step(1)
+    assert link.closed and item.losses == 0 and not item.future.done()
+    link1 = b.connect("w1")
+    b.step()
+    assert b.tasks_sent("w1") == [item.task_id] and not link1.closed
+
+
+def test_an_initializer_failure_breaks_the_executor_and_hangs_up(bench: Any) -> None:
+    b = bench()
+    link = b.connect("w0")
+    error = dumps_exception(RuntimeError("initializer refused"))
+    link.deliver(p.InitFailed(error), b.pipes["w0"])
+    b.step()
+    assert [c[1] for c in b.life.named("broken")] == [
+        "A worker initializer failed, the executor is not usable anymore"]
+    assert link.closed and b.shard.conns["w0"].state is State.DISCONNECTED
 
 
 def test_a_worker_stays_when_the_pool_may_not_shrink_or_work_is_queued(bench: Any) -> None:
