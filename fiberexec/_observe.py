@@ -224,12 +224,17 @@ def _state(conn: Conn, task: TaskInfo | None) -> str:
 def task_spans(shards: Iterable[Shard], since: float,
                limit: int | None = None) -> list[TaskSpan]:
     # Records are built only for the spans returned: a page asks for the newest few
-    # thousand of up to 10,000 per shard, and a record costs more than its raw tuple.
+    # thousand of up to 10,000 per shard, and a record costs more than its raw tuple. A
+    # shard keeps its spans in the order they ended, so the newest ``limit`` of all are
+    # among each shard's newest ``limit``: only those are looked at.
     raw: list[tuple[float, float, int, str, str, bool]] = []
     for shard in shards:
         offset = shard.wall_offset
+        kept = list(shard.spans)  # a copy: the shard's thread appends meanwhile
+        if limit is not None:
+            kept = kept[len(kept) - min(len(kept), max(0, limit)):]
         raw.extend((end + offset, start + offset, task_id, worker_id, function, ok)
-                   for task_id, worker_id, function, start, end, ok in list(shard.spans)
+                   for task_id, worker_id, function, start, end, ok in kept
                    if end + offset >= since)
     raw.sort(key=lambda r: r[0])
     if limit is not None:

@@ -210,3 +210,15 @@ def test_task_spans_limit_keeps_the_newest(make_executor: ExecutorFactory) -> No
     assert len(spans) == 20
     assert ex.task_spans(limit=5) == spans[-5:]
     assert ex.task_spans(limit=0) == [] and ex.task_spans(limit=50) == spans
+
+
+def test_task_spans_limit_keeps_the_newest_over_every_shard(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(4, shards=2)
+    assert list(ex.map(tasks.square, range(60))) == [i * i for i in range(60)]
+    spans = ex.task_spans()
+    assert len(spans) == 60 and [s.ended for s in spans] == sorted(s.ended for s in spans)
+    for limit in (1, 7, 30, 59, 60, 61):
+        assert ex.task_spans(limit=limit) == spans[-limit:]
+    for since in (spans[40].ended, spans[57].ended):  # (results that came together tie)
+        assert ex.task_spans(since=since, limit=5) == [s for s in spans if s.ended >= since][-5:]

@@ -15,8 +15,9 @@ from fiberexec._stats import Stats
 # The newest spans a response carries: at tens of thousands of tasks a second the page
 # draws the latest of the stream, not every task (the response says that some were left
 # out). Each span costs the executor's process a record and its JSON while a flood runs:
-# 2000 keep a refresh to ~25 ms of its time, 5000 took ~70 ms.
-MAX_SPANS = 2000
+# 1000 keep a refresh (once a second) to ~11 ms of its time, 2000 took ~22 ms: the no-op
+# submit rate with the page open fell 5% below the rate without it.
+MAX_SPANS = 1000
 FAILURES = 20
 
 
