@@ -43,6 +43,10 @@ class Lease:
     Items stay here (in ``outstanding``) until the consumer says it took them, so they can
     be taken back (revoked) for a consumer that waits while they sit unread elsewhere, and
     go back to the queue if the consumer's process ends.
+
+    Items sent ahead (no thread of the consumer waited for them) are earlier than every
+    item still here: while the consumer has not taken them, no one else may take a later
+    one (see `Chan.dispatch`).
     """
 
     peer: Any
@@ -57,11 +61,19 @@ class Lease:
     direct: int = 0  # items producers sent it directly (`_route`) that it had not taken
     asked: int = 0  # the last count of those asked for (see `Chan.count_held`)
     answered: int = 0  # the last count answered
+    ahead_until: int = 0  # ``consumed`` once the items sent ahead last are taken
+    idle: bool = False  # was revoked and has not waited since: nothing is sent ahead to it
+    # (an idle consumer would only have them revoked again, one round trip per get elsewhere)
 
     def taken(self, consumed: int) -> None:
         for _ in range(min(consumed - self.consumed, len(self.outstanding))):
             self.nbytes -= len(self.outstanding.popleft())
         self.consumed = max(self.consumed, consumed)
+
+    def holds_ahead(self) -> bool:
+        """Whether items sent ahead to this consumer are neither taken nor handed back
+        (it takes in the order sent, so those sent ahead last are taken last)."""
+        return bool(self.outstanding) and self.consumed < self.ahead_until
 
 
 @dataclass
@@ -170,19 +182,29 @@ class Chan:
         return len(self.items) + sum(len(lease.outstanding) + lease.direct
                                      for lease in self.leases.values())
 
+    def ahead_of(self, taker: Any) -> bool:
+        """Whether a consumer other than ``taker`` (a consumer's peer, or None for a thread
+        here) holds items sent ahead that it has not taken: they come before every item
+        here, so ``taker`` may take none of these until they are back (`revoke`)."""
+        return any(lease.holds_ahead() for peer, lease in self.leases.items()
+                   if peer is not taker)
+
     def dispatch(self) -> None:
-        """Send items to consumer processes (under ``cond``), never ahead of a waiter.
+        """Send items to consumer processes (under ``cond``), never ahead of a waiter, and
+        in queue order: no one is handed an item while an earlier one, sent ahead to
+        another consumer, is neither taken nor handed back (`ahead_of`).
 
         Threads waiting here keep the first items; then each consumer thread waiting
-        elsewhere gets one; only when nobody waits are items sent ahead to consumers.
+        elsewhere gets one; only when nobody waits are items sent ahead, to one consumer
+        at a time (another one taking later items than those would break the order).
         """
         if not self.leases:
             return
         spare = len(self.items) - self.local_waiters
-        for lease in list(self.leases.values()):
+        for peer, lease in list(self.leases.items()):
             if spare <= 0:
                 break
-            if lease.wanted > 0 and not (lease.revoking or lease.gone):
+            if lease.wanted > 0 and not (lease.revoking or lease.gone or self.ahead_of(peer)):
                 n = min(lease.wanted, spare)
                 lease.wanted -= n
                 spare -= n
@@ -190,9 +212,11 @@ class Chan:
         if spare <= 0 or self.local_waiters or any(
                 lease.wanted > 0 for lease in self.leases.values()):
             return
-        for lease in list(self.leases.values()):
+        for peer, lease in list(self.leases.items()):
             if spare <= 0:
                 break
+            if lease.idle or self.ahead_of(peer):
+                continue
             n, size = 0, lease.nbytes
             while (n < spare and len(lease.outstanding) + n < lease.window
                    and size < LEASE_BYTES and not (lease.revoking or lease.gone)):
@@ -201,6 +225,7 @@ class Chan:
             if n:
                 spare -= n
                 self._send(lease, n)
+                lease.ahead_until = lease.consumed + len(lease.outstanding)
 
     def _send(self, lease: Lease, n: int) -> None:
         batch = [self.items.popleft() for _ in range(n)]
@@ -224,29 +249,32 @@ class Chan:
                         lease.peer.send_flushed(self.cid, True, mark[1])
 
     def revoke(self, waiter: Any = None) -> None:
-        """Someone (``waiter``: a consumer's peer, or None for a thread here) waits and
-        nothing is here: ask every other consumer for the items it has not taken."""
-        if len(self.items) > self.local_waiters:
-            return
+        """Someone (``waiter``: a consumer's peer, or None for a thread here) waits: ask
+        every other consumer that holds items sent ahead for those it has not taken (they
+        come first), and, if nothing is here for the waiter, any other for all of them."""
+        short = len(self.items) <= self.local_waiters
         for peer, lease in self.leases.items():
-            if peer is waiter or lease.revoking or lease.gone or not lease.outstanding:
+            if peer is waiter or lease.revoking or lease.gone or not lease.outstanding or (
+                    not short and not lease.holds_ahead()):
                 continue
             try:
                 peer.send_revoke(self.cid)
-                lease.revoking = True
+                lease.revoking = lease.idle = True
             except OSError:
                 pass  # its stream is closing: `drop_lease` follows
 
-    def drop_lease(self, peer: Any, consumed: int | None = None) -> None:
-        """Items sent to ``peer`` and not taken come back to the front of the queue."""
+    def drop_lease(self, peer: Any, consumed: int | None = None, kept: int = 0) -> None:
+        """Items sent to ``peer`` and not taken come back to the front of the queue, but
+        the first ``kept`` (its waiting threads take them)."""
         lease = self.leases.get(peer)
         if lease is None:
             return
         if consumed is not None:
             lease.taken(consumed)
-        self.items.extendleft(reversed(lease.outstanding))
-        lease.outstanding.clear()
-        lease.nbytes = 0
+        back = [lease.outstanding.pop() for _ in range(len(lease.outstanding) - kept)]
+        self.items.extendleft(back)
+        lease.nbytes = sum(len(item) for item in lease.outstanding)
+        lease.ahead_until = lease.consumed  # it holds nothing ahead now
         lease.revoking = False
         if consumed is None:
             del self.leases[peer]
@@ -349,11 +377,12 @@ class Broker:
             if not chan.got_here:
                 chan.got_here = True
                 chan.share()
+            chan.revoke()  # before counting this thread: "nothing here" is for it
             chan.local_waiters += 1
-            chan.revoke()
-            try:
-                ready = chan.cond.wait_for(lambda: chan.items or chan.writers == 0,
-                                           timeout=wait)
+            try:  # items sent ahead elsewhere come first (`Chan.dispatch`)
+                ready = chan.cond.wait_for(
+                    lambda: (chan.items and not chan.ahead_of(None)) or chan.writers == 0,
+                    timeout=wait)
             finally:
                 chan.local_waiters -= 1
             if not ready:
@@ -577,22 +606,30 @@ class Broker:
             lease.taken(consumed)
             lease.window = window
             lease.wanted = max(0, wanted - (lease.sent - received))  # minus those on the way
-            if lease.wanted and not chan.items:
+            if wanted:
+                lease.idle = False
+            if lease.wanted:
                 chan.revoke(peer)
+            if chan.local_waiters:
+                chan.cond.notify_all()  # what it took may have been all that came first
             if chan.items:
                 chan.dispatch()
             if chan.maxsize:
                 chan.cond.notify_all()  # a put waiting for room may go on
 
-    def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int) -> None:
-        """A consumer answered a revoke: it took ``consumed`` in all, the rest come back;
-        ``wanted`` of its threads wait."""
+    def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int,
+                       kept: int) -> None:
+        """A consumer answered a revoke: it took ``consumed`` in all and keeps the next
+        ``kept`` for threads of it that wait, the rest come back; ``wanted`` of its threads
+        wait with nothing at hand."""
         chan = self.chan(cid)
         with chan.cond:
-            chan.drop_lease(peer, consumed)
+            chan.drop_lease(peer, consumed, kept)
             lease = chan.leases.get(peer)
             if lease is not None:
                 lease.wanted = wanted
+                if wanted:
+                    lease.idle = False
             chan.dispatch()
 
     def counted(self, cid: int, peer: Any, asked: int, direct: int) -> None:

@@ -55,7 +55,7 @@ COUNT = b"M"  # broker -> queue consumer: how many items sent directly have you 
 _COUNTED = struct.Struct("!QQ")  # the count asked for, items
 NONCE = 8  # bytes of a direct route's nonce
 _WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
-_RETURNED = struct.Struct("!QI")  # consumed, wanted
+_RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
 _LEN = struct.Struct("!I")
 WINDOW = 256  # queue items a consumer accepts ahead of its gets
 
@@ -233,7 +233,9 @@ class Stream:
     trip. Every get reports what was taken (``W``) before it returns, which keeps ``qsize()``
     in the creator true and tells the broker what to hand back if this process ends. When
     another consumer waits while items sit unread here, the broker revokes them (``V``): the
-    reader drops them and answers with what was taken (``N``); the rest go to the others.
+    reader drops them, but those its waiting threads take, and answers with what was taken
+    and kept (``N``); the rest go to the others, before any later item (see
+    `_broker.Chan.dispatch`).
     """
 
     def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
@@ -367,11 +369,8 @@ class Stream:
             lane.received += len(got)
             if self.inlet is not None and self.inlet.leaders:
                 self.inlet.wake(cid)  # a thread reading a producer's connection for them
-        elif tag == REVOKE:  # the broker's items go back; it has them (direct ones stay)
-            lane = self._lane(cid)
-            lane.items = deque(item for item in lane.items if type(item) is not bytes)
-            with contextlib.suppress(ConnectionError):
-                self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting))
+        elif tag == REVOKE:
+            self._revoked(cid, self._lane(cid))
         elif tag == COUNT:
             held = self.inlet.held(cid) if self.inlet is not None else 0
             asked = _COUNTED.unpack(frame[_HEAD.size:])[0]
@@ -382,6 +381,21 @@ class Stream:
             self.inlet.flushed(cid, body[:1] == b"1", body[1:])
         elif tag == UNROUTE and self.inlet is not None:
             self.inlet.stop(cid)
+
+    def _revoked(self, cid: int, lane: _Lane) -> None:
+        """The broker's items go back, but those threads here wait for: they are handed
+        out already (another consumer may have been handed later ones since, and gets
+        what comes back); direct items stay (under ``cond``)."""
+        kept, items = 0, deque[Any]()
+        for item in lane.items:
+            if type(item) is bytes:
+                if kept == lane.waiting:
+                    continue
+                kept += 1
+            items.append(item)
+        lane.items = items
+        with contextlib.suppress(ConnectionError):
+            self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting - kept, kept))
 
     def deliver(self, cid: int, data: bytes) -> None:
         """File an item for pipe ``cid``, from the broker or directly from its writer

@@ -197,6 +197,13 @@ def take_until_none(q: Any, got: Any, go: Any = None) -> None:
     got.put(taken)
 
 
+def say_then_take_until_none(q: Any, got: Any, go: Any) -> None:
+    """Take one item and say so, then, once ``go`` is set, take until None and report
+    what was taken."""
+    got.put(q.get(timeout=60))
+    take_until_none(q, got, go)
+
+
 def wait_then_double(conn: Any) -> None:
     """Wait for the pipe with `multiprocessing.connection.wait`, then answer each message."""
     import multiprocessing.connection

@@ -78,6 +78,32 @@ def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
     assert q.empty() and q.qsize() == 0
 
 
+def test_each_consumer_takes_items_in_the_order_they_were_put(mpm: ModuleType) -> None:
+    """Items sent ahead to one consumer and handed back when another waits come before
+    every later item, as they sit in the stdlib's pipe."""
+    ctx = mpm.get_context("spawn")
+    q, got, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    consumers = [ctx.Process(target=t.say_then_take_until_none, args=(q, got, go))
+                 for _ in range(3)]
+    for p in consumers:
+        p.start()
+    for _ in consumers:  # each consumer takes one: all of them are running and getting
+        q.put("first")
+    assert [got.get(timeout=60) for _ in consumers] == ["first"] * 3
+    go.set()
+    n = 20000
+    for i in range(n):
+        q.put(i)
+    for _ in consumers:
+        q.put(None)
+    taken = [got.get(timeout=60) for _ in consumers]
+    for p in consumers:
+        p.join(60)
+    assert sorted(item for part in taken for item in part) == list(range(n))
+    for part in taken:
+        assert part == sorted(part)
+
+
 def test_items_taken_before_an_event_are_not_counted_after_it(mpm: ModuleType) -> None:
     """A child takes every item, then sets an event: the creator's ``qsize()`` after the
     event counts none (the take is reported before the event, on another connection)."""

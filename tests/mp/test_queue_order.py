@@ -1,0 +1,115 @@
+"""The broker hands out a queue's items in the order they were put, whoever takes them.
+
+Items sent ahead to a consumer process come before every item the broker still holds:
+no other consumer (a get in the creator, or a consumer process that waits) is handed a
+later item while they are neither taken nor handed back. Driven step by step through the
+broker's own entry points, with recording peers in place of consumer streams."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
+
+
+class Consumer:
+    """Stands for a consumer process's stream (`_hub.Peer`): records what it was sent."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+        self.revoked = 0
+        self.inlet = ""
+        self.gone = self.ended = False
+        self.holder: str | None = None
+
+    def send_items(self, _cid: int, items: list[bytes]) -> None:
+        self.got.extend(pickle.loads(item) for item in items)
+
+    def send_revoke(self, _cid: int) -> None:
+        self.revoked += 1
+
+    def send_unroute(self, _cid: int) -> None:
+        pass
+
+
+@pytest.fixture
+def queue() -> Iterator[tuple[Broker, int]]:
+    broker = get_broker()
+    cid = broker.endpoint.call("new", (0, -1))[0]
+    yield broker, cid
+    del broker.chans[cid]
+
+
+def _put(broker: Broker, cid: int, items: range) -> None:
+    for i in items:
+        broker.append(cid, pickle.dumps(i))
+
+
+def _get_here(broker: Broker, cid: int) -> Any:
+    status, body = broker._get(b"", cid, 0.0)
+    return pickle.loads(body) if status == OK else status
+
+
+def test_a_get_here_waits_for_what_an_idle_consumer_was_sent_ahead(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    idle = Consumer()
+    broker.lease(cid, idle, (0, 0, 0, 4))  # took nothing, waits for nothing, window 4
+    _put(broker, cid, range(10))
+    assert idle.got == [0, 1, 2, 3]  # sent ahead; 4.. stay here
+    assert _get_here(broker, cid) == EMPTY  # not 4: 0..3 come first
+    assert idle.revoked == 1
+    broker.lease_returned(cid, idle, 1, 0, 0)  # it took 0; 1..3 come back
+    assert [_get_here(broker, cid) for _ in range(9)] == list(range(1, 10))
+    _put(broker, cid, range(10, 12))  # not sent ahead to it again until it waits
+    assert idle.got == [0, 1, 2, 3]
+    assert [_get_here(broker, cid) for _ in range(2)] == [10, 11]
+
+
+def test_a_waiting_consumer_gets_what_another_was_sent_ahead_first(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    idle, waiting = Consumer(), Consumer()
+    broker.lease(cid, idle, (0, 0, 0, 4))
+    broker.lease(cid, waiting, (0, 0, 0, 4))
+    _put(broker, cid, range(10))
+    assert (idle.got, waiting.got) == ([0, 1, 2, 3], [])  # ahead to one consumer at a time
+    broker.lease(cid, waiting, (0, 0, 1, 4))  # one thread of it waits
+    assert (waiting.got, idle.revoked) == ([], 1)
+    broker.lease_returned(cid, idle, 0, 0, 0)  # it took none: 0..3 go to the waiting one,
+    # 0 for its waiting thread, the rest ahead (the other has not waited since)
+    assert (waiting.got, idle.got) == ([0, 1, 2, 3], [0, 1, 2, 3])
+
+
+def test_an_item_sent_for_a_waiting_thread_holds_nothing_back(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer = Consumer()
+    broker.lease(cid, consumer, (0, 0, 0, 2))
+    _put(broker, cid, range(4))
+    assert consumer.got == [0, 1]
+    assert _get_here(broker, cid) == EMPTY
+    broker.lease_returned(cid, consumer, 0, 0, 0)  # 0 and 1 come back
+    assert [_get_here(broker, cid) for _ in range(4)] == [0, 1, 2, 3]
+    broker.lease(cid, consumer, (0, 2, 1, 1))  # a thread of it waits; it accepts 1
+    _put(broker, cid, range(4, 6))
+    assert consumer.got == [0, 1, 4]  # 4 for the waiting thread, none ahead
+    assert _get_here(broker, cid) == 5
+
+
+def test_what_a_consumer_keeps_for_its_waiting_threads_stays_with_it(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer = Consumer()
+    broker.lease(cid, consumer, (0, 0, 0, 4))
+    _put(broker, cid, range(6))
+    assert _get_here(broker, cid) == EMPTY
+    broker.lease_returned(cid, consumer, 0, 0, 1)  # keeps 0 (a thread of it waits)
+    assert [_get_here(broker, cid) for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert broker.chans[cid].size() == 1  # 0, until it says it took it
+    broker.lease(cid, consumer, (1, 4, 0, 4))
+    assert broker.chans[cid].size() == 0
