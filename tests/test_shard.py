@@ -215,6 +215,11 @@ class Bench:
         results = [p.Result(t, p.Status.OK, dumps(t), runtime) for t in task_ids]
         self.links[worker_id].deliver(p.Results(results), self.pipes[worker_id])
 
+    def exit(self, worker_id: str, code: int = 0) -> None:
+        """The backend reports that ``worker_id`` exited with ``code``."""
+        self.shard.post(ev.Exited(worker_id, WorkerStatus(WorkerState.EXITED, code)))
+        self.step()
+
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
@@ -519,8 +524,7 @@ def test_an_idle_worker_is_asked_to_leave_after_idle_timeout(bench: Any) -> None
     assert [m for m in link.take() if isinstance(m, p.Bye)] == [p.Bye("idle")]
     assert b.shard.conns["w0"].state is State.RETIRING
     b.shard.post(ev.PipeDown("w0", b.pipes["w0"].id))
-    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.EXITED, 0)))
-    b.step()
+    b.exit("w0")
     assert b.shard.lost == 0 and "w0" not in b.shard.conns
 
 
@@ -535,8 +539,7 @@ def test_a_workers_last_word_is_answered_by_hanging_up(bench: Any) -> None:
     b.step()
     assert item.future.result(timeout=0) == item.task_id
     assert link.closed and b.shard.conns["w0"].state is State.DISCONNECTED
-    b.shard.post(ev.Exited("w0", WorkerStatus(WorkerState.EXITED, 0)))
-    b.step()
+    b.exit("w0")
     assert b.shard.lost == 0 and "w0" not in b.shard.conns
 
 
