@@ -39,10 +39,14 @@ class WorkItem:
         return 1
 
     def start(self) -> bool:
-        """Mark running before the first dispatch; False if the user cancelled it."""
+        """Mark running (once); False if the user cancelled it, or it is settled already.
+        Asking again about a cancelled task is allowed: its waiters are told only once."""
         if self.started:
             return True
-        self.started = self.future.set_running_or_notify_cancel()
+        try:
+            self.started = self.future.set_running_or_notify_cancel()
+        except RuntimeError:  # cancelled and notified, or settled: not to be run
+            return False
         return self.started
 
 

@@ -22,6 +22,13 @@ def sleep_and_print(seconds: float, text: object) -> None:
     sys.stdout.flush()
 
 
+def mark_then_sleep(path: str, seconds: float) -> None:
+    """Leave a file at ``path`` (the call ran), then sleep."""
+    with open(path, "w"):
+        pass
+    time.sleep(seconds)
+
+
 def exit_process(code: int) -> NoReturn:
     os._exit(code)
 

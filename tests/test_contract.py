@@ -21,6 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import (
+    FIRST_COMPLETED,
     BrokenExecutor,
     Executor,
     ProcessPoolExecutor,
@@ -132,6 +133,26 @@ def test_few_futures_are_running_before_they_run(make_pool: PoolFactory) -> None
     # the stdlib: 2 executing, 3 in its call queue, and one finished but not yet reported
     assert most <= 2 * 2 + 2, f"{most} futures marked running with 2 workers"
     assert all(f.result(timeout=60) is None for f in futures)
+
+
+def test_calls_queued_behind_long_ones_stay_cancellable(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
+    """50 instant calls of a function, then 20 of it that run long: cancelling them once the
+    first finishes leaves running only what the stdlib's call queue would run (a few per
+    worker), and no cancelled call runs."""
+    ex = make_pool(2)
+    warmups = [ex.submit(ct.mark_then_sleep, str(tmp_path / f"warm{i}"), 0) for i in range(50)]
+    assert all(f.result(timeout=60) is None for f in warmups)
+    futures = [ex.submit(ct.mark_then_sleep, str(tmp_path / str(i)), 0.3) for i in range(20)]
+    wait(futures, timeout=60, return_when=FIRST_COMPLETED)
+    cancelled = {i for i, f in enumerate(futures) if f.cancel()}
+    ex.shutdown(wait=True)
+    ran = {i for i in range(20) if (tmp_path / str(i)).exists()}
+    # at most 2 finished, 2 running and 3 in the stdlib's call queue (fiberexec: two per worker)
+    assert len(cancelled) >= 20 - 2 - 2 - 3, f"only {len(cancelled)} of 20 could be cancelled"
+    assert not cancelled & ran, f"cancelled calls ran: {sorted(cancelled & ran)}"
+    assert ran == set(range(20)) - cancelled
 
 
 def test_shutdown_cancel_futures(make_pool: PoolFactory) -> None:
