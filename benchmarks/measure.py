@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=1, help="simulated workload's shards")
     parser.add_argument("--workers", type=int, default=0,
                         help="simulated workload's workers (default: the mode's size)")
+    parser.add_argument("--link", choices=("unix", "nng"), default="unix",
+                        help="how simulated workers connect: the local link, or Pair1 over TCP")
     args = parser.parse_args(argv)
 
     from benchmarks import workloads  # after argument parsing: --help stays fast
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.workload == "simulated":
             if args.workers:
                 sizes = {**sizes, "sim_workers": args.workers}
-            metrics = workloads.simulated_dispatch(args.system, sizes, args.shards)
+            metrics = workloads.simulated_dispatch(args.system, sizes, args.shards, args.link)
         elif args.workload == "output":
             metrics = workloads.output_forwarding(args.system, sizes)
         else:

@@ -74,9 +74,9 @@ def _time_cell(m: Metrics) -> str:
     return f"{text} ({method.split(' ')[0]})" if method else text
 
 
-def _sim_row(shards: int, workers: int = 1024) -> Row:
+def _sim_row(shards: int, workers: int = 1024, key: str = "") -> Row:
     return Row(
-        f"simulated_{shards}",
+        key or f"simulated_{shards}",
         f"{workers} simulated workers, shards={shards}: dispatch tasks/s (connect s; "
         f"`workers()` ms idle / in a flood)",
         lambda m: m["tasks_per_s"],
@@ -127,6 +127,7 @@ ROWS: list[Row] = [
         higher_is_better=False, plot_target=lambda by: 3.0),
     _sim_row(1),
     _sim_row(4),
+    _sim_row(1, 4096, "simulated_4096"),
     Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs off: executor "
         "CPU us/task (tasks/s)", lambda m: m["forward_tasks_per_s"],
         lambda m: f"{m['forward_cpu_us']:.0f} vs {m['off_cpu_us']:.0f} "

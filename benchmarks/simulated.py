@@ -1,10 +1,11 @@
 """Lightweight simulated workers: one process that speaks the real protocol on many sockets.
 
 `SimulatedBackend.start_worker` spawns nothing. It hands the spec to a simulator process
-(``python -m benchmarks.simulated``, started on first use) that, for each spec, dials the
-executor with a Pair1 socket, does the real HMAC handshake with the spec's secret, and answers
+(``python -m benchmarks.simulated``, started on first use) that, for each spec, connects to
+the executor as a real worker on its host does (the local link's Unix socket, or a Pair1
+socket with ``link="nng"``), does the real HMAC handshake with the spec's secret, and answers
 every Tasks message at once with a Results message holding a pickled ``None`` per task (the
-arguments are never unpickled). One selector multiplexes every socket's ``recv_fd``.
+arguments are never unpickled). One selector multiplexes every worker's socket.
 
     SimulatedBackend (executor's process)          simulator process
       start_worker/stop --- JSON lines on stdin --->  select(stdin + N recv_fds, tick)
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,7 +37,8 @@ import pynng
 
 from fiberexec import _auth, _contract
 from fiberexec import _protocol as p
-from fiberexec._errors import ProtocolError
+from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._link_unix import UnixLink
 from fiberexec._serialize import dumps
 from fiberexec.backend import (
     Backend,
@@ -71,6 +74,8 @@ class SimulatedBackend(Backend):
 
     Args:
         max_seconds: the simulator exits after this long whatever happens.
+        link: ``"unix"`` (the local link, as workers on the executor's host connect) or
+            ``"nng"`` (Pair1 over TCP, as workers on other hosts do).
 
     Example:
         >>> with SimulatedBackend() as backend:  # doctest: +SKIP
@@ -79,8 +84,11 @@ class SimulatedBackend(Backend):
 
     name = "simulated"
 
-    def __init__(self, *, max_seconds: float = 900.0) -> None:
+    def __init__(self, *, max_seconds: float = 900.0, link: str = "unix") -> None:
+        if link not in ("unix", "nng"):
+            raise ValueError(f"link must be 'unix' or 'nng', got {link!r}")
         self.max_seconds = max_seconds
+        self.link = link
         self._exit_watch = ExitWatch()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -97,6 +105,8 @@ class SimulatedBackend(Backend):
             "op": "start",
             "id": spec.worker_id,
             "address": spec.env[_contract.ENV_ADDRESS],
+            "local": spec.env.get(_contract.ENV_LOCAL_ADDRESS, ""),
+            "link": self.link,
             "secret": spec.secret_env[_contract.ENV_SECRET],
             "connect_timeout": float(spec.env.get(_contract.ENV_CONNECT_TIMEOUT, "60")),
         }
@@ -242,11 +252,67 @@ class SimulatedBackend(Backend):
 # ============================================================================ simulator side
 
 
+class _NngWire:
+    """A simulated worker's Pair1 socket (what a worker on another host dials)."""
+
+    def __init__(self, address: str, on_closed: Callable[[], None]) -> None:
+        self.sock = pynng.Pair1(recv_max_size=MAX_MESSAGE, send_buffer_size=SEND_QUEUE,
+                                recv_buffer_size=SEND_QUEUE)
+        self.sock.send_timeout = SEND_TIMEOUT_MS
+        self.sock.add_post_pipe_remove_cb(lambda _pipe: on_closed())
+        self.fd = int(self.sock.recv_fd)
+        self.sock.dial(address, block=True)
+
+    def send(self, frame: bytes) -> None:
+        try:
+            self.sock.send(frame, block=False)
+        except pynng.TryAgain:
+            self.sock.send(frame)  # blocks up to SEND_TIMEOUT_MS, then raises Timeout
+
+    def try_recv(self) -> bytes | None:
+        try:
+            return self.sock.recv(block=False)
+        except (pynng.TryAgain, pynng.Closed):
+            return None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _UnixWire:
+    """A simulated worker's end of the local link (what a worker on the executor's host
+    uses): one descriptor here, one in the executor."""
+
+    def __init__(self, link: UnixLink) -> None:
+        self.link = link
+        self.fd = link.sock.fileno()
+
+    def send(self, frame: bytes) -> None:
+        self.link.send(frame, SEND_TIMEOUT_MS / 1000)
+
+    def try_recv(self) -> bytes | None:
+        return self.link.try_recv()  # raises LinkClosed when the executor hangs up
+
+    def close(self) -> None:
+        self.link.close()
+
+
+Wire = _NngWire | _UnixWire
+
+
+def _connect(link: str, local: str, address: str, on_closed: Callable[[], None]) -> Wire:
+    if link == "unix" and local:
+        unix = UnixLink.connect(local, MAX_MESSAGE)
+        if unix is not None:
+            return _UnixWire(unix)
+    return _NngWire(address, on_closed)
+
+
 class _SimWorker:
-    """One simulated worker: a Pair1 socket and where it is in the handshake."""
+    """One simulated worker: its wire to the executor and where it is in the handshake."""
 
     def __init__(self, worker_id: str, secret: bytes, connect_timeout: float,
-                 removed: deque[str]) -> None:
+                 wire: Wire) -> None:
         self.worker_id = worker_id
         self.secret = secret
         self.connect_timeout = connect_timeout
@@ -254,21 +320,12 @@ class _SimWorker:
         self.state = "challenge"  # -> "setup" -> "ready"
         self.heartbeat = 1.0
         self.created = self.last_recv = self.last_sent = time.monotonic()
-        self.sock = pynng.Pair1(recv_max_size=MAX_MESSAGE, send_buffer_size=SEND_QUEUE,
-                                recv_buffer_size=SEND_QUEUE)
-        self.sock.send_timeout = SEND_TIMEOUT_MS
-        self.sock.add_post_pipe_remove_cb(lambda _pipe: removed.append(worker_id))
-        self.fd = int(self.sock.recv_fd)
-
-    def dial(self, address: str) -> None:
-        self.sock.dial(address, block=True)
+        self.wire = wire
+        self.fd = wire.fd
         self.send(p.encode(p.Hello(self.worker_id, self.nonce, os.getpid(), "simulator")))
 
     def send(self, frame: bytes) -> None:
-        try:
-            self.sock.send(frame, block=False)
-        except pynng.TryAgain:
-            self.sock.send(frame)  # blocks up to SEND_TIMEOUT_MS, then raises Timeout
+        self.wire.send(frame)
         self.last_sent = time.monotonic()
 
     def on_frame(self, frame: bytes, none_payload: Any) -> str | None:
@@ -362,27 +419,32 @@ class _Simulator:
 
     def _start(self, command: dict[str, Any]) -> None:
         worker_id = command["id"]
-        worker = _SimWorker(worker_id, _auth.secret_from_hex(command["secret"]),
-                            float(command["connect_timeout"]), self.removed)
+        try:
+            wire = _connect(command["link"], command["local"], command["address"],
+                            lambda: self.removed.append(worker_id))
+            worker = _SimWorker(worker_id, _auth.secret_from_hex(command["secret"]),
+                                float(command["connect_timeout"]), wire)
+        except (pynng.NNGException, LinkClosed, OSError) as exc:
+            self._emit("exited", worker_id, code=1,
+                       reason=f"cannot connect to {command['address']}: {exc}")
+            return
         self.workers[worker_id] = worker
         self.selector.register(worker.fd, selectors.EVENT_READ, worker)
-        try:
-            worker.dial(command["address"])
-        except pynng.NNGException as exc:
-            self._end(worker_id, 1, f"cannot dial {command['address']}: {exc}")
-            return
         self._emit("running", worker_id)
 
     def _drain(self, worker: _SimWorker) -> None:
         for _ in range(SEND_QUEUE):  # bounded: come back to the others after this many
             try:
-                frame = worker.sock.recv(block=False)
-            except (pynng.TryAgain, pynng.Closed):
+                frame = worker.wire.try_recv()
+            except LinkClosed:
+                self.removed.append(worker.worker_id)
+                return
+            if frame is None:
                 return
             was_ready = worker.state == "ready"
             try:
                 reason = worker.on_frame(frame, self.none_payload)
-            except (ProtocolError, pynng.NNGException) as exc:
+            except (ProtocolError, LinkClosed, pynng.NNGException) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
                 self._end(worker.worker_id, 0 if "goodbye" in reason else 1, reason)
@@ -404,7 +466,7 @@ class _Simulator:
         for worker_id, worker in list(self.workers.items()):
             try:
                 reason = worker.overdue(now)
-            except pynng.NNGException as exc:
+            except (pynng.NNGException, LinkClosed) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
                 self._end(worker_id, 1, reason)
@@ -414,7 +476,7 @@ class _Simulator:
         if worker is None:
             return
         self.selector.unregister(worker.fd)
-        worker.sock.close()
+        worker.wire.close()
         self._emit("exited", worker_id, code=code, reason=reason)
 
     def _emit(self, kind: str, worker_id: str, **fields: object) -> None:

@@ -284,7 +284,8 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
 }
 
 
-def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics:
+def simulated_dispatch(name: str, sizes: dict[str, int], shards: int,
+                       link: str = "unix") -> Metrics:
     """fiberexec only: connect many simulated workers, then time a flood of no-op tasks."""
     from concurrent.futures import wait as wait_futures
 
@@ -295,7 +296,7 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics
         raise ValueError("the simulated-workers workload runs on fiberexec only")
     raise_nofile_limit()
     workers, n = sizes["sim_workers"], sizes["sim_tasks"]
-    backend = SimulatedBackend()
+    backend = SimulatedBackend(link=link)
     with backend:
         start = time.perf_counter()
         ex = FiberExecutor(max_workers=workers, backend=backend, shards=shards, heartbeat=5)
@@ -322,7 +323,8 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int) -> Metrics
         finally:
             ex.shutdown(wait=True)
     return {"tasks_per_s": n / elapsed, "connect_s": connect_s, "workers": connected,
-            "submit_s": submitted, "n": n, "shards": shards, "tasks_done": stats.tasks_done,
+            "submit_s": submitted, "n": n, "shards": shards, "link": link,
+            "tasks_done": stats.tasks_done,
             "dispatch_s": elapsed, "workers_idle_ms": idle_ms, "workers_busy_ms": busy_ms,
             # CPU seconds per second of dispatch: near 1.0 means that process was the limit
             "simulator_busy": sim_cpu / elapsed, "executor_busy": own_cpu / elapsed}
