@@ -385,7 +385,7 @@ class Shard:
         items = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
         for item in items:
             conn.release(item.cost)
-        items = [item for item in items if item.started or not item.future.cancelled()]
+        items = [item for item in items if not item.cancelled()]
         self.queue.extendleft(reversed(items))
         self.moved += len(items)
         if conn.state is State.READY:
@@ -611,6 +611,7 @@ class Shard:
                         kept += 1
                     else:
                         item.future.cancel()
+                        item.start()  # tells its waiters
             self._revoke_cancelled(conn)
         keep: deque[WorkItem] = deque()
         for item in self.queue:
@@ -621,6 +622,7 @@ class Shard:
                 keep.append(item)
             else:
                 item.future.cancel()
+                item.start()  # tells its waiters
         return keep
 
     def _give_away(self, thief: Shard) -> None:
@@ -701,7 +703,7 @@ class Shard:
             if len(conn.inflight) < RUNNING_PER_WORKER:
                 if not item.start():
                     continue  # cancelled while queued
-            elif item.future.cancelled():
+            elif item.cancelled():
                 continue
             try:
                 if fn_id not in index:
@@ -919,9 +921,7 @@ class Shard:
         self.queue.clear()
         self.incoming.clear()
         for item in items:
-            if item.future.done():
-                continue
-            if not item.started and item.future.cancelled():
+            if item.cancelled() or item.future.done():
                 continue
             try:
                 item.future.set_exception(error)

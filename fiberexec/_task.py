@@ -24,7 +24,8 @@ class WorkItem:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    started: bool = False  # set_running_or_notify_cancel() has been called
+    started: bool = False  # set_running_or_notify_cancel() said it may run
+    dropped: bool = False  # ...said it was cancelled (or it was settled before it could run)
     losses: int = 0  # workers that died while this task was running on them
     causes: tuple[Loss, ...] = ()  # how those workers ended, as each became known
     shm_names: list[str] | tuple[()] = ()
@@ -40,14 +41,26 @@ class WorkItem:
 
     def start(self) -> bool:
         """Mark running (once); False if the user cancelled it, or it is settled already.
-        Asking again about a cancelled task is allowed: its waiters are told only once."""
+        Asking again is allowed: a cancelled task's waiters are told once."""
         if self.started:
             return True
-        try:
-            self.started = self.future.set_running_or_notify_cancel()
-        except RuntimeError:  # cancelled and notified, or settled: not to be run
+        if self.dropped:
             return False
+        future = self.future
+        if future.done() and not future.cancelled():  # failed while it waited
+            self.dropped = True
+            return False
+        self.started = future.set_running_or_notify_cancel()
+        self.dropped = not self.started
         return self.started
+
+    def cancelled(self) -> bool:
+        """True if the user cancelled it; then its waiters (`wait`, `as_completed`) are
+        told, as they are only once the executor takes note of a cancellation."""
+        if self.started or not self.future.cancelled():
+            return False
+        self.start()
+        return True
 
 
 _CHUNK_RUNNERS = (map_chunk, starmap_chunk)

@@ -147,6 +147,7 @@ def test_calls_queued_behind_long_ones_stay_cancellable(
     futures = [ex.submit(ct.mark_then_sleep, str(tmp_path / str(i)), 0.3) for i in range(20)]
     wait(futures, timeout=60, return_when=FIRST_COMPLETED)
     cancelled = {i for i, f in enumerate(futures) if f.cancel()}
+    assert not wait(futures, timeout=60).not_done  # waiters hear of the cancellations too
     ex.shutdown(wait=True)
     ran = {i for i in range(20) if (tmp_path / str(i)).exists()}
     # at most 2 finished, 2 running and 3 in the stdlib's call queue (fiberexec: two per worker)

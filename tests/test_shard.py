@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -624,6 +625,7 @@ def test_a_held_task_the_user_cancels_is_asked_back_and_never_settled(bench: Any
     w0.deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])  # given back unstarted
     b.step()
     assert not b.shard.queue and list(b.shard.conns["w0"].inflight) == [items[1].task_id]
+    assert not futures_wait([items[2].future], timeout=0).not_done  # its waiters were told
     b.answer("w0", [items[1].task_id], runtime=SHORT)
     b.step()
     assert b.tasks_sent("w0") == [] and b.shard.done == 4  # two of _hold_three's, and these
