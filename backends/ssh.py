@@ -1,14 +1,26 @@
-"""Workers on other machines over SSH: one ``ssh`` session per worker.
+"""Workers on other machines over SSH: one ``ssh`` session per host, forking its workers.
 
 ::
 
     start_worker(spec) --place--> host with a free slot (least loaded; recently failed hosts
-         |                        last) --> ssh host 'exec python -c LOADER fiberexec-ssh-worker'
-         |                                   stdin: env + secret (JSON), then term/kill lines
-         +-- waits for the remote wrapper's "ready" (fiberexec importable, worker spawned)
-    the session's reader thread: worker output -> logs(); end of session -> watch listener
-    stop(handle):  "term" -> grace -> "kill" + close stdin -> kill the local ssh client
+         |                        last) --> that host's session, opened on its first worker:
+         |                        ssh host 'exec python -c LOADER fiberexec-ssh-host EXECUTOR'
+         |                          the host wrapper: one launcher (python -m fiberexec.worker
+         |                          --launcher) forks the host's workers
+         +-- stdin: a framed spawn request (env + secret, argv, workdir, limits)
+         +-- waits for "spawned n pid" (the host session: `_ssh_session.HostSession`)
+    the session's reader thread: "#fiberexec-out n line" -> worker n's logs(); "exit n code"
+         and the end of the session -> the watch listener
+    stop(handle):  "signal n term" -> grace -> "signal n kill" -> no answer: cut the session
+    the last worker gone (or close()): the session's stdin closes, the wrapper leaves
     remove_stray:  ssh into every host, signal workers the backend started there
+
+The host's workers are forked by one launcher that imported the worker program once
+(`fiberexec.backend.Launcher`), so hundreds of workers on a host cost one ssh session and
+one interpreter start, not hundreds. A worker with ``cpu``/``memory`` limits, and a command
+that is not one of fiberexec's ``python -m fiberexec...`` programs, is started by the host
+wrapper itself (``systemd-run --user --scope`` for limits: a scope of its own, which a fork
+cannot join), inside the same session.
 
 Why the system ``ssh`` client rather than a library (asyncssh, paramiko): it is on every
 machine that has SSH at all, adds no dependency and no cryptography to this process, and it
@@ -18,21 +30,27 @@ read from its exit code (255) and its messages in one place (`_ssh_session.class
 
 Guarantees:
 
-- The executor's secret (``spec.secret_env``) travels only inside the SSH channel, on the
-  remote wrapper's stdin: never on a command line, never in a file.
-- A worker dies with its session: when the executor closes the session or dies, the remote
-  wrapper reads end of input and terminates the worker (SIGKILL after a grace period). The
-  backend pings every wrapper each second over the session; when the network between them
-  fails, a wrapper that hears nothing for three heartbeats (at least three pings) plus two
-  seconds terminates its worker, even one busy in a long task (an idle worker already exits
-  by itself after three silent heartbeats).
+- The executor's secret (``spec.secret_env``) travels only inside the SSH channel, in the
+  spawn request on the host wrapper's stdin (and from there over a private socket pair to
+  the launcher): never on a command line, never in a file. A forked worker's
+  ``/proc/<pid>/environ`` is its launcher's, which holds no secret.
+- A worker dies with its host's session: when the executor closes the session or dies, the
+  host wrapper reads end of input and terminates every worker of the host (SIGKILL after a
+  grace period). The backend pings every wrapper each second over its session; when the
+  network between them fails, a wrapper that hears nothing for three heartbeats (at least
+  three pings) plus two seconds terminates its workers, even ones busy in long tasks (an
+  idle worker already exits by itself after three silent heartbeats).
+- A worker that ends on the host is reported with its exit code (a negative one for a
+  signal) and its siblings run on; when the session ends, every worker of the host is
+  reported gone, with ssh's last message as the reason.
 - ``cpu``/``memory`` are enforced with ``systemd-run --user --scope -p CPUQuota= -p
   MemoryMax=`` on hosts where that works; elsewhere the worker runs unlimited and the backend
   logs a warning saying so (once per host). ``gpu`` is not managed by this backend.
 
 A host needs: an ``sshd`` that accepts your key non-interactively (``BatchMode``), a POSIX
-login shell, Linux ``/proc`` (for `remove_stray`), a Python 3.11 with fiberexec and your
-code's dependencies installed (``python=`` per host), and a route to the executor's address.
+login shell, Linux 5.3 or later (``/proc`` for `remove_stray`, pidfds for the launcher), a
+Python 3.11 with the executor's version of fiberexec and your code's dependencies installed
+(``python=`` per host), and a route to the executor's address.
 """
 
 from __future__ import annotations
@@ -69,7 +87,13 @@ from fiberexec.backend import (
 )
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
-from fiberexec.backends._ssh_session import Session, classify, frame, remote_command
+from fiberexec.backends._ssh_session import (
+    HostSession,
+    Remote,
+    classify,
+    frame,
+    remote_command,
+)
 
 __all__ = ["SSHBackend", "SSHHost", "remove_stray"]
 
@@ -166,12 +190,12 @@ class SSHBackend(Backend):
         self.stop_grace = stop_grace
         self._bind = bind_host
         self._advertise = advertise_host
-        self._sessions: dict[str, Session] = {}
-        self._finished: OrderedDict[str, Session] = OrderedDict()  # stopped: kept for logs()
+        self._host_sessions: dict[str, HostSession] = {}  # host label -> its open session
+        self._workers: dict[str, Remote] = {}
+        self._finished: OrderedDict[str, Remote] = OrderedDict()  # stopped: kept for logs()
         self._noted: set[str] = set()
         self._pinger: threading.Thread | None = None
         self._closed = threading.Event()
-        self._starting: dict[str, Session] = {}  # worker id -> its session, while it connects
         self._exit_watch = ExitWatch()
         self._lock = threading.Lock()
 
@@ -266,59 +290,73 @@ class SSHBackend(Backend):
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
         host = self.placement.reserve(spec.worker_id)
-        session = Session(host, spec, self.command_for(
-            host, remote.WORKER_MARK, spec.executor_id, spec.worker_id))
         with self._lock:
-            closed = self._closed.is_set()
-            if not closed:
-                self._starting[spec.worker_id] = session  # close() cuts it short
+            session = None if self._closed.is_set() else self._session_for(host, spec)
         try:
-            if closed:
+            if session is None:
                 raise PermanentBackendError(
                     f"cannot start worker {spec.worker_id}: the ssh backend was closed; "
                     "create a new SSHBackend")
-            pid = session.start(self._message(spec), self.connect_timeout + self.start_timeout)
+            session.open(spec.worker_id, self.connect_timeout + self.start_timeout)
+            worker = session.spawn(spec.worker_id, self._message(spec), self.start_timeout)
         except BaseException:
             self.placement.release(spec.worker_id)
             self.placement.suspect(host)
+            if session is not None:
+                self._release(session)
             raise
-        finally:
-            with self._lock:
-                self._starting.pop(spec.worker_id, None)
+        worker.on_exit(lambda _status: self._release(session))
         with self._lock:
-            self._sessions[spec.worker_id] = session
+            self._workers[spec.worker_id] = worker
             if self._pinger is None:
                 self._pinger = threading.Thread(target=self._ping_loop,
                                                 name="fiberexec-ssh-ping", daemon=True)
                 self._pinger.start()
-        self._note(host, session.notes)
-        return WorkerHandle(spec.worker_id, f"{host.label}#{pid}")
+        self._note(host, worker.notes)
+        return WorkerHandle(spec.worker_id, f"{host.label}#{worker.pid}")
 
-    def _message(self, spec: WorkerSpec) -> dict[str, Any]:
-        resources = spec.resources
+    def _session_for(self, host: SSHHost, spec: WorkerSpec) -> HostSession:
+        """The host's session (a new one if it has none, or it ended), counting one more
+        worker on it. Called with the lock held."""
+        session = self._host_sessions.get(host.label)
+        if session is None or session.ended:
+            session = HostSession(host, self.command_for(host, remote.HOST_MARK,
+                                                         spec.executor_id), self._hello(spec))
+            self._host_sessions[host.label] = session
+        session.users += 1
+        return session
+
+    def _release(self, session: HostSession) -> None:
+        """One worker fewer on the session's host: the last one closes the session."""
+        with self._lock:
+            session.users -= 1
+            idle = session.users == 0
+            if idle and self._host_sessions.get(session.host.label) is session:
+                del self._host_sessions[session.host.label]
+        if idle:
+            session.close()
+
+    def _hello(self, spec: WorkerSpec) -> dict[str, Any]:
         try:
             silence = float(spec.env.get(ENV_SILENCE, "30"))
         except ValueError:
             silence = 30.0
-        return {
-            "watchdog": max(silence, 3 * PING_INTERVAL) + WATCHDOG_SLACK,
-            "action": "worker",
-            "argv": list(spec.command),
-            "env": dict(spec.env),
-            "secret_env": dict(spec.secret_env),
-            "workdir": spec.workdir,
-            "cpu": resources.cpu,
-            "memory": resources.memory,
-            "grace": self.stop_grace,
-        }
+        return {"action": "host", "executor_id": spec.executor_id, "grace": self.stop_grace,
+                "watchdog": max(silence, 3 * PING_INTERVAL) + WATCHDOG_SLACK}
+
+    @staticmethod
+    def _message(spec: WorkerSpec) -> dict[str, Any]:
+        return {"argv": list(spec.command), "env": dict(spec.env),
+                "secret_env": dict(spec.secret_env), "workdir": spec.workdir,
+                "cpu": spec.resources.cpu, "memory": spec.resources.memory}
 
     def _ping_loop(self) -> None:
-        """Tell every remote wrapper we are here; one whose pings stop ends its worker."""
+        """Tell every host wrapper we are here; one whose pings stop ends its workers."""
         while not self._closed.wait(PING_INTERVAL):
             with self._lock:
-                sessions = list(self._sessions.values())
+                sessions = list(self._host_sessions.values())
             for session in sessions:
-                session.send("ping")
+                session.ping()
 
     def _note(self, host: SSHHost, notes: Sequence[str]) -> None:
         for note in notes:
@@ -331,19 +369,19 @@ class SSHBackend(Backend):
 
     def status(self, handle: WorkerHandle) -> WorkerStatus:
         with self._lock:
-            session = self._sessions.get(handle.worker_id) or self._finished.get(
+            worker = self._workers.get(handle.worker_id) or self._finished.get(
                 handle.worker_id)
-        if session is None:
+        if worker is None:
             return WorkerStatus(WorkerState.UNKNOWN, reason="no such worker")
-        return session.current()
+        return worker.current()
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
-        session = self._sessions.get(handle.worker_id)
-        if session is None:
+        worker = self._workers.get(handle.worker_id)
+        if worker is None:
             listener(handle, self.status(handle))
             return
         self._exit_watch.watch(handle, listener)
-        session.on_exit(lambda status: self._ended(handle, status))
+        worker.on_exit(lambda status: self._ended(handle, status))
 
     def _ended(self, handle: WorkerHandle, status: WorkerStatus) -> None:
         self.placement.release(handle.worker_id)
@@ -354,23 +392,23 @@ class SSHBackend(Backend):
 
     def stop(self, handle: WorkerHandle, *, grace: float | None = None) -> None:
         """SIGTERM the worker, SIGKILL it after ``grace``; an unreachable host's session is
-        cut here (its worker exits by itself once the executor falls silent)."""
+        cut here (its workers exit by themselves once the executor falls silent)."""
         self.unwatch(handle)
         with self._lock:
-            session = self._sessions.pop(handle.worker_id, None)
-        if session is None:
+            worker = self._workers.pop(handle.worker_id, None)
+        if worker is None:
             return
-        self._keep(handle.worker_id, session)
-        self.placement.stopping(session.host, handle.worker_id)
-        answered = session.stop(self.stop_grace if grace is None else grace)
-        self.placement.stopped(session.host, answered=answered)
+        self._keep(handle.worker_id, worker)
+        self.placement.stopping(worker.host, handle.worker_id)
+        answered = worker.stop(self.stop_grace if grace is None else grace)
+        self.placement.stopped(worker.host, answered=answered)
         if not answered:
             log.warning("fiberexec ssh: host %s did not answer while stopping worker %s; "
-                        "closed its session", session.host.label, handle.worker_id)
+                        "closed its session", worker.host.label, handle.worker_id)
 
-    def _keep(self, worker_id: str, session: Session) -> None:
+    def _keep(self, worker_id: str, worker: Remote) -> None:
         with self._lock:
-            self._finished[worker_id] = session
+            self._finished[worker_id] = worker
             while len(self._finished) > KEPT_SESSIONS:
                 self._finished.popitem(last=False)
 
@@ -379,35 +417,54 @@ class SSHBackend(Backend):
         while it runs, everything it wrote before the call (waited for, up to
         `SYNC_TIMEOUT`: its output travels through ssh)."""
         with self._lock:
-            running = self._sessions.get(handle.worker_id)
-            session = running or self._finished.get(handle.worker_id)
+            running = self._workers.get(handle.worker_id)
+            worker = running or self._finished.get(handle.worker_id)
         if running is not None:  # its output travels through ssh: let what it wrote arrive
             running.sync(SYNC_TIMEOUT)
-        return session.tail(tail) if session else ""
+        return worker.tail(tail) if worker else ""
 
     def placements(self) -> dict[str, tuple[str, int]]:
         """``{worker_id: (host, remote pid)}`` for every worker this backend runs."""
         with self._lock:
-            sessions = dict(self._sessions)
-        return {w: (s.host.label, s.pid) for w, s in sessions.items()
-                if s.pid is not None and not s.current().finished}
+            workers = dict(self._workers)
+        return {w: (r.host.label, r.pid) for w, r in workers.items()
+                if r.pid is not None and not r.current().finished}
+
+    def sessions(self) -> dict[str, int]:
+        """``{host: pid of its local ssh client}`` for every host session open now."""
+        with self._lock:
+            return {label: s.client_pid for label, s in self._host_sessions.items()
+                    if s.client_pid is not None and not s.ended}
 
     def close(self) -> None:
-        """Stop every worker; a start still connecting is cut short (it raises)."""
+        """Stop every worker: each host's session closes, and its wrapper ends the host's
+        workers (SIGTERM, SIGKILL after ``stop_grace``); a start still connecting is cut
+        short (it raises)."""
         with self._lock:
             self._closed.set()
-            starting = list(self._starting.values())
-        for session in starting:  # ssh still connecting to a host that may never answer
-            session.kill()
-        with self._lock:
-            workers = list(self._sessions)
-        if workers:
-            with ThreadPoolExecutor(min(16, len(workers)), "fiberexec-ssh-stop") as pool:
-                list(pool.map(lambda w: self.stop(WorkerHandle(w, "")), workers))
+            sessions = list(self._host_sessions.values())
+            workers, self._workers = self._workers, {}
+        for worker_id, worker in workers.items():
+            self.unwatch(WorkerHandle(worker_id, ""))
+            self._keep(worker_id, worker)
+            self.placement.stopping(worker.host, worker_id)
+        if sessions:
+            with ThreadPoolExecutor(min(16, len(sessions)), "fiberexec-ssh-stop") as pool:
+                answers = dict(zip([s.host.label for s in sessions],
+                                   pool.map(self._shut, sessions), strict=True))
+            for worker in workers.values():
+                self.placement.stopped(worker.host, answered=answers.get(worker.host.label,
+                                                                         True))
         if self._pinger is not None:
             self._pinger.join(timeout=10)
         for handle in self._exit_watch.clear():
             self.stop(handle, grace=0.5)
+
+    def _shut(self, session: HostSession) -> bool:
+        if not session.greeted:  # ssh still connecting to a host that may never answer
+            session.kill()
+            return True
+        return session.shutdown(self.stop_grace + remote.END_WAIT + SYNC_TIMEOUT)
 
     # ------------------------------------------------------------ strays
 

@@ -19,7 +19,8 @@ as the one a `fiberexec.multiprocessing.Process` runs) is imported by the launch
 time it is asked for, so every child after that starts with it loaded; the child makes it
 its ``__main__`` and calls its ``main()``, as ``python -m`` would. A child writes
 to the standard output and error its requester has at the time it asks (passed along with
-the request), as a child started afresh would, unless it logs to a file.
+the request), as a child started afresh would, unless it logs to a file or its requester
+hands it a descriptor of its own (a pipe the ssh host wrapper reads, to tag its output).
 
 The two talk over a private ``SOCK_SEQPACKET`` socket pair (one message per datagram, the
 child's pidfd passed along, so a signal never reaches a recycled pid). When the executor
@@ -115,16 +116,18 @@ class Launcher:
         self._reader.start()
 
     def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
-              log: str | None, program: str = WORKER_PROGRAM) -> ForkedProcess:
+              log: str | None, program: str = WORKER_PROGRAM,
+              output: int | None = None) -> ForkedProcess:
         """Fork a worker (or another of fiberexec's programs, by module name). Several
         threads may ask at once: their requests are pipelined (the launcher forks them back
-        to back), and replies come back in order."""
+        to back), and replies come back in order. The child writes to the file ``log``,
+        else to the descriptor ``output`` (standard output and error both), else to ours."""
         request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program))
-        output = [] if log is not None else [1, 2]  # where our own output goes now
+        fds = [] if log is not None else [1, 2] if output is None else [output, output]
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
             try:
-                socket.send_fds(self._sock, [request], output)
+                socket.send_fds(self._sock, [request], fds)
             except OSError as exc:
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
             self._waiting.append(slot)

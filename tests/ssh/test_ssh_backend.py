@@ -91,9 +91,8 @@ def test_the_worker_dies_with_its_ssh_session(make_backend: Maker, lab: Lab) -> 
     backend = make_backend()
     handle = backend.start_worker(spec("j4", "import time; time.sleep(600)"))
     job = psutil.Process(remote_pid(handle))
-    clients = [p for p in ssh_processes(lab) if p.name() == "ssh"
-               and any("j4" in a for a in p.cmdline())]
-    assert len(clients) == 1
+    clients = [p for p in ssh_processes(lab) if p.name() == "ssh"]
+    assert [p.pid for p in clients] == list(backend.sessions().values())
     clients[0].kill()  # the session is gone, as when the executor's process is killed
     gone, alive = psutil.wait_procs([job], timeout=10)
     assert gone and not alive, "the remote job outlived its SSH session"
@@ -161,11 +160,13 @@ def test_secret_travels_only_inside_the_channel(make_backend: Maker,
     assert connected.wait(60)
     secret = ex._pool.secret.hex()  # type: ignore[union-attr]
     procs = ssh_processes(lab)
-    assert any(p.name() == "ssh" for p in procs) and len(procs) >= 6  # 2x client, wrapper, worker
+    assert any(p.name() == "ssh" for p in procs) and len(procs) >= 4  # client, wrapper, worker
     for proc in procs:
         assert secret not in " ".join(proc.cmdline())
-    workers = [p for p in procs if p.cmdline()[1:3] == ["-m", "fiberexec.worker"]]
-    assert len(workers) == 2 and all(p.environ()["FIBEREXEC_SECRET"] == secret for p in workers)
+    # Forked by each host's launcher: their /proc environ is the launcher's, which has none
+    workers = [p for p in procs if p.cmdline()[1:3] == ["-m", "fiberexec.worker"]
+               and remote.HOST_MARK not in p.parent().cmdline()]
+    assert len(workers) == 2 and all("FIBEREXEC_SECRET" not in p.environ() for p in workers)
     files = subprocess.run(["grep", "-rl", secret, str(lab.site.root), "/dev/shm",
                             os.path.expanduser("~/.ssh"), os.getcwd()],
                            capture_output=True, text=True, timeout=60, check=False)
@@ -182,15 +183,21 @@ def test_remove_stray_stops_orphaned_workers(make_backend: Maker, make_executor:
     backend = make_backend(hosts=[lab.site.target("w1")])
     ex = make_executor(1, backend=backend)
     worker_pid = ex.submit(tasks.pid).result(timeout=60)
-    wrapper = psutil.Process(worker_pid).parent()
-    assert wrapper is not None and remote.WORKER_MARK in wrapper.cmdline()
+    launcher = psutil.Process(worker_pid).parent()
+    wrapper = launcher.parent() if launcher is not None else None
+    assert wrapper is not None and remote.HOST_MARK in wrapper.cmdline()
     executor_id = ex._pool.executor_id  # type: ignore[union-attr]
-    wrapper.kill()  # the worker is orphaned but keeps serving its live executor
+    # The executor lets a worker go when its host's session ends; a stopped one stays, as
+    # one would whose connection outlived its wrapper (a SIGKILL still ends it)
+    psutil.Process(worker_pid).suspend()
+    wrapper.kill()
+    assert psutil.wait_procs([launcher], timeout=10)[0], "the launcher outlived its wrapper"
     assert psutil.Process(worker_pid).is_running()
     options = backend_options(lab)
     assert remove_stray(executor_id="someone-else", **options) == []
     removed = remove_stray(**options)  # its wrapper, the executor's lease there, is gone
-    assert len(removed) == 1 and f"worker w0 of executor {executor_id}" in removed[0], removed
+    assert removed == [f"removed worker of executor {executor_id} on {lab.site.target('w1')} "
+                       f"(pid {worker_pid})"], removed
     gone, _ = psutil.wait_procs([psutil.Process(worker_pid)], timeout=10)
     assert gone
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import psutil
 
+import fiberexec
 from fiberexec.backend import Backend
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends.ssh import SSHBackend, remove_stray
@@ -35,11 +37,23 @@ class SSHKit(BackendKit):
     same_host: bool = False  # worker hosts are network namespaces, each with its /dev/shm
 
 
+def python_here(lab: Lab) -> str:
+    """The tox env's Python, importing the same fiberexec as this process (a checkout's,
+    not the installed one): a shim in the test bed's directory that every host sees."""
+    shim = lab.site.root / "python-here"
+    if not shim.exists():
+        checkout = Path(fiberexec.__file__).resolve().parents[1]
+        shim.write_text(f"#!/bin/sh\nexport PYTHONPATH={shlex.quote(str(checkout))}\n"
+                        f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+        shim.chmod(0o755)
+    return str(shim)
+
+
 def backend_options(lab: Lab, **overrides: Any) -> dict[str, Any]:
     """SSHBackend arguments for the test bed's worker hosts (the tox env's Python there)."""
     return {
         "hosts": lab.targets(),
-        "python": sys.executable,
+        "python": python_here(lab),
         "slots": SLOTS,
         "ssh_config": str(lab.site.ssh_config),
         "connect_timeout": 5.0,
@@ -63,7 +77,7 @@ def ssh_processes(lab: Lab) -> list[psutil.Process]:
             if _netns_inode(proc.pid) not in inodes or proc.status() == "zombie":
                 continue
             argv = proc.cmdline()
-            marked = any(remote.WORKER_MARK in a or remote.CLEANUP_MARK in a for a in argv)
+            marked = any(remote.HOST_MARK in a or remote.CLEANUP_MARK in a for a in argv)
             worker = argv[1:3] == ["-m", "fiberexec.worker"] and remote.ENV_MARK in proc.environ()
             if marked or worker:
                 found.append(proc)
