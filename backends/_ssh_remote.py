@@ -226,6 +226,8 @@ class Pump:
                 for n in list(self._fds):
                     self._drain(n)
                 say(event="synced", k=item[1])
+            elif item[0] == "flush":  # what was posted before is reported
+                item[1].set()
 
     def _add(self, child: Child, fd: int, notes: list[str]) -> None:
         os.set_blocking(fd, False)
@@ -419,6 +421,7 @@ class Host:
     def _exited(self, child: Child, code: int) -> None:
         with self._lock:
             self._forks.pop(child.pid, None)
+            self.children.pop(child.n, None)
         self.pump.post("exit", child, code)
 
     def _end_all(self) -> None:
@@ -437,6 +440,9 @@ class Host:
                 break
         if self._launcher is not None:
             self._launcher.close(END_WAIT)
+        flushed = threading.Event()  # exits already heard are reported before we leave
+        self.pump.post("flush", flushed)
+        flushed.wait(END_WAIT)
 
 
 def _hang_up(*_: Any) -> None:
