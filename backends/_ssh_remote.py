@@ -376,8 +376,14 @@ class Host:
             return self._limits[cpu, memory]
 
     def _fork(self, n: int, env: dict[str, str], cwd: str, program: str, out: int) -> Child:
-        proc = self._the_launcher().spawn(env=env, cwd=cwd, memory=None, log=None,
-                                          program=program, output=out)
+        launcher = self._the_launcher()
+        try:
+            proc = launcher.spawn(env=env, cwd=cwd, memory=None, log=None, program=program,
+                                  output=out)
+        except TypeError as exc:  # a launcher without output=: an older fiberexec here
+            raise RuntimeError(
+                f"the fiberexec on this host is older than the executor's ({exc}); install "
+                "the executor's version of fiberexec into this host's Python") from None
         return Child(n, proc.pid, proc.send_signal)
 
     def _popen(self, n: int, argv: list[str], env: dict[str, str], cwd: str | None,
