@@ -74,11 +74,13 @@ def test_after_a_direct_reader_is_killed_another_reader_gets_the_rest(
         mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
     here, there = ctx.Pipe(duplex=False)
-    out = ctx.Queue()
-    writer = _start(ctx, t.send_paced, there, 3000, 10, 0.005)
-    reader = _start(ctx, t.read_to_eof, here, out)
+    out, progress = ctx.Queue(), ctx.Event()
+    # the reader first, so that it reads as the writer sends (3 s of sending, paced)
+    reader = _start(ctx, t.read_to_eof, here, out, False, progress)
+    writer = _start(ctx, t.send_paced, there, 6000, 10, 0.005)
     there.close()
-    time.sleep(1.0)
+    assert progress.wait(120)  # 500 items in: the writer has sent them for 0.25 s
+    time.sleep(0.5)  # half a second more of sending: by then it goes directly
     reader.kill()  # type: ignore[attr-defined]
     reader.join(60)  # type: ignore[attr-defined]
     rest = []
@@ -94,7 +96,7 @@ def test_after_a_direct_reader_is_killed_another_reader_gets_the_rest(
         writer.join(60)  # type: ignore[attr-defined]
         return
     assert rest, "nothing reached the second reader"
-    assert rest[-1] == 2999
+    assert rest[-1] == 5999
     assert rest == sorted(set(rest))
     writer.join(60)  # type: ignore[attr-defined]
     assert writer.exitcode == 0  # type: ignore[attr-defined]
