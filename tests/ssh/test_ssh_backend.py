@@ -32,24 +32,10 @@ from fiberexec.backends._ssh_session import classify
 from fiberexec.backends.ssh import SSHBackend, remove_stray
 from tests import tasks
 from tests.conftest import ExecutorFactory
-from tests.support.backend_ssh import backend_options, ssh_processes
+from tests.support.backend_ssh import backend_options, finished, spec, ssh_processes
 from tests.testbed.session import Lab
 
 Maker = Callable[..., SSHBackend]
-
-
-def spec(worker_id: str, *code: str) -> WorkerSpec:
-    """A job that runs ``python -c`` code instead of the worker program."""
-    return WorkerSpec(worker_id=worker_id, executor_id="t", command=("python", "-c", *code))
-
-
-def finished(backend: SSHBackend, handle: WorkerHandle, timeout: float = 30) -> WorkerStatus:
-    """Wait for the watch listener to report the job's end."""
-    done = threading.Event()
-    seen: list[WorkerStatus] = []
-    backend.watch(handle, lambda _h, status: (seen.append(status), done.set()))
-    assert done.wait(timeout), f"{handle} did not finish within {timeout}s"
-    return seen[0]
 
 
 def remote_pid(handle: WorkerHandle) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Callable
 
 import psutil
@@ -13,23 +12,11 @@ from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends.ssh import PING_INTERVAL, WATCHDOG_SLACK, SSHBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
-from tests.support.backend_ssh import ssh_processes
+from tests.support.backend_ssh import finished, spec, ssh_processes
 from tests.testbed.session import Lab
 
 Maker = Callable[..., SSHBackend]
 SLEEP = "import time; time.sleep(600)"
-
-
-def job(worker_id: str, code: str) -> WorkerSpec:
-    return WorkerSpec(worker_id=worker_id, executor_id="t", command=("python", "-c", code))
-
-
-def finished(backend: SSHBackend, handle: WorkerHandle, timeout: float = 30) -> WorkerStatus:
-    done = threading.Event()
-    seen: list[WorkerStatus] = []
-    backend.watch(handle, lambda _h, status: (seen.append(status), done.set()))
-    assert done.wait(timeout), f"{handle} did not finish within {timeout}s"
-    return seen[0]
 
 
 def on_host(handle: WorkerHandle) -> psutil.Process:
@@ -61,7 +48,7 @@ def test_workers_on_one_host_share_one_session_and_one_launcher(
 
 def test_the_last_worker_gone_closes_the_hosts_session(make_backend: Maker, lab: Lab) -> None:
     backend = make_backend(hosts=[lab.site.target("w2")], slots=None)
-    handles = [backend.start_worker(job(f"c{i}", SLEEP)) for i in range(3)]
+    handles = [backend.start_worker(spec(f"c{i}", SLEEP)) for i in range(3)]
     (client,) = clients(lab)
     backend.stop(handles[0], grace=5)
     assert backend.sessions() == {lab.site.target("w2"): client.pid}
@@ -74,7 +61,7 @@ def test_the_last_worker_gone_closes_the_hosts_session(make_backend: Maker, lab:
 def test_a_worker_killed_on_the_host_is_reported_its_siblings_run_on(
         make_backend: Maker, lab: Lab) -> None:
     backend = make_backend(hosts=[lab.site.target("w3")], slots=None)
-    handles = [backend.start_worker(job(f"k{i}", SLEEP)) for i in range(3)]
+    handles = [backend.start_worker(spec(f"k{i}", SLEEP)) for i in range(3)]
     on_host(handles[1]).send_signal(signal.SIGKILL)
     assert finished(backend, handles[1]) == WorkerStatus(WorkerState.EXITED, exit_code=-9)
     for handle in (handles[0], handles[2]):
@@ -96,7 +83,7 @@ def test_a_forked_worker_reports_its_exit_code_and_output(make_backend: Maker,
 def test_killing_the_ssh_client_ends_every_worker_of_its_host(make_backend: Maker,
                                                               lab: Lab) -> None:
     backend = make_backend(hosts=[lab.site.target("w2")], slots=None)
-    handles = [backend.start_worker(job(f"s{i}", SLEEP)) for i in range(4)]
+    handles = [backend.start_worker(spec(f"s{i}", SLEEP)) for i in range(4)]
     jobs = [on_host(h) for h in handles]
     (client,) = clients(lab)
     client.kill()  # as when the executor's process is killed

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import psutil
 
 import fiberexec
-from fiberexec.backend import Backend
+from fiberexec.backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends.ssh import SSHBackend, remove_stray
 from fiberexec.testing import Harness
@@ -113,3 +114,17 @@ def backend_session() -> Iterator[BackendKit]:
                      contract=contract, executor_kwargs={"workdir": str(Path.cwd())}, lab=lab,
                      settings={"FIBEREXEC_BACKEND": "ssh",
                                "FIBEREXEC_BACKEND_OPTIONS": json.dumps(backend_options(lab))})
+
+
+def spec(worker_id: str, *code: str) -> WorkerSpec:
+    """A job that runs ``python -c`` code instead of the worker program."""
+    return WorkerSpec(worker_id=worker_id, executor_id="t", command=("python", "-c", *code))
+
+
+def finished(backend: SSHBackend, handle: WorkerHandle, timeout: float = 30) -> WorkerStatus:
+    """Wait for the watch listener to report the job's end."""
+    done = threading.Event()
+    seen: list[WorkerStatus] = []
+    backend.watch(handle, lambda _h, status: (seen.append(status), done.set()))
+    assert done.wait(timeout), f"{handle} did not finish within {timeout}s"
+    return seen[0]
