@@ -218,7 +218,7 @@ class TaskPool:
         return Stats(
             workers=ready,
             workers_starting=max(0, total - ready),
-            tasks_pending=sum(s.backlog + s.prefetched for s in shards),
+            tasks_pending=sum(s.backlog for s in shards),
             tasks_running=sum(s.running for s in shards),
             tasks_done=done,
             tasks_failed=failed,

@@ -30,7 +30,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from itertools import islice
 from typing import Any
 
 from fiberexec import _auth, _observe, _shm
@@ -67,7 +66,6 @@ from fiberexec._task import (
 log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
 STEAL_MIN = 8
-RUNNING_PER_WORKER = 2  # the task a worker runs and the one it starts next
 REVOKE_SCAN = 0.005  # seconds between looks for a worker holding tasks another could run
 EXIT_START_GRACE = 5.0  # at interpreter exit, seconds to wait for a first worker to connect
 ESTIMATES_MAX = 4096  # functions whose run times are remembered
@@ -120,7 +118,6 @@ class Shard:
         self.bytes_sent = self.bytes_received = 0  # frames over the workers' links
         self.arg_tally = Tally()  # large arguments kept by workers, and bytes that saved
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
-        self.cancelled_ran = 0  # cancelled while held, the worker began it before the revoke
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
         self._next_revoke_scan = 0.0
@@ -191,17 +188,6 @@ class Shard:
 
     @property
     def running(self) -> int:
-        """Tasks whose futures are running: started, or next to start, on a worker."""
-        return sum(item.started for c in list(self.conns.values())
-                   for item in list(c.inflight.values()))
-
-    @property
-    def prefetched(self) -> int:
-        """Tasks a worker holds behind the next one it starts: pending, still cancellable."""
-        return self.held - self.running
-
-    @property
-    def held(self) -> int:
         return sum(len(c.inflight) for c in list(self.conns.values()))
 
     # ------------------------------------------------------------ the loop
@@ -331,9 +317,6 @@ class Shard:
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
-            if not item.start():
-                self.cancelled_ran += 1  # cancelled as the worker began it: drop its outcome
-                continue
             ok = settle(item, result)
             self._count(item, ok)
             spans.append((item.task_id, worker_id, span_function(item),
@@ -350,28 +333,7 @@ class Shard:
                 self.idle[conn.worker_id] = conn
         if not conn.inflight:
             conn.idle_since = self.clock()
-        else:
-            self._promote(conn)
         self.lifecycle.progress()
-
-    def _promote(self, conn: Conn) -> None:
-        """Mark running the task ``conn`` runs and the one it starts next, as the stdlib
-        marks what its call queue holds; the tasks behind those stay pending, and a user
-        may still cancel them. A cancelled one is asked back (with every other cancelled
-        task the worker holds), so that it never runs."""
-        for item in islice(conn.inflight.values(), RUNNING_PER_WORKER):
-            if not item.started and not item.start():
-                self._revoke_cancelled(conn)
-                return
-
-    def _revoke_cancelled(self, conn: Conn) -> None:
-        if conn.state not in (State.READY, State.RETIRING):
-            return
-        cancelled = [i.task_id for i in conn.inflight.values()
-                     if not i.started and i.future.cancelled()]
-        if cancelled:
-            conn.revoking = True
-            self._send(conn, p.Revoke(cancelled))
 
     def _record_failure(self, item: WorkItem, worker_id: str | None) -> None:
         """Keep a failed task for failures() (described only when someone asks)."""
@@ -385,7 +347,6 @@ class Shard:
         items = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
         for item in items:
             conn.release(item.cost)
-        items = [item for item in items if not item.cancelled()]
         self.queue.extendleft(reversed(items))
         self.moved += len(items)
         if conn.state is State.READY:
@@ -602,27 +563,15 @@ class Shard:
         marks them running) as soon as they are submitted; ``cancel_futures`` cannot cancel
         those, so they still run. The same number, less what workers already hold, runs here.
         """
-        room = max(0, self.config.max_workers + 1 - self.running)
-        kept = 0
-        for conn in self.conns.values():  # what workers hold first: it runs sooner
-            for item in list(conn.inflight.values()):
-                if not item.started:
-                    if kept < room and item.start():
-                        kept += 1
-                    else:
-                        item.future.cancel()
-                        item.start()  # tells its waiters
-            self._revoke_cancelled(conn)
+        held = sum(len(c.inflight) for c in self.conns.values())
+        room = max(0, self.config.max_workers + 1 - held)
         keep: deque[WorkItem] = deque()
         for item in self.queue:
-            if item.started:
-                keep.append(item)
-            elif kept < room and item.start():
-                kept += 1
+            if item.started or (len(keep) < room and item.start()):
                 keep.append(item)
             else:
                 item.future.cancel()
-                item.start()  # tells its waiters
+                item.start()  # tells its waiters: `wait` and `as_completed` see it done
         return keep
 
     def _give_away(self, thief: Shard) -> None:
@@ -700,11 +649,8 @@ class Shard:
             if not conn.admits(estimate, self._allowance(key)):
                 break
             queue.popleft()
-            if len(conn.inflight) < RUNNING_PER_WORKER:
-                if not item.start():
-                    continue  # cancelled while queued
-            elif item.cancelled():
-                continue
+            if not item.start():
+                continue  # cancelled while queued
             try:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
@@ -921,7 +867,10 @@ class Shard:
         self.queue.clear()
         self.incoming.clear()
         for item in items:
-            if item.cancelled() or item.future.done():
+            if item.future.cancelled():
+                item.start()  # tells its waiters
+                continue
+            if item.future.done():
                 continue
             try:
                 item.future.set_exception(error)

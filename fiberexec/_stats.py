@@ -15,8 +15,8 @@ class Stats:
 
     workers: int  # connected and ready
     workers_starting: int
-    tasks_pending: int  # submitted, not started: queued, or held by a worker behind its next
-    tasks_running: int  # running on a worker, or the next it starts (as the stdlib marks them)
+    tasks_pending: int  # submitted, not yet sent to a worker
+    tasks_running: int  # sent to a worker, no result yet
     tasks_done: int  # finished with a result (a chunked map's items count one by one)
     tasks_failed: int  # finished with an exception (raised, unpicklable, worker lost)
     tasks_retried: int  # re-sent after their worker died

@@ -40,7 +40,8 @@ class WorkItem:
         return 1
 
     def start(self) -> bool:
-        """Mark running (once); False if the user cancelled it, or it is settled already.
+        """Mark running before the first dispatch; False if the user cancelled it (its
+        waiters, `wait` and `as_completed`, are told then), or it is settled already.
         Asking again is allowed: a cancelled task's waiters are told once."""
         if self.started:
             return True
@@ -53,14 +54,6 @@ class WorkItem:
         self.started = future.set_running_or_notify_cancel()
         self.dropped = not self.started
         return self.started
-
-    def cancelled(self) -> bool:
-        """True if the user cancelled it; then its waiters (`wait`, `as_completed`) are
-        told, as they are only once the executor takes note of a cancellation."""
-        if self.started or not self.future.cancelled():
-            return False
-        self.start()
-        return True
 
 
 _CHUNK_RUNNERS = (map_chunk, starmap_chunk)

@@ -598,59 +598,8 @@ def test_shutdown_with_cancel_keeps_what_the_stdlib_call_queue_would_run(bench: 
     b.shard.post(ev.Shutdown(cancel_futures=True))
     b.step()
     assert [i.future.cancelled() for i in items] == [False] * 3 + [True] * 7
+    assert not futures_wait([i.future for i in items[3:]], timeout=0).not_done  # told
     assert not b.shard.finished()  # three still to run
-
-
-def test_only_the_running_task_and_the_next_are_marked_running(bench: Any) -> None:
-    """What a worker holds behind the next task it starts stays pending, as a stdlib future
-    stays pending until its call queue takes it: a user may still cancel it."""
-    b = bench()
-    items = _hold_three(b)
-    assert [i.future.running() for i in items] == [True, True, False]
-    assert (b.shard.running, b.shard.prefetched) == (2, 1)
-    b.answer("w0", [items[0].task_id], runtime=SHORT)
-    b.step()
-    assert items[2].future.running()  # next to start now
-
-
-def test_a_held_task_the_user_cancels_is_asked_back_and_never_settled(bench: Any) -> None:
-    b = bench()
-    items = _hold_three(b)
-    w0 = b.links["w0"]
-    assert items[2].future.cancel()
-    b.answer("w0", [items[0].task_id], runtime=SHORT)
-    b.step()
-    (revoke,) = [m for m in w0.take() if isinstance(m, p.Revoke)]
-    assert list(revoke.task_ids) == [items[2].task_id]
-    w0.deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])  # given back unstarted
-    b.step()
-    assert not b.shard.queue and list(b.shard.conns["w0"].inflight) == [items[1].task_id]
-    assert not futures_wait([items[2].future], timeout=0).not_done  # its waiters were told
-    b.answer("w0", [items[1].task_id], runtime=SHORT)
-    b.step()
-    assert b.tasks_sent("w0") == [] and b.shard.done == 4  # two of _hold_three's, and these
-
-
-def test_a_cancelled_task_the_worker_began_before_the_revoke_is_dropped(bench: Any) -> None:
-    b = bench()
-    items = _hold_three(b)
-    assert items[2].future.cancel()
-    b.answer("w0", [i.task_id for i in items], runtime=SHORT)  # it outran the executor
-    b.step()
-    assert items[2].future.cancelled() and b.shard.cancelled_ran == 1
-    assert [i.future.result(timeout=0) for i in items[:2]] == [i.task_id for i in items[:2]]
-
-
-def test_shutdown_with_cancel_cancels_what_workers_hold_behind_their_next(bench: Any) -> None:
-    b = bench(max_workers=1)
-    items = _hold_three(b)
-    more = b.submit(job, 2)
-    b.shard.post(ev.Shutdown(cancel_futures=True))
-    b.step()
-    # the stdlib's call queue holds max_workers + 1 = 2: the two marked running
-    assert [i.future.cancelled() for i in items + more] == [False, False, True, True, True]
-    (revoke,) = [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
-    assert list(revoke.task_ids) == [items[2].task_id]
 
 
 def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None:

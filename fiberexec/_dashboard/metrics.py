@@ -90,12 +90,10 @@ class ExecutorCollector(Collector):
             workers.add_metric([state], count)
         yield workers
         yield GaugeMetricFamily("fiberexec_tasks_pending",
-                                "Tasks submitted, not started: queued or held behind a "
-                                "worker's next (queue depth).",
+                                "Tasks submitted, not yet sent to a worker (queue depth).",
                                 value=stats.tasks_pending)
         yield GaugeMetricFamily("fiberexec_tasks_running",
-                                "Tasks running on a worker, or the next it starts.",
-                                value=stats.tasks_running)
+                                "Tasks sent to a worker, no result yet.", value=stats.tasks_running)
         submitted = (stats.tasks_pending + stats.tasks_running + stats.tasks_done
                      + stats.tasks_failed)
         for name, doc, value in (
