@@ -284,6 +284,7 @@ class Host:
         self.grace = float(message.get("grace", 2.0))
         self.watchdog: float | None = message.get("watchdog")
         self.executor_id = str(message.get("executor_id", ""))
+        self.preload = str(message.get("preload", ""))
         self.pump = Pump()
         self.children: dict[int, Child] = {}
         self._forks: dict[int, Child] = {}  # pid -> forked worker, until its exit
@@ -410,9 +411,11 @@ class Host:
     def _the_launcher(self) -> Any:
         with self._lock:
             if self._launcher is None:
-                from fiberexec.backend import Launcher
+                from fiberexec.backend import ENV_PRELOAD, Launcher
 
                 env = {**os.environ, ENV_MARK: "1", "FIBEREXEC_EXECUTOR_ID": self.executor_id}
+                if self.preload:  # what the executor's FIBEREXEC_PRELOAD names
+                    env[ENV_PRELOAD] = self.preload
                 self._launcher = Launcher(sys.executable, env, self._fork_exited)
             return self._launcher
 

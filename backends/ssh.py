@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fiberexec.backend import (
+    ENV_PRELOAD,
     Backend,
     BackendError,
     ConfigurationError,
@@ -342,7 +343,9 @@ class SSHBackend(Backend):
         except ValueError:
             silence = 30.0
         return {"action": "host", "executor_id": spec.executor_id, "grace": self.stop_grace,
-                "watchdog": max(silence, 3 * PING_INTERVAL) + WATCHDOG_SLACK}
+                "watchdog": max(silence, 3 * PING_INTERVAL) + WATCHDOG_SLACK,
+                # the modules this process's launcher preloads, the host's launcher does too
+                "preload": os.environ.get(ENV_PRELOAD, "")}
 
     @staticmethod
     def _message(spec: WorkerSpec) -> dict[str, Any]:

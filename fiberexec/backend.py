@@ -50,7 +50,13 @@ from fiberexec._errors import (
     PermanentBackendError,
     TransientBackendError,
 )
-from fiberexec._launcher import WORKER_PROGRAM, ForkedProcess, Launcher, LauncherError
+from fiberexec._launcher import (
+    ENV_PRELOAD,
+    WORKER_PROGRAM,
+    ForkedProcess,
+    Launcher,
+    LauncherError,
+)
 from fiberexec._registry import (
     available_backends,
     backend_class,
@@ -67,6 +73,7 @@ __all__ = [
     "ENV_CONNECT_TIMEOUT",
     "ENV_EXECUTOR_ID",
     "ENV_LOCAL_ADDRESS",
+    "ENV_PRELOAD",
     "ENV_SECRET",
     "ENV_WORKER_ID",
     "EXECUTOR_LABEL",

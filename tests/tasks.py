@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -220,3 +221,8 @@ def chatter(lines: int, value: Any = None) -> Any:
         print(f"line {i}")
     print("to stderr", file=sys.stderr)
     return value
+
+
+def imported(module: str) -> bool:
+    """Whether ``module`` is imported in this worker already."""
+    return module in sys.modules

@@ -6,8 +6,16 @@ import signal
 from collections.abc import Callable
 
 import psutil
+import pytest
 
-from fiberexec.backend import WORKER_COMMAND, WorkerHandle, WorkerSpec, WorkerState, WorkerStatus
+from fiberexec.backend import (
+    ENV_PRELOAD,
+    WORKER_COMMAND,
+    WorkerHandle,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+)
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends.ssh import PING_INTERVAL, WATCHDOG_SLACK, SSHBackend
 from tests import tasks
@@ -44,6 +52,15 @@ def test_workers_on_one_host_share_one_session_and_one_launcher(
     assert launcher is not None and "--launcher" in launcher.cmdline()
     wrapper = launcher.parent()
     assert wrapper is not None and remote.HOST_MARK in wrapper.cmdline()
+
+
+def test_the_hosts_launcher_preloads_what_the_executors_environment_names(
+        make_backend: Maker, make_executor: ExecutorFactory, lab: Lab,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_PRELOAD, "colorsys")  # a module nothing else here imports
+    ex = make_executor(3, backend=make_backend(hosts=[lab.site.target("w1")], slots=None))
+    assert list(ex.map(tasks.imported, ["colorsys"] * 3)) == [True] * 3
+    assert ex.submit(tasks.imported, "wave").result(timeout=60) is False
 
 
 def test_the_last_worker_gone_closes_the_hosts_session(make_backend: Maker, lab: Lab) -> None:
