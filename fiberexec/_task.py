@@ -25,7 +25,7 @@ class WorkItem:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     started: bool = False  # set_running_or_notify_cancel() said it may run
-    dropped: bool = False  # ...said it was cancelled (or it was settled before it could run)
+    dropped: bool = False  # ...said it was cancelled
     losses: int = 0  # workers that died while this task was running on them
     causes: tuple[Loss, ...] = ()  # how those workers ended, as each became known
     shm_names: list[str] | tuple[()] = ()
@@ -41,17 +41,13 @@ class WorkItem:
 
     def start(self) -> bool:
         """Mark running before the first dispatch; False if the user cancelled it (its
-        waiters, `wait` and `as_completed`, are told then), or it is settled already.
-        Asking again is allowed: a cancelled task's waiters are told once."""
+        waiters, `wait` and `as_completed`, are told then). Asking again is allowed: a
+        cancelled task's waiters are told once."""
         if self.started:
             return True
         if self.dropped:
             return False
-        future = self.future
-        if future.done() and not future.cancelled():  # failed while it waited
-            self.dropped = True
-            return False
-        self.started = future.set_running_or_notify_cancel()
+        self.started = self.future.set_running_or_notify_cancel()
         self.dropped = not self.started
         return self.started
 
