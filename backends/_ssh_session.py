@@ -181,11 +181,13 @@ class HostSession:
         self.argv = list(argv)
         self.users = 0  # workers running or starting here; the backend counts them
         self.ssh_errors: deque[str] = deque(maxlen=50)
-        self._hello = hello
         self._remotes: dict[int, Remote] = {}  # those not ended, by number
         self._next = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._writes: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        # the wrapper's first frame must be the hello (it carries the code the loader runs):
+        # queued now, before any other thread can ping or signal this session
+        self._writes.put(frame({"code": _CODE, **hello}))
         self._launched = False
         self._launch_error: BackendError | None = None
         self._greeted = False
@@ -243,7 +245,6 @@ class HostSession:
             self._ended.set()
             self._opened.set()
             return
-        self._writes.put(frame({"code": _CODE, **self._hello}))
         threading.Thread(target=self._write, name="fiberexec-ssh-in", daemon=True).start()
         self._stderr_reader = threading.Thread(
             target=self._read_stderr, name="fiberexec-ssh-err", daemon=True)

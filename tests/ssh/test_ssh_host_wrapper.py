@@ -60,3 +60,19 @@ def test_one_workers_end_leaves_its_siblings_running() -> None:
     assert ended(workers[0]).exit_code == -15
     assert [w.current().state for w in workers[1:]] == [WorkerState.RUNNING] * 2
     assert session.shutdown(30)
+
+
+def test_a_ping_before_the_session_opens_does_not_precede_the_hello() -> None:
+    # the backend's ping thread pings every session it knows, also one whose ssh has not
+    # started yet: the wrapper must still read the hello (and its code) first
+    argv = [sys.executable, "-c", remote.LOADER, remote.HOST_MARK, "t"]
+    session = HostSession(SSHHost("here"), argv,
+                          {"action": "host", "executor_id": "t", "grace": 5.0,
+                           "watchdog": 600.0})
+    session.ping()
+    session.signal(0, "term")
+    session.open("w0", 30)
+    assert session.greeted and not session.ended
+    worker = session.spawn("w0", SLEEP, 30)
+    assert worker.pid is not None
+    assert session.shutdown(30)
