@@ -1,4 +1,5 @@
-"""`Pipe` and `Connection`: two broker channels, one per direction, with end-of-file.
+"""`Pipe` and `Connection` across hosts: two broker channels, one per direction, with
+end-of-file (on one host, `Pipe` makes the standard library's socket pipe: `_hostpipe`).
 
 Each direction counts the open `Connection` objects that may send into it (a pickled copy
 holds its own count, taken when it is pickled); when the last is closed or collected, or
@@ -274,7 +275,14 @@ def _rebuild(address: str, secret: bytes, recv_id: int | None, send_id: int | No
 
 
 def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:  # stdlib name
-    """Two connected `Connection` objects; with ``duplex=False``, (reader, writer)."""
+    """Two connected `Connection` objects; with ``duplex=False``, (reader, writer).
+
+    Where every process runs on this host, the standard library's socket pipe
+    (`_hostpipe`); otherwise two channels of the broker."""
+    from fiberexec.multiprocessing import _backends, _hostpipe
+
+    if _hostpipe.usable(_backends.broker_hosts()[1]):
+        return _hostpipe.pipe(duplex)
     broker = b.get_broker()
     ep = broker.endpoint
     forward = ep.call("new", (0, 1))[0]

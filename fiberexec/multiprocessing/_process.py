@@ -62,6 +62,7 @@ class _Runtime:
         self.sentinel_r, self.sentinel_w = os.pipe()
         self.signalled: int | None = None
         self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
+        self.keys: list[bytes] = []  # host pipe ends pickled into it (`_hostpipe`)
 
     # the standard library's ``Process._popen`` interface: code that calls
     # ``multiprocessing.Process.kill(p)`` or checks ``p._popen`` works on ours
@@ -117,6 +118,10 @@ class _Runtime:
             return
         broker = get_broker()
         broker.drop_tickets(self.tickets)  # ends it never took: their readers see EOF
+        if self.keys:
+            from fiberexec.multiprocessing import _hostpipe
+
+            _hostpipe.withdraw(self.keys)
         self.exitcode = code
         self.done.set()
         os.close(self.sentinel_w)
@@ -193,16 +198,18 @@ class Process:
         backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
         broker = get_broker()
         _install_exit_hook()
-        from fiberexec.multiprocessing import _connection
+        from fiberexec.multiprocessing import _connection, _hostpipe
 
-        tickets = _connection.capture_tickets()
+        tickets, keys = _connection.capture_tickets(), _hostpipe.capture_keys()
         try:
             payload = dumps(self, what="process", spawning=True)
         finally:
             _connection.stop_capture()
+            _hostpipe.stop_capture()
         runtime = _Runtime(backend, broker.add_process(payload),
                            owns_backend=choice is not None and not isinstance(choice, Backend))
         runtime.tickets = [(cid, t) for address, cid, t in tickets if address == broker.address]
+        runtime.keys = keys
         spec = self._spec(broker.address, broker.secret, runtime.proc_id)
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)

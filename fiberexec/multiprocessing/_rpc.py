@@ -368,7 +368,9 @@ class RpcClient:
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
         self._monitor = _connect_tcp(address, timeout)
         try:
-            self._local_name = self._handshake(self._monitor, timeout)
+            # a server that takes the connection and says nothing (stopped) is found by the
+            # same bound as one that stops answering later
+            self._local_name = self._handshake(self._monitor, min(timeout, PING_TIMEOUT))
         except BaseException:
             _drop(self._monitor)
             raise
@@ -402,6 +404,10 @@ class RpcClient:
             ok = recv_frame(sock, HELLO_MAX)
         except AuthenticationError:
             raise
+        except TimeoutError:
+            raise ConnectionError(
+                f"{self.address} stopped answering (no handshake within {timeout:.0f}s): its "
+                "process is stopped or overloaded, or its host is unreachable") from None
         except (OSError, EOFError, ProtocolError) as exc:
             raise ConnectionError(f"{self.address} broke off the handshake: {exc}") from None
         if ok[:1] != b"K":

@@ -80,8 +80,18 @@ def where() -> str:
 
 
 def send_until_direct_saying_how(conn: Any, n: int, out: Any) -> None:
-    """`send_until_direct`, then put (sent directly, the link's socket family, `where`)."""
+    """`send_until_direct`, then put (sent directly, the link's socket family, `where`); a
+    pipe of this host (`_hostpipe`) puts "descriptor" for both: no broker, no route."""
     from fiberexec.multiprocessing import _stream
+    from fiberexec.multiprocessing._hostpipe import HostConnection
+
+    if isinstance(conn, HostConnection):
+        for i in range(n):
+            conn.send(i)
+        conn.close()
+        out.put("descriptor")
+        out.put(("descriptor", where()))
+        return
 
     send_until_direct(conn, n, out)
     (stream,) = _stream._streams.values()

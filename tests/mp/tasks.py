@@ -149,3 +149,33 @@ def simple_get_with_timeout(sq: Any, out: Any) -> None:
         sq.get(timeout=0.2)
     except queue.Empty:
         out.put(("empty", time.monotonic() - start))
+
+
+_INIT_END: Any = None
+
+
+def keep_end(end: Any) -> None:
+    """A pool initializer: keep ``end`` for this worker's tasks."""
+    global _INIT_END
+    _INIT_END = end
+
+
+def send_through_kept_end(i: int) -> int:
+    _INIT_END.send((os.getpid(), i))
+    return os.getpid()
+
+
+def send_and_close(conn: Any, what: Any) -> str:
+    conn.send(what)
+    conn.close()
+    return "sent"
+
+
+def fetch_end_and_echo(q: Any) -> None:
+    """Take a pipe end from ``q`` and echo what comes through it until end-of-file."""
+    conn = q.get(timeout=60)
+    while True:
+        try:
+            conn.send(conn.recv())
+        except EOFError:
+            return

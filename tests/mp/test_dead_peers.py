@@ -4,6 +4,10 @@ A blocking call to a queue, simple queue or pipe held by a process that is gone 
 `OSError` (`ConnectionError`) naming that process, or `EOFError` where the standard library
 gives it; it never hangs. A process that dies without closing its connections (its host or
 container vanished; here: it is stopped) is found by the liveness check of `_rpc`.
+
+A pipe whose ends stay on one host (`_hostpipe`) is the standard library's socket pipe: the
+end of the process at its other end is end-of-file for `recv` and a broken pipe for `send`,
+and a stopped process is a slow one (`poll` with a timeout bounds the wait), as there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 
 import fiberexec.multiprocessing as mp
 from fiberexec.multiprocessing import _rpc
+from fiberexec.multiprocessing._hostpipe import HostConnection
 from fiberexec.multiprocessing.managers import BaseManager
 from tests.mp import tasks
 
@@ -125,9 +130,14 @@ def test_waits_on_a_killed_broker_raise(handles: tuple[Any, Any, Any, Any]) -> N
     p.kill()
     join()
     assert time.monotonic() - start < 20
+    if isinstance(conn, HostConnection):  # the stdlib's socket pipe
+        assert isinstance(results.pop("recv"), EOFError)
+        with pytest.raises(BrokenPipeError):
+            conn.send(1)
     _assert_gone(results)
-    with pytest.raises(OSError, match="gone"):
-        conn.send(1)
+    if not isinstance(conn, HostConnection):
+        with pytest.raises(OSError, match="gone"):
+            conn.send(1)
     with pytest.raises(OSError, match="gone"):
         q.put(1)
 
@@ -139,8 +149,11 @@ def test_waits_on_a_silent_broker_raise(local_child: None, handles: tuple[Any, A
     q, sq, conn, p = handles
     p._signal(signal.SIGSTOP)  # its connections stay open; it answers nothing
     start = time.monotonic()
-    results, join = _blocked({"get": q.get, "simple_get": lambda: sq.get(timeout=50),
-                              "recv": conn.recv})
+    calls = {"get": q.get, "simple_get": lambda: sq.get(timeout=50), "recv": conn.recv}
+    if isinstance(conn, HostConnection):  # a stopped peer of a socket pipe is a slow one
+        del calls["recv"]
+        assert not conn.poll(0.5)
+    results, join = _blocked(calls)
     join()
     assert time.monotonic() - start < 20
     _assert_gone(results)

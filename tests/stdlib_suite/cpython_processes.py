@@ -43,20 +43,9 @@ DIFFERENT = {
     ("TestCondition", "test_notify_n"): "reads the stdlib Condition's private semaphores",
     ("TestPool", "test_make_pool"):
         "reads Pool._pool, the stdlib's list of worker processes (ours start on demand)",
-    ("TestConnection", "test_fd_transfer"):
-        "multiprocessing.reduction.send_handle needs a socket under the Connection",
-    ("TestConnection", "test_large_fd_transfer"):
-        "multiprocessing.reduction.send_handle needs a socket under the Connection",
-    ("TestConnection", "test_missing_fd_transfer"):
-        "multiprocessing.reduction.send_handle needs a socket under the Connection",
-    ("TestPoll", "test_boundaries"):
-        "a child that polls a pipe end takes the waiting messages with it when it exits",
 }
 # Differences whose outcome depends on timing: not run (a pass would prove nothing).
 NOT_RUN = {
-    ("TestBarrier", "test_thousand"):
-        "sends from different processes to one pipe are ordered per sender only: one that "
-        "sends after another (a lock between them) can still arrive first",
     ("TestProcess", "test_parent_process"):
         "a process ends when its parent does (the stdlib lets the orphan run on)",
 }
