@@ -183,10 +183,16 @@ class _Sharer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            with conn:
-                self._answer(conn)
+            # each in a thread of its own: one that connects and says nothing (stopped,
+            # killed) holds only that thread, for FETCH_TIMEOUT
+            threading.Thread(target=self._answer, args=(conn,), name="fiberexec-mp-fd",
+                             daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            self._hand_over(conn)
+
+    def _hand_over(self, conn: socket.socket) -> None:
         conn.settimeout(FETCH_TIMEOUT)
         key = b""
         with contextlib.suppress(OSError):
@@ -228,20 +234,25 @@ def fetch(address: bytes, key: bytes) -> int:
         OSError: the sharing process cannot be reached from here (another host or network
             namespace), has ended, or handed this end over already.
     """
+    pid = address.split(b"-")[2].decode(errors="replace")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(FETCH_TIMEOUT)
         try:
             sock.connect(address)
         except OSError as exc:
-            pid = address.split(b"-")[2].decode(errors="replace")
             raise OSError(
                 f"cannot receive a pipe end from process {pid}: {exc.strerror or exc}. A pipe "
                 "made where processes run on this host reaches processes on this host only "
                 "(and only while the process that sent it runs); to use pipes across hosts, "
                 "choose the backend (set_default_backend, FIBEREXEC_BACKEND) before creating "
                 "the Pipe") from exc
-        sock.sendall(key)
-        answer, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+        try:
+            sock.sendall(key)
+            answer, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+        except TimeoutError:
+            raise OSError(f"cannot receive a pipe end from process {pid}: it did not hand it "
+                          f"over within {FETCH_TIMEOUT:.0f}s (it is stopped or "
+                          "overloaded)") from None
     if answer != b"Y" or not fds:
         for fd in fds:
             os.close(fd)

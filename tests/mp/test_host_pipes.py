@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import time
 from types import ModuleType
 
 import pytest
@@ -129,3 +130,17 @@ def test_a_quick_first_pickling_attempt_registers_nothing() -> None:
     assert reader.poll(5)
     with pytest.raises(EOFError):
         reader.recv()
+
+
+def test_a_peer_that_connects_and_says_nothing_holds_up_no_other_hand_over() -> None:
+    _left, right = _hostpipe.pipe(duplex=True)
+    pickled = dumps(right)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(_hostpipe._sharer().address)  # and never names a key
+    try:
+        start = time.monotonic()
+        copy = loads(pickled)
+        assert time.monotonic() - start < _hostpipe.FETCH_TIMEOUT / 2
+        copy.close()
+    finally:
+        silent.close()
