@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec import _auth
-from fiberexec.multiprocessing import _sync_server
+from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._hub import thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._wire import loads
+
+log = logging.getLogger("fiberexec.multiprocessing")
 
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
@@ -64,6 +67,15 @@ class Lease:
     ahead_until: int = 0  # ``consumed`` once the items sent ahead last are taken
     idle: bool = False  # was revoked and has not waited since: nothing is sent ahead to it
     # (an idle consumer would only have them revoked again, one round trip per get elsewhere)
+    slot: int | None = None  # where its count of items taken is, in its peer's tally page
+    fed: bool = False  # told it is fed ahead: it no longer says when it waits (`Chan.refeed`)
+
+    def sync(self) -> None:
+        """Learn from the consumer's tally page (`_tally`) what it took since it last said."""
+        if self.slot is not None:
+            count = self.peer.tally.read(self.slot)
+            if count is not None and count > self.consumed:
+                self.taken(min(count, self.sent))
 
     def taken(self, consumed: int) -> None:
         for _ in range(min(consumed - self.consumed, len(self.outstanding))):
@@ -72,7 +84,8 @@ class Lease:
 
     def holds_ahead(self) -> bool:
         """Whether items sent ahead to this consumer are neither taken nor handed back
-        (it takes in the order sent, so those sent ahead last are taken last)."""
+        (it takes in the order sent, so those sent ahead last are taken last); call
+        `sync` first."""
         return bool(self.outstanding) and self.consumed < self.ahead_until
 
 
@@ -128,6 +141,7 @@ class Chan:
         item it took before telling anyone (setting an `Event`, say) is counted as taken
         by then, as in the stdlib's pipe: its ``qsize()`` after that ``Event`` sees it."""
         asked: list[tuple[Any, Lease, int]] = []
+        self.sync()
         for peer, lease in self.leases.items():
             if lease.gone or not (lease.outstanding or peer is self.routed):
                 continue
@@ -142,6 +156,28 @@ class Chan:
                 lease.answered >= n or lease.gone or peer.ended
                 or self.leases.get(peer) is not lease for peer, lease, n in asked),
                 COUNT_TIMEOUT)
+
+    def refeed(self) -> None:
+        """Tell the consumers elsewhere whether they are fed ahead (under ``cond``).
+
+        A queue's only consumer, whose tally page is read here, is sent every item ahead
+        (`dispatch`, up to its window, which the page keeps open): it need not say that it
+        waits, a message per get saved. Once another consumer comes (or a get here, or a
+        revoke), that stops, and it is told so before anything is sent to another."""
+        sole = self.sole()
+        for peer, lease in self.leases.items():
+            fed = peer is sole and lease.slot is not None and not (lease.idle or lease.gone)
+            if fed != lease.fed:
+                lease.fed = fed
+                try:
+                    peer.send_feed(self.cid, fed)
+                except OSError:
+                    lease.gone = peer.gone = True
+
+    def sync(self) -> None:
+        """What every consumer elsewhere took, from its tally page (see `Lease.sync`)."""
+        for lease in self.leases.values():
+            lease.sync()
 
     def changed(self) -> None:
         """Items arrived, were taken, or the last writer left (under ``cond``)."""
@@ -179,6 +215,7 @@ class Chan:
     def size(self) -> int:
         """Items put and not yet taken (those sent ahead to consumers, or sent to them
         directly by producers, included)."""
+        self.sync()
         return len(self.items) + sum(len(lease.outstanding) + lease.direct
                                      for lease in self.leases.values())
 
@@ -186,6 +223,7 @@ class Chan:
         """Whether a consumer other than ``taker`` (a consumer's peer, or None for a thread
         here) holds items sent ahead that it has not taken: they come before every item
         here, so ``taker`` may take none of these until they are back (`revoke`)."""
+        self.sync()
         return any(lease.holds_ahead() for peer, lease in self.leases.items()
                    if peer is not taker)
 
@@ -200,11 +238,14 @@ class Chan:
         """
         if not self.leases:
             return
+        self.sync()
+        # the consumers holding items sent ahead (sending to waiters adds none)
+        holders = [peer for peer, lease in self.leases.items() if lease.holds_ahead()]
         spare = len(self.items) - self.local_waiters
         for peer, lease in list(self.leases.items()):
             if spare <= 0:
                 break
-            if lease.wanted > 0 and not (lease.revoking or lease.gone or self.ahead_of(peer)):
+            if lease.wanted > 0 and not (lease.revoking or lease.gone or _other(holders, peer)):
                 n = min(lease.wanted, spare)
                 lease.wanted -= n
                 spare -= n
@@ -215,7 +256,7 @@ class Chan:
         for peer, lease in list(self.leases.items()):
             if spare <= 0:
                 break
-            if lease.idle or self.ahead_of(peer):
+            if lease.idle or _other(holders, peer):
                 continue
             n, size = 0, lease.nbytes
             while (n < spare and len(lease.outstanding) + n < lease.window
@@ -226,6 +267,7 @@ class Chan:
                 spare -= n
                 self._send(lease, n)
                 lease.ahead_until = lease.consumed + len(lease.outstanding)
+                holders.append(peer)
 
     def _send(self, lease: Lease, n: int) -> None:
         batch = [self.items.popleft() for _ in range(n)]
@@ -239,7 +281,7 @@ class Chan:
         lease.outstanding.extend(batch)
         lease.nbytes += sum(len(item) for item in batch)
         lease.sent += n
-        for mark in list(self.marks):
+        for mark in list(self.marks) if self.marks else ():
             if mark[0] is lease.peer:
                 mark[2] -= n
                 if mark[2] <= 0:  # what was here at the flush is sent: its producer's
@@ -253,6 +295,7 @@ class Chan:
         every other consumer that holds items sent ahead for those it has not taken (they
         come first), and, if nothing is here for the waiter, any other for all of them."""
         short = len(self.items) <= self.local_waiters
+        self.sync()
         for peer, lease in self.leases.items():
             if peer is waiter or lease.revoking or lease.gone or not lease.outstanding or (
                     not short and not lease.holds_ahead()):
@@ -260,18 +303,29 @@ class Chan:
             try:
                 peer.send_revoke(self.cid)
                 lease.revoking = lease.idle = True
+                lease.fed = False  # it stops counting on being fed when it reads the revoke
             except OSError:
                 pass  # its stream is closing: `drop_lease` follows
 
     def drop_lease(self, peer: Any, consumed: int | None = None, kept: int = 0) -> None:
         """Items sent to ``peer`` and not taken come back to the front of the queue, but
-        the first ``kept`` (its waiting threads take them)."""
+        the first ``kept`` (its waiting threads take them).
+
+        ``consumed`` and ``kept`` answer a revoke: it had taken ``consumed`` in all then, and
+        nothing was sent to it since, so all but the first ``kept`` after those come back
+        (its tally page may count some of the kept ones as taken already). Without them its
+        process ended, and its tally page says exactly what it took."""
         lease = self.leases.get(peer)
         if lease is None:
             return
-        if consumed is not None:
+        if consumed is None:
+            lease.sync()
+            returned = len(lease.outstanding)
+        else:
             lease.taken(consumed)
-        back = [lease.outstanding.pop() for _ in range(len(lease.outstanding) - kept)]
+            lease.sync()  # beyond ``consumed``: kept ones it took since
+            returned = len(lease.outstanding) - max(0, kept - (lease.consumed - consumed))
+        back = [lease.outstanding.pop() for _ in range(returned)]
         self.items.extendleft(back)
         lease.nbytes = sum(len(item) for item in lease.outstanding)
         lease.ahead_until = lease.consumed  # it holds nothing ahead now
@@ -293,6 +347,11 @@ class Chan:
                 peer.send_eof(self.cid)
         except OSError:  # the reader's process is gone: keep the rest here
             self.subscriber = None
+
+
+def _other(holders: list[Any], peer: Any) -> bool:
+    """Whether a consumer other than ``peer`` is among ``holders``."""
+    return any(holder is not peer for holder in holders)
 
 
 class Broker:
@@ -377,6 +436,7 @@ class Broker:
             if not chan.got_here:
                 chan.got_here = True
                 chan.share()
+                chan.refeed()
             chan.revoke()  # before counting this thread: "nothing here" is for it
             chan.local_waiters += 1
             try:  # items sent ahead elsewhere come first (`Chan.dispatch`)
@@ -600,7 +660,7 @@ class Broker:
             if lease is None:
                 if peer.gone:
                     return
-                lease = chan.leases[peer] = Lease(peer)
+                lease = chan.leases[peer] = Lease(peer, slot=peer.slots.get(cid))
                 if chan.routed is not None and chan.routed is not peer:
                     chan.share()
             lease.taken(consumed)
@@ -616,6 +676,32 @@ class Broker:
                 chan.dispatch()
             if chan.maxsize:
                 chan.cond.notify_all()  # a put waiting for room may go on
+            chan.refeed()
+
+    def tally(self, cid: int, peer: Any, body: bytes) -> None:
+        """A consumer elsewhere counts what it takes of queue ``cid`` in a page of shared
+        memory (`_tally`): map it if it is on this host, and say so; else it goes on
+        reporting every item it takes."""
+        slot, nonce, path = _tally.parse(body)
+        chan = self.chan(cid)
+        if chan.maxsize:  # a put waiting for room learns of each take (`lease`)
+            return
+        if peer.tally is None or peer.tally.nonce != nonce:
+            try:
+                view = _tally.TallyView(path, nonce)
+            except OSError as exc:  # another host or PID namespace
+                log.debug("a consumer's tally page cannot be read here: %s", exc)
+                return
+            if peer.tally is not None:
+                peer.tally.close()
+            peer.tally = view
+        with chan.cond:
+            peer.slots[cid] = slot
+            lease = chan.leases.get(peer)
+            if lease is not None:
+                lease.slot = slot
+        with contextlib.suppress(OSError):
+            peer.send_tallied(cid)
 
     def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int,
                        kept: int) -> None:
@@ -631,6 +717,7 @@ class Broker:
                 if wanted:
                     lease.idle = False
             chan.dispatch()
+            chan.refeed()
 
     def counted(self, cid: int, peer: Any, asked: int, direct: int) -> None:
         """A consumer's answer to `Chan.count_held`."""
@@ -655,6 +742,7 @@ class Broker:
                         chan.marks = [mark for mark in chan.marks if mark[0] is not peer]
                     chan.drop_lease(peer)
                     chan.dispatch()
+                    chan.refeed()
         if inlet:
             with self.lock:
                 if self.inlets.get(inlet) is peer:

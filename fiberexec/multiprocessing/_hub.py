@@ -37,6 +37,7 @@ from fiberexec.multiprocessing._stream import (
     COUNT,
     COUNTED,
     EOF,
+    FEED,
     FLUSH,
     FLUSHED,
     INLET,
@@ -48,6 +49,8 @@ from fiberexec.multiprocessing._stream import (
     RETURNED,
     REVOKE,
     SUBSCRIBE,
+    TALLIED,
+    TALLY,
     TOKEN,
     UNROUTE,
     UNSUBSCRIBE,
@@ -106,6 +109,8 @@ class Peer:
         # thread (by `hold`, or after a `lead`); None while it watches it or a leader reads
         self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
         self.kick = Signal()  # wakes the serving thread to check holds
+        self.tally: Any = None  # `_tally.TallyView`: what its process took of queues here
+        self.slots: dict[int, int] = {}  # queue -> its slot in that page
         if _ONESHOT:
             self.poller = select.epoll(2)
             self.poller.register(conn.fileno(), _ARMED)
@@ -137,6 +142,14 @@ class Peer:
     def send_unroute(self, cid: int) -> None:
         with self.lock:
             self.conn.send_frame(UNROUTE, cid)
+
+    def send_feed(self, cid: int, on: bool) -> None:
+        with self.lock:
+            self.conn.send_frame(FEED, cid, b"1" if on else b"0")
+
+    def send_tallied(self, cid: int) -> None:
+        with self.lock:
+            self.conn.send_frame(TALLIED, cid)
 
     def send_count(self, cid: int, asked: int) -> None:
         with self.lock:
@@ -263,6 +276,8 @@ class Peer:
     def close(self) -> None:
         self.ended = True
         self.kick.close()
+        if self.tally is not None:
+            self.tally.close()
         if self.poller is not None:
             with contextlib.suppress(OSError):
                 self.poller.close()
@@ -313,8 +328,8 @@ class Hub:
         broker = self.broker
         if tag == PUT:
             broker.append(cid, body, peer)
-        elif tag == WANT:
-            broker.lease(cid, peer, _WANT.unpack(body))
+        elif tag in (WANT, RETURNED, TALLY, COUNTED):
+            self._apply_consumer(peer, tag, cid, body)
         elif tag == SUBSCRIBE:
             broker.subscribe(cid, peer)
         elif tag == UNSUBSCRIBE:
@@ -323,18 +338,26 @@ class Hub:
             broker.claim(cid, body.decode(), peer.holder or "")
         elif tag == RELEASE:
             broker.unref(cid, peer.holder or "")
-        elif tag == RETURNED:
-            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
         elif tag == TOKEN:
             peer.holder = body.decode()
         elif tag == FLUSH:
             broker.flush(cid, body[:NONCE], body[NONCE:].decode())
         elif tag == INLET:
             broker.add_inlet(peer, body.decode())
-        elif tag == COUNTED:
-            broker.counted(cid, peer, *_COUNTED.unpack(body))
         else:
             raise ValueError(f"unknown stream frame {tag!r}")
+
+    def _apply_consumer(self, peer: Peer, tag: bytes, cid: int, body: bytes) -> None:
+        """A queue consumer's frame."""
+        broker = self.broker
+        if tag == WANT:
+            broker.lease(cid, peer, _WANT.unpack(body))
+        elif tag == RETURNED:
+            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
+        elif tag == TALLY:
+            broker.tally(cid, peer, body)
+        else:
+            broker.counted(cid, peer, *_COUNTED.unpack(body))
 
     def close(self) -> None:
         self._closed = True

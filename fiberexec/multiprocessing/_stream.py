@@ -9,6 +9,8 @@
         queue get     -> b"W" cid counts (waiting, taken) -> items for waiters, then ahead
                       <- b"B" cid items / b"V" cid (give back what you have not taken)
                       -> b"N" cid counts (answer to b"V")
+        first get     -> b"Y" cid page (`_tally`)     -> <- b"y" cid: I read your count;
+                      <- b"G" cid 1/0: you are (no longer) fed ahead, need not say you wait
 
 The stream is opened once, through the broker's RPC (``"stream"``), and authenticated with
 the broker's secret by `multiprocessing.connection`'s challenge before any frame is read;
@@ -25,6 +27,7 @@ to it that it had not taken go back to the queue.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -39,8 +42,10 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
+from fiberexec.multiprocessing._tally import TallyPage
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
@@ -52,12 +57,15 @@ FLUSH = b"F"  # pipe writer -> broker (see `_route`)
 FLUSHED, UNROUTE = b"D", b"O"  # broker -> pipe reader or queue consumer (see `_route`)
 INLET, COUNTED = b"L", b"m"  # a reader's or consumer's inlet address; direct items it has
 COUNT = b"M"  # broker -> queue consumer: how many items sent directly have you not taken?
+TALLY, TALLIED = b"Y", b"y"  # consumer: I count what I take there (`_tally`); broker: I read it
+FEED = b"G"  # broker -> queue consumer: b"1" you are fed ahead, need not say you wait; b"0" say
 _COUNTED = struct.Struct("!QQ")  # the count asked for, items
 NONCE = 8  # bytes of a direct route's nonce
 _WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
 _RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
 _LEN = struct.Struct("!I")
 WINDOW = 256  # queue items a consumer accepts ahead of its gets
+REPORT = WINDOW // 4  # a consumer whose broker reads its tally page reports every REPORT takes
 
 
 def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
@@ -217,6 +225,10 @@ class _Lane:
         self.consumed = 0  # of those, taken here in all
         self.waiting = 0  # threads here waiting in get()
         self.direct = 0  # items at hand that producers sent here directly
+        self.told = 0  # ``consumed`` when the broker was last told
+        self.slot: int | None = None  # its count in the stream's tally page (`_tally`)
+        self.tallied = False  # the broker reads that count: no report per item is needed
+        self.fed = False  # its only consumer: the broker sends it every item ahead (`FEED`)
 
 
 class Stream:
@@ -230,8 +242,11 @@ class Stream:
     Queue consumption: a get that finds nothing here tells the broker how many threads wait
     (``W``), and the broker sends items as they come; once nobody waits anywhere, it also
     sends up to `WINDOW` items ahead, so a consumer that keeps up takes them with no round
-    trip. Every get reports what was taken (``W``) before it returns, which keeps ``qsize()``
-    in the creator true and tells the broker what to hand back if this process ends. When
+    trip. Every get counts what was taken before it returns, which keeps ``qsize()`` in the
+    creator true and tells the broker what to hand back if this process ends: in the tally
+    page where the broker reads it (`_tally`; then a report ``W`` goes every `REPORT`
+    gets, and the only consumer, told it is fed, ``G``, need not say when it waits), else
+    in a report ``W`` per get. When
     another consumer waits while items sit unread here, the broker revokes them (``V``): the
     reader drops them, but those its waiting threads take, and answers with what was taken
     and kept (``N``); the rest go to the others, before any later item (see
@@ -256,6 +271,7 @@ class Stream:
         self.subscribed: defaultdict[int, int] = defaultdict(int)
         self.lanes: dict[int, _Lane] = {}
         self.signals: dict[int, Signal] = {}  # pipe ends whose fileno() was asked for
+        self.tally: TallyPage | None = None  # counts of queue items taken, for the broker
         self.lost = False
         self.reading = False  # a thread is reading the socket for everyone (leader)
         self.reader: threading.Thread | None = None  # the permanent leader, once needed
@@ -369,6 +385,10 @@ class Stream:
             lane.received += len(got)
             if self.inlet is not None and self.inlet.leaders:
                 self.inlet.wake(cid)  # a thread reading a producer's connection for them
+        elif tag == TALLIED:
+            self._lane(cid).tallied = True
+        elif tag == FEED:
+            self._lane(cid).fed = frame[_HEAD.size:] == b"1"
         elif tag == REVOKE:
             self._revoked(cid, self._lane(cid))
         elif tag == COUNT:
@@ -387,6 +407,7 @@ class Stream:
         out already (another consumer may have been handed later ones since, and gets
         what comes back); direct items stay (under ``cond``)."""
         kept, items = 0, deque[Any]()
+        lane.fed = False  # it says when it waits again
         for item in lane.items:
             if type(item) is bytes:
                 if kept == lane.waiting:
@@ -518,11 +539,25 @@ class Stream:
             lane = self.lanes[cid] = _Lane()
             self.start_reader()
             self._open_inlet()  # where producers elsewhere may send directly
+            self._announce(cid, lane)
         return lane
+
+    def _announce(self, cid: int, lane: _Lane) -> None:
+        """Count what this process takes of queue ``cid`` in the tally page, and tell the
+        broker where (under ``cond``); until it says it reads it, every take is reported."""
+        if self.tally is None:
+            if not _tally.available():
+                return
+            self.tally = TallyPage()
+        lane.slot = self.tally.slot()
+        if lane.slot is not None:
+            with contextlib.suppress(ConnectionError):
+                self.send(TALLY, cid, self.tally.announce(lane.slot))
 
     def _tell(self, cid: int, lane: _Lane) -> None:
         """Send this lane's state (under ``cond``)."""
         wanted = max(0, lane.waiting - len(lane.items))
+        lane.told = lane.consumed
         self.send(WANT, cid, _WANT.pack(lane.consumed, lane.received, wanted, WINDOW))
 
     def told(self, cid: int) -> None:
@@ -542,11 +577,7 @@ class Stream:
                     raise ConnectionError(self.why)
                 lane.waiting += 1
                 try:
-                    # the only consumer, fed directly, need not say it waits: the broker
-                    # sends it items ahead anyway (see `_broker.Chan.dispatch`)
-                    if self.inlet is None or not self.inlet.fed(cid):
-                        self._tell(cid, lane)
-                    self._await(lambda: lane.items, timeout, cid)
+                    self._wait_item(cid, lane, timeout)
                 finally:
                     lane.waiting -= 1
                 if not lane.items:
@@ -556,6 +587,23 @@ class Stream:
                     return None
             item = self._take(cid, lane)
         return _handed(cid, item)
+
+    def _wait_item(self, cid: int, lane: _Lane, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for an item of queue ``cid`` (under ``cond``).
+
+        The only consumer, fed ahead by the broker or directly by a producer, need not say
+        it waits: the broker sends it items ahead anyway (see `_broker.Chan.dispatch`).
+        If the broker stops feeding it ahead while it waits, it says so then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            silent = lane.fed
+            if not silent and (self.inlet is None or not self.inlet.fed(cid)):
+                self._tell(cid, lane)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._await(functools.partial(_arrived, lane, silent), left, cid)
+            if lane.items or self.lost or not silent or lane.fed or (
+                    deadline is not None and time.monotonic() >= deadline):
+                return
 
     def holds(self, cid: int) -> bool:
         """Whether an item of queue ``cid`` is here, sent ahead or directly."""
@@ -578,7 +626,12 @@ class Stream:
         item = lane.items.popleft()
         if type(item) is bytes:
             lane.consumed += 1
-            self._tell(cid, lane)  # sent before the item is returned: never handed out twice
+            # counted before the item is returned: if this process ends, the broker puts
+            # back exactly what it had not taken, and nothing is handed out twice
+            if lane.slot is not None and self.tally is not None:
+                self.tally.write(lane.slot, lane.consumed)
+            if not lane.tallied or lane.consumed - lane.told >= REPORT:
+                self._tell(cid, lane)  # the broker may send more ahead
             return item
         lane.direct -= 1
         return item.take()
@@ -590,6 +643,16 @@ class Stream:
                 part.close()
         with contextlib.suppress(OSError):
             self.conn.close()
+        with self.cond:
+            if self.tally is not None:
+                self.tally.close()
+                self.tally = None
+
+
+def _arrived(lane: _Lane, silent: bool) -> bool:
+    """Whether a get waiting on ``lane`` may stop: an item came, or it waits ``silent``ly
+    (fed ahead) and is no longer fed, so it must say that it waits."""
+    return bool(lane.items) or (silent and not lane.fed)
 
 
 def _handed(cid: int, item: Any) -> bytes:

@@ -184,6 +184,12 @@ def take_one_then_idle(q: Any, got: Any, stop: Any) -> None:
     stop.wait(60)
 
 
+def take_n_then_idle(q: Any, got: Any, n: int, stop: Any) -> None:
+    """Take ``n`` items, report them, then stay alive without taking more until told."""
+    got.put([q.get(timeout=60) for _ in range(n)])
+    stop.wait(60)
+
+
 def take_n(q: Any, got: Any, n: int) -> None:
     got.put([q.get(timeout=60) for _ in range(n)])
 

@@ -56,6 +56,27 @@ def test_items_a_killed_consumer_had_not_taken_stay_in_the_queue(mpm: ModuleType
     assert q.empty()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("taken", [3, 70])  # fewer, and more, than a report's worth
+def test_a_consumer_killed_after_taking_items_quietly_loses_and_repeats_none(
+        mpm: ModuleType, taken: int) -> None:
+    """A consumer that keeps up with its queue says only now and then what it took (the
+    creator reads its count from shared memory where it can): when it is killed, the
+    items it took are neither handed out again nor missing from the queue's size."""
+    ctx = mpm.get_context("spawn")
+    q, got, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    for i in range(200):
+        q.put(i)
+    child = ctx.Process(target=t.take_n_then_idle, args=(q, got, taken, stop))
+    child.start()
+    assert got.get(timeout=60) == list(range(taken))  # type: ignore[attr-defined]
+    assert q.qsize() == 200 - taken  # type: ignore[attr-defined]
+    child.kill()  # type: ignore[attr-defined]
+    child.join(60)  # type: ignore[attr-defined]
+    rest = [q.get(timeout=10) for _ in range(200 - taken)]  # type: ignore[attr-defined]
+    assert rest == list(range(taken, 200))
+    assert q.empty()  # type: ignore[attr-defined]
+
+
 def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
     q, got, go = ctx.Queue(), ctx.Queue(), ctx.Event()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
 
 
@@ -25,6 +26,10 @@ class Consumer:
         self.inlet = ""
         self.gone = self.ended = False
         self.holder: str | None = None
+        self.tally: _tally.TallyView | None = None  # as `_hub.Peer`: what the broker maps
+        self.slots: dict[int, int] = {}
+        self.fed: list[bool] = []  # what it was told (`FEED`)
+        self.tallied: list[int] = []
 
     def send_items(self, _cid: int, items: list[bytes]) -> None:
         self.got.extend(pickle.loads(item) for item in items)
@@ -34,6 +39,12 @@ class Consumer:
 
     def send_unroute(self, _cid: int) -> None:
         pass
+
+    def send_feed(self, _cid: int, on: bool) -> None:
+        self.fed.append(on)
+
+    def send_tallied(self, cid: int) -> None:
+        self.tallied.append(cid)
 
 
 @pytest.fixture
@@ -113,3 +124,89 @@ def test_what_a_consumer_keeps_for_its_waiting_threads_stays_with_it(
     assert broker.chans[cid].size() == 1  # 0, until it says it took it
     broker.lease(cid, consumer, (1, 4, 0, 4))
     assert broker.chans[cid].size() == 0
+
+
+# ---------------------------------------------------------------- consumers with a tally page
+# A consumer on this host counts what it takes in shared memory (`_tally`) and reports only
+# now and then; here the test writes its page as its gets would.
+
+tallied = pytest.mark.skipif(not _tally.available(), reason="needs memfd and /proc")
+
+
+def _tallied(broker: Broker, cid: int, window: int) -> tuple[Consumer, _tally.TallyPage, int]:
+    consumer, page = Consumer(), _tally.TallyPage()
+    slot = page.slot()
+    assert slot is not None
+    broker.tally(cid, consumer, page.announce(slot))
+    assert consumer.tallied == [cid]
+    broker.lease(cid, consumer, (0, 0, 0, window))
+    return consumer, page, slot
+
+
+@tallied
+def test_the_only_consumer_is_fed_ahead_and_its_quiet_takes_keep_the_window_open(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 4)
+    assert consumer.fed == [True]  # it need not say when it waits
+    _put(broker, cid, range(6))
+    assert consumer.got == [0, 1, 2, 3]  # the window is full
+    page.write(slot, 3)  # it took three, saying nothing
+    assert broker.chans[cid].size() == 3
+    _put(broker, cid, range(6, 7))
+    assert consumer.got == [0, 1, 2, 3, 4, 5, 6]  # room for three more: sent
+    page.write(slot, 7)  # it took them all
+    other = Consumer()
+    broker.lease(cid, other, (0, 0, 1, 4))  # a second consumer waits
+    assert consumer.fed == [True, False]  # from now on it says when it waits
+    assert (consumer.revoked, other.fed) == (0, [])
+    _put(broker, cid, range(7, 9))
+    # 7 for the waiting thread, then 8 ahead (nobody waits now), as before feeding
+    assert (consumer.got[7:], other.got) == ([8], [7])
+    page.close()
+
+
+@tallied
+def test_a_fed_consumer_holding_items_is_revoked_when_another_waits(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 4)
+    _put(broker, cid, range(4))
+    page.write(slot, 1)
+    other = Consumer()
+    broker.lease(cid, other, (0, 0, 1, 4))
+    assert (consumer.revoked, consumer.fed) == (1, [True])  # a revoke ends feeding too
+    broker.lease_returned(cid, consumer, 1, 0, 0)  # 1..3 come back, to the waiting one
+    assert other.got == [1, 2, 3]
+    assert consumer.fed == [True]  # idle since: not fed again until it waits
+    page.close()
+
+
+@tallied
+def test_a_consumer_that_ends_after_quiet_takes_gives_back_exactly_the_rest(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 8)
+    _put(broker, cid, range(10))
+    assert consumer.got == list(range(8))
+    page.write(slot, 5)
+    broker.peer_lost(consumer, None)  # its process ended
+    assert [_get_here(broker, cid) for _ in range(5)] == [5, 6, 7, 8, 9]
+    assert _get_here(broker, cid) == EMPTY
+    page.close()
+
+
+@tallied
+def test_kept_items_taken_before_the_revoke_is_answered_come_back_once(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 4)
+    _put(broker, cid, range(6))
+    assert _get_here(broker, cid) == EMPTY  # 0..3 were sent ahead: revoked
+    assert consumer.revoked == 1
+    page.write(slot, 2)  # it took 0 and 1 (it keeps 1 for a waiting thread, then took it)
+    broker.lease_returned(cid, consumer, 1, 0, 1)  # as it answered: took 1, keeps 1
+    assert [_get_here(broker, cid) for _ in range(4)] == [2, 3, 4, 5]
+    assert _get_here(broker, cid) == EMPTY
+    assert broker.chans[cid].size() == 0
+    page.close()
