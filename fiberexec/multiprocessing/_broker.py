@@ -36,6 +36,7 @@ log = logging.getLogger("fiberexec.multiprocessing")
 OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
+FEED_BATCH = 64  # queue items a put leaves to the `Feeder` before it sends them itself
 COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for consumers elsewhere to say what they hold
 
 
@@ -111,6 +112,29 @@ class Chan:
     got_here: bool = False  # queue: a get was served here (it has a consumer besides leases)
     marks: list[list[Any]] = field(default_factory=list)  # queue flushes waiting to be
     # answered: [peer, nonce, items to send it first] (see `Broker.flush`)
+    feeding: bool = False  # items wait for the `Feeder` to send them (see `deferrable`)
+
+    def deferrable(self) -> bool:
+        """Whether an item just put may wait for the `Feeder` (under ``cond``): its only
+        consumer is fed ahead and still holds items it has not taken (it takes those first),
+        or items wait for the feeder already, fewer than `FEED_BATCH`. So a producer that
+        outpaces its consumer sends batches, as the stdlib's feeder thread does, and a
+        consumer that took everything gets the next item from the put itself."""
+        if self.feeding:
+            return len(self.items) < FEED_BATCH
+        if len(self.leases) != 1 or self.local_waiters:
+            return False
+        (lease,) = self.leases.values()
+        if not lease.fed:
+            return False
+        lease.sync()
+        return bool(lease.outstanding)
+
+    def feed(self) -> None:
+        """The `Feeder`'s turn: send what waits."""
+        with self.cond:
+            self.feeding = False
+            self.dispatch()
 
     def sole(self) -> Any:
         """The peer of this queue's only consumer, if it has exactly one, elsewhere."""
@@ -354,9 +378,41 @@ def _other(holders: list[Any], peer: Any) -> bool:
     return any(holder is not peer for holder in holders)
 
 
+class Feeder:
+    """A thread that sends queue items their put left to it (see `Chan.deferrable`)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.chans: list[Chan] = []
+        self.thread: threading.Thread | None = None
+
+    def schedule(self, chan: Chan) -> None:
+        with self.cond:
+            self.chans.append(chan)
+            self.cond.notify()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="fiberexec-mp-feeder")
+                self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.chans)  # idle until a put leaves it items
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what waits now (also at exit, from the exiting thread)."""
+        with self.cond:
+            chans, self.chans = self.chans, []
+        for chan in chans:
+            chan.feed()
+
+
 class Broker:
     def __init__(self, host: str, advertise: str) -> None:
         self.secret = _auth.new_secret()
+        self.feeder = Feeder()
         self.chans: dict[int, Chan] = {}
         self.processes: dict[int, bytes] = {}
         self.pids: dict[int, int] = {}
@@ -420,15 +476,18 @@ class Broker:
                 chan.source = source
             self._append(chan, body)
 
-    @staticmethod
-    def _append(chan: Chan, body: bytes) -> None:
+    def _append(self, chan: Chan, body: bytes) -> None:
         chan.items.append(body)
         chan.unfinished += 1
         chan.changed()
         if chan.subscriber is not None:
             chan.push()
         if chan.leases:
-            chan.dispatch()
+            if not chan.deferrable():
+                chan.dispatch()
+            elif not chan.feeding:
+                chan.feeding = True
+                self.feeder.schedule(chan)
 
     def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
         chan = self.chan(cid)
@@ -828,6 +887,7 @@ class Broker:
             return self.pids.get(proc_id)
 
     def close(self) -> None:
+        self.feeder.flush()  # what a put left to the feeder goes before this process ends
         if self.hub is not None:
             self.hub.close()
         self.server.close()

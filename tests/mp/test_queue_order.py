@@ -30,9 +30,11 @@ class Consumer:
         self.slots: dict[int, int] = {}
         self.fed: list[bool] = []  # what it was told (`FEED`)
         self.tallied: list[int] = []
+        self.frames: list[int] = []  # items per frame sent
 
     def send_items(self, _cid: int, items: list[bytes]) -> None:
         self.got.extend(pickle.loads(item) for item in items)
+        self.frames.append(len(items))
 
     def send_revoke(self, _cid: int) -> None:
         self.revoked += 1
@@ -58,6 +60,7 @@ def queue() -> Iterator[tuple[Broker, int]]:
 def _put(broker: Broker, cid: int, items: range) -> None:
     for i in items:
         broker.append(cid, pickle.dumps(i))
+    broker.feeder.flush()  # what a put left to the feeder thread is sent now, if not yet
 
 
 def _get_here(broker: Broker, cid: int) -> Any:
@@ -209,4 +212,26 @@ def test_kept_items_taken_before_the_revoke_is_answered_come_back_once(
     assert [_get_here(broker, cid) for _ in range(4)] == [2, 3, 4, 5]
     assert _get_here(broker, cid) == EMPTY
     assert broker.chans[cid].size() == 0
+    page.close()
+
+
+@tallied
+def test_puts_to_a_busy_fed_consumer_go_in_batches_and_in_order(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 256)
+    chan = broker.chans[cid]
+    _put(broker, cid, range(1))
+    assert consumer.frames == [1]  # it had taken everything: the put sends it at once
+    with chan.cond:
+        assert chan.deferrable()  # it has not taken 0: later items may wait for the feeder
+    page.write(slot, 1)
+    with chan.cond:
+        assert not chan.deferrable()
+    _put(broker, cid, range(1, 2))
+    assert consumer.frames == [1, 1]
+    _put(broker, cid, range(2, 200))  # it takes none of these meanwhile
+    assert consumer.got == list(range(200))
+    assert len(consumer.frames) < 12  # 198 items, in a few frames (at most 64 wait)
+    assert chan.size() == 199  # all but the one it took, sent ahead and counted
     page.close()
