@@ -40,7 +40,8 @@ class FuturesSystem:
 
     def map(self, fn: Callable[..., Any], items: Iterable[Any], chunksize: int,
             timeout: float) -> int:
-        return sum(1 for _ in self.executor.map(fn, items, chunksize=chunksize, timeout=timeout))
+        # the list a user takes, as `PoolSystem.map` gets one (no Python-level loop per item)
+        return len(list(self.executor.map(fn, items, chunksize=chunksize, timeout=timeout)))
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

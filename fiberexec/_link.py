@@ -30,11 +30,13 @@ import select
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fiberexec._errors import LinkClosed, ProtocolError
-from fiberexec._link_nng import Channel, NngLink
 from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe
+
+if TYPE_CHECKING:  # pynng loads only where a worker dials across hosts (tens of ms)
+    from fiberexec._link_nng import Channel, NngLink
 
 __all__ = ["Endpoint", "LinkClosed", "Received", "WorkerLink", "connect"]
 
@@ -247,4 +249,6 @@ def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCal
 
 def dial(address: str, *, max_frame: int, on_remove: PipeCallback, tls: Any = None) -> NngLink:
     """The network link only (a worker whose local connection was refused)."""
+    from fiberexec._link_nng import Channel, NngLink
+
     return NngLink(Channel.dial(address, max_message=max_frame, on_remove=on_remove, tls=tls))

@@ -38,7 +38,6 @@ from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
-from fiberexec._link_nng import Channel
 from fiberexec._output import OutputSink
 from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
@@ -197,6 +196,8 @@ class WorkerSupervisor:
 
         channel = None
         if not self.backend.workers_share_host:
+            from fiberexec._link_nng import Channel  # pynng only for workers elsewhere
+
             channel = Channel.listen(
                 self.backend.bind_host,
                 max_message=self.config.max_message_size,
