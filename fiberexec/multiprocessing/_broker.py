@@ -187,8 +187,10 @@ class Chan:
         A queue's only consumer, whose tally page is read here, is sent every item ahead
         (`dispatch`, up to its window, which the page keeps open): it need not say that it
         waits, a message per get saved. Once another consumer comes (or a get here, or a
-        revoke), that stops, and it is told so before anything is sent to another."""
-        sole = self.sole()
+        revoke), that stops, and it is told so before anything is sent to another. It stops
+        too while items wait here that its window (or `LEASE_BYTES`) kept from it: it takes
+        what it has without a word, so it must say when it waits for more."""
+        sole = None if self.items else self.sole()
         for peer, lease in self.leases.items():
             fed = peer is sole and lease.slot is not None and not (lease.idle or lease.gone)
             if fed != lease.fed:
@@ -252,6 +254,12 @@ class Chan:
                    if peer is not taker)
 
     def dispatch(self) -> None:
+        """`_dispatch`; then a fed consumer whose window keeps items here is fed no more."""
+        self._dispatch()
+        if self.items and any(lease.fed for lease in self.leases.values()):
+            self.refeed()
+
+    def _dispatch(self) -> None:
         """Send items to consumer processes (under ``cond``), never ahead of a waiter, and
         in queue order: no one is handed an item while an earlier one, sent ahead to
         another consumer, is neither taken nor handed back (`ahead_of`).

@@ -190,6 +190,14 @@ def take_n_then_idle(q: Any, got: Any, n: int, stop: Any) -> None:
     stop.wait(60)
 
 
+def take_sizes(q: Any, got: Any, n: int) -> None:
+    """Take one item and report it; then take ``n`` byte strings and report each one's
+    first byte and length."""
+    got.put(q.get(timeout=60))
+    items = [q.get(timeout=60) for _ in range(n)]
+    got.put([(item[0], len(item)) for item in items])
+
+
 def take_n(q: Any, got: Any, n: int) -> None:
     got.put([q.get(timeout=60) for _ in range(n)])
 

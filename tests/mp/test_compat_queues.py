@@ -77,6 +77,29 @@ def test_a_consumer_killed_after_taking_items_quietly_loses_and_repeats_none(
     assert q.empty()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("first", ["consumer", "producer"])
+def test_more_bytes_than_are_sent_ahead_all_arrive_after_the_producer_stops(
+        mpm: ModuleType, first: str) -> None:
+    """12 items of 300 kB (more than a consumer is sent ahead of its gets, 1 MiB), put once,
+    before or after the consumer starts waiting: it gets every one."""
+    ctx = mpm.get_context("spawn")
+    q, got = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=t.take_sizes, args=(q, got, 12))
+    q.put("first")
+    if first == "consumer":
+        child.start()
+        assert got.get(timeout=60) == "first"  # type: ignore[attr-defined]  # it took one
+    for i in range(12):
+        q.put(bytes([i]) * 300_000)
+    if first == "producer":
+        child.start()
+        assert got.get(timeout=60) == "first"  # type: ignore[attr-defined]
+    sizes = got.get(timeout=60)  # type: ignore[attr-defined]
+    assert sizes == [(i, 300_000) for i in range(12)]
+    child.join(60)  # type: ignore[attr-defined]
+    assert child.exitcode == 0  # type: ignore[attr-defined]
+
+
 def test_many_consumers_take_each_item_once(mpm: ModuleType) -> None:
     ctx = mpm.get_context("spawn")
     q, got, go = ctx.Queue(), ctx.Queue(), ctx.Event()

@@ -235,3 +235,23 @@ def test_puts_to_a_busy_fed_consumer_go_in_batches_and_in_order(
     assert len(consumer.frames) < 12  # 198 items, in a few frames (at most 64 wait)
     assert chan.size() == 199  # all but the one it took, sent ahead and counted
     page.close()
+
+
+@tallied
+def test_a_fed_consumer_whose_window_keeps_items_here_is_fed_no_more(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, slot = _tallied(broker, cid, 2)
+    assert consumer.fed == [True]
+    _put(broker, cid, range(5))
+    assert consumer.got == [0, 1]  # its window is full: 2..4 wait here
+    assert consumer.fed == [True, False]  # so it says when it waits, or it would wait forever
+    page.write(slot, 2)  # took both without a word; now a thread of it waits
+    broker.lease(cid, consumer, (2, 2, 1, 2))
+    assert consumer.got == [0, 1, 2, 3]  # 2 for the waiting thread, 3 ahead; 4 still waits
+    assert consumer.fed == [True, False]
+    page.write(slot, 4)
+    broker.lease(cid, consumer, (4, 4, 1, 2))
+    assert consumer.got == [0, 1, 2, 3, 4]
+    assert consumer.fed == [True, False, True]  # nothing waits here any more: fed again
+    page.close()
