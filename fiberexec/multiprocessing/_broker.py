@@ -37,6 +37,7 @@ OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
 FEED_BATCH = 64  # queue items a put leaves to the `Feeder` before it sends them itself
+FEED_TIMEOUT = 5.0  # how long an exiting process waits for the `Feeder` to send what it holds
 COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for consumers elsewhere to say what they hold
 
 
@@ -392,12 +393,13 @@ class Feeder:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.chans: list[Chan] = []
+        self.busy = False  # the thread is sending
         self.thread: threading.Thread | None = None
 
     def schedule(self, chan: Chan) -> None:
         with self.cond:
             self.chans.append(chan)
-            self.cond.notify()
+            self.cond.notify_all()  # the thread (and `drain`, which waits on it too)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, daemon=True,
                                                name="fiberexec-mp-feeder")
@@ -407,14 +409,30 @@ class Feeder:
         while True:
             with self.cond:
                 self.cond.wait_for(lambda: self.chans)  # idle until a put leaves it items
-            self.flush()
+                chans, self.chans = self.chans, []
+                self.busy = True
+            try:
+                for chan in chans:
+                    chan.feed()
+            finally:
+                with self.cond:
+                    self.busy = False
+                    self.cond.notify_all()
 
     def flush(self) -> None:
-        """Send what waits now (also at exit, from the exiting thread)."""
+        """Send what waits now, from this thread."""
         with self.cond:
             chans, self.chans = self.chans, []
         for chan in chans:
             chan.feed()
+
+    def drain(self, timeout: float) -> bool:
+        """Before this process exits: wait up to ``timeout`` until the thread has sent what
+        puts left to it (a consumer that stopped reading could hold a send up for ever, as
+        it holds up the stdlib's feeder thread at exit); False if it has not."""
+        with self.cond:
+            return self.thread is None or self.cond.wait_for(
+                lambda: not (self.chans or self.busy), timeout)
 
 
 class Broker:
@@ -895,7 +913,9 @@ class Broker:
             return self.pids.get(proc_id)
 
     def close(self) -> None:
-        self.feeder.flush()  # what a put left to the feeder goes before this process ends
+        if not self.feeder.drain(FEED_TIMEOUT):  # what puts left to the feeder goes first
+            log.warning("queue items put just before this process exits were not all sent "
+                        "within %.0f s: a consumer stopped reading them", FEED_TIMEOUT)
         if self.hub is not None:
             self.hub.close()
         self.server.close()

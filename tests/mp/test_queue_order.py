@@ -8,6 +8,7 @@ broker's own entry points, with recording peers in place of consumer streams."""
 from __future__ import annotations
 
 import pickle
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -254,4 +255,26 @@ def test_a_fed_consumer_whose_window_keeps_items_here_is_fed_no_more(
     broker.lease(cid, consumer, (4, 4, 1, 2))
     assert consumer.got == [0, 1, 2, 3, 4]
     assert consumer.fed == [True, False, True]  # nothing waits here any more: fed again
+    page.close()
+
+
+@tallied
+def test_an_exit_waits_a_bounded_time_for_what_puts_left_to_the_feeder(
+        queue: tuple[Broker, int]) -> None:
+    broker, cid = queue
+    consumer, page, _slot = _tallied(broker, cid, 256)
+    _put(broker, cid, range(1))  # sent by the put itself; it has not taken it
+    reading = threading.Event()
+    send = consumer.send_items
+
+    def stalled(cid: int, items: list[bytes]) -> None:  # a consumer that stopped reading
+        assert reading.wait(30)
+        send(cid, items)
+
+    consumer.send_items = stalled  # type: ignore[method-assign]
+    broker.append(cid, pickle.dumps(1))  # left to the feeder thread, whose send stalls
+    assert not broker.feeder.drain(0.2)  # an exit gives up after its timeout
+    reading.set()
+    assert broker.feeder.drain(10)
+    assert consumer.got == [0, 1]
     page.close()
