@@ -82,6 +82,10 @@ class RetryPolicy:
         return retrying(fn)
 
 
+class Abandoned(RuntimeError):
+    """A call whose ``abandon`` event was set before its first attempt: ``fn`` never ran."""
+
+
 class _Abandoned(tenacity.stop.stop_base):
     """Stop retrying once ``event`` is set."""
 
@@ -97,8 +101,9 @@ def _unless_abandoned(fn: Callable[[], T], event: threading.Event) -> Callable[[
     last: list[BaseException] = []
 
     def attempt() -> T:
-        if event.is_set() and last:
-            raise last[-1]
+        if event.is_set():  # not even a first attempt once the caller gave up
+            raise last[-1] if last else Abandoned(
+                "abandoned before its first attempt: the caller stopped (broken or shut down)")
         try:
             return fn()
         except BaseException as exc:

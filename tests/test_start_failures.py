@@ -162,3 +162,16 @@ def test_losing_every_worker_breaks_with_the_start_failure_and_starts_nothing_mo
         backend.gate.set()
         ex.shutdown(wait=True)
         backend.close()
+
+
+def test_a_start_abandoned_before_its_first_attempt_makes_none() -> None:
+    """A start that reaches the backend after the executor broke (its check passed just
+    before) is not made: the retry policy tries nothing once ``abandon`` is set."""
+    from fiberexec._retry import Abandoned
+
+    calls: list[int] = []
+    halted = threading.Event()
+    halted.set()
+    with pytest.raises(Abandoned, match="before its first attempt"):
+        RetryPolicy().call(lambda: calls.append(1), abandon=halted)
+    assert calls == []
