@@ -247,16 +247,28 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
         pid = os.fork()
     except OSError as exc:
         _close(output)
-        sock.send(pickle.dumps(("failed", repr(exc))))
-        return True
+        return _answer(sock, ("failed", repr(exc)))
     if pid == 0:
         _become_worker(sock, pipe, env, cwd, memory, log, program, output)
     _close(output)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
-        socket.send_fds(sock, [pickle.dumps(("spawned", pid))], [pidfd])
+        if _answer(sock, ("spawned", pid), pidfd):
+            return True
+        # The executor hung up while we forked: it never learns of this child, which
+        # would find the executor gone and say so. Nobody wants it: it goes now.
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return False
     finally:
         os.close(pidfd)
+
+
+def _answer(sock: socket.socket, reply: tuple[Any, ...], pidfd: int | None = None) -> bool:
+    """Send ``reply`` (and the child's pidfd); False once the executor has hung up."""
+    try:
+        socket.send_fds(sock, [pickle.dumps(reply)], [] if pidfd is None else [pidfd])
+    except OSError:
+        return False
     return True
 
 

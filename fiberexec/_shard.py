@@ -840,7 +840,7 @@ class Shard:
             _shm.discard(conn.probe)
             conn.probe = ""
 
-    def _unregister(self, conn: Conn) -> None:
+    def _unregister(self, conn: Conn, *, hang_up: bool = True) -> None:
         self._drop_probe(conn)
         self.hungry.pop(conn.worker_id, None)
         self.idle.pop(conn.worker_id, None)
@@ -853,7 +853,8 @@ class Shard:
             self.ready_workers -= 1
         if not conn.channel.closed:
             self.selector.unregister(conn.channel.fileno())
-            conn.channel.close()
+            if hang_up:
+                conn.channel.close()
 
     # ------------------------------------------------------------ the end
 
@@ -886,11 +887,17 @@ class Shard:
             if conn.state is State.READY:
                 self._send(conn, p.Bye("shutdown"))
         for conn in list(self.conns.values()):
-            self._unregister(conn)
+            # A worker still starting or authenticating keeps its endpoint open: the
+            # supervisor stops it first and closes the endpoint after, so it never sees a
+            # hang-up it would report as a fault.
+            self._unregister(conn, hang_up=conn.state not in _NOT_YET_CONNECTED)
             conn.state = State.GONE
             _observe.note_gone(self.gone, conn, self.clock())
         self.losses.flush(float("inf"))
         self.selector.close()
+
+
+_NOT_YET_CONNECTED = (State.AWAIT_HELLO, State.AWAIT_AUTH)
 
 
 def _abrupt_end(conn: Conn) -> str:

@@ -291,8 +291,8 @@ class WorkerSupervisor:
             if not too_late:
                 self._handles[spec.worker_id] = handle
         if too_late:  # started after shutdown began: nobody will serve it
+            self._stop(handle)  # before its endpoint closes, which it would report
             self._close_endpoint(spec.worker_id)
-            self._stop(handle)
             return
         log.info("started worker %s (%s)", spec.worker_id, handle.ref)
         shard.post(ev.Started(spec.worker_id, handle))
@@ -503,6 +503,8 @@ class WorkerSupervisor:
             self._halt.set()
             self._fed()
             handles = [h for h in self._handles.values() if h is not None]
+            # a start in flight stops its worker, then closes its endpoint (_start_worker)
+            in_flight = {w for w, h in self._handles.items() if h is None}
             self._handles.clear()
             deferred, self._deferred = self._deferred, set()
         for timer in deferred:  # replacements waiting for their turn: none is wanted now
@@ -510,9 +512,13 @@ class WorkerSupervisor:
         for handle in handles:
             self._stop(handle)
         self._launcher.shutdown(wait=False)  # queued launches return at once (_halt)
-        with self._lock:  # opened after its shard had finished, so never adopted
-            endpoints = list(self._endpoints.values())
-            self._endpoints.clear()
+        # Closed only now, after their workers were stopped: a worker still starting that
+        # found its endpoint gone would report the executor's hang-up as a fault.
+        with self._lock:
+            endpoints = [e for w, e in self._endpoints.items() if w not in in_flight]
+            for worker_id in list(self._endpoints):
+                if worker_id not in in_flight:
+                    del self._endpoints[worker_id]
         for endpoint in endpoints:
             endpoint.close()
 

@@ -378,6 +378,19 @@ def test_exit_finishes_pending_futures(system: str) -> None:
     assert err == ""
 
 
+def test_a_quick_program_hears_nothing_from_workers_still_starting(system: str) -> None:
+    """The first result comes before the other workers connect; shutting down then stops
+    them without a word on stderr (a hang-up is not a fault when the executor left)."""
+    out, err, _ = run_program(system, """
+        if __name__ == "__main__":
+            for _ in range(4):
+                with Executor(4) as ex:
+                    print(ex.submit(abs, -1).result())
+    """)
+    assert out.split() == ["1"] * 4
+    assert err == ""
+
+
 def test_exit_finishes_running_futures_after_shutdown_without_wait() -> None:
     """fiberexec only: the stdlib's process pool may hang here (CPython gh-83386)."""
     out, err, _ = run_program("fiberexec", """
