@@ -14,3 +14,10 @@ def sleep_pid(seconds: float) -> int:
     """Sleep, then say which worker ran the task."""
     time.sleep(seconds)
     return os.getpid()
+
+
+def mark_and_sleep(path: str, seconds: float) -> None:
+    """Leave a file at ``path`` (the call ran), then sleep."""
+    with open(path, "w"):
+        pass
+    time.sleep(seconds)

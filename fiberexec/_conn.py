@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections import deque
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from fiberexec._task import WorkItem
 
 if TYPE_CHECKING:
     from fiberexec._events import Link
+    from fiberexec._future import Answer
 
 MAX_WINDOW = 1024  # tasks one worker may hold
 WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
@@ -59,6 +61,8 @@ class Conn:
         self.head_since = now  # when the first task it holds started (about: sent or freed)
         self.overstaying = False  # its first task outran its estimate: queue nothing behind
         self.revoking = False  # asked to give back tasks it has not started
+        # each Revoke not answered yet: the cancels waiting on it, and whether it was ours
+        self.revokes: deque[tuple[dict[int, Answer], bool]] = deque()
         self.cache: Mirror | None = None  # what it keeps of large arguments
         # What workers() shows (`fiberexec._observe`); written only by the shard's thread.
         self.host = ""  # as the worker said in its Hello

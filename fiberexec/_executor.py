@@ -19,6 +19,7 @@ from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
+from fiberexec._future import TaskFuture
 from fiberexec._observe import FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
@@ -213,7 +214,7 @@ class FiberExecutor(Executor):
             if _global_shutdown:
                 raise RuntimeError("cannot schedule new futures after interpreter shutdown")
             pool = self._get_pool()
-            future: Future[T] = Future()
+            future: Future[T] = TaskFuture()
             pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
         return future
 

@@ -63,6 +63,9 @@ class WorkerLink(Protocol):
     def send(self, frame: bytes, timeout: float) -> None:
         """Send a whole frame, waiting at most ``timeout`` for room; `LinkClosed` on failure."""
 
+    def fileno(self) -> int:
+        """A descriptor that polls readable when a frame (or the hang-up) may be read."""
+
     def close(self) -> None: ...
 
 

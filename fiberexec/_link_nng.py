@@ -149,6 +149,9 @@ class NngLink:
         """A frame nng has already taken in (its queue is in this process)."""
         return self.try_recv()
 
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
     def send(self, frame: bytes, timeout: float) -> None:
         try:
             self.channel.send(frame, timeout)

@@ -281,6 +281,9 @@ class UnixLink:
         """A frame already read from the socket (no system call), or None."""
         return self.ready.popleft() if self.ready else None
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
     def _read(self, flags: int) -> None:
         try:
             n, _ = self.reader.read_from(self.sock, flags)

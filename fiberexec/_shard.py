@@ -22,6 +22,7 @@ with a fake clock and fake channels, and no process at all.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import selectors
 import threading
@@ -30,7 +31,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from fiberexec import _auth, _observe, _shm
 from fiberexec import _events as ev
@@ -46,6 +48,7 @@ from fiberexec._errors import (
     SerializationError,
     WorkerLostError,
 )
+from fiberexec._future import CANCEL_WAIT, Answer, TaskFuture
 from fiberexec._losslog import LossLog
 from fiberexec._serialize import (
     Payload,
@@ -108,6 +111,10 @@ class Shard:
         # Held by the shard's thread except while it sleeps in select: a submitting thread
         # that takes it then may dispatch to an idle worker itself (see `put`).
         self.owner = threading.Lock()
+        # The threads that answer `ask_back` (its loop's, or a submitter dispatching here):
+        # a cancel from one of them cannot wait for the answer.
+        self._thread_ident: int | None = None
+        self._owner_ident: int | None = None
         self._owned = False  # run() holds `owner` (a test driving step() does not)
         self.shutting_down = False
         self.broken: BaseException | None = None  # once set, every task that arrives fails
@@ -121,6 +128,7 @@ class Shard:
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
         self._next_revoke_scan = 0.0
+        self._revoke_at = math.inf  # when a worker's running task may start to hold others up
         # Results of a function in a row that came back as estimated (see _allowance).
         self.trusted: dict[str, int] = {}
         # What workers(), task_spans() and failures() read (see `fiberexec._observe`).
@@ -146,6 +154,7 @@ class Shard:
         a flood the shard's thread pickles and sends, and the caller goes on submitting."""
         if not self.owner.acquire(blocking=False):
             return False
+        self._owner_ident = threading.get_ident()
         try:
             if not (self._sleeping and self._has_idle_worker()) or self.events:
                 return False
@@ -153,6 +162,7 @@ class Shard:
             self._dispatch()
             return not self.queue  # what could not be sent here, the shard's thread sends
         finally:
+            self._owner_ident = None
             self.owner.release()
 
     def _has_idle_worker(self) -> bool:
@@ -184,10 +194,15 @@ class Shard:
 
     @property
     def backlog(self) -> int:
-        return len(self.queue) + len(self.incoming)
+        """Tasks not yet running: queued here, or sent ahead to a worker behind its task."""
+        return len(self.queue) + len(self.incoming) + self._held() - self.running
 
     @property
     def running(self) -> int:
+        return sum(i.started for c in list(self.conns.values())
+                   for i in list(c.inflight.values()))
+
+    def _held(self) -> int:
         return sum(len(c.inflight) for c in list(self.conns.values()))
 
     # ------------------------------------------------------------ the loop
@@ -195,6 +210,7 @@ class Shard:
     def run(self) -> None:
         self.owner.acquire()
         self._owned = True
+        self._thread_ident = threading.get_ident()
         try:
             while not self.finished():
                 self.step()
@@ -240,7 +256,10 @@ class Shard:
                 self._receive(key.data)
 
     def _next_deadline(self) -> float:
-        return max(0.0, self._next_housekeeping - self.clock())
+        wake = self._next_housekeeping
+        if self.idle and self._revoke_at < wake:
+            wake = max(self._revoke_at, self._next_revoke_scan)
+        return max(0.0, wake - self.clock())
 
     def finished(self) -> bool:
         """Shut down, and nothing is left to run or to hear about: no task out, no task
@@ -317,6 +336,8 @@ class Shard:
             self._observe(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
+            if not item.start():  # cancelled while it waited there: its outcome is dropped
+                continue
             ok = settle(item, result)
             self._count(item, ok)
             spans.append((item.task_id, worker_id, span_function(item),
@@ -327,6 +348,8 @@ class Shard:
                 conn.tasks_failed += 1
                 self._record_failure(item, worker_id)
         conn.overstaying = False
+        if conn.inflight:  # the task it held behind those starts now
+            next(iter(conn.inflight.values())).start()
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
             if not conn.inflight:
@@ -342,13 +365,29 @@ class Shard:
             self.failures.append((item, worker_id, exc, self.clock()))
 
     def _on_revoked(self, conn: Conn, task_ids: Iterable[int]) -> None:
-        """Tasks the worker gave back unstarted go to the head of the queue, in order."""
-        conn.revoking = False
-        items = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
-        for item in items:
+        """Tasks the worker gave back unstarted go to the head of the queue, in order; one
+        a `cancel` asked for is cancelled instead (the others it asked for had started)."""
+        answers, overstay = conn.revokes.popleft() if conn.revokes else ({}, True)
+        if overstay:
+            conn.revoking = False
+        given = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
+        back = []
+        for item in given:
             conn.release(item.cost)
-        self.queue.extendleft(reversed(items))
-        self.moved += len(items)
+            if isinstance(item.future, TaskFuture):
+                item.future.release()
+            answer = answers.pop(item.task_id, None)
+            if (answer is not None and isinstance(item.future, TaskFuture)
+                    and answer.cancel(item.future)):
+                item.start()  # tells its waiters: `wait` and `as_completed` see it cancelled
+                continue
+            back.append(item)
+        for task_id, answer in answers.items():  # not given back: it had started there
+            answer.give(False)
+            if (item := conn.inflight.get(task_id)) is not None:
+                item.start()
+        self.queue.extendleft(reversed(back))
+        self.moved += len(back)
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
             if not conn.inflight:
@@ -359,6 +398,7 @@ class Shard:
         (known long, or outrunning its estimate): ask for those back, for whoever is free."""
         now = self.clock()
         if now < self._next_revoke_scan:
+            self._revoke_at = min(self._revoke_at, self._next_revoke_scan)  # look then
             return
         self._next_revoke_scan = now + REVOKE_SCAN
         holders = self.holders
@@ -367,21 +407,33 @@ class Shard:
         victim = max(holders.values(), default=None,
                      key=lambda c: len(c.inflight) if self._hoards(c, now) else 0)
         if victim is None or not self._hoards(victim, now):
+            # Look again when the first task held up there outruns its estimate: nothing
+            # else may wake this thread before that task ends.
+            self._revoke_at = min((self._overstays_at(c) for c in holders.values()),
+                                  default=math.inf)
             return
+        self._revoke_at = math.inf
         head, *tail = victim.inflight.values()
         running = now - victim.head_since
         if running > self.estimates.get(head.key, 0.0):  # what it learned meanwhile
             self.estimates[head.key] = running
         victim.revoking = victim.overstaying = True
         self.trusted[head.key] = 0
-        self._send(victim, p.Revoke([item.task_id for item in tail]))
+        self._revoke(victim, [item.task_id for item in tail], {}, overstay=True)
 
     def _hoards(self, conn: Conn, now: float) -> bool:
+        return now > self._overstays_at(conn)
+
+    def _overstays_at(self, conn: Conn) -> float:
+        """When ``conn``'s running task, holding others up, counts as outrunning its
+        estimate (-inf: it is known long; inf: it holds nothing up, or is being asked)."""
         if conn.state is not State.READY or conn.revoking or len(conn.inflight) < 2:
-            return False
+            return math.inf
         head = next(iter(conn.inflight.values()))
         expected = self.estimates.get(head.key, 0.0)
-        return expected >= LONG_TASK or now - conn.head_since > max(LONG_TASK, 2 * expected)
+        if expected >= LONG_TASK:
+            return -math.inf
+        return conn.head_since + max(LONG_TASK, 2 * expected)
 
     def _count(self, item: WorkItem, ok: bool) -> None:
         """A task finished: count it (and, for stats, the map items it carried)."""
@@ -649,8 +701,11 @@ class Shard:
             if not conn.admits(estimate, self._allowance(key)):
                 break
             queue.popleft()
-            if not item.start():
-                continue  # cancelled while queued
+            # Running means started, or next to start: a task sent to wait behind another
+            # stays pending (and cancellable) until the one before it has finished.
+            if not (self._hold(conn, item) if conn.inflight else item.start()):
+                item.start()  # cancelled while queued: its waiters are told (once)
+                continue
             try:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
@@ -670,6 +725,51 @@ class Shard:
                 self.holders[conn.worker_id] = conn
             self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks), items)
+
+    def _hold(self, conn: Conn, item: WorkItem) -> bool:
+        """``item`` goes to wait at ``conn`` behind its task: it stays pending, cancellable
+        through `ask_back`. False if it was cancelled."""
+        future = item.future
+        if item.started or not isinstance(future, TaskFuture):
+            return item.start()  # a plain future cannot ask: it counts as running from here
+        return future.hold(self, (conn, item.task_id))
+
+    # ------------------------------------------------------------ cancelling what a worker holds
+
+    def ask_back(self, key: object, future: TaskFuture[Any]) -> bool:
+        """`TaskFuture.cancel` of a task a worker holds (any thread): ask the worker for it
+        back and cancel it. False if it had started, or no answer came in `CANCEL_WAIT`."""
+        me = threading.get_ident()
+        if me in (self._thread_ident, self._owner_ident):
+            return False  # a done-callback on the thread that would answer: it cannot wait
+        answer = Answer()
+        self.post(ev.Call(partial(self._ask_back, future, answer)))
+        return answer.wait(CANCEL_WAIT)
+
+    def _ask_back(self, future: TaskFuture[Any], answer: Answer) -> None:
+        held = future.holding  # read here: only this thread holds and releases
+        if held is None:  # back in the queue (then it is cancelled), or it ran meanwhile
+            answer.cancel(future)
+            return
+        holder, key = held
+        conn, task_id = cast("tuple[Conn, int]", key)
+        if holder is not self or conn.inflight.get(task_id) is None:
+            answer.give(False)
+            return
+        self._revoke(conn, [task_id], {task_id: answer})
+
+    def _revoke(self, conn: Conn, task_ids: list[int], answers: dict[int, Answer],
+                *, overstay: bool = False) -> None:
+        """Ask ``conn`` for tasks it has not started; its answers come in the same order."""
+        conn.revokes.append((answers, overstay))
+        self._send(conn, p.Revoke(task_ids))
+
+    def _unasked(self, conn: Conn) -> None:
+        """``conn`` will not answer (lost, or the end): each cancel still waiting gets False."""
+        for answers, _ in conn.revokes:
+            for answer in answers.values():
+                answer.give(False)
+        conn.revokes.clear()
 
     def _fail_unpicklable(self, item: WorkItem, exc: BaseException) -> None:
         if not isinstance(exc, SerializationError):
@@ -780,6 +880,10 @@ class Shard:
         """The worker is gone: requeue what it held; the task it was running is charged."""
         items = list(conn.inflight.values())
         conn.inflight.clear()
+        for item in items:
+            if isinstance(item.future, TaskFuture):
+                item.future.release()
+        self._unasked(conn)
         self._unregister(conn)
         conn.charged = items[0] if items else None
         if items:
@@ -861,6 +965,7 @@ class Shard:
     def _fail_everything(self, error: BaseException) -> None:
         items = list(self.queue) + list(self.incoming)
         for conn in self.conns.values():
+            self._unasked(conn)
             items.extend(conn.inflight.values())
             items.extend(conn.doomed)
             conn.inflight.clear()
@@ -887,6 +992,7 @@ class Shard:
             if conn.state is State.READY:
                 self._send(conn, p.Bye("shutdown"))
         for conn in list(self.conns.values()):
+            self._unasked(conn)
             # A worker still starting or authenticating keeps its endpoint open: the
             # supervisor stops it first and closes the endpoint after, so it never sees a
             # hang-up it would report as a fault.

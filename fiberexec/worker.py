@@ -22,6 +22,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import select
 import socket
 import sys
 import threading
@@ -193,6 +194,15 @@ class Worker:
                 self.last_heard = time.monotonic()
                 self._on_message(p.decode(frame, allow_shm=self.allow_shm, store=self.store))
 
+    def take_in(self) -> None:
+        """From the watcher thread, while the main thread runs a task: take in what
+        arrived (a revoke is answered at once)."""
+        if self._recv_lock.acquire(blocking=False):  # else the main thread is reading
+            try:
+                self._receive(block=False)
+            finally:
+                self._recv_lock.release()
+
     def check_executor(self) -> None:
         """From the outbox thread, while the main thread runs a task: take in what arrived,
         and leave if the executor has been silent for ``silence`` seconds."""
@@ -276,8 +286,10 @@ class Worker:
     def serve(self) -> None:
         done = 0
         outbox = self.outbox
+        watcher = Watcher(self.link.fileno(), self.take_in)
         while not self.stopping or self.tasks:
             if not self.tasks:
+                watcher.unwatch()  # this thread reads for itself now
                 outbox.flush()
                 self.receive(block=True)
                 continue
@@ -285,6 +297,9 @@ class Worker:
                 if not self.tasks:
                     continue
                 task = self.tasks.popleft()
+            # While it runs, the executor may send more to wait behind it, and ask for
+            # some back: the watcher reads for this thread.
+            watcher.watch()
             result = self._run(*task)
             done += 1
             if self.max_tasks and done >= self.max_tasks:
@@ -468,6 +483,51 @@ class Outbox:
         want the outbox's (to send when much is held)."""
         if self.capture is not None:
             self.capture.flush_streams()
+
+
+class Watcher:
+    """While the main thread runs a task with others waiting behind it here, a thread that
+    reads what the executor sends. The executor asks for those back (``Revoke``) when
+    another worker is free or a `cancel` wants one, and a `cancel` waits for the answer:
+    it comes within a round trip, not after the running task. Off while the main thread
+    reads the link itself; switching costs a wake-up only when tasks are held."""
+
+    def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
+        self._fd = fd
+        self._take_in = take_in
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._on = False
+        self._cond = threading.Condition()
+        threading.Thread(target=_guard(self._run), name="fiberexec-watcher",
+                         daemon=True).start()
+
+    def watch(self) -> None:
+        """(Main thread) A task with others behind it starts: read while it runs."""
+        if not self._on:
+            with self._cond:
+                self._on = True
+                self._cond.notify()
+
+    def unwatch(self) -> None:
+        """(Main thread) About to read the link itself."""
+        if self._on:
+            self._on = False
+            os.eventfd_write(self._wake, 1)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._wake, select.POLLIN)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._on)
+            while self._on:
+                ready = {fd for fd, _ in poller.poll()}  # unwatch() wakes it: no timeout
+                if self._wake in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                if self._fd in ready and self._on:
+                    self._take_in()
 
 
 class _Functions:

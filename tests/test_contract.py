@@ -142,11 +142,17 @@ def test_a_cancelled_call_never_runs_and_its_waiters_hear_of_it(
     finishes: what `cancel()` cancels never runs, the rest all run, and `wait` sees every
     future done."""
     ex = make_pool(2)
-    warmups = [ex.submit(ct.mark_then_sleep, str(tmp_path / f"warm{i}"), 0) for i in range(50)]
-    assert all(f.result(timeout=60) is None for f in warmups)
+    warmups = ex.map(ct.mark_then_sleep, [str(tmp_path / f"warm{i}") for i in range(50)],
+                     [0] * 50)
+    assert list(warmups) == [None] * 50
     futures = [ex.submit(ct.mark_then_sleep, str(tmp_path / str(i)), 0.3) for i in range(20)]
     wait(futures, timeout=60, return_when=FIRST_COMPLETED)
+    running = sum(f.running() for f in futures)
     cancelled = {i for i, f in enumerate(futures) if f.cancel()}
+    # The instant warm-ups say nothing of these: the tasks sent ahead to a worker behind a
+    # long one are not running yet. The stdlib: 2 running, 3 in its call queue, 1 done.
+    assert running <= 2 * 2 + 2, f"{running} futures marked running with 2 workers"
+    assert len(cancelled) >= 20 - (2 * 2 + 2), f"only {len(cancelled)} of 20 could be cancelled"
     assert not wait(futures, timeout=60).not_done
     ex.shutdown(wait=True)
     ran = {i for i in range(20) if (tmp_path / str(i)).exists()}

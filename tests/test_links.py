@@ -146,6 +146,21 @@ def test_fileno_is_readable_exactly_while_a_frame_waits(pair: Pair) -> None:
     assert select.select([fd], [], [], 0.05)[0] == []
 
 
+def test_the_workers_fileno_is_readable_while_a_frame_waits(pair: Pair) -> None:
+    """What the worker's watcher thread polls while its main thread runs a task."""
+    _hello(pair)
+    fd = pair.worker.fileno()
+    assert select.select([fd], [], [], 0)[0] == []
+    pair.endpoint.send_nowait(b"y")
+    assert select.select([fd], [], [], 10)[0] == [fd]
+    assert pair.worker.recv(10) == b"y"
+    assert pair.worker.try_recv() is None
+    assert select.select([fd], [], [], 0.05)[0] == []
+    if pair.worker.kind != "nng":  # (nng says so through the pipe's remove callback)
+        pair.endpoint.close()  # the hang-up polls readable too
+        assert select.select([fd], [], [], 10)[0] == [fd]
+
+
 def test_large_frames_both_ways(pair: Pair) -> None:
     big = secrets.token_bytes(8 << 20)
     _hello(pair)

@@ -7,6 +7,7 @@ The test plays each worker: it speaks the real protocol (handshake, results, goo
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
@@ -18,10 +19,12 @@ import pytest
 from fiberexec import _auth
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
+from fiberexec import _shard as shard_module
 from fiberexec._backend import WorkerHandle, WorkerState, WorkerStatus
 from fiberexec._config import ExecutorConfig
 from fiberexec._conn import WINDOW_TIME, State
 from fiberexec._errors import ProtocolError, WorkerLostError
+from fiberexec._future import TaskFuture
 from fiberexec._serialize import dumps, dumps_exception
 from fiberexec._session import Session
 from fiberexec._shard import STATUS_WAIT, Shard
@@ -203,7 +206,7 @@ class Bench:
         items = []
         for _ in range(n):
             self._task_ids += 1
-            item = WorkItem(self._task_ids, Future(), fn, (self._task_ids,), {})
+            item = WorkItem(self._task_ids, TaskFuture(), fn, (self._task_ids,), {})
             self.shards[shard].put(item)
             items.append(item)
         return items
@@ -627,6 +630,126 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     b.answer("w0", [items[0].task_id], runtime=0.5)
     b.step()
     assert b.tasks_sent("w0") == [items[2].task_id]
+
+
+def _send_three_behind_a_short_history(b: Bench) -> list[WorkItem]:
+    b.connect("w0")
+    for _ in range(2):
+        b.submit(job, 1)
+        b.step()
+        b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)  # the function looks short...
+        b.step()
+    items = b.submit(job, 3)
+    b.step()
+    assert b.tasks_sent("w0") == [i.task_id for i in items]  # ...so w0 takes three
+    return items
+
+
+def test_a_task_sent_behind_another_runs_only_once_that_one_has_finished(bench: Any) -> None:
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    assert [i.future.running() for i in items] == [True, False, False]
+    assert (b.shard.running, b.shard.backlog) == (1, 2)
+    b.answer("w0", [items[0].task_id], runtime=SHORT)
+    b.step()
+    assert [i.future.running() for i in items[1:]] == [True, False]  # the next starts there
+    b.answer("w0", [items[1].task_id, items[2].task_id], runtime=SHORT)  # both in one message
+    b.step()
+    assert [i.future.result(timeout=0) for i in items] == [i.task_id for i in items]
+
+
+def _cancel_in_a_thread(future: Future[Any]) -> tuple[threading.Thread, list[bool]]:
+    """`cancel` of a held task waits for the shard's answer: ask from another thread."""
+    said: list[bool] = []
+    asker = threading.Thread(target=lambda: said.append(future.cancel()))
+    asker.start()
+    return asker, said
+
+
+def _revoke_sent(b: Bench, worker_id: str) -> p.Revoke:
+    b.shard.step(5.0)  # wakes when the cancel's question is posted
+    b.step()
+    (revoke,) = [m for m in b.links[worker_id].take() if isinstance(m, p.Revoke)]
+    return revoke
+
+
+def test_a_task_held_behind_another_is_cancelled_once_its_worker_gives_it_back(
+    bench: Any,
+) -> None:
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    assert not items[0].future.cancel()  # running: no question asked
+    asker, said = _cancel_in_a_thread(items[2].future)
+    revoke = _revoke_sent(b, "w0")
+    assert list(revoke.task_ids) == [items[2].task_id]
+    assert not items[2].future.cancelled()  # not before the worker says it will not run it
+    b.links["w0"].deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])
+    b.step()
+    asker.join(10)
+    assert said == [True] and items[2].future.cancelled()
+    assert not futures_wait([items[2].future], timeout=0).not_done  # its waiters were told
+    b.answer("w0", [items[0].task_id], runtime=SHORT)
+    b.step()
+    assert b.tasks_sent("w0") == []  # the cancelled one is not sent again
+    assert items[1].future.running()
+    b.answer("w0", [items[1].task_id], runtime=SHORT)
+    b.step()
+    assert not b.shard.conns["w0"].inflight and not b.shard.queue
+
+
+def test_a_held_task_its_worker_had_started_is_not_cancelled(bench: Any) -> None:
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    asker, said = _cancel_in_a_thread(items[1].future)
+    _revoke_sent(b, "w0")
+    b.links["w0"].deliver(p.Revoked([]), b.pipes["w0"])  # too late: it runs it already
+    b.step()
+    asker.join(10)
+    assert said == [False]
+    assert items[1].future.running()  # it does run
+    b.answer("w0", [items[0].task_id, items[1].task_id], runtime=SHORT)
+    b.step()
+    assert [i.future.result(timeout=0) for i in items[:2]] == [i.task_id for i in items[:2]]
+
+
+def test_a_cancel_that_hears_nothing_in_time_says_false_and_the_task_still_runs(
+    bench: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shard_module, "CANCEL_WAIT", 0.05)
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    asker, said = _cancel_in_a_thread(items[2].future)
+    revoke = _revoke_sent(b, "w0")
+    asker.join(10)
+    assert said == [False]
+    b.links["w0"].deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])  # the answer, late
+    b.step()
+    assert not items[2].future.cancelled()
+    assert b.tasks_sent("w0") == [items[2].task_id]  # given back, it is sent again to run
+
+
+def test_an_idle_worker_wakes_the_shard_when_a_held_task_starts_to_overstay(
+    bench: Any,
+) -> None:
+    """Nothing else may wake the shard before the long task ends: it sets its own deadline
+    for the moment the worker holding others up counts as outrunning its estimate."""
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    b.connect("w1")  # idle, joined before the first task could be judged
+    b.step()
+    assert not [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
+    revokes: list[p.Revoke] = []
+    for _ in range(3):  # its next look (rate-limited), then the moment it overstays
+        wait_for = b.shard._next_deadline()
+        assert 0 < wait_for <= 0.011  # LONG_TASK after it started, not the next housekeeping
+        b.clock.advance(wait_for + 0.0001)
+        b.step()
+        revokes = [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
+        if revokes:
+            break
+    assert b.clock() < 1000 + 0.011 + 0.001
+    (revoke,) = revokes
+    assert list(revoke.task_ids) == [i.task_id for i in items[1:]]
 
 
 def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: Any) -> None:

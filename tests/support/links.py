@@ -27,6 +27,12 @@ class MemoryPipe:
         self.to_worker: deque[bytes] = deque()
         self.cond = threading.Condition()
         self.closed = False
+        self.worker_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # frames wait
+
+    def signal(self) -> None:
+        """(Holding ``cond``) a frame or the hang-up waits for the worker."""
+        if self.worker_fd >= 0:
+            os.eventfd_write(self.worker_fd, 1)
 
     def close(self) -> None:
         self.endpoint.hang_up(self)
@@ -84,11 +90,13 @@ class MemoryEndpoint:
             if len(pipe.to_worker) >= self.capacity:
                 raise ProtocolError("peer is not reading: its send queue is full")
             pipe.to_worker.append(frame)
+            pipe.signal()
             pipe.cond.notify()
 
     def hang_up(self, pipe: MemoryPipe) -> None:
         with pipe.cond:
             was_open, pipe.closed = not pipe.closed, True
+            pipe.signal()
             pipe.cond.notify_all()
         if was_open and not self.closed:
             self.on_remove(pipe)
@@ -100,6 +108,7 @@ class MemoryEndpoint:
         if self.bound is not None:
             with self.bound.cond:
                 self.bound.closed = True
+                self.bound.signal()
                 self.bound.cond.notify_all()
         os.close(self._fd)
 
@@ -124,9 +133,15 @@ class MemoryLink:
 
     buffered = try_recv
 
+    def fileno(self) -> int:
+        return self.pipe.worker_fd
+
     def _take(self) -> bytes | None:
         if self.pipe.to_worker:
-            return self.pipe.to_worker.popleft()
+            frame = self.pipe.to_worker.popleft()
+            if not self.pipe.to_worker and not self.pipe.closed:
+                os.eventfd_read(self.pipe.worker_fd)  # nothing waits any more
+            return frame
         if self.pipe.closed:
             raise LinkClosed("the connection to the executor closed")
         return None
@@ -140,3 +155,6 @@ class MemoryLink:
         if not self.closed:
             self.closed = True
             self.pipe.close()
+            with self.pipe.cond:
+                fd, self.pipe.worker_fd = self.pipe.worker_fd, -1
+            os.close(fd)
