@@ -191,7 +191,8 @@ class TaskPool:
                     shard.thread.join()
                 elif not self._started:
                     shard.close()  # never ran: its loop's last act is ours to do
-            self.supervisor.stop_all()
+            self.supervisor.stop_all({w: link for shard in self.shards
+                                      for w, link in shard.left_open.items()})
             if self.sink is not None:
                 self.sink.close()
             if self.owns_backend:

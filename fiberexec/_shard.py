@@ -125,6 +125,7 @@ class Shard:
         self.bytes_sent = self.bytes_received = 0  # frames over the workers' links
         self.arg_tally = Tally()  # large arguments kept by workers, and bytes that saved
         self.moved = 0  # tasks given back unstarted by a worker, for a free one
+        self.left_open: dict[str, ev.Link] = {}  # endpoints of workers starting at close
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
         self._next_revoke_scan = 0.0
@@ -993,10 +994,13 @@ class Shard:
                 self._send(conn, p.Bye("shutdown"))
         for conn in list(self.conns.values()):
             self._unasked(conn)
-            # A worker still starting or authenticating keeps its endpoint open: the
-            # supervisor stops it first and closes the endpoint after, so it never sees a
-            # hang-up it would report as a fault.
-            self._unregister(conn, hang_up=conn.state not in _NOT_YET_CONNECTED)
+            # A worker still starting or authenticating keeps its endpoint open until the
+            # pool has stopped it (`left_open`), so it never sees a hang-up it would report
+            # as a fault.
+            starting = conn.state in _NOT_YET_CONNECTED
+            self._unregister(conn, hang_up=not starting)
+            if starting and not conn.channel.closed:
+                self.left_open[conn.worker_id] = conn.channel
             conn.state = State.GONE
             _observe.note_gone(self.gone, conn, self.clock())
         self.losses.flush(float("inf"))

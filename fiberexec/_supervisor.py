@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,7 +69,7 @@ class WorkerSupervisor:
         self._sink = sink  # where forwarded task output goes
         self._lock = threading.Lock()
         self._handles: dict[str, WorkerHandle | None] = {}  # None: being started
-        self._endpoints: dict[str, Endpoint] = {}  # closed by their shard, or by stop_all
+        self._endpoints: dict[str, ev.Link] = {}  # closed by their shard, or by stop_all
         self._placement: dict[str, Shard] = {}  # worker id -> the shard that serves it
         self._served: Counter[int] = Counter()  # shard index -> workers placed on it
         self._promised = 0  # launches a launch_many has yet to make
@@ -278,10 +278,11 @@ class WorkerSupervisor:
                                                   abandon=self._halt)
         except Exception as exc:
             shard.post(ev.StartFailed(spec.worker_id))
-            self._drop(spec.worker_id)
             if self._halt.is_set():  # broken or shut down meanwhile: nothing more to say
-                self._close_endpoint(spec.worker_id)
+                self._close_endpoint(spec.worker_id)  # (before _drop forgets it)
+                self._drop(spec.worker_id)
                 return
+            self._drop(spec.worker_id)
             self.break_executor(
                 f"could not start a worker on the {self.backend.name!r} backend: {exc}", exc
             )
@@ -496,8 +497,10 @@ class WorkerSupervisor:
                 self._active -= 1
                 self._busy.notify_all()
 
-    def stop_all(self) -> None:
-        """The shards are done: start nothing more, stop every worker left."""
+    def stop_all(self, left_open: Mapping[str, ev.Link] | None = None) -> None:
+        """The shards are done: start nothing more, stop every worker left. ``left_open``:
+        the endpoints of workers still starting, which the shards left for us to close once
+        those workers are stopped (a worker that finds its endpoint gone says so)."""
         with self._lock:
             self._finished = True
             self._halt.set()
@@ -513,8 +516,11 @@ class WorkerSupervisor:
             self._stop(handle)
         self._launcher.shutdown(wait=False)  # queued launches return at once (_halt)
         # Closed only now, after their workers were stopped: a worker still starting that
-        # found its endpoint gone would report the executor's hang-up as a fault.
+        # found its endpoint gone would report the executor's hang-up as a fault. One whose
+        # start is in flight is closed when that start returns (`_start_worker`).
         with self._lock:
+            for worker_id, link in (left_open or {}).items():
+                self._endpoints.setdefault(worker_id, link)
             endpoints = [e for w, e in self._endpoints.items() if w not in in_flight]
             for worker_id in list(self._endpoints):
                 if worker_id not in in_flight:

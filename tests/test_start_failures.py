@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -175,3 +176,48 @@ def test_a_start_abandoned_before_its_first_attempt_makes_none() -> None:
     with pytest.raises(Abandoned, match="before its first attempt"):
         RetryPolicy().call(lambda: calls.append(1), abandon=halted)
     assert calls == []
+
+
+def _listening(prefix: str) -> list[str]:
+    """Abstract Unix sockets of this process whose names start with ``prefix``."""
+    with open("/proc/net/unix") as table:
+        return [line.split()[-1] for line in table if line.split()[-1].startswith(prefix)]
+
+
+def test_a_start_that_fails_after_shutdown_leaves_no_endpoint_open() -> None:
+    """The endpoint of a worker whose start is still under way when the shards close is
+    left for that start to close (so that a worker it does start never finds it gone):
+    a start that then fails closes it too."""
+
+    class GatedBackend(LocalBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = itertools.count()
+            self.held = threading.Event()
+            self.gate = threading.Event()
+
+        def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+            if next(self.count) == 0:
+                return super().start_worker(spec)
+            self.held.set()
+            assert self.gate.wait(60), "the test never let the start go on"
+            raise TransientBackendError("the host went away")
+
+    backend = GatedBackend()
+    ex = FiberExecutor(2, min_workers=2, backend=backend)
+    try:
+        assert ex.submit(abs, -1).result(timeout=60) == 1
+        assert backend.held.wait(30)  # the second start is under way, held
+        prefix = f"@fiberexec/{os.getpid()}/{ex._pool.executor_id}/"  # type: ignore[union-attr]
+        assert _listening(prefix)
+        closing = threading.Thread(target=ex.shutdown, kwargs={"wait": True})
+        closing.start()
+        assert ex._pool.supervisor._halt.wait(30)  # type: ignore[union-attr]  # stop_all ran
+        backend.gate.set()  # the start fails after the shards have closed
+        closing.join(60)
+        assert not closing.is_alive()
+        assert _listening(prefix) == []
+    finally:
+        backend.gate.set()
+        ex.shutdown(wait=True)
+        backend.close()
