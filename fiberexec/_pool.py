@@ -200,6 +200,7 @@ class TaskPool:
             # A broken executor's starts in flight were abandoned: they clean up after
             # themselves, so its shutdown does not wait for a host that does not answer.
             self.supervisor.join(timeout=1.0 if self.supervisor.broken else 30.0)
+            _shm.drop_pool(self.executor_id)
             _shm.remove_all(self.executor_id)
         finally:
             try:

@@ -254,7 +254,7 @@ class _Writer:
         keep = _KEEP if key else 0
         shm = self.shm
         if shm is not None and shm.executor_id is not None and view.nbytes >= shm.threshold:
-            name = _shm.write(shm.executor_id, view)
+            name = _shm.write(shm.executor_id, view, keep=bool(keep))
             shm.created.append(name)
             self.pack("!BQ", _SHM | keep, view.nbytes)
             self.parts.append(key)

@@ -301,6 +301,7 @@ class Worker:
             # some back: the watcher reads for this thread.
             watcher.watch()
             result = self._run(*task)
+            del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
                 outbox.add(result, alone=True, slow=True)
@@ -589,6 +590,7 @@ def _settle_output() -> None:
 
 
 def _die(code: int, why: str) -> NoReturn:
+    _shm.drop_pool()  # what this worker sent and a receiver still maps stays mapped there
     if code:  # the worker's own stderr (the backend keeps it), captured or not
         print(f"fiberexec worker: {why}", file=sys.__stderr__, flush=True)
     if not _captured:  # a captured stream's lock may be held by a thread waiting on ours

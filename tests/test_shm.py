@@ -1,0 +1,94 @@
+"""Shared-memory buffers: pooled files are written again only once their receiver let go."""
+
+from __future__ import annotations
+
+import gc
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from fiberexec import _shm
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def executor_id() -> Iterator[str]:
+    eid = secrets.token_hex(4)
+    yield eid
+    _shm.drop_pool(eid)
+    _shm.remove_all(eid)
+
+
+def _files(eid: str) -> set[str]:
+    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{eid}-")}
+
+
+def _data(fill: int, size: int = 2 * MIB) -> memoryview:
+    return memoryview(bytes([fill]) * size)
+
+
+def test_a_pooled_file_is_written_again_once_its_receiver_let_go(executor_id: str) -> None:
+    first = _shm.write(executor_id, _data(1))
+    view = _shm.take(first, 2 * MIB)
+    assert _shm.POOL_TAG in first and bytes(view[:3]) == b"\1\1\1"
+    second = _shm.write(executor_id, _data(2))
+    assert second != first  # the first is still mapped: another file
+    assert bytes(view[-3:]) == b"\1\1\1"  # and what the receiver holds is unchanged
+    del view
+    gc.collect()
+    third = _shm.write(executor_id, _data(3))
+    assert third == first  # free again: written again, no new pages
+    again = _shm.take(third, 2 * MIB)
+    assert bytes(again[:2]) + bytes(again[-2:]) == b"\3\3\3\3"
+    assert _files(executor_id) == {first, second}
+
+
+def test_a_buffer_the_receiver_keeps_goes_in_a_file_of_its_own(executor_id: str) -> None:
+    name = _shm.write(executor_id, _data(4), keep=True)
+    assert _shm.POOL_TAG not in name
+    view = _shm.take(name, 2 * MIB)
+    assert name not in _files(executor_id)  # unlinked as it was mapped: the mapping is ours
+    assert bytes(view[:1]) == b"\4"
+
+
+def test_when_every_pooled_file_is_busy_a_buffer_gets_a_file_of_its_own(
+    executor_id: str,
+) -> None:
+    held = [_shm.take(_shm.write(executor_id, _data(i)), 2 * MIB)
+            for i in range(_shm.POOL_SEGMENTS)]
+    extra = _shm.write(executor_id, _data(9))
+    assert _shm.POOL_TAG not in extra
+    assert [bytes(v[:1]) for v in held] == [bytes([i]) for i in range(_shm.POOL_SEGMENTS)]
+
+
+def test_a_larger_buffer_does_not_fit_a_smaller_free_file(executor_id: str) -> None:
+    small = _shm.write(executor_id, _data(1, MIB))
+    view = _shm.take(small, MIB)
+    del view
+    gc.collect()
+    large = _shm.write(executor_id, _data(2, 3 * MIB))
+    assert large != small
+    assert bytes(_shm.take(large, 3 * MIB)[-1:]) == b"\2"
+
+
+def test_dropping_the_pool_unlinks_its_files_and_a_mapping_still_reads(
+    executor_id: str,
+) -> None:
+    name = _shm.write(executor_id, _data(5))
+    view = _shm.take(name, 2 * MIB)
+    _shm.drop_pool(executor_id)
+    assert _files(executor_id) == set()
+    assert bytes(view[-1:]) == b"\5"
+    del view
+    gc.collect()  # the receiver's release finds no file: nothing to do, no error
+
+
+def test_discard_leaves_a_pooled_file_and_removes_a_file_of_its_own(executor_id: str) -> None:
+    pooled = _shm.write(executor_id, _data(6))
+    own = _shm.write(executor_id, _data(7), keep=True)
+    _shm.discard(pooled)
+    _shm.discard(own)
+    assert _files(executor_id) == {pooled}
