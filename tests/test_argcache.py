@@ -3,13 +3,14 @@ through real frames, and nothing stale or shared is ever served."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fiberexec import ProtocolError
+from fiberexec import ProtocolError, _argcache
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Store, Tally
 from fiberexec._serialize import Payload
@@ -117,3 +118,20 @@ def test_numpy_arrays_round_trip_through_the_cache() -> None:
         (got,), _ = pickle.loads(args.data, buffers=args.buffers)
         assert np.array_equal(got, theta) and got.flags.writeable
     assert mirror.tally.saved == theta.nbytes
+
+
+def test_a_buffer_changed_in_place_gets_a_new_key_and_an_equal_one_the_same() -> None:
+    """Digests of a size seen before are served from a kept copy only when the content
+    equals it byte for byte."""
+    recent = _argcache._Recent(budget=8 << 20)
+    buffer = bytearray(b"\1" * (2 << 20))
+    first = recent.digest(memoryview(buffer))
+    assert first == hashlib.sha256(buffer).digest()
+    assert recent.digest(memoryview(buffer)) == first  # unchanged: from the copy
+    buffer[-1] = 2  # changed in place, at its last byte
+    changed = recent.digest(memoryview(buffer))
+    assert changed == hashlib.sha256(buffer).digest() != first
+    assert recent.digest(memoryview(bytearray(b"\1" * (2 << 20)))) == first  # equal content
+    for size in (3 << 20, 4 << 20):  # more sizes than the budget holds: the oldest goes
+        assert recent.digest(memoryview(bytes(size))) == hashlib.sha256(bytes(size)).digest()
+    assert 2 << 20 not in recent._by_size
