@@ -605,10 +605,8 @@ def test_shutdown_with_cancel_keeps_what_the_stdlib_call_queue_would_run(bench: 
     assert not b.shard.finished()  # three still to run
 
 
-def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None:
-    """Elastic: what a busy worker has not started goes to one that is free (newly joined)."""
-    b = bench()
-    w0 = b.connect("w0")
+def _send_three_behind_a_short_history(b: Bench) -> list[WorkItem]:
+    b.connect("w0")
     for _ in range(2):
         b.submit(job, 1)
         b.step()
@@ -617,6 +615,14 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     items = b.submit(job, 3)
     b.step()
     assert b.tasks_sent("w0") == [i.task_id for i in items]  # ...so w0 takes three
+    return items
+
+
+def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None:
+    """Elastic: what a busy worker has not started goes to one that is free (newly joined)."""
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    w0 = b.links["w0"]
     b.clock.advance(0.5)  # ...but the first one runs long
     b.connect("w1")
     b.step()
@@ -630,19 +636,6 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     b.answer("w0", [items[0].task_id], runtime=0.5)
     b.step()
     assert b.tasks_sent("w0") == [items[2].task_id]
-
-
-def _send_three_behind_a_short_history(b: Bench) -> list[WorkItem]:
-    b.connect("w0")
-    for _ in range(2):
-        b.submit(job, 1)
-        b.step()
-        b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)  # the function looks short...
-        b.step()
-    items = b.submit(job, 3)
-    b.step()
-    assert b.tasks_sent("w0") == [i.task_id for i in items]  # ...so w0 takes three
-    return items
 
 
 def test_a_task_sent_behind_another_runs_only_once_that_one_has_finished(bench: Any) -> None:
