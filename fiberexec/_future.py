@@ -38,7 +38,7 @@ class TaskFuture(Future[T]):
     def cancel(self) -> bool:
         with self._condition:
             held = self._held
-            if held is None:
+            if held is None or self.done():  # (a held task failed with its executor)
                 return super().cancel()
         holder, key = held
         return holder.ask_back(key, self)

@@ -791,3 +791,14 @@ def test_a_heartbeat_brings_usage_and_hands_output_to_the_lifecycle(bench: Any) 
     b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])  # nothing printed: nothing handed on
     b.step()
     assert len(b.life.named("output")) == 1
+
+
+def test_cancelling_a_held_task_that_already_failed_asks_nobody(bench: Any) -> None:
+    """A held task failed with its executor (broken): `cancel` says False at once, as for
+    any finished future, without waiting for a shard that may be gone."""
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    b.shard._fail_everything(RuntimeError("the executor broke"))
+    assert items[2].future.exception(timeout=0) is not None
+    assert not items[2].future.cancel()  # from this thread, with no shard thread to answer
+    assert not b.shard.events  # no question was posted to the shard
