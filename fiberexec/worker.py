@@ -304,6 +304,7 @@ class Worker:
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
+                watcher.unwatch()
                 outbox.add(result, alone=True, slow=True)
                 outbox.finish()
                 outbox.send(p.Bye("max_tasks_per_child reached"))
@@ -311,6 +312,7 @@ class Worker:
             if not self.tasks:
                 self._take_buffered()
             outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
+        watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
 
@@ -487,11 +489,11 @@ class Outbox:
 
 
 class Watcher:
-    """While the main thread runs a task with others waiting behind it here, a thread that
-    reads what the executor sends. The executor asks for those back (``Revoke``) when
-    another worker is free or a `cancel` wants one, and a `cancel` waits for the answer:
-    it comes within a round trip, not after the running task. Off while the main thread
-    reads the link itself; switching costs a wake-up only when tasks are held."""
+    """While the main thread runs tasks, a thread that reads what the executor sends: more
+    tasks to wait behind the running one, and ``Revoke`` for some of those (another worker
+    is free, or a `cancel` wants one back and waits for the answer). So the answer comes
+    within a round trip, not after the running task. Off while the main thread reads the
+    link itself; turning it on and off costs a wake-up each, once per stretch of tasks."""
 
     def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
         self._fd = fd
@@ -503,7 +505,7 @@ class Watcher:
                          daemon=True).start()
 
     def watch(self) -> None:
-        """(Main thread) A task with others behind it starts: read while it runs."""
+        """(Main thread) A task starts: read while it runs."""
         if not self._on:
             with self._cond:
                 self._on = True
