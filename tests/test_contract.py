@@ -150,9 +150,10 @@ def test_a_cancelled_call_never_runs_and_its_waiters_hear_of_it(
     running = sum(f.running() for f in futures)
     cancelled = {i for i, f in enumerate(futures) if f.cancel()}
     # The instant warm-ups say nothing of these: the tasks sent ahead to a worker behind a
-    # long one are not running yet. The stdlib: 2 running, 3 in its call queue, 1 done.
+    # long one are not running yet. The stdlib: 2 running and 3 in its call queue (all
+    # marked running), and the first two done (both workers started at once).
     assert running <= 2 * 2 + 2, f"{running} futures marked running with 2 workers"
-    assert len(cancelled) >= 20 - (2 * 2 + 2), f"only {len(cancelled)} of 20 could be cancelled"
+    assert len(cancelled) >= 20 - (2 + 2 + 3), f"only {len(cancelled)} of 20 could be cancelled"
     assert not wait(futures, timeout=60).not_done
     ex.shutdown(wait=True)
     ran = {i for i in range(20) if (tmp_path / str(i)).exists()}
