@@ -733,7 +733,7 @@ class Shard:
         future = item.future
         if item.started or not isinstance(future, TaskFuture):
             return item.start()  # a plain future cannot ask: it counts as running from here
-        return future.hold(self, (conn, item.task_id))
+        return future.hold(self, conn)
 
     # ------------------------------------------------------------ cancelling what a worker holds
 
@@ -753,8 +753,9 @@ class Shard:
             answer.cancel(future)
             return
         holder, key = held
-        conn, task_id = cast("tuple[Conn, int]", key)
-        if holder is not self or conn.inflight.get(task_id) is None:
+        conn = cast("Conn", key)
+        task_id = next((t for t, item in conn.inflight.items() if item.future is future), None)
+        if holder is not self or task_id is None:
             answer.give(False)
             return
         self._revoke(conn, [task_id], {task_id: answer})

@@ -1,0 +1,95 @@
+"""`TaskFuture`: a `concurrent.futures.Future` in every way its users and the stdlib's
+helpers (`wait`, `as_completed`, asyncio's `wrap_future`) can see, with a lighter condition."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import gc
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fiberexec._future import TaskFuture
+
+KINDS: dict[str, Callable[[], cf.Future[Any]]] = {"stdlib": cf.Future, "fiberexec": TaskFuture}
+
+
+def later(delay: float, action: Callable[[], object]) -> threading.Timer:
+    timer = threading.Timer(delay, action)
+    timer.start()
+    return timer
+
+
+def test_it_has_the_attributes_of_a_plain_future() -> None:
+    # TaskFuture sets Future.__init__'s attributes itself: a Python that adds one fails here
+    assert set(vars(TaskFuture())) == set(vars(cf.Future()))
+
+
+def test_it_holds_fewer_objects_the_collector_tracks() -> None:
+    def tracked(make: Callable[[], cf.Future[Any]]) -> float:
+        gc.collect()
+        before = len(gc.get_objects())
+        kept = [make() for _ in range(1000)]
+        count = (len(gc.get_objects()) - before) / len(kept)
+        del kept
+        return count
+
+    assert round(tracked(TaskFuture)) == 5 < round(tracked(cf.Future))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_result_waits_for_another_thread(kind: str) -> None:
+    future = KINDS[kind]()
+    timer = later(0.05, lambda: future.set_result(7))
+    assert future.result(timeout=5) == 7
+    timer.join()
+    with pytest.raises(cf.TimeoutError):
+        KINDS[kind]().result(timeout=0.01)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wait_and_as_completed_see_it_finish(kind: str) -> None:
+    futures = [KINDS[kind]() for _ in range(3)]
+    timer = later(0.05, lambda: futures[1].set_exception(ValueError("x")))
+    done, pending = cf.wait(futures, timeout=5, return_when=cf.FIRST_COMPLETED)
+    assert done == {futures[1]} and len(pending) == 2
+    timer.join()
+    timers = [later(0.05 * (i + 1), lambda f=f: f.set_result(None))  # type: ignore[misc]
+              for i, f in enumerate((futures[2], futures[0]))]
+    order = list(cf.as_completed(futures, timeout=5))
+    assert order == [futures[1], futures[2], futures[0]]
+    for timer in timers:
+        timer.join()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancel_and_callbacks_as_the_stdlib(kind: str) -> None:
+    future, seen = KINDS[kind](), list[cf.Future[Any]]()
+    future.add_done_callback(seen.append)
+    assert future.cancel() and future.cancelled() and seen == [future]
+    assert not future.set_running_or_notify_cancel()
+    running = KINDS[kind]()
+    assert running.set_running_or_notify_cancel() and not running.cancel()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_asyncio_awaits_it(kind: str) -> None:
+    future = KINDS[kind]()
+
+    async def main() -> Any:
+        later(0.02, lambda: future.set_result("ok"))
+        return await asyncio.wrap_future(future)
+
+    assert asyncio.run(main()) == "ok"
+
+
+def test_its_condition_is_reentrant_and_owned_by_one_thread() -> None:
+    condition = TaskFuture()._condition
+    with condition, condition:  # an RLock, as Future's own
+        assert condition._is_owned()  # type: ignore[attr-defined]
+    assert not condition._is_owned()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError):
+        condition.notify_all()  # not held: the stdlib's rule
