@@ -22,6 +22,7 @@ False and the task runs, as a running one would.
 from __future__ import annotations
 
 import threading
+from _thread import RLock
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -46,7 +47,7 @@ class _Condition(threading.Condition):
     _waiters: Any = ()  # a deque once a thread waits: most futures never see one
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        self._lock = RLock()  # the C type: `threading.RLock` is a Python function around it
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._waiters:  # (held by the caller: `Condition.wait` checks that)
