@@ -121,17 +121,30 @@ def test_numpy_arrays_round_trip_through_the_cache() -> None:
 
 
 def test_a_buffer_changed_in_place_gets_a_new_key_and_an_equal_one_the_same() -> None:
-    """Digests of a size seen before are served from a kept copy only when the content
-    equals it byte for byte."""
+    """Digests are served from a kept copy only when the content equals it byte for byte;
+    a copy is kept once a size's content repeats, and dropped when it changes."""
     recent = _argcache._Recent(budget=8 << 20)
     buffer = bytearray(b"\1" * (2 << 20))
     first = recent.digest(memoryview(buffer))
     assert first == hashlib.sha256(buffer).digest()
+    assert 2 << 20 not in recent._copies  # seen once: no copy
+    assert recent.digest(memoryview(buffer)) == first
+    assert recent._copies[2 << 20] == buffer  # seen twice: a copy to compare with
     assert recent.digest(memoryview(buffer)) == first  # unchanged: from the copy
     buffer[-1] = 2  # changed in place, at its last byte
     changed = recent.digest(memoryview(buffer))
     assert changed == hashlib.sha256(buffer).digest() != first
+    assert 2 << 20 not in recent._copies  # other content: the copy went
     assert recent.digest(memoryview(bytearray(b"\1" * (2 << 20)))) == first  # equal content
-    for size in (3 << 20, 4 << 20):  # more sizes than the budget holds: the oldest goes
-        assert recent.digest(memoryview(bytes(size))) == hashlib.sha256(bytes(size)).digest()
-    assert 2 << 20 not in recent._by_size
+    for size in (3 << 20, 6 << 20):  # more than the budget holds: the oldest copy goes
+        for _ in range(2):
+            assert recent.digest(memoryview(bytes(size))) == hashlib.sha256(bytes(size)).digest()
+    assert set(recent._copies) == {6 << 20}
+
+
+def test_buffers_never_sent_twice_are_hashed_and_not_copied() -> None:
+    recent = _argcache._Recent(budget=8 << 20)
+    for i in range(5):
+        buffer = bytes([i]) * (2 << 20)
+        assert recent.digest(memoryview(buffer)) == hashlib.sha256(buffer).digest()
+    assert not recent._copies
