@@ -72,6 +72,7 @@ STEAL_MIN = 8
 REVOKE_SCAN = 0.005  # seconds between looks for a worker holding tasks another could run
 EXIT_START_GRACE = 5.0  # at interpreter exit, seconds to wait for a first worker to connect
 ESTIMATES_MAX = 4096  # functions whose run times are remembered
+TRUST_MAX = MAX_WINDOW.bit_length()  # results as estimated after which the window is whole
 
 
 class Shard:
@@ -332,9 +333,7 @@ class Shard:
                             conn.worker_id, result.task_id)
                 continue
             conn.release(item.cost)
-            conn.head_since = self.clock()  # the next one it holds starts now
-            self._trust(item.key, result.runtime)
-            self._observe(item.key, result.runtime)
+            self._learn(item.key, result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
             if not item.start():  # cancelled while it waited there: its outcome is dropped
@@ -349,6 +348,7 @@ class Shard:
                 conn.tasks_failed += 1
                 self._record_failure(item, worker_id)
         conn.overstaying = False
+        conn.head_since = self.clock()  # the next one it holds starts now
         if conn.inflight:  # the task it held behind those starts now
             next(iter(conn.inflight.values())).start()
         if conn.state is State.READY:
@@ -445,12 +445,18 @@ class Shard:
             self.failed += 1
             self.items_failed += item.items
 
-    def _observe(self, key: str, runtime: float) -> None:
-        estimates = self.estimates
+    def _learn(self, key: str, runtime: float) -> None:
+        """A task of ``key`` ran ``runtime`` seconds: trust the estimate more (or start
+        small again if it outran it: see `_allowance`), then move the estimate."""
+        estimates, trusted = self.estimates, self.trusted
         old = estimates.get(key)
+        if runtime > LONG_TASK and runtime > 2 * (old or 0.0):
+            trusted[key] = 0  # outran its estimate
+        elif (n := trusted.get(key, 0)) <= TRUST_MAX:
+            trusted[key] = n + 1
         if old is None and len(estimates) >= ESTIMATES_MAX:
             estimates.clear()  # many distinct functions: start learning again
-            self.trusted.clear()
+            trusted.clear()
         estimates[key] = runtime if old is None else 0.7 * old + 0.3 * runtime
 
     def _on_init_failed(self, conn: Conn, error: Payload) -> None:
@@ -669,12 +675,6 @@ class Shard:
         says little (its arguments may have been the quick ones)."""
         return min(MAX_WINDOW, 1 << max(0, self.trusted.get(key, 0) - 1))
 
-    def _trust(self, key: str, runtime: float) -> None:
-        if runtime > max(LONG_TASK, 2 * self.estimates.get(key, 0.0)):
-            self.trusted[key] = 0  # outran its estimate: start small again
-        elif (n := self.trusted.get(key, 0)) <= MAX_WINDOW.bit_length():
-            self.trusted[key] = n + 1
-
     def _maybe_steal(self) -> None:
         if self.stealing or self.shutting_down or len(self.peers) == 1:
             return
@@ -690,16 +690,20 @@ class Shard:
         """Send ``conn`` up to ``n`` tasks from the queue's head, as many as it admits."""
         functions: list[Payload] = []
         index: dict[int, int] = {}
-        keys: dict[int, str] = {}
+        keys: dict[int, tuple[str, int]] = {}  # id(fn) -> its key and allowance
         tasks: list[p.Task] = []
         items: list[WorkItem] = []
         queue, estimates = self.queue, self.estimates
         while len(items) < n and queue:
             item = queue[0]
             fn_id = id(item.fn)
-            key = keys.get(fn_id) or keys.setdefault(fn_id, function_key(item.fn))
+            known = keys.get(fn_id)
+            if known is None:
+                name = function_key(item.fn)
+                known = keys[fn_id] = (name, self._allowance(name))
+            key = known[0]
             estimate = estimates.get(key)
-            if not conn.admits(estimate, self._allowance(key)):
+            if not conn.admits(estimate, known[1]):
                 break
             queue.popleft()
             # Running means started, or next to start: a task sent to wait behind another
