@@ -12,8 +12,9 @@ from __future__ import annotations
 import pickle
 import traceback
 import types
+from collections.abc import Sequence
 from concurrent.futures.process import _RemoteTraceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fiberexec import _inherit
@@ -25,10 +26,10 @@ RemoteTraceback = _RemoteTraceback
 PROTOCOL = 5
 
 
-@dataclass
+@dataclass(slots=True)
 class Payload:
     data: bytes
-    buffers: list[memoryview] = field(default_factory=list)
+    buffers: Sequence[memoryview] = ()  # no list for the many payloads without buffers
 
     @property
     def nbytes(self) -> int:
@@ -45,7 +46,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
         if b"__main__" not in data and _inherit.NEEDS_STDLIB not in data:
-            return Payload(data, [b.raw() for b in buffers])
+            return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
     except Exception:
         pass
     buffers.clear()
@@ -57,7 +58,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
             "tasks need picklable functions, arguments and results"
         ) from exc
-    return Payload(data, [b.raw() for b in buffers])
+    return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
 
 
 def dumps_for_workers(obj: Any, *, what: str) -> Payload:
@@ -68,7 +69,7 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
     except Exception as exc:
         raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}") from exc
-    return Payload(data, [b.raw() for b in buffers])
+    return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
 
 
 def dumps_function(fn: Any) -> Payload:
