@@ -375,8 +375,7 @@ class Shard:
         back = []
         for item in given:
             conn.release(item.cost)
-            if isinstance(item.future, TaskFuture):
-                item.future.release()
+            item.requeued()
             answer = answers.pop(item.task_id, None)
             if (answer is not None and isinstance(item.future, TaskFuture)
                     and answer.cancel(item.future)):
@@ -875,6 +874,9 @@ class Shard:
         go back to the queue, uncharged."""
         items = list(conn.inflight.values())
         conn.inflight.clear()
+        for item in items:
+            item.requeued()
+        self._unasked(conn)
         self.queue.extendleft(reversed(items))
         self._unregister(conn)
         conn.state = State.DISCONNECTED
@@ -887,8 +889,7 @@ class Shard:
         items = list(conn.inflight.values())
         conn.inflight.clear()
         for item in items:
-            if isinstance(item.future, TaskFuture):
-                item.future.release()
+            item.requeued()
         self._unasked(conn)
         self._unregister(conn)
         conn.charged = items[0] if items else None

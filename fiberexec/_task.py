@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fiberexec import _protocol as p
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
+from fiberexec._future import TaskFuture
 from fiberexec._serialize import loads, loads_exception
 
 if TYPE_CHECKING:
@@ -50,6 +51,13 @@ class WorkItem:
         self.started = self.future.set_running_or_notify_cancel()
         self.dropped = not self.started
         return self.started
+
+
+    def requeued(self) -> None:
+        """It is back in the executor's queue (given back, or its worker left or was lost):
+        no worker holds it, and a `cancel` cancels it as any queued task."""
+        if isinstance(self.future, TaskFuture):
+            self.future.release()
 
 
 _CHUNK_RUNNERS = (map_chunk, starmap_chunk)

@@ -690,6 +690,19 @@ def test_a_task_held_behind_another_is_cancelled_once_its_worker_gives_it_back(
     assert not b.shard.conns["w0"].inflight and not b.shard.queue
 
 
+def test_tasks_held_by_a_worker_that_leaves_are_queued_and_cancel_at_once(bench: Any) -> None:
+    """A worker's last word (`Bye`) sends back what it held: those are queued tasks again,
+    which `cancel` cancels without asking anyone."""
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    b.links["w0"].deliver(p.Bye("asked to leave"), b.pipes["w0"])
+    b.step()
+    assert b.shard.conns["w0"].state is State.DISCONNECTED
+    assert list(b.shard.queue) == items
+    assert items[2].future.cancel() and items[2].future.cancelled()
+    assert not items[0].future.cancel()  # it had started: it stays running, as the stdlib's
+
+
 def test_a_held_task_its_worker_had_started_is_not_cancelled(bench: Any) -> None:
     b = bench()
     items = _send_three_behind_a_short_history(b)
