@@ -10,8 +10,8 @@ already marked running.
 
 A `TaskFuture` is also lighter than a plain `Future`: its condition keeps no bound methods
 and no empty queue (`_Condition`), so a future holds five objects the garbage collector
-tracks, not eleven. A
-program that keeps a hundred thousand futures pays for each collection of them.
+tracks, not eleven. A program that keeps a hundred thousand futures pays for each of them
+at every full collection.
 
 The question takes one round trip to the worker (answered while it runs a task: see
 `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`; without an answer by then, or when asked

@@ -52,7 +52,6 @@ class WorkItem:
         self.dropped = not self.started
         return self.started
 
-
     def requeued(self) -> None:
         """It is back in the executor's queue (given back, or its worker left or was lost):
         no worker holds it, and a `cancel` cancels it as any queued task."""
