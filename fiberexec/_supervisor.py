@@ -223,10 +223,11 @@ class WorkerSupervisor:
         if shard is not None:
             self._served[shard.index] -= 1
 
-    def _drop(self, worker_id: str) -> WorkerHandle | None:
+    def _drop(self, worker_id: str, *, keep_endpoint: bool = False) -> WorkerHandle | None:
         with self._lock:
             self._unplace(worker_id)
-            self._endpoints.pop(worker_id, None)
+            if not keep_endpoint:
+                self._endpoints.pop(worker_id, None)
             return self._handles.pop(worker_id, None)
 
     def _spec(self, worker_id: str, address: str, local_address: str) -> WorkerSpec:
@@ -278,11 +279,12 @@ class WorkerSupervisor:
                                                   abandon=self._halt)
         except Exception as exc:
             shard.post(ev.StartFailed(spec.worker_id))
+            # Its endpoint stays listed until `stop_all`, which closes it if the shard did
+            # not: a shard that ended before it saw this worker never will.
+            self._drop(spec.worker_id, keep_endpoint=True)
+            self._close_endpoint(spec.worker_id)  # now, if `stop_all` has run
             if self._halt.is_set():  # broken or shut down meanwhile: nothing more to say
-                self._close_endpoint(spec.worker_id)  # (before _drop forgets it)
-                self._drop(spec.worker_id)
                 return
-            self._drop(spec.worker_id)
             self.break_executor(
                 f"could not start a worker on the {self.backend.name!r} backend: {exc}", exc
             )
