@@ -140,6 +140,7 @@ class LocalBackend(Backend):
         self._keep_launcher = False  # it forked processes a program starts again and again
         self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
+        self._closes = 0  # calls of close(): a start it overtook is not a launcher failure
         self._lock = threading.Lock()
         self._logdir: Path | None = None
         self._exit_watch = ExitWatch()
@@ -149,10 +150,16 @@ class LocalBackend(Backend):
         # Every worker names this process: its executor's lease here (``fiberexec cleanup``).
         env = {**os.environ, **spec.env, **spec.secret_env, ENV_EXECUTOR_PID: _executor_pid()}
         program = self._forks(spec)
+        closes = self._closes
         if program is not None and not self._first_ones(program):
             try:
                 return self._fork_worker(spec, env, program)
-            except LauncherError as exc:  # the launcher cannot run: start workers afresh
+            except LauncherError as exc:
+                if self._closes != closes:  # closed meanwhile, launcher and all: start nothing
+                    raise PermanentBackendError(
+                        f"cannot start worker {spec.worker_id}: the backend was closed while "
+                        "it started") from None
+                # the launcher cannot run: start workers afresh
                 self.use_launcher = False
                 log.warning("the worker launcher failed (%s); starting each worker as a new "
                             "process instead", exc)
@@ -365,6 +372,7 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         with self._lock:
+            self._closes += 1
             workers = list(self._procs)
         for worker_id in workers:
             self.stop(WorkerHandle(worker_id, ""), grace=1.0)

@@ -324,6 +324,8 @@ class Worker:
             value = fn(*args, **kwargs)
             payload, status = dumps(value, what="result"), p.Status.OK
         except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
+            if isinstance(exc, MemoryError):
+                _note_memory_limit(exc)
             payload, status = dumps_exception(exc), p.Status.RAISED
         return p.Result(task.task_id, status, payload, time.perf_counter() - start)
 
@@ -568,6 +570,16 @@ class _Functions:
         else:
             cls.recent.move_to_end(payload.data)
         return fn
+
+
+def _note_memory_limit(exc: MemoryError) -> None:
+    """A `MemoryError` under an address-space limit says which limit, and how to raise it."""
+    import resource
+
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit != resource.RLIM_INFINITY:
+        exc.add_note(f"this worker's address space is limited to {limit} bytes (RLIMIT_AS, "
+                     f"set from memory=): raise memory= or allocate less")
 
 
 def _settle_output() -> None:

@@ -164,6 +164,10 @@ def allocate_mib(mib: int) -> int:
     return len(block) >> 20
 
 
+def raise_memory_error() -> None:
+    raise MemoryError("out of room")
+
+
 def address_space_limit(_: object = None) -> tuple[int, int]:
     import resource
 

@@ -96,8 +96,11 @@ def test_memory_limits_each_worker_address_space(make_executor: ExecutorFactory)
     assert ex.submit(tasks.address_space_limit).result(timeout=60) == (300 * 10**6,) * 2
     assert ex.submit(tasks.getenv, "MALLOC_ARENA_MAX").result(timeout=60) == "1"
     assert ex.submit(tasks.allocate_mib, 10).result(timeout=60) == 10
-    with pytest.raises(MemoryError):
+    with pytest.raises(MemoryError) as raised:
         ex.submit(tasks.allocate_mib, 600).result(timeout=60)
+    assert raised.value.__notes__ == [
+        "this worker's address space is limited to 300000000 bytes (RLIMIT_AS, set from "
+        "memory=): raise memory= or allocate less"]
     assert ex.submit(tasks.allocate_mib, 10).result(timeout=60) == 10  # the worker lived on
     assert ex.stats().workers_lost == 0
 
@@ -109,6 +112,9 @@ def test_without_memory_no_limit_is_set(make_executor: ExecutorFactory) -> None:
     assert ex.submit(tasks.address_space_limit).result(timeout=60) == resource.getrlimit(
         resource.RLIMIT_AS)
     assert ex.submit(tasks.allocate_mib, 600).result(timeout=60) == 600
+    with pytest.raises(MemoryError) as raised:
+        ex.submit(tasks.raise_memory_error).result(timeout=60)
+    assert not hasattr(raised.value, "__notes__")  # no limit, nothing to say about one
 
 
 def test_a_worker_that_cannot_start_under_its_limit_says_why() -> None:
@@ -247,3 +253,20 @@ def _parent(pid: int) -> int:
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_start_that_shutdown_overtakes_is_dropped_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A task that crashes every worker it runs on leaves a replacement starting (the pool's
+    fourth worker, forked by the launcher) while shutdown closes the backend: that start ends
+    there, with no warning that the launcher failed and no process started afresh instead."""
+    from fiberexec import FiberExecutor, WorkerLostError
+
+    caplog.set_level("INFO", logger="fiberexec")
+    with (FiberExecutor(1, backend="local", heartbeat=0.5) as ex,
+          pytest.raises(WorkerLostError, match="signal 11")):
+        ex.submit(tasks.segfault_after, 0.0).result(timeout=60)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= 30]
+    assert all("SIGSEGV" in message for message in warnings), warnings
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
+    assert len(started) <= 4, started
