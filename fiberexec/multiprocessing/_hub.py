@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import secrets
 import select
-import sys
+import socket
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing import AuthenticationError as _StdAuthError
-from multiprocessing.connection import Listener
 from typing import Any
 
+from fiberexec.multiprocessing._links import Listener
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
     _HEAD,
@@ -290,34 +287,15 @@ class Hub:
 
     def __init__(self, broker: Any, host: str, advertise: str) -> None:
         self.broker = broker
-        self.listener = Listener((host, 0), family="AF_INET", authkey=broker.secret)
-        self.rejected = 0
-        self._closed = False
-        # on Linux, processes of this host (and network namespace) connect to an abstract
-        # Unix socket instead: same challenge, no TCP stack on every message
-        self.local: Any = None
-        unix = ""
-        if sys.platform == "linux":
-            unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
-            self.local = Listener(unix, family="AF_UNIX", authkey=broker.secret)
-        self.address = (advertise, self.listener.address[1], unix)
-        for listener in (self.listener, self.local):
-            if listener is not None:
-                threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                                 name="fiberexec-mp-hub").start()
+        # processes of this host (and network namespace) connect to its abstract Unix
+        # socket: no TCP stack on every message
+        self.listener = Listener(broker.secret, self._admit, what="a broker's streams",
+                                 tcp_host=host)
+        self.address = (advertise, self.listener.port, self.listener.unix)
 
-    def _accept(self, listener: Listener) -> None:
-        while not self._closed:
-            try:
-                conn = listener.accept()  # the HMAC challenge runs here
-            except (_StdAuthError, EOFError, ConnectionError) as exc:
-                self.rejected += 1
-                log.warning("rejected a stream to the broker: %s", exc)
-                continue
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._serve, args=(Peer(Wire(conn), self._apply),),
-                             daemon=True, name="fiberexec-mp-stream").start()
+    def _admit(self, sock: socket.socket) -> None:
+        """Serve an authenticated stream (in the thread that accepted it)."""
+        self._serve(Peer(Wire(sock), self._apply))
 
     def _serve(self, peer: Peer) -> None:
         peer.run(lambda: self.broker.peer_lost(peer, peer.holder))
@@ -360,8 +338,4 @@ class Hub:
             broker.counted(cid, peer, *_COUNTED.unpack(body))
 
     def close(self) -> None:
-        self._closed = True
-        for listener in (self.listener, self.local):
-            if listener is not None:
-                with contextlib.suppress(OSError):
-                    listener.close()
+        self.listener.close()

@@ -1,16 +1,31 @@
-"""Connections for direct routes (`_route`): an abstract Unix socket on one host and network
-namespace, TCP between hosts.
+"""Every connection of the multiprocessing layer: one handshake, one listener, one dial.
 
-A reader's inlet address is ``<abstract name>`` or ``<abstract name>|<ip>:<port>``: the
-TCP part exists when the process reaches the pipe's creator over a network (not loopback),
-and listens on the address it reaches the creator from, so writers that reach the same
-creator can usually reach it too. A writer tries the Unix socket first (it is faster, and it
-fails at once on another host or namespace), then TCP within a timeout.
+Calls to a broker or a manager (`_rpc`), a process's stream to a broker (`_stream`, `_hub`)
+and direct routes between two processes (`_route`) all connect here::
 
-Both ways run the HMAC challenge of `multiprocessing.connection` (the broker's secret, both
-directions) before anything is read. Over TCP the challenge has `HANDSHAKE_TIMEOUT` to
-finish, and runs in a thread of its own on the listening side, so a peer that connects and
-says nothing holds only that thread, for that long.
+    Listener(secret, admit, tcp_host=...)        dial(secret, unix, tcp)
+      an abstract Unix socket (Linux), and          the Unix socket when this process
+      TCP on ``tcp_host`` when given                reaches it (same host and network
+      each connection: a thread of its own  <----   namespace), else TCP within a timeout
+      proves the secret within HANDSHAKE_TIMEOUT,
+      then ``admit(sock)`` runs in that thread
+
+The handshake is the executor's (`fiberexec._auth`), on the raw socket before any frame::
+
+    client -> server   MAGIC, nonce_c
+    server -> client   nonce_s, HMAC(secret, "mp-server", nonce_c, nonce_s)
+    client -> server   HMAC(secret, "mp-client", nonce_c, nonce_s)
+    server -> client   b"K" (admitted), or b"D" and the connection closes
+
+Each side proves it holds the secret over both fresh nonces, so a recorded handshake cannot
+be replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
+that has not proved itself, and a peer that connects and says nothing holds only its own
+thread, for `HANDSHAKE_TIMEOUT`.
+
+An address in text (a pipe reader's inlet, see `_route`) is ``<abstract name>`` or
+``<abstract name>|<ip>:<port>``. The TCP part exists when the process reaches the pipe's
+creator over a network (not loopback), and listens on the address it reaches the creator
+from, so writers that reach the same creator can usually reach it too.
 """
 
 from __future__ import annotations
@@ -18,23 +33,25 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
+import secrets
 import socket
-import struct
+import sys
 import threading
 from collections.abc import Callable
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import (
-    Client,
-    Connection,
-    answer_challenge,
-    deliver_challenge,
-)
 from urllib.parse import urlsplit
+
+from fiberexec import _auth
+from fiberexec.multiprocessing._errors import AuthenticationError
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
-CONNECT_TIMEOUT = 3.0  # a reader's host that does not answer by then is relayed to
+CONNECT_TIMEOUT = 3.0  # a pipe reader's host that does not answer by then is relayed to
 HANDSHAKE_TIMEOUT = 10.0
+MAGIC = b"FXM1"  # the first bytes of a handshake: what this is, and its version
+_NONCE = 16
+_PROOF = 32
+TcpAddress = tuple[str, int]
 
 
 def outward_ip(endpoint_address: str) -> str | None:
@@ -53,86 +70,196 @@ def outward_ip(endpoint_address: str) -> str | None:
     return None if ipaddress.ip_address(ip).is_loopback else ip
 
 
-def _timeouts(conn: Connection, seconds: float) -> None:
-    """Bound each read and write on ``conn``'s socket (0: no bound), at the socket level
-    (a `Connection` reads its descriptor directly)."""
-    sock = socket.socket(fileno=conn.fileno())
-    try:
-        value = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-    finally:
-        sock.detach()
+def split_address(address: str) -> tuple[str, TcpAddress | None]:
+    """``<abstract name>[|<ip>:<port>]`` as (name, (ip, port) or None)."""
+    unix, _, tcp = address.partition("|")
+    if not tcp:
+        return unix, None
+    host, _, port = tcp.rpartition(":")
+    return unix, (host.strip("[]"), int(port))
 
 
-def dial(address: str, secret: bytes) -> Connection:
-    """An authenticated connection to the inlet at ``address`` (see the module).
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the connection closed during the handshake")
+        data += chunk
+    return data
+
+
+def _prove_server(sock: socket.socket, secret: bytes) -> None:
+    """The listening side of the handshake (the module's); raises if the peer fails it."""
+    hello = _exactly(sock, len(MAGIC) + _NONCE)
+    if not hello.startswith(MAGIC):
+        raise AuthenticationError(f"it opened with {hello[:len(MAGIC)]!r}, not a handshake")
+    nonce_c, nonce_s = hello[len(MAGIC):], _auth.new_nonce()
+    sock.sendall(nonce_s + _auth.proof(secret, "mp-server", nonce_c, nonce_s))
+    answer = _exactly(sock, _PROOF)
+    if not _auth.verify(_auth.proof(secret, "mp-client", nonce_c, nonce_s), answer):
+        with contextlib.suppress(OSError):
+            sock.sendall(b"D")
+        raise AuthenticationError("wrong proof: it does not hold the secret")
+    sock.sendall(b"K")
+
+
+def prove_client(sock: socket.socket, secret: bytes, peer: str) -> None:
+    """The dialling side of the handshake, on a connected ``sock`` (its timeout bounds each
+    read); ``peer`` names the other side in errors.
 
     Raises:
-        OSError, EOFError, AuthenticationError: no way in.
+        AuthenticationError: the peer does not hold the secret, or refused ours.
+        OSError, EOFError: the connection failed or closed.
     """
-    unix, _, tcp = address.partition("|")
+    nonce_c = _auth.new_nonce()
+    sock.sendall(MAGIC + nonce_c)
+    answer = _exactly(sock, _NONCE + _PROOF)
+    nonce_s, proof = answer[:_NONCE], answer[_NONCE:]
+    if not _auth.verify(_auth.proof(secret, "mp-server", nonce_c, nonce_s), proof):
+        raise AuthenticationError(f"{peer} failed authentication: it does not hold this "
+                                  "handle's secret")
+    sock.sendall(_auth.proof(secret, "mp-client", nonce_c, nonce_s))
+    if _exactly(sock, 1) != b"K":
+        raise AuthenticationError(f"{peer} refused our proof of the secret")
+
+
+def _connect_unix(name: str, timeout: float) -> socket.socket | None:
+    """A connection to the abstract Unix socket ``name``, or None if this host and network
+    namespace have none by that name."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
     try:
-        return Client(unix, family="AF_UNIX", authkey=secret)
+        sock.connect(name)
     except OSError:
-        if not tcp:
-            raise
-    host, _, port = tcp.rpartition(":")
-    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT)
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    conn = Connection(sock.detach())
+        sock.close()
+        return None
+    return sock
+
+
+def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *,
+         timeout: float = CONNECT_TIMEOUT) -> socket.socket:
+    """An authenticated, blocking connection: to the abstract Unix socket ``unix`` when this
+    process reaches it, else to ``tcp`` (connect and handshake within ``timeout`` each).
+
+    Raises:
+        AuthenticationError: the peer does not hold the secret, or refused ours.
+        OSError, EOFError: no way in (`ConnectionRefusedError` with neither address).
+    """
+    sock = _connect_unix(unix, timeout) if unix and sys.platform == "linux" else None
+    if sock is None:
+        if tcp is None:
+            raise ConnectionRefusedError(f"cannot reach {unix!r} from here, and it has no "
+                                         "TCP address")
+        sock = socket.create_connection(tcp, timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        _timeouts(conn, HANDSHAKE_TIMEOUT)
-        answer_challenge(conn, secret)
-        deliver_challenge(conn, secret)
-        _timeouts(conn, 0)
+        sock.settimeout(timeout)
+        prove_client(sock, secret, f"{unix or tcp}")
+        sock.settimeout(None)
     except BaseException:
-        conn.close()
+        sock.close()
         raise
-    return conn
+    return sock
 
 
-class TcpListener:
-    """The TCP side of an inlet: accepts, authenticates each connection in a thread of its
-    own, and hands the authenticated ones to ``admit``."""
+def drop(sock: socket.socket) -> None:
+    """Close ``sock``, waking any thread blocked reading it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
-    def __init__(self, ip: str, secret: bytes, admit: Callable[[Connection], None]) -> None:
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((ip, 0))
-        self.sock.listen(64)
-        port = self.sock.getsockname()[1]
-        self.address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+class Listener:
+    """Where peers holding ``secret`` connect (see the module): an abstract Unix socket on
+    Linux, and TCP on ``tcp_host`` when given (``port`` 0: any free one).
+
+    Each connection gets a thread of its own, which runs the handshake and then
+    ``admit(sock)`` (a blocking socket); a connection whose handshake fails is counted in
+    ``rejected``, logged, and closed. ``what`` names the listener in that log line.
+    """
+
+    def __init__(self, secret: bytes, admit: Callable[[socket.socket], None], *, what: str,
+                 tcp_host: str | None = None, unix: bool = True) -> None:
         self.secret = secret
         self.admit = admit
-        threading.Thread(target=self._accept, daemon=True, name="fiberexec-mp-route").start()
+        self.what = what
+        self.rejected = 0
+        self.unix = ""  # the abstract socket's name (with its leading NUL), or none
+        self.port = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pending: set[socket.socket] = set()  # connections still in the handshake
+        self._sockets: list[socket.socket] = []
+        try:
+            if tcp_host is not None:
+                family = socket.AF_INET6 if ":" in tcp_host else socket.AF_INET
+                tcp = self._listen(socket.socket(family, socket.SOCK_STREAM), (tcp_host, 0))
+                self.port = int(tcp.getsockname()[1])
+            if unix and sys.platform == "linux":
+                self.unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
+                self._listen(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), self.unix)
+        except BaseException:
+            self.close()
+            raise
+        for sock in self._sockets:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                             name="fiberexec-mp-accept").start()
 
-    def _accept(self) -> None:
+    def _listen(self, sock: socket.socket, address: str | TcpAddress) -> socket.socket:
+        self._sockets.append(sock)
+        sock.bind(address)
+        sock.listen(128)
+        return sock
+
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                sock, _ = self.sock.accept()
+                sock, _ = listener.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self._authenticate, args=(sock,), daemon=True,
-                             name="fiberexec-mp-route").start()
+            with self._lock:
+                if self._closed:
+                    drop(sock)
+                    return
+                self._pending.add(sock)
+            threading.Thread(target=self._handshake, args=(sock,), daemon=True,
+                             name="fiberexec-mp-conn").start()
 
-    def _authenticate(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock.detach())
+    def _handshake(self, sock: socket.socket) -> None:
         try:
-            _timeouts(conn, HANDSHAKE_TIMEOUT)
-            deliver_challenge(conn, self.secret)
-            answer_challenge(conn, self.secret)
-            _timeouts(conn, 0)
-        except (AuthenticationError, EOFError, OSError) as exc:
-            log.warning("rejected a pipe connection over TCP: %s", exc or type(exc).__name__)
-            conn.close()
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            _prove_server(sock, self.secret)
+            sock.settimeout(None)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            with self._lock:
+                self._pending.discard(sock)
+                closed = self._closed
+                self.rejected += not closed
+            if not closed:
+                log.warning("rejected a connection to %s: %s", self.what,
+                            exc or type(exc).__name__)
+            drop(sock)
             return
-        self.admit(conn)
+        with self._lock:
+            self._pending.discard(sock)
+            if self._closed:
+                drop(sock)
+                return
+        self.admit(sock)
+
+    def tcp_address(self, host: str) -> str:
+        """``<host>:<port>`` of the TCP side, for peers that reach this one at ``host``."""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        """Stop listening; connections still in their handshake close too (admitted ones
+        belong to whoever admitted them)."""
+        with self._lock:
+            self._closed = True
+            pending, self._pending = list(self._pending), set()
+        for sock in (*self._sockets, *pending):
+            drop(sock)

@@ -49,18 +49,17 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import secrets
+import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Listener
 from typing import Any
 
+from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
-from fiberexec.multiprocessing._links import TcpListener, dial, outward_ip
+from fiberexec.multiprocessing._links import Listener, dial, outward_ip, split_address
 from fiberexec.multiprocessing._stream import (
     _HEAD,
     _LEN,
@@ -183,42 +182,35 @@ class Inlet:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.address = f"\0fiberexec-mp-in-{os.getpid()}-{secrets.token_hex(8)}"
-        self.listener = Listener(self.address, family="AF_UNIX", authkey=stream.secret)
         self.flows: dict[int, dict[Link, Inflow]] = {}
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
         self.links: set[Link] = set()
         self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
-        self.tcp: TcpListener | None = None
         ip = outward_ip(stream.endpoint.address)
-        if ip is not None:  # writers on other hosts may reach this one (see `_links`)
+        self.listener = self._listen(ip)
+        self.address = self.listener.unix
+        if ip is not None and self.listener.port:
+            self.address += "|" + self.listener.tcp_address(ip)
+
+    def _listen(self, ip: str | None) -> Listener:
+        """Its listener: TCP too when writers on other hosts may reach it (see `_links`)."""
+        if ip is not None:
             try:
-                self.tcp = TcpListener(ip, stream.secret, self._admit)
-                self.address += "|" + self.tcp.address
+                return Listener(self.stream.secret, self._admit, what="a pipe's reader",
+                                tcp_host=ip)
             except OSError as exc:
                 log.warning("pipe writers on other hosts go through the creator: cannot "
                             "listen on %s (%s)", ip, exc)
-        _thread(self._accept)
+        return Listener(self.stream.secret, self._admit, what="a pipe's reader")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn = self.listener.accept()  # the HMAC challenge runs here
-            except (AuthenticationError, EOFError, ConnectionError) as exc:
-                log.warning("rejected a pipe connection: %s", exc)
-                continue
-            except OSError:  # closed
-                return
-            self._admit(conn)
-
-    def _admit(self, conn: Any) -> None:
-        """Serve an authenticated writer's connection."""
-        link = Link(Wire(conn))
-        # read by its own thread, or by a thread here waiting for its items (`lead`)
+    def _admit(self, sock: socket.socket) -> None:
+        """Serve an authenticated writer's connection (in the thread that accepted it)."""
+        link = Link(Wire(sock))
+        # read by this thread, or by a thread here waiting for its items (`lead`)
         link.reader = Peer(link.wire, functools.partial(self._on, link))
         with self.stream.cond:
             self.links.add(link)
-        _thread(self._serve, link)
+        self._serve(link)
 
     def _serve(self, link: Link) -> None:
         link.reader.run(functools.partial(self._lost_link, link))
@@ -420,10 +412,7 @@ class Inlet:
         return any(flow.stopping for flows in self.flows.values() for flow in flows.values())
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.close()
-        if self.tcp is not None:
-            self.tcp.close()
+        self.listener.close()
         for link in list(self.links):
             link.wire.shutdown()
             if link.reader is not None:
@@ -591,15 +580,15 @@ class Outlets:
             return link
         self.cond.release()
         try:
-            conn = dial(address, self.stream.secret)
+            sock: socket.socket | None = dial(self.stream.secret, *split_address(address))
         except (OSError, AuthenticationError, EOFError):
-            conn = None
+            sock = None
         finally:
             self.cond.acquire()
-        if conn is None:
+        if sock is None:
             self.unreachable.add(address)
             return None
-        link = Link(Wire(conn), address)
+        link = Link(Wire(sock), address)
         self.links[address] = link
         _thread(self._serve, link)
         return link

@@ -1,20 +1,16 @@
 """Authenticated request/reply over sockets: the transport of processes, locks, managers.
 
     client (a connection per thread)              server (a thread per connection)
-      | -- b"H" nonce_c ---------------------> |   nothing is trusted yet; frames are raw
-      | <-- b"C" nonce_s HMAC("mp-server") --- |   the server proves it holds the secret
-      | -- b"A" HMAC("mp-client") -----------> |   the client proves it; the connection is
-      | <-- b"K" local name ------------------ |   trusted
+      | -- dial + handshake (`_links`) ------> |   nothing is read before the handshake
+      | <-- b"K" local name ------------------ |   the server's abstract Unix socket
       | -- b"R" len head body ---------------> |   head: pickled (op, args, caller)
       | <-- b"O" len head body / b"E" error -- |
 
-A frame is an 8-byte length and its bytes. Only frames from an authenticated connection are
-unpickled; before that a frame may be `HELLO_MAX` bytes at most, and anything unexpected is
-answered with ``b"D"`` and the connection closed. Each client thread has its own
-connection and each connection its own server thread, so one blocking request (a ``get``
-waiting for an item) never holds up the others, and a call waits in a plain socket read:
-Ctrl-C interrupts it, as it interrupts the standard library's manager calls. Servers that
-live in this process are called directly.
+A frame is an 8-byte length and its bytes. Each client thread has its own connection and
+each connection its own server thread, so one blocking request (a ``get`` waiting for an
+item) never holds up the others, and a call waits in a plain socket read: Ctrl-C interrupts
+it, as it interrupts the standard library's manager calls. Servers that live in this
+process are called directly.
 
 The server listens on TCP, and on Linux also on an abstract Unix socket whose name it
 gives in ``b"K"``: a client of the same host and network namespace uses that one, so
@@ -39,21 +35,18 @@ import pickle
 import secrets
 import socket
 import struct
-import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fiberexec import _auth
 from fiberexec._errors import ProtocolError
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
+from fiberexec.multiprocessing._links import Listener, dial, drop
 
 log = logging.getLogger("fiberexec.multiprocessing")
 MAX_MESSAGE = 1 << 31
-HELLO_MAX = 64  # bytes a frame may have before its connection is authenticated
-HANDSHAKE_TIMEOUT = 30.0  # seconds a new connection has to authenticate
 CALL_TIMEOUT = 120.0  # seconds an answer may take beyond the time the request asks to wait
 HEARTBEAT = 5.0  # seconds a call waits before the client checks that its server is alive
 PING_TIMEOUT = 30.0  # seconds a live server has to answer that check
@@ -139,40 +132,11 @@ def recv_frame(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
     return bytes(frame)
 
 
-def _drop(sock: socket.socket) -> None:
-    """Close ``sock``, waking any thread blocked reading it."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
-
-
 def _tcp_address(address: str) -> tuple[str, int]:
     if not address.startswith("tcp://"):
         raise ValueError(f"not a server address: {address!r} (expected tcp://host:port)")
     host, _, port = address[len("tcp://"):].rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def _connect_tcp(address: str, timeout: float) -> socket.socket:
-    try:
-        sock = socket.create_connection(_tcp_address(address), timeout=timeout)
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach {address}: {exc}; is its owner alive?") from exc
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _connect_local(name: str, timeout: float) -> socket.socket | None:
-    """A connection to the abstract Unix socket ``name``, or None if this host has none."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect("\0" + name)
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 def _pickle_error(exc: BaseException) -> bytes:
@@ -190,95 +154,47 @@ class RpcServer:
     def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1") -> None:
         self.secret = secret
         self.handler = handler
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.bind((host, 0))
-        self._listener.listen(128)
-        self.port = int(self._listener.getsockname()[1])
-        bracketed = f"[{host}]" if ":" in host else host
-        self.address = f"tcp://{bracketed}:{self.port}"
-        self.local_name = ""
-        self._local: socket.socket | None = None
-        if sys.platform == "linux":
-            self.local_name = f"fiberexec-rpc-{os.getpid()}-{secrets.token_hex(8)}"
-            self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._local.bind("\0" + self.local_name)
-            self._local.listen(128)
-        self.rejected = 0
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
-        self._threads: list[threading.Thread] = []
+        self._listener = Listener(secret, self._serve, what="a broker or manager",
+                                  tcp_host=host)
+        self.port = self._listener.port
+        self.address = f"tcp://{self._listener.tcp_address(host)}"
+        self.local_name = self._listener.unix
         _local_servers[self.address] = self
-        for listener in (self._listener, self._local):
-            if listener is not None:
-                thread = threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                                          name="fiberexec-mp-rpc-accept")
-                self._threads.append(thread)
-                thread.start()
+
+    @property
+    def rejected(self) -> int:
+        """Connections that failed the handshake."""
+        return self._listener.rejected
 
     def advertised(self, host: str) -> str:
         """The address clients elsewhere dial: this server's port on ``host``."""
-        return f"tcp://{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:  # closed
-                return
-            if sock.family != socket.AF_UNIX:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed:
-                    _drop(sock)
-                    return
-                self._conns.add(sock)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name="fiberexec-mp-rpc").start()
+        return f"tcp://{self._listener.tcp_address(host)}"
 
     def _serve(self, sock: socket.socket) -> None:
+        """Answer an authenticated client's calls until it goes (in its own thread)."""
+        with self._lock:
+            if self._closed:
+                drop(sock)
+                return
+            self._conns.add(sock)
         try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            if self._authenticate(sock):
-                sock.settimeout(None)
-                while True:
-                    frame = recv_frame(sock)
-                    if frame[:1] != b"R":
-                        send_frame(sock, [self._reject(f"unexpected {frame[:1]!r} frame")])
-                        return
-                    send_frame(sock, self._dispatch(frame))
+            send_frame(sock, [b"K", self.local_name.encode()])
+            while True:
+                frame = recv_frame(sock)
+                if frame[:1] != b"R":
+                    log.warning("a client of %s sent a %r frame; hung up on it", self.address,
+                                frame[:1])
+                    return
+                send_frame(sock, self._dispatch(frame))
         except (OSError, EOFError, ProtocolError):
             pass  # the client went away (or broke the protocol): its connection ends
         finally:
             with self._lock:
                 self._conns.discard(sock)
-            _drop(sock)
-
-    def _authenticate(self, sock: socket.socket) -> bool:
-        """Run the challenge of the module docstring; False (and the client told) if it
-        fails."""
-        hello = recv_frame(sock, HELLO_MAX)
-        if hello[:1] != b"H" or len(hello) != 17:
-            send_frame(sock, [self._reject(f"unexpected {hello[:1]!r} frame before "
-                                           "authentication")])
-            return False
-        nonce_c, nonce_s = hello[1:], _auth.new_nonce()
-        send_frame(sock, [b"C", nonce_s, _auth.proof(self.secret, "mp-server", nonce_c,
-                                                     nonce_s)])
-        answer = recv_frame(sock, HELLO_MAX)
-        expected = _auth.proof(self.secret, "mp-client", nonce_c, nonce_s)
-        if answer[:1] != b"A" or len(answer) != 33 or not _auth.verify(expected, answer[1:]):
-            send_frame(sock, [self._reject("wrong proof")])
-            return False
-        send_frame(sock, [b"K", self.local_name.encode()])
-        return True
-
-    def _reject(self, why: str) -> bytes:
-        with self._lock:
-            self.rejected += 1
-        log.warning("rejected a connection to %s: %s", self.address, why)
-        return b"D" + why.encode()
+            drop(sock)
 
     def _dispatch(self, frame: bytes) -> list[bytes | memoryview]:
         try:
@@ -298,14 +214,9 @@ class RpcServer:
             self._closed = True
             conns, self._conns = list(self._conns), set()
         _local_servers.pop(self.address, None)
-        for listener in (self._listener, self._local):
-            if listener is not None:
-                _drop(listener)
+        self._listener.close()
         for sock in conns:
-            _drop(sock)
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
+            drop(sock)
 
 
 class _Busy:
@@ -366,14 +277,9 @@ class RpcClient:
         self._watcher: threading.Thread | None = None
         self._closed = False
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
-        self._monitor = _connect_tcp(address, timeout)
-        try:
-            # a server that takes the connection and says nothing (stopped) is found by the
-            # same bound as one that stops answering later
-            self._local_name = self._handshake(self._monitor, min(timeout, PING_TIMEOUT))
-        except BaseException:
-            _drop(self._monitor)
-            raise
+        # a server that takes the connection and says nothing (stopped) is found by the same
+        # bound as one that stops answering later
+        self._monitor = self._connect(min(timeout, PING_TIMEOUT))
         threading.Thread(target=self._await_end, daemon=True,
                          name="fiberexec-mp-rpc-watch").start()
 
@@ -386,33 +292,32 @@ class RpcClient:
         if not self._closed:
             self._lose(f"the process serving {self.address} is gone (its connection closed)")
 
-    def _handshake(self, sock: socket.socket, timeout: float) -> str:
-        sock.settimeout(timeout)
-        nonce_c = _auth.new_nonce()
+    def _connect(self, timeout: float) -> socket.socket:
+        """An authenticated connection (by the server's Unix socket once known), its
+        ``b"K"`` read; the server's local name kept."""
         try:
-            send_frame(sock, [b"H", nonce_c])
-            answer = recv_frame(sock, HELLO_MAX)
-            if answer[:1] != b"C" or len(answer) != 49:
-                raise ProtocolError(f"it answered {answer[:1]!r}")
-            nonce_s, proof = answer[1:17], answer[17:]
-            if not _auth.verify(_auth.proof(self._secret, "mp-server", nonce_c, nonce_s),
-                                proof):
-                raise AuthenticationError(
-                    f"{self.address} failed authentication: it does not hold this handle's "
-                    "secret")
-            send_frame(sock, [b"A", _auth.proof(self._secret, "mp-client", nonce_c, nonce_s)])
-            ok = recv_frame(sock, HELLO_MAX)
+            sock = dial(self._secret, self._local_name, _tcp_address(self.address),
+                        timeout=timeout)
         except AuthenticationError:
             raise
         except TimeoutError:
             raise ConnectionError(
                 f"{self.address} stopped answering (no handshake within {timeout:.0f}s): its "
                 "process is stopped or overloaded, or its host is unreachable") from None
+        except (OSError, EOFError) as exc:
+            raise ConnectionError(f"cannot reach {self.address}: {exc}; is its owner "
+                                  "alive?") from None
+        try:
+            sock.settimeout(timeout)
+            ok = recv_frame(sock, 1 << 10)
         except (OSError, EOFError, ProtocolError) as exc:
+            drop(sock)
             raise ConnectionError(f"{self.address} broke off the handshake: {exc}") from None
         if ok[:1] != b"K":
-            raise AuthenticationError(f"{self.address} refused our proof: {ok[1:]!r}")
-        return ok[1:].decode()
+            drop(sock)
+            raise ProtocolError(f"{self.address} answered {ok[:1]!r} to a new connection")
+        self._local_name = ok[1:].decode()
+        return sock
 
     def _channel(self, limit: float | None) -> _Channel:
         """This thread's connection, made (within ``limit`` seconds, if given) on first use."""
@@ -423,15 +328,7 @@ class RpcClient:
             raise ConnectionError(self.why)
         timeout = self._connect_timeout if limit is None else min(limit,
                                                                    self._connect_timeout)
-        sock = _connect_local(self._local_name, timeout) if self._local_name else None
-        if sock is None:
-            sock = _connect_tcp(self.address, timeout)
-        try:
-            self._handshake(sock, timeout)
-        except BaseException:
-            _drop(sock)
-            raise
-        channel = self._local.channel = _Channel(sock)
+        channel = self._local.channel = _Channel(self._connect(timeout))
         with self._lock:
             self._channels.add(channel)
         if self.lost.is_set():  # lost while connecting: `_close_channels` may have missed it
@@ -443,7 +340,7 @@ class RpcClient:
         """Drop this thread's connection (its state is unknown after a failed call)."""
         if getattr(self._local, "channel", None) is channel:
             del self._local.channel
-        _drop(channel.sock)
+        drop(channel.sock)
 
     def _roundtrip(self, parts: list[bytes | memoryview], timeout: float | None) -> bytes:
         channel = self._channel(timeout)
@@ -536,7 +433,7 @@ class RpcClient:
         with self._lock:
             channels = list(self._channels)
         for channel in channels:
-            _drop(channel.sock)
+            drop(channel.sock)
 
     def close(self) -> None:
         with self._watch:
@@ -544,7 +441,7 @@ class RpcClient:
             self._watch.notify_all()
         with self._lock:
             self.lost.set()
-        _drop(self._monitor)
+        drop(self._monitor)
         self._close_channels()
 
 

@@ -1,7 +1,7 @@
 """Pipe and queue traffic without round trips: one authenticated stream per process pair.
 
     process C (holds pipe ends or queues of broker B)        B (the creating process)
-      Stream ----- TCP, HMAC challenge, then `Wire` -----> Hub: a thread per stream
+      Stream -- `_links.dial` (Unix or TCP), then `Wire` --> Hub: a thread per stream
         send(x) / put(x) -> b"P" cid data   (no reply)   ->  put into the channel
         first recv    -> b"S" cid        (subscribe)     ->  queued items, then each new
         recv()        <- b"I" cid data / b"E" cid (EOF)  <-  item as it arrives
@@ -13,7 +13,7 @@
                       <- b"G" cid 1/0: you are (no longer) fed ahead, need not say you wait
 
 The stream is opened once, through the broker's RPC (``"stream"``), and authenticated with
-the broker's secret by `multiprocessing.connection`'s challenge before any frame is read;
+the broker's secret by `_links`' handshake before any frame is read;
 frames are a tag, a channel id and raw bytes (nothing here is unpickled). A pipe between
 the creating process and another process thus flows over one direct connection between
 them, with no round trip per message; a pipe between two other processes, and a queue
@@ -39,11 +39,11 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
+from fiberexec.multiprocessing._links import dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -76,6 +76,7 @@ _SIZE = struct.Struct("!Q")
 _SIZED_HEAD = struct.Struct("!QcQ")  # a frame's length, then its head (`_HEAD`)
 _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _CHUNK = 1 << 16
+STREAM_TIMEOUT = 30.0  # seconds to connect to a broker, and to prove the secret
 
 
 class Signal:
@@ -104,16 +105,14 @@ class Signal:
 
 
 class Wire:
-    """A stream socket once `multiprocessing.connection` has authenticated it: frames of an
+    """A stream socket once `_links` has authenticated it: frames of an
     8-byte length and data, read in large chunks (one system call brings every frame that
     has arrived), written in one call each. One thread reads at a time; sends may come from
     any thread while another reads (callers serialise their sends)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.sock = socket.socket(fileno=os.dup(conn.fileno()))
-        conn.close()
-        if self.sock.family in (socket.AF_INET, socket.AF_INET6):
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.settimeout(None)
         self._buf = bytearray()
         self._at = 0
         self._poller = select.poll()  # the socket, and the ``wake`` of the last `poll`
@@ -259,7 +258,8 @@ class Stream:
         self.secret = endpoint.secret
         self.inlet: Any = None  # `_route.Inlet`: writers elsewhere send here directly
         self.outlets: Any = None  # `_route.Outlets`: pipes this process writes
-        self.conn = Wire(_connect(address, endpoint.secret))
+        host, port, unix = address
+        self.conn = Wire(dial(endpoint.secret, unix, (host, port), timeout=STREAM_TIMEOUT))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
         self.rpc = client_for(endpoint.address, endpoint.secret)
@@ -658,17 +658,6 @@ def _arrived(lane: _Lane, silent: bool) -> bool:
 def _handed(cid: int, item: Any) -> bytes:
     """What `Stream._take` took, once its producer knows (see `_route.Direct`)."""
     return item if type(item) is bytes else bytes(item.handed(cid))
-
-
-def _connect(address: tuple[str, int, str], secret: bytes) -> Connection:
-    """Connect to a hub: by its Unix socket if it is on this host, else over TCP."""
-    host, port, unix = address
-    if unix and sys.platform == "linux":
-        try:
-            return Client(unix, family="AF_UNIX", authkey=secret)
-        except OSError:  # another host, or another network namespace
-            pass
-    return Client((host, port), family="AF_INET", authkey=secret)
 
 
 def _unbatch(frame: bytes) -> list[bytes]:

@@ -1,5 +1,6 @@
-"""The TCP side of direct pipe routes (`_links`): authenticated both ways before anything
-is read, and a peer that connects and says nothing holds up no one else."""
+"""The multiprocessing layer's connections (`_links`): one handshake both ways before
+anything is read, over the Unix socket and over TCP, and a peer that connects and says
+nothing, or says something else, holds up no one else."""
 
 from __future__ import annotations
 
@@ -7,55 +8,110 @@ import queue
 import socket
 import time
 from collections.abc import Iterator
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection
 
 import pytest
 
-from fiberexec.multiprocessing import _links
+from fiberexec.multiprocessing import AuthenticationError, _links
 
 SECRET = b"s" * 32
 
 
 @pytest.fixture
-def listener() -> Iterator[tuple[_links.TcpListener, queue.Queue[Connection]]]:
-    admitted: queue.Queue[Connection] = queue.Queue()
-    tcp = _links.TcpListener("127.0.0.1", SECRET, admitted.put)
-    yield tcp, admitted
-    tcp.close()
+def listener() -> Iterator[tuple[_links.Listener, queue.Queue[socket.socket]]]:
+    admitted: queue.Queue[socket.socket] = queue.Queue()
+    listening = _links.Listener(SECRET, admitted.put, what="a test", tcp_host="127.0.0.1")
+    yield listening, admitted
+    listening.close()
     while not admitted.empty():
         admitted.get().close()
 
 
-def test_a_writer_with_the_secret_gets_in_and_talks(
-        listener: tuple[_links.TcpListener, queue.Queue[Connection]]) -> None:
-    tcp, admitted = listener
-    conn = _links.dial(f"\0no-such-abstract-socket|{tcp.address}", SECRET)
-    inside = admitted.get(timeout=10)
-    conn.send_bytes(b"item")
-    assert inside.recv_bytes() == b"item"
-    conn.close()
+Listening = tuple[_links.Listener, queue.Queue[socket.socket]]
 
 
-def test_a_wrong_secret_is_refused_both_ways(
-        listener: tuple[_links.TcpListener, queue.Queue[Connection]]) -> None:
-    tcp, admitted = listener
-    with pytest.raises(AuthenticationError):
-        _links.dial(f"\0none|{tcp.address}", b"x" * 32)
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other side closed ``sock`` (a close with our bytes unread is a reset)
+    without a word."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("way", ["unix", "tcp"])
+def test_a_peer_with_the_secret_gets_in_and_talks(listener: Listening, way: str) -> None:
+    listening, admitted = listener
+    tcp = ("127.0.0.1", listening.port)
+    unix = listening.unix if way == "unix" else "\0no-such-abstract-socket"
+    with _links.dial(SECRET, unix, tcp) as sock:
+        inside = admitted.get(timeout=10)
+        assert inside.family == (socket.AF_UNIX if way == "unix" else socket.AF_INET)
+        sock.sendall(b"item")
+        assert inside.recv(4) == b"item"
+        inside.close()
+    assert listening.rejected == 0
+
+
+def test_a_text_address_names_both_ways_in(listener: Listening) -> None:
+    listening, admitted = listener
+    address = f"\0none|{listening.tcp_address('127.0.0.1')}"
+    assert _links.split_address(address) == ("\0none", ("127.0.0.1", listening.port))
+    assert _links.split_address("\0only") == ("\0only", None)
+    with _links.dial(SECRET, *_links.split_address(address)):
+        admitted.get(timeout=10).close()
+    with pytest.raises(ConnectionRefusedError, match="no TCP address"):
+        _links.dial(SECRET, "\0none")
+
+
+def test_a_wrong_secret_is_refused_both_ways(listener: Listening) -> None:
+    listening, admitted = listener
+    with pytest.raises(AuthenticationError, match="does not hold"):
+        _links.dial(b"x" * 32, listening.unix)
     with pytest.raises(queue.Empty):
         admitted.get(timeout=0.5)
+    # the other way round: a listener that does not hold the dialler's secret
+    other = _links.Listener(b"y" * 32, admitted.put, what="an impostor")
+    try:
+        with pytest.raises(AuthenticationError, match="does not hold"):
+            _links.dial(SECRET, other.unix)
+    finally:
+        other.close()
 
 
-def test_a_silent_peer_does_not_hold_up_the_next(
-        listener: tuple[_links.TcpListener, queue.Queue[Connection]]) -> None:
-    tcp, admitted = listener
-    host, _, port = tcp.address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=5):  # says nothing
+@pytest.mark.parametrize("opening", [
+    b"R" + b"\x80\x05N." * 4,  # a request, as if authenticated
+    b"\xff" * 8,  # a huge length, as if a frame
+])
+def test_anything_but_a_handshake_is_rejected_unread(listener: Listening,
+                                                     opening: bytes) -> None:
+    listening, admitted = listener
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(listening.unix)
+        sock.sendall(opening + b"\0" * 32)
+        assert _hung_up(sock)  # closed, nothing said
+    assert listening.rejected == 1
+    assert admitted.empty()
+
+
+def test_a_silent_peer_does_not_hold_up_the_next(listener: Listening) -> None:
+    listening, admitted = listener
+    with socket.create_connection(("127.0.0.1", listening.port), timeout=5):  # says nothing
         started = time.monotonic()
-        conn = _links.dial(f"\0none|{tcp.address}", SECRET)
-        admitted.get(timeout=10)
+        with _links.dial(SECRET, "", ("127.0.0.1", listening.port)):
+            admitted.get(timeout=10).close()
         assert time.monotonic() - started < _links.HANDSHAKE_TIMEOUT
-        conn.close()
+
+
+def test_closing_wakes_a_peer_still_in_its_handshake(listener: Listening) -> None:
+    listening, _ = listener
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(listening.unix)
+        sock.sendall(_links.MAGIC)  # half a hello
+        listening.close()  # whether or not its handshake began, the peer hears the end
+        assert _hung_up(sock)
+    assert listening.rejected == 0  # closing is not a rejection
 
 
 def test_the_outward_address_of_a_loopback_peer_is_none() -> None:

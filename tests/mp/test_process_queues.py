@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import select
 import signal
@@ -168,37 +169,15 @@ def test_wrong_secret_is_refused() -> None:
         RpcClient(broker.address, b"x" * 32, timeout=10)
 
 
-def _raw_frame(sock: socket.socket, payload: bytes) -> bytes:
-    sock.sendall(struct.pack("!Q", len(payload)) + payload)
-    head = sock.recv(8)
-    if not head:
-        return b""
-    (size,) = struct.unpack("!Q", head)
-    answer = b""
-    while len(answer) < size:
-        answer += sock.recv(size - len(answer))
-    return answer
-
-
-@pytest.mark.parametrize("payload", [b"R" + b"\x80\x05N." * 4, b"A" + bytes(32)])
-def test_a_request_before_authentication_is_rejected_unread(payload: bytes) -> None:
+@pytest.mark.parametrize("opening", [b"R" + b"\x80\x05N." * 4, struct.pack("!Q", 1 << 40)])
+def test_a_request_before_authentication_is_rejected_unread(opening: bytes) -> None:
     from fiberexec.multiprocessing._broker import get_broker
 
     server = get_broker().server
     before = server.rejected
     host, port = server.address[len("tcp://"):].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        answer = _raw_frame(sock, payload)
-        assert answer.startswith(b"D") and b"before authentication" in answer
-        assert sock.recv(1) == b""  # and the connection is closed
+        sock.sendall(opening + bytes(32))  # a request, or a terabyte announced
+        with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread
+            assert sock.recv(1) == b""  # closed, nothing read or allocated
     assert server.rejected == before + 1
-
-
-def test_an_oversized_frame_before_authentication_closes_the_connection() -> None:
-    from fiberexec.multiprocessing._broker import get_broker
-
-    server = get_broker().server
-    host, port = server.address[len("tcp://"):].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(struct.pack("!Q", 1 << 40))  # a terabyte announced, nothing allocated
-        assert sock.recv(1) == b""
