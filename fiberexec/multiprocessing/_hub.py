@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fiberexec.multiprocessing._links import Listener
+from fiberexec.multiprocessing._links import Listener, Wire
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
     _HEAD,
@@ -53,7 +53,6 @@ from fiberexec.multiprocessing._stream import (
     UNSUBSCRIBE,
     WANT,
     Signal,
-    Wire,
 )
 
 log = logging.getLogger("fiberexec.multiprocessing")

@@ -59,16 +59,14 @@ from typing import Any
 
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
-from fiberexec.multiprocessing._links import Listener, dial, outward_ip, split_address
+from fiberexec.multiprocessing._links import _SIZE, Listener, Wire, dial, outward_ip, split_address
 from fiberexec.multiprocessing._stream import (
     _HEAD,
     _LEN,
-    _SIZE,
     FLUSH,
     ITEM,
     NONCE,
     PUT,
-    Wire,
     _unbatch,
 )
 

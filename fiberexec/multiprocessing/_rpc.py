@@ -6,11 +6,11 @@
       | -- b"R" len head body ---------------> |   head: pickled (op, args, caller)
       | <-- b"O" len head body / b"E" error -- |
 
-A frame is an 8-byte length and its bytes. Each client thread has its own connection and
-each connection its own server thread, so one blocking request (a ``get`` waiting for an
-item) never holds up the others, and a call waits in a plain socket read: Ctrl-C interrupts
-it, as it interrupts the standard library's manager calls. Servers that live in this
-process are called directly.
+A frame is an 8-byte length and its bytes (`_links.Wire`). Each client thread has its own
+connection and each connection its own server thread, so one blocking request (a ``get``
+waiting for an item) never holds up the others, and a call waits in a plain socket read:
+Ctrl-C interrupts it, as it interrupts the standard library's manager calls. Servers that
+live in this process are called directly.
 
 The server listens on TCP, and on Linux also on an abstract Unix socket whose name it
 gives in ``b"K"``: a client of the same host and network namespace uses that one, so
@@ -43,17 +43,14 @@ from typing import Any
 from fiberexec._errors import ProtocolError
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._links import Listener, dial, drop
+from fiberexec.multiprocessing._links import Listener, Wire, dial, drop
 
 log = logging.getLogger("fiberexec.multiprocessing")
-MAX_MESSAGE = 1 << 31
 CALL_TIMEOUT = 120.0  # seconds an answer may take beyond the time the request asks to wait
 HEARTBEAT = 5.0  # seconds a call waits before the client checks that its server is alive
 PING_TIMEOUT = 30.0  # seconds a live server has to answer that check
 PING = "__ping__"
 _LEN = struct.Struct("!I")
-_SIZE = struct.Struct("!Q")
-_CHUNK = 1 << 16  # the first read of a frame: small frames arrive whole in one read
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[str, tuple[Any, ...], bytes, Caller], tuple[Any, bytes]]
 
@@ -90,46 +87,6 @@ def _split(frame: bytes) -> tuple[Any, memoryview]:
     (size,) = _LEN.unpack_from(view, 1)
     head = pickle.loads(view[1 + _LEN.size : 1 + _LEN.size + size])
     return head, view[1 + _LEN.size + size :]
-
-
-def send_frame(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
-    """Write one frame (its length, then ``parts``); small frames in one write."""
-    size = sum(len(p) for p in parts)
-    if size > MAX_MESSAGE:
-        raise ValueError(f"a message of {size} bytes is over the {MAX_MESSAGE}-byte limit; "
-                         "send large data in pieces, or through shared memory")
-    if size <= _CHUNK:
-        sock.sendall(b"".join([_SIZE.pack(size), *parts]))
-        return
-    sock.sendall(_SIZE.pack(size))
-    for part in parts:
-        sock.sendall(part)
-
-
-def recv_frame(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
-    """Read one frame; EOFError if the peer closed, ProtocolError past ``limit`` bytes."""
-    data = sock.recv(_CHUNK)
-    while len(data) < _SIZE.size:
-        more = sock.recv(_CHUNK)
-        if not more:
-            raise EOFError("the connection closed")
-        data += more
-    (size,) = _SIZE.unpack_from(data)
-    if size > limit:
-        raise ProtocolError(f"a frame of {size} bytes is over this connection's limit "
-                            f"of {limit}")
-    have = len(data) - _SIZE.size
-    if have == size:
-        return data[_SIZE.size:]
-    frame = bytearray(size)
-    frame[:have] = data[_SIZE.size:]
-    view = memoryview(frame)
-    while have < size:
-        got = sock.recv_into(view[have:])
-        if not got:
-            raise EOFError("the connection closed mid-frame")
-        have += got
-    return bytes(frame)
 
 
 def _tcp_address(address: str) -> tuple[str, int]:
@@ -180,15 +137,16 @@ class RpcServer:
                 drop(sock)
                 return
             self._conns.add(sock)
+        wire = Wire(sock)
         try:
-            send_frame(sock, [b"K", self.local_name.encode()])
+            wire.send_parts([b"K", self.local_name.encode()])
             while True:
-                frame = recv_frame(sock)
+                frame = wire.recv_bytes()
                 if frame[:1] != b"R":
                     log.warning("a client of %s sent a %r frame; hung up on it", self.address,
                                 frame[:1])
                     return
-                send_frame(sock, self._dispatch(frame))
+                wire.send_parts(self._dispatch(frame))
         except (OSError, EOFError, ProtocolError):
             pass  # the client went away (or broke the protocol): its connection ends
         finally:
@@ -244,10 +202,11 @@ class _Busy:
 class _Channel:
     """One client thread's connection to a server (closed when the thread's state goes)."""
 
-    __slots__ = ("__weakref__", "sock", "timeout")
+    __slots__ = ("__weakref__", "sock", "timeout", "wire")
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.sock = wire.sock
         self.timeout: float | None = -1.0  # the socket's timeout: not yet set here
 
     def __del__(self) -> None:
@@ -279,7 +238,7 @@ class RpcClient:
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
         # a server that takes the connection and says nothing (stopped) is found by the same
         # bound as one that stops answering later
-        self._monitor = self._connect(min(timeout, PING_TIMEOUT))
+        self._monitor = self._connect(min(timeout, PING_TIMEOUT)).sock
         threading.Thread(target=self._await_end, daemon=True,
                          name="fiberexec-mp-rpc-watch").start()
 
@@ -292,7 +251,7 @@ class RpcClient:
         if not self._closed:
             self._lose(f"the process serving {self.address} is gone (its connection closed)")
 
-    def _connect(self, timeout: float) -> socket.socket:
+    def _connect(self, timeout: float) -> Wire:
         """An authenticated connection (by the server's Unix socket once known), its
         ``b"K"`` read; the server's local name kept."""
         try:
@@ -307,17 +266,18 @@ class RpcClient:
         except (OSError, EOFError) as exc:
             raise ConnectionError(f"cannot reach {self.address}: {exc}; is its owner "
                                   "alive?") from None
+        wire = Wire(sock)
         try:
             sock.settimeout(timeout)
-            ok = recv_frame(sock, 1 << 10)
-        except (OSError, EOFError, ProtocolError) as exc:
+            ok = wire.recv_bytes()
+        except (OSError, EOFError) as exc:
             drop(sock)
             raise ConnectionError(f"{self.address} broke off the handshake: {exc}") from None
         if ok[:1] != b"K":
             drop(sock)
             raise ProtocolError(f"{self.address} answered {ok[:1]!r} to a new connection")
         self._local_name = ok[1:].decode()
-        return sock
+        return wire
 
     def _channel(self, limit: float | None) -> _Channel:
         """This thread's connection, made (within ``limit`` seconds, if given) on first use."""
@@ -344,13 +304,12 @@ class RpcClient:
 
     def _roundtrip(self, parts: list[bytes | memoryview], timeout: float | None) -> bytes:
         channel = self._channel(timeout)
-        sock = channel.sock
         try:
             if channel.timeout != timeout:
-                sock.settimeout(timeout)
+                channel.sock.settimeout(timeout)
                 channel.timeout = timeout
-            send_frame(sock, parts)
-            return recv_frame(sock)
+            channel.wire.send_parts(parts)
+            return channel.wire.recv_bytes()
         except TimeoutError:
             self._forget(channel)
             raise ConnectionError(

@@ -29,10 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
-import select
-import socket
 import struct
 import sys
 import threading
@@ -43,7 +40,7 @@ from typing import Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._links import dial
+from fiberexec.multiprocessing._links import Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -72,10 +69,6 @@ def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
     return _HEAD.pack(tag, cid) + body
 
 
-_SIZE = struct.Struct("!Q")
-_SIZED_HEAD = struct.Struct("!QcQ")  # a frame's length, then its head (`_HEAD`)
-_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
-_CHUNK = 1 << 16
 STREAM_TIMEOUT = 30.0  # seconds to connect to a broker, and to prove the secret
 
 
@@ -102,111 +95,6 @@ class Signal:
         for fd in (self.r, self.w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-class Wire:
-    """A stream socket once `_links` has authenticated it: frames of an
-    8-byte length and data, read in large chunks (one system call brings every frame that
-    has arrived), written in one call each. One thread reads at a time; sends may come from
-    any thread while another reads (callers serialise their sends)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        sock.settimeout(None)
-        self._buf = bytearray()
-        self._at = 0
-        self._poller = select.poll()  # the socket, and the ``wake`` of the last `poll`
-        self._poller.register(self.sock, _READABLE)
-        self._wake: int | None = None
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def send_frame(self, tag: bytes, cid: int, body: bytes = b"") -> None:
-        """Send one frame (`_frame`'s layout) with a single copy and system call."""
-        if len(body) < _CHUNK:
-            self.sock.sendall(_SIZED_HEAD.pack(_HEAD.size + len(body), tag, cid) + body)
-        else:
-            self.sock.sendall(_SIZED_HEAD.pack(_HEAD.size + len(body), tag, cid))
-            self.sock.sendall(body)
-
-    def send_bytes(self, data: bytes) -> None:
-        if len(data) < _CHUNK:
-            self.sock.sendall(_SIZE.pack(len(data)) + data)
-        else:
-            self.sock.sendall(_SIZE.pack(len(data)))
-            self.sock.sendall(data)
-
-    def frame_ready(self) -> bool:
-        have = len(self._buf) - self._at
-        if have < _SIZE.size:
-            return False
-        size: int = _SIZE.unpack_from(self._buf, self._at)[0]
-        return have >= _SIZE.size + size
-
-    def poll(self, timeout: float | None, wake: int | None = None) -> bool:
-        """Whether a frame has begun to arrive (or the stream ended), waiting up to
-        ``timeout`` (None: forever); a readable ``wake`` descriptor ends the wait early."""
-        if self._at < len(self._buf) and self.frame_ready():
-            return True
-        if wake != self._wake:  # one reader at a time: only the current wake is watched
-            if self._wake is not None:
-                self._poller.unregister(self._wake)
-            if wake is not None:
-                self._poller.register(wake, _READABLE)
-            self._wake = wake
-        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-        mine = self.sock.fileno()
-        return any(fd == mine for fd, _ in self._poller.poll(ms))
-
-    def recv_bytes(self) -> bytes:
-        """The next frame (blocking); EOFError when the other end closed."""
-        buf, at = self._buf, self._at
-        if len(buf) - at >= _SIZE.size:  # the common case: a whole frame is here
-            end = at + _SIZE.size + _SIZE.unpack_from(buf, at)[0]
-            if end <= len(buf):
-                frame = bytes(buf[at + _SIZE.size:end])
-                if end == len(buf):
-                    buf.clear()
-                    self._at = 0
-                else:
-                    self._at = end
-                return frame
-        if not buf:  # nothing buffered: if one whole frame comes, return it as it is
-            chunk = self.sock.recv(_CHUNK)
-            if not chunk:
-                raise EOFError
-            if len(chunk) >= _SIZE.size and (
-                    _SIZE.size + _SIZE.unpack_from(chunk)[0] == len(chunk)):
-                return chunk[_SIZE.size:]
-            buf += chunk
-        while not self.frame_ready():
-            if self._at and self._at * 2 >= len(self._buf):
-                del self._buf[:self._at]
-                self._at = 0
-            need = _SIZE.size
-            if len(self._buf) - self._at >= need:
-                need += _SIZE.unpack_from(self._buf, self._at)[0]
-            chunk = self.sock.recv(max(_CHUNK, need - (len(self._buf) - self._at)))
-            if not chunk:
-                raise EOFError
-            self._buf += chunk
-        (size,) = _SIZE.unpack_from(self._buf, self._at)
-        start = self._at + _SIZE.size
-        frame = bytes(self._buf[start:start + size])
-        self._at = start + size
-        if self._at == len(self._buf):
-            self._buf.clear()
-            self._at = 0
-        return frame
-
-    def shutdown(self) -> None:
-        """End the connection, waking a thread blocked reading it."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 # ---------------------------------------------------------------------------- client side
