@@ -28,6 +28,7 @@ from fiberexec import _auth
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._hub import thread_wake
+from fiberexec.multiprocessing._objects import ObjectTable
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._wire import loads
 
@@ -443,7 +444,8 @@ class Broker:
         self.processes: dict[int, bytes] = {}
         self.pids: dict[int, int] = {}
         self.fetched = threading.Condition()  # notified when a child reports its pid
-        self.objects: dict[int, Any] = {}  # locks, events, ... (see `_sync_server`)
+        # locks, events, ... (see `_sync_server`), freed with their last handle (`_sync`)
+        self.objects = ObjectTable("process that created it", "handle")
         self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
         self.hub: Any = None  # the `_hub.Hub` (started when a remote process asks)
         self.inlets: dict[str, Any] = {}  # pipe readers' `_route.Inlet` addresses -> peer
@@ -460,6 +462,7 @@ class Broker:
             "task_done": self._task_done, "join": self._join, "poll": self._poll,
             "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
             "obj_new": self._obj_new, "obj_call": self._obj_call, "obj_get": self._obj_get,
+            "incref": self._incref, "decref": self._decref,
             "buf_read": self._buf_read, "buf_write": self._buf_write, "stream": self._stream,
             "route": self._route,
         }
@@ -844,17 +847,18 @@ class Broker:
             kwargs["lock"] = self.obj(lock_id)
         if body:
             kwargs["action"] = loads(body, what="barrier action")
-        obj = _sync_server.KINDS[kind](*args, **kwargs)
-        with self.lock:
-            oid = next(self.ids)
-            self.objects[oid] = obj
-        return oid, b""
+        return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind), b""
 
     def obj(self, oid: int) -> Any:
-        obj = self.objects.get(oid)
-        if obj is None:
-            raise ValueError(f"object {oid} does not exist on this broker")
-        return obj
+        return self.objects.get(oid)[0]
+
+    def _incref(self, _body: bytes, oid: int) -> tuple[Any, bytes]:
+        self.objects.incref(oid)
+        return None, b""
+
+    def _decref(self, _body: bytes, oids: list[int]) -> tuple[Any, bytes]:
+        self.objects.decref(oids)
+        return None, b""
 
     def _obj_call(self, _body: bytes, oid: int, name: str, args: tuple[Any, ...]) -> tuple[
             Any, bytes]:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from fiberexec.multiprocessing import _backends, _sync_server
 from fiberexec.multiprocessing._errors import ProcessError, RemoteError
+from fiberexec.multiprocessing._objects import ObjectTable
 from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
 from fiberexec.multiprocessing._proxies import (
@@ -98,54 +99,11 @@ class TypeInfo:
 class _Server:
     def __init__(self, registry: dict[str, TypeInfo]) -> None:
         self.registry = registry
-        self.objects: dict[int, tuple[Any, str]] = {}
-        self.refs: dict[int, int] = {}  # proxies alive per object (see `_proxies`)
-        self.ids = itertools.count(1)
+        self.objects = ObjectTable("manager", "proxy")
         self.stop = threading.Event()
-        # re-entrant: freeing an object may free proxies it held, whose releases come here
-        self.lock = threading.RLock()
-
-    def _add(self, obj: Any, typeid: str) -> int:
-        """Keep ``obj``; the proxy made for it holds its first reference."""
-        with self.lock:
-            oid = next(self.ids)
-            self.objects[oid] = (obj, typeid)
-            self.refs[oid] = 1
-        return oid
-
-    def _lookup(self, oid: int) -> tuple[Any, str]:
-        try:
-            return self.objects[oid]
-        except KeyError:
-            raise ReferenceError(
-                f"the manager holds no object {oid}: it was freed when the last proxy to it "
-                "was dropped; keep a proxy alive while other processes may still receive "
-                "copies of it") from None
-
-    def _incref(self, oid: int) -> None:
-        with self.lock:
-            self._lookup(oid)
-            self.refs[oid] += 1
-
-    def _decref(self, oids: list[int]) -> None:
-        freed = []
-        with self.lock:
-            for oid in oids:
-                left = self.refs.get(oid, 0) - 1
-                if left > 0:
-                    self.refs[oid] = left
-                elif oid in self.refs:
-                    del self.refs[oid]
-                    freed.append(self.objects.pop(oid))
-        freed.clear()  # the objects go here, outside the lock
-
-    def _debug_info(self) -> str:
-        with self.lock:
-            return "".join(f"  {oid}: refcount={self.refs[oid]}\n    {str(obj)[:75]}\n"
-                           for oid, (obj, _) in sorted(self.objects.items()))
 
     def _call(self, oid: int, name: str, body: bytes) -> tuple[Any, bytes]:
-        obj, typeid = self._lookup(oid)
+        obj, typeid = self.objects.get(oid)
         info = self.registry[typeid]
         if info.exposed is not None and name not in info.exposed:
             raise AttributeError(f"method {name!r} of {type(obj)!r} object is not in "
@@ -156,7 +114,7 @@ class _Server:
         if new_typeid is not None:  # the result stays here; the caller gets a proxy
             make = self.registry[new_typeid].make  # as the stdlib: make(result), if any
             kept = result if make is None else make(result)
-            return (self._add(kept, new_typeid), new_typeid), b""
+            return (self.objects.add(kept, new_typeid), new_typeid), b""
         if isinstance(result, type({}.keys()) | type({}.values()) | type({}.items())):
             result = list(result)
         return None, dumps(result, what=f"result of {name}()")
@@ -170,27 +128,27 @@ class _Server:
             make = self.registry[typeid].make
             if make is None:
                 raise ValueError(f"type {typeid!r} has no callable; it cannot be created")
-            return self._add(make(*cargs, **ckwds), typeid), b""
+            return self.objects.add(make(*cargs, **ckwds), typeid), b""
         if op == "call":
             return self._call(args[0], args[1], body)
         if op == "getattr":
-            return None, dumps(getattr(self._lookup(args[0])[0], args[1]), what="attribute")
+            return None, dumps(getattr(self.objects.get(args[0])[0], args[1]), what="attribute")
         if op == "setattr":
-            setattr(self._lookup(args[0])[0], args[1], loads(body, what="attribute"))
+            setattr(self.objects.get(args[0])[0], args[1], loads(body, what="attribute"))
             return None, b""
         if op == "delattr":
-            delattr(self._lookup(args[0])[0], args[1])
+            delattr(self.objects.get(args[0])[0], args[1])
             return None, b""
         if op == "incref":
-            self._incref(args[0])
+            self.objects.incref(args[0])
             return None, b""
         if op == "decref":
-            self._decref(args[0])
+            self.objects.decref(args[0])
             return None, b""
         if op == "count":
             return len(self.objects), b""
         if op == "debug_info":
-            return self._debug_info(), b""
+            return self.objects.debug_info(), b""
         if op == "shutdown":
             self.stop.set()
             return None, b""

@@ -92,18 +92,23 @@ def _rebuild_proxy(cls: type[BaseProxy], address: str, secret: bytes, oid: int,
     return cls(address, secret, oid, typeid, incref=True)
 
 
+FLUSH_TIMEOUT = 60.0  # seconds a flush waits for the releases before it to be sent
+
+
 class _Releaser:
-    """Sends the releases of garbage-collected proxies to their servers, from a thread."""
+    """Sends the releases of garbage-collected handles (proxies, and `_sync`'s locks and
+    events) to their servers, from a thread."""
 
     def __init__(self) -> None:
-        self.pending: queue.SimpleQueue[tuple[str, bytes, int]] = queue.SimpleQueue()
+        self.pending: queue.SimpleQueue[tuple[str, bytes, int] | threading.Event] = (
+            queue.SimpleQueue())
         self.sending = threading.Lock()  # one batch at a time (see `flush`)
         self.thread: threading.Thread | None = None
         self.start_lock = threading.Lock()
         self.live: dict[int, weakref.finalize[Any, Any]] = {}  # proxies not yet released
         self.keys = itertools.count()
 
-    def watch(self, proxy: BaseProxy, address: str, secret: bytes, oid: int) -> None:
+    def watch(self, proxy: object, address: str, secret: bytes, oid: int) -> None:
         if self.thread is None:
             with self.start_lock:
                 if self.thread is None:
@@ -139,20 +144,33 @@ class _Releaser:
                 self._send([first])
 
     def flush(self) -> None:
-        """Send every release queued so far, and wait until they are in."""
-        with self.sending:
-            self._send([])
+        """Send every release queued so far, and wait until they are in: through the
+        releaser's thread, after what it holds (its queue keeps the order), or here where
+        it does not run (none started, or a forked child's copy)."""
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            with self.sending:
+                self._send([])
+            return
+        done = threading.Event()
+        self.pending.put(done)
+        done.wait(FLUSH_TIMEOUT)
 
-    def _send(self, batch: list[tuple[str, bytes, int]]) -> None:
+    def _send(self, batch: list[tuple[str, bytes, int] | threading.Event]) -> None:
         with contextlib.suppress(queue.Empty):
             while True:
                 batch.append(self.pending.get_nowait())
         by_server: dict[tuple[str, bytes], list[int]] = {}
-        for address, secret, oid in batch:
-            by_server.setdefault((address, secret), []).append(oid)
+        for ref in batch:
+            if not isinstance(ref, threading.Event):
+                address, secret, oid = ref
+                by_server.setdefault((address, secret), []).append(oid)
         for (address, secret), oids in by_server.items():
             with contextlib.suppress(ConnectionError, OSError):  # a stopped manager freed all
                 Endpoint(address, secret).call("decref", (oids,))
+        for ref in batch:
+            if isinstance(ref, threading.Event):  # a flush waits for what came before it
+                ref.set()
 
 
 _releaser = _Releaser()

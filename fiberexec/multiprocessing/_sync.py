@@ -6,6 +6,8 @@
     pickle(lock)     -> (broker address, secret, id): works in a Process, a Pool task or a
                         manager call, on every backend, because every process can reach
                         the broker that started it
+    del lock         -> the broker frees the object once no copy of the handle is left in
+                        any process (`_objects`), as a manager frees a proxy's referent
 
 Blocking calls that may be retried (acquire, Event.wait) wait in the broker in slices of at
 most `SLICE` seconds, so a client that vanishes holds a server thread for one slice.
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
 from fiberexec.multiprocessing._wire import dumps
 
@@ -40,6 +43,7 @@ class _Shared:
         self._endpoint: Endpoint = broker.endpoint
         self._oid: int = self._endpoint.call(
             "obj_new", (self._kind, args, _lock_id), _action)[0]
+        _releaser.watch(self, self._endpoint.address, self._endpoint.secret, self._oid)
 
     def __reduce__(self) -> tuple[Any, ...]:
         ep = self._endpoint
@@ -59,8 +63,15 @@ class _Shared:
 
 
 def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shared:
+    """A copy in another process (or this one), with a reference of its own: the broker
+    keeps the object while any copy lives (see `_objects`)."""
     obj = cls.__new__(cls)
     obj._endpoint, obj._oid = Endpoint(address, secret), oid
+    try:
+        obj._endpoint.call("incref", (oid,))
+    except (ReferenceError, ConnectionError, OSError):
+        return obj  # freed, or its process ended: calls say so; nothing to release
+    _releaser.watch(obj, address, secret, oid)
     return obj
 
 

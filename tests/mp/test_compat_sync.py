@@ -187,3 +187,38 @@ def test_an_event_says_whether_it_is_set(mpm: ModuleType) -> None:
     assert re.fullmatch(r"<Event at 0x[0-9a-f]+ unset>", repr(event))
     event.set()
     assert re.fullmatch(r"<Event at 0x[0-9a-f]+ set>", repr(event))
+
+
+def test_locks_and_events_are_freed_with_their_last_handle() -> None:
+    """The process that made a lock or an event keeps it while a handle to it lives
+    anywhere (a copy unpickled holds one of its own), and frees it with the last."""
+    import gc
+    import pickle
+
+    import fiberexec.multiprocessing as fmp
+    from fiberexec.multiprocessing._broker import get_broker
+    from fiberexec.multiprocessing._proxies import _releaser
+
+    broker = get_broker()
+
+    def held() -> int:
+        gc.collect()
+        _releaser.flush()
+        return len(broker.objects)
+
+    base = held()
+    made = [fmp.Lock() for _ in range(50)] + [fmp.Event() for _ in range(50)]
+    assert held() == base + 100
+    del made
+    assert held() == base
+    lock = fmp.Lock()
+    copy = pickle.loads(pickle.dumps(lock))
+    del lock
+    assert held() == base + 1
+    assert copy.acquire(timeout=5)  # the copy still reaches it
+    copy.release()
+    oid = copy._oid
+    del copy
+    assert held() == base
+    with pytest.raises(ReferenceError, match="freed when the last handle"):
+        broker.obj(oid)
