@@ -27,9 +27,10 @@ from typing import Any
 from fiberexec import _auth
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._hub import thread_wake
+from fiberexec.multiprocessing._hub import Hub, Peer, Wake, thread_wake
 from fiberexec.multiprocessing._objects import ObjectTable
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
+from fiberexec.multiprocessing._stream import Signal
 from fiberexec.multiprocessing._wire import loads
 
 log = logging.getLogger("fiberexec.multiprocessing")
@@ -55,7 +56,7 @@ class Lease:
     one (see `Chan.dispatch`).
     """
 
-    peer: Any
+    peer: Peer
     window: int = 0  # items the consumer accepts ahead of its gets
     wanted: int = 0  # its threads waiting in get() for which nothing is on the way
     sent: int = 0  # items sent in total
@@ -103,14 +104,14 @@ class Chan:
     writers: int = -1  # pipe ends that may still send here; 0 means EOF (-1: not counted)
     tickets: dict[str, bool | None] = field(default_factory=dict)  # pickled ends: ticket ->
     # claimed (None: dropped because the process it was pickled for ended without it)
-    subscriber: Any = None  # the `_hub.Peer` whose process reads this pipe direction
+    subscriber: Peer | None = None  # the process that reads this pipe direction
     cid: int = 0
-    signal: Any = None  # a `_stream.Signal` set while a reader here would not block
-    leases: dict[Any, Lease] = field(default_factory=dict)  # queue consumers elsewhere, by peer
+    signal: Signal | None = None  # set while a reader here would not block
+    leases: dict[Peer, Lease] = field(default_factory=dict)  # queue consumers elsewhere, by peer
     local_waiters: int = 0  # threads here (or RPC gets) waiting for an item
-    source: Any = None  # the `_hub.Peer` that last sent an item here
-    leader: Any = None  # the `_hub.Wake` of a thread here reading ``source`` for this pipe
-    routed: Any = None  # queue: the consumer's peer producers elsewhere may send to directly
+    source: Peer | None = None  # the process that last sent an item here
+    leader: Wake | None = None  # of a thread here reading ``source`` for this pipe
+    routed: Peer | None = None  # queue: the consumer producers elsewhere may send to directly
     got_here: bool = False  # queue: a get was served here (it has a consumer besides leases)
     marks: list[list[Any]] = field(default_factory=list)  # queue flushes waiting to be
     # answered: [peer, nonce, items to send it first] (see `Broker.flush`)
@@ -138,7 +139,7 @@ class Chan:
             self.feeding = False
             self.dispatch()
 
-    def sole(self) -> Any:
+    def sole(self) -> Peer | None:
         """The peer of this queue's only consumer, if it has exactly one, elsewhere."""
         if self.writers >= 0 or self.maxsize or self.got_here or len(self.leases) != 1:
             return None
@@ -166,7 +167,7 @@ class Chan:
         An answer comes on the consumer's stream after every report it sent before, so an
         item it took before telling anyone (setting an `Event`, say) is counted as taken
         by then, as in the stdlib's pipe: its ``qsize()`` after that ``Event`` sees it."""
-        asked: list[tuple[Any, Lease, int]] = []
+        asked: list[tuple[Peer, Lease, int]] = []
         self.sync()
         for peer, lease in self.leases.items():
             if lease.gone or not (lease.outstanding or peer is self.routed):
@@ -247,7 +248,7 @@ class Chan:
         return len(self.items) + sum(len(lease.outstanding) + lease.direct
                                      for lease in self.leases.values())
 
-    def ahead_of(self, taker: Any) -> bool:
+    def ahead_of(self, taker: Peer | None) -> bool:
         """Whether a consumer other than ``taker`` (a consumer's peer, or None for a thread
         here) holds items sent ahead that it has not taken: they come before every item
         here, so ``taker`` may take none of these until they are back (`revoke`)."""
@@ -324,7 +325,7 @@ class Chan:
                     with contextlib.suppress(OSError):
                         lease.peer.send_flushed(self.cid, True, mark[1])
 
-    def revoke(self, waiter: Any = None) -> None:
+    def revoke(self, waiter: Peer | None = None) -> None:
         """Someone (``waiter``: a consumer's peer, or None for a thread here) waits: ask
         every other consumer that holds items sent ahead for those it has not taken (they
         come first), and, if nothing is here for the waiter, any other for all of them."""
@@ -341,7 +342,7 @@ class Chan:
             except OSError:
                 pass  # its stream is closing: `drop_lease` follows
 
-    def drop_lease(self, peer: Any, consumed: int | None = None, kept: int = 0) -> None:
+    def drop_lease(self, peer: Peer, consumed: int | None = None, kept: int = 0) -> None:
         """Items sent to ``peer`` and not taken come back to the front of the queue, but
         the first ``kept`` (its waiting threads take them).
 
@@ -383,7 +384,7 @@ class Chan:
             self.subscriber = None
 
 
-def _other(holders: list[Any], peer: Any) -> bool:
+def _other(holders: list[Peer], peer: Peer | None) -> bool:
     """Whether a consumer other than ``peer`` is among ``holders``."""
     return any(holder is not peer for holder in holders)
 
@@ -447,8 +448,8 @@ class Broker:
         # locks, events, ... (see `_sync_server`), freed with their last handle (`_sync`)
         self.objects = ObjectTable("process that created it", "handle")
         self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
-        self.hub: Any = None  # the `_hub.Hub` (started when a remote process asks)
-        self.inlets: dict[str, Any] = {}  # pipe readers' `_route.Inlet` addresses -> peer
+        self.hub: Hub | None = None  # the hub (started when a remote process asks)
+        self.inlets: dict[str, Peer] = {}  # pipe readers' `_route.Inlet` addresses -> peer
         self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
@@ -496,7 +497,7 @@ class Broker:
             self._append(chan, body)
         return OK, b""
 
-    def append(self, cid: int, body: bytes, source: Any = None) -> None:
+    def append(self, cid: int, body: bytes, source: Peer | None = None) -> None:
         """Add an item to a pipe direction or an unbounded queue (no RPC layer in between);
         ``source`` is the `_hub.Peer` it came from, if it came from another process."""
         chan = self.chans.get(cid) or self.chan(cid)
@@ -574,7 +575,6 @@ class Broker:
 
     def signal(self, cid: int) -> int:
         """A descriptor readable while pipe ``cid`` has data or EOF here (`_stream.Signal`)."""
-        from fiberexec.multiprocessing._stream import Signal
 
         chan = self.chan(cid)
         with chan.cond:
@@ -679,7 +679,7 @@ class Broker:
                 chan.tickets[ticket] = None
             self.unref(cid, "")
 
-    def subscribe(self, cid: int, peer: Any) -> None:
+    def subscribe(self, cid: int, peer: Peer) -> None:
         """``peer``'s process reads ``cid``: items go to it as they arrive."""
         chan = self.chan(cid)
         with chan.cond:
@@ -689,7 +689,7 @@ class Broker:
                     old.send_unroute(cid)
             chan.push()
 
-    def add_inlet(self, peer: Any, address: str) -> None:
+    def add_inlet(self, peer: Peer, address: str) -> None:
         with self.lock:
             peer.inlet = address
             self.inlets[address] = peer
@@ -731,14 +731,14 @@ class Broker:
             with contextlib.suppress(OSError):
                 peer.send_flushed(cid, ok, nonce)
 
-    def unsubscribe(self, cid: int, peer: Any) -> None:
+    def unsubscribe(self, cid: int, peer: Peer) -> None:
         chan = self.chans.get(cid)
         if chan is not None:
             with chan.cond:
                 if chan.subscriber is peer:
                     chan.subscriber = None
 
-    def lease(self, cid: int, peer: Any, state: tuple[int, int, int, int]) -> None:
+    def lease(self, cid: int, peer: Peer, state: tuple[int, int, int, int]) -> None:
         """A consumer's state: it took ``consumed`` items of the ``received`` sent to it in
         all, ``wanted`` threads of it wait with nothing at hand, it accepts ``window``."""
         consumed, received, wanted, window = state
@@ -766,7 +766,7 @@ class Broker:
                 chan.cond.notify_all()  # a put waiting for room may go on
             chan.refeed()
 
-    def tally(self, cid: int, peer: Any, body: bytes) -> None:
+    def tally(self, cid: int, peer: Peer, body: bytes) -> None:
         """A consumer elsewhere counts what it takes of queue ``cid`` in a page of shared
         memory (`_tally`): map it if it is on this host, and say so; else it goes on
         reporting every item it takes."""
@@ -791,7 +791,7 @@ class Broker:
         with contextlib.suppress(OSError):
             peer.send_tallied(cid)
 
-    def lease_returned(self, cid: int, peer: Any, consumed: int, wanted: int,
+    def lease_returned(self, cid: int, peer: Peer, consumed: int, wanted: int,
                        kept: int) -> None:
         """A consumer answered a revoke: it took ``consumed`` in all and keeps the next
         ``kept`` for threads of it that wait, the rest come back; ``wanted`` of its threads
@@ -807,7 +807,7 @@ class Broker:
             chan.dispatch()
             chan.refeed()
 
-    def counted(self, cid: int, peer: Any, asked: int, direct: int) -> None:
+    def counted(self, cid: int, peer: Peer, asked: int, direct: int) -> None:
         """A consumer's answer to `Chan.count_held`."""
         chan = self.chan(cid)
         with chan.cond:
@@ -817,7 +817,7 @@ class Broker:
                 lease.direct = direct if chan.routed is peer else 0
                 chan.cond.notify_all()
 
-    def peer_lost(self, peer: Any, holder: str | None) -> None:
+    def peer_lost(self, peer: Peer, holder: str | None) -> None:
         """A process's stream closed (it exited or died): release all it held."""
         inlet: str = peer.inlet
         for chan in list(self.chans.values()):
@@ -887,7 +887,6 @@ class Broker:
 
     def _stream(self, _body: bytes) -> tuple[Any, bytes]:
         """The address of this broker's stream listener (see `_stream`), started now."""
-        from fiberexec.multiprocessing._hub import Hub
 
         with self.lock:
             if self.hub is None:

@@ -21,8 +21,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._links import Listener, Wire
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
@@ -30,28 +31,16 @@ from fiberexec.multiprocessing._stream import (
     _LEN,
     _RETURNED,
     _WANT,
-    CLAIM,
     COUNT,
-    COUNTED,
     EOF,
     FEED,
-    FLUSH,
     FLUSHED,
-    INLET,
     ITEM,
     ITEMS,
     NONCE,
-    PUT,
-    RELEASE,
-    RETURNED,
     REVOKE,
-    SUBSCRIBE,
     TALLIED,
-    TALLY,
-    TOKEN,
     UNROUTE,
-    UNSUBSCRIBE,
-    WANT,
     Signal,
 )
 
@@ -281,10 +270,41 @@ class Peer:
             self.conn.close()
 
 
+class Channels(Protocol):
+    """What a hub does to its broker's channels as frames come (`_broker.Broker`)."""
+
+    secret: bytes
+
+    def append(self, cid: int, body: bytes, source: Peer | None = None) -> None: ...
+
+    def subscribe(self, cid: int, peer: Peer) -> None: ...
+
+    def unsubscribe(self, cid: int, peer: Peer) -> None: ...
+
+    def claim(self, cid: int, ticket: str, holder: str) -> None: ...
+
+    def unref(self, cid: int, holder: str, count: int = 1) -> None: ...
+
+    def flush(self, cid: int, nonce: bytes, inlet: str) -> None: ...
+
+    def add_inlet(self, peer: Peer, address: str) -> None: ...
+
+    def lease(self, cid: int, peer: Peer, state: tuple[int, int, int, int]) -> None: ...
+
+    def lease_returned(self, cid: int, peer: Peer, consumed: int, wanted: int,
+                       kept: int) -> None: ...
+
+    def tally(self, cid: int, peer: Peer, body: bytes) -> None: ...
+
+    def counted(self, cid: int, peer: Peer, asked: int, direct: int) -> None: ...
+
+    def peer_lost(self, peer: Peer, holder: str | None) -> None: ...
+
+
 class Hub:
     """Accepts streams for a broker and applies their frames to its channels."""
 
-    def __init__(self, broker: Any, host: str, advertise: str) -> None:
+    def __init__(self, broker: Channels, host: str, advertise: str) -> None:
         self.broker = broker
         # processes of this host (and network namespace) connect to its abstract Unix
         # socket: no TCP stack on every message
@@ -303,38 +323,40 @@ class Hub:
         tag, cid = _HEAD.unpack_from(frame)
         body = frame[_HEAD.size:]
         broker = self.broker
-        if tag == PUT:
-            broker.append(cid, body, peer)
-        elif tag in (WANT, RETURNED, TALLY, COUNTED):
-            self._apply_consumer(peer, tag, cid, body)
-        elif tag == SUBSCRIBE:
-            broker.subscribe(cid, peer)
-        elif tag == UNSUBSCRIBE:
-            broker.unsubscribe(cid, peer)
-        elif tag == CLAIM:
-            broker.claim(cid, body.decode(), peer.holder or "")
-        elif tag == RELEASE:
-            broker.unref(cid, peer.holder or "")
-        elif tag == TOKEN:
-            peer.holder = body.decode()
-        elif tag == FLUSH:
-            broker.flush(cid, body[:NONCE], body[NONCE:].decode())
-        elif tag == INLET:
-            broker.add_inlet(peer, body.decode())
-        else:
-            raise ValueError(f"unknown stream frame {tag!r}")
+        match tag:
+            case st.PUT:
+                broker.append(cid, body, peer)
+            case st.SUBSCRIBE:
+                broker.subscribe(cid, peer)
+            case st.UNSUBSCRIBE:
+                broker.unsubscribe(cid, peer)
+            case st.CLAIM:
+                broker.claim(cid, body.decode(), peer.holder or "")
+            case st.RELEASE:
+                broker.unref(cid, peer.holder or "")
+            case st.TOKEN:
+                peer.holder = body.decode()
+            case st.FLUSH:
+                broker.flush(cid, body[:NONCE], body[NONCE:].decode())
+            case st.INLET:
+                broker.add_inlet(peer, body.decode())
+            case _:
+                self._apply_consumer(peer, tag, cid, body)
 
     def _apply_consumer(self, peer: Peer, tag: bytes, cid: int, body: bytes) -> None:
         """A queue consumer's frame."""
         broker = self.broker
-        if tag == WANT:
-            broker.lease(cid, peer, _WANT.unpack(body))
-        elif tag == RETURNED:
-            broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
-        elif tag == TALLY:
-            broker.tally(cid, peer, body)
-        else:
-            broker.counted(cid, peer, *_COUNTED.unpack(body))
+        match tag:
+            case st.WANT:
+                broker.lease(cid, peer, _WANT.unpack(body))
+            case st.RETURNED:
+                broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
+            case st.TALLY:
+                broker.tally(cid, peer, body)
+            case st.COUNTED:
+                broker.counted(cid, peer, *_COUNTED.unpack(body))
+            case _:
+                raise ValueError(f"unknown stream frame {tag!r}")
 
     def close(self) -> None:
         self.listener.close()
