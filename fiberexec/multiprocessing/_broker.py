@@ -28,7 +28,6 @@ from fiberexec import _auth
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._hub import Hub, Peer, Wake, thread_wake
-from fiberexec.multiprocessing._objects import ObjectTable
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._stream import Signal
 from fiberexec.multiprocessing._wire import loads
@@ -446,7 +445,7 @@ class Broker:
         self.pids: dict[int, int] = {}
         self.fetched = threading.Condition()  # notified when a child reports its pid
         # locks, events, ... (see `_sync_server`), freed with their last handle (`_sync`)
-        self.objects = ObjectTable("process that created it", "handle")
+        self.objects = _sync_server.ObjectTable("process that created it", "handle")
         self.held: dict[str, Counter[int]] = {}  # process token -> pipe-end counts it holds
         self.hub: Hub | None = None  # the hub (started when a remote process asks)
         self.inlets: dict[str, Peer] = {}  # pipe readers' `_route.Inlet` addresses -> peer

@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 
 from fiberexec.multiprocessing import _backends, _sync_server
 from fiberexec.multiprocessing._errors import ProcessError, RemoteError
-from fiberexec.multiprocessing._objects import ObjectTable
 from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
 from fiberexec.multiprocessing._proxies import (
@@ -99,7 +98,7 @@ class TypeInfo:
 class _Server:
     def __init__(self, registry: dict[str, TypeInfo]) -> None:
         self.registry = registry
-        self.objects = ObjectTable("manager", "proxy")
+        self.objects = _sync_server.ObjectTable("manager", "proxy")
         self.stop = threading.Event()
 
     def _call(self, oid: int, name: str, body: bytes) -> tuple[Any, bytes]:

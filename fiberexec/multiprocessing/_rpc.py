@@ -429,11 +429,3 @@ def client_for(address: str, secret: bytes) -> RpcClient:
         if client is None:
             client = _clients[address] = RpcClient(address, secret)
         return client
-
-
-def close_clients() -> None:
-    with _clients_lock:
-        clients = list(_clients.values())
-        _clients.clear()
-    for client in clients:
-        client.close()

@@ -7,7 +7,8 @@
                         manager call, on every backend, because every process can reach
                         the broker that started it
     del lock         -> the broker frees the object once no copy of the handle is left in
-                        any process (`_objects`), as a manager frees a proxy's referent
+                        any process (`_sync_server.ObjectTable`), as a manager frees the
+                        referent of its last proxy
 
 Blocking calls that may be retried (acquire, Event.wait) wait in the broker in slices of at
 most `SLICE` seconds, so a client that vanishes holds a server thread for one slice.
@@ -64,7 +65,7 @@ class _Shared:
 
 def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shared:
     """A copy in another process (or this one), with a reference of its own: the broker
-    keeps the object while any copy lives (see `_objects`)."""
+    keeps the object while any copy lives (see `_sync_server.ObjectTable`)."""
     obj = cls.__new__(cls)
     obj._endpoint, obj._oid = Endpoint(address, secret), oid
     try:
