@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import wait as connection_wait
 from typing import Any, ClassVar
 
 from fiberexec.multiprocessing import _backends, _sync_server
@@ -198,9 +199,6 @@ def _shutdown(servers: _Servers, secret: bytes) -> None:
         servers.pool.shutdown(wait=False, cancel_futures=True)
 
 
-SERVER_CHECK = 0.5  # seconds between looks at whether a starting server has died
-
-
 class BaseManager:
     """A job-backed server holding shared objects, handing out proxies to them.
 
@@ -296,20 +294,25 @@ class BaseManager:
         self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._secret)
 
     def _await_addresses(self, reply: SimpleQueue) -> None:
+        """Wait for each server's address, or for a server to die starting, or the deadline."""
         deadline = time.monotonic() + self._start_timeout
-        while len(self._servers.addresses) < self._servers_wanted:
-            try:  # a blocking wait, cut short to notice a server that died starting
-                self._servers.addresses.append(reply.get(timeout=SERVER_CHECK))
-                continue
-            except queue.Empty:
-                pass
-            codes = [p.exitcode for p in self._servers.procs]
-            if any(code is not None for code in codes) or time.monotonic() > deadline:
-                self.shutdown()
-                raise ProcessError(
-                    f"the manager server did not start within {self._start_timeout}s "
-                    f"(exit codes {codes}); its output says why: a class registered with the "
-                    "manager must be importable where the server runs") from None
+        reader = reply._reader  # readable while an address waits (the queue is ours)
+        try:
+            while len(self._servers.addresses) < self._servers_wanted:
+                left = deadline - time.monotonic()
+                waitables = [reader, *(p.sentinel for p in self._servers.procs)]
+                if left > 0 and reader in connection_wait(waitables, timeout=left):
+                    self._servers.addresses.append(reply.get())
+                    continue
+                codes = [p.exitcode for p in self._servers.procs]
+                if any(code is not None for code in codes) or time.monotonic() >= deadline:
+                    self.shutdown()
+                    raise ProcessError(
+                        f"the manager server did not start within {self._start_timeout}s "
+                        f"(exit codes {codes}); its output says why: a class registered with "
+                        "the manager must be importable where the server runs") from None
+        finally:
+            reader.close()
 
     def connect(self) -> None:
         """Use the running manager at ``address`` (given to the constructor) with ``authkey``."""

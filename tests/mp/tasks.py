@@ -179,3 +179,13 @@ def fetch_end_and_echo(q: Any) -> None:
             conn.send(conn.recv())
         except EOFError:
             return
+
+
+class ExitWhenUnpickled:
+    """Pickles to a call of ``os._exit(3)``: a process that unpickles it dies there."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os._exit, (3,))
+
+    def __call__(self) -> None:
+        raise AssertionError("never called: the server dies before")

@@ -88,3 +88,20 @@ def test_async_manager_steps_objects_in_parallel() -> None:
     assert sequential >= n * rounds * 0.015
     assert parallel * 3 < sequential, (sequential, parallel)
 
+
+
+class _DoomedManager(mp.managers.BaseManager):
+    pass
+
+
+_DoomedManager.register("doomed", callable=tasks.ExitWhenUnpickled())
+
+
+def test_a_server_that_dies_starting_is_reported_at_once() -> None:
+    """The start waits for the server's address or its exit, whichever comes first, and
+    says which exit code it died with."""
+    manager = _DoomedManager()
+    started = time.monotonic()
+    with pytest.raises(mp.ProcessError, match=r"exit codes \[3\]"):
+        manager.start()
+    assert time.monotonic() - started < 30  # not the start timeout (120 s)
