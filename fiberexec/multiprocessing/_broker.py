@@ -39,6 +39,7 @@ SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
 FEED_BATCH = 64  # queue items a put leaves to the `Feeder` before it sends them itself
 FEED_TIMEOUT = 5.0  # how long an exiting process waits for the `Feeder` to send what it holds
+SLICE = 5.0  # seconds one blocking request (a get, an acquire, a wait) waits in the broker
 COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for consumers elsewhere to say what they hold
 
 
@@ -959,15 +960,15 @@ def _close_at_exit(broker: Broker, pid: int) -> None:
         broker.close()
 
 
-def wait_slices(timeout: float | None, slice_: float, attempt: Callable[[float], bool]) -> bool:
+def wait_slices(timeout: float | None, attempt: Callable[[float], bool]) -> bool:
     """Call ``attempt(wait)`` until it succeeds or ``timeout`` passes (None: forever).
 
-    Each attempt blocks server-side for at most ``slice_`` seconds, so a client that vanishes
+    Each attempt blocks server-side for at most `SLICE` seconds, so a client that vanishes
     mid-wait costs the server one slice, not a thread forever.
     """
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     while True:
-        left = slice_ if deadline is None else min(slice_, deadline - time.monotonic())
+        left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
         if attempt(max(0.0, left)):
             return True
         if deadline is not None and time.monotonic() >= deadline:

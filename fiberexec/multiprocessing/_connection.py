@@ -20,7 +20,6 @@ from typing import Any
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
-from fiberexec.multiprocessing._queues import SLICE
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint, process_token
 from fiberexec.multiprocessing._wire import dumps, loads
 
@@ -143,7 +142,7 @@ class Connection:
             found.append((status, body))
             return bool(status != b.EMPTY)
 
-        b.wait_slices(None, SLICE, attempt)
+        b.wait_slices(None, attempt)
         status, body = found[-1]
         if status == b.EOF:
             raise EOFError
@@ -157,7 +156,7 @@ class Connection:
             return self._stream.wait(cid, timeout)
         if self._broker is not None:
             return self._broker.ready(cid, timeout)
-        return b.wait_slices(timeout, SLICE, lambda w: bool(
+        return b.wait_slices(timeout, lambda w: bool(
             self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
 
     def fileno(self) -> int:

@@ -16,8 +16,6 @@ from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
 from fiberexec.multiprocessing._wire import dumps, loads
 
-SLICE = 5.0  # seconds one blocking request may wait in the broker
-
 
 class Queue:
     """A FIFO shared by processes (`multiprocessing.Queue`).
@@ -307,7 +305,7 @@ def _gone(q: Queue, exc: ConnectionError) -> ConnectionError:
 def _blocking(block: bool, timeout: float | None, attempt: Any) -> bool:
     if not block:
         return bool(attempt(0.0))
-    return b.wait_slices(timeout, SLICE, attempt)
+    return b.wait_slices(timeout, attempt)
 
 
 def _rebuild(cls: type[Queue], address: str, secret: bytes, cid: int, maxsize: int) -> Queue:

@@ -11,7 +11,7 @@
                         referent of its last proxy
 
 Blocking calls that may be retried (acquire, Event.wait) wait in the broker in slices of at
-most `SLICE` seconds, so a client that vanishes holds a server thread for one slice.
+most `_broker.SLICE` seconds, so a client that vanishes holds a server thread for one slice.
 `Condition.wait` and `Barrier.wait` cannot be split without changing their meaning, so they
 wait in one call for the whole timeout.
 """
@@ -28,7 +28,6 @@ from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
 from fiberexec.multiprocessing._wire import dumps
 
-SLICE = 5.0
 BrokenBarrierError = threading.BrokenBarrierError
 T = TypeVar("T")
 
@@ -60,7 +59,7 @@ class _Shared:
     def _blocking(self, name: str, block: bool, timeout: float | None) -> bool:
         if not block:
             return bool(self._call(name, False))
-        return b.wait_slices(timeout, SLICE, lambda w: bool(self._call(name, True, w, wait=w)))
+        return b.wait_slices(timeout, lambda w: bool(self._call(name, True, w, wait=w)))
 
 
 def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shared:
@@ -245,7 +244,7 @@ class Event(_Shared):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the flag is set or ``timeout`` passes; return the flag."""
-        return b.wait_slices(timeout, SLICE, lambda w: bool(self._call("wait", w, wait=w)))
+        return b.wait_slices(timeout, lambda w: bool(self._call("wait", w, wait=w)))
 
     def __repr__(self) -> str:
         state = "set" if self.is_set() else "unset"
