@@ -122,37 +122,40 @@ class _Server:
     def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
             Any, bytes]:
         _sync_server.caller.value = caller
-        if op == "create":
-            (typeid,) = args
-            cargs, ckwds = loads(body, what="constructor arguments")
-            make = self.registry[typeid].make
-            if make is None:
-                raise ValueError(f"type {typeid!r} has no callable; it cannot be created")
-            return self.objects.add(make(*cargs, **ckwds), typeid), b""
-        if op == "call":
-            return self._call(args[0], args[1], body)
-        if op == "getattr":
-            return None, dumps(getattr(self.objects.get(args[0])[0], args[1]), what="attribute")
-        if op == "setattr":
-            setattr(self.objects.get(args[0])[0], args[1], loads(body, what="attribute"))
-            return None, b""
-        if op == "delattr":
-            delattr(self.objects.get(args[0])[0], args[1])
-            return None, b""
-        if op == "incref":
-            self.objects.incref(args[0])
-            return None, b""
-        if op == "decref":
-            self.objects.decref(args[0])
-            return None, b""
-        if op == "count":
-            return len(self.objects), b""
-        if op == "debug_info":
-            return self.objects.debug_info(), b""
-        if op == "shutdown":
-            self.stop.set()
-            return None, b""
-        raise ValueError(f"unknown manager operation {op!r}")
+        objects = self.objects
+        result: Any = None
+        match op, args:
+            case "create", (typeid,):
+                return self._create(typeid, body), b""
+            case "call", (oid, name):
+                return self._call(oid, name, body)
+            case "getattr", (oid, name):
+                return None, dumps(getattr(objects.get(oid)[0], name), what="attribute")
+            case "setattr", (oid, name):
+                setattr(objects.get(oid)[0], name, loads(body, what="attribute"))
+            case "delattr", (oid, name):
+                delattr(objects.get(oid)[0], name)
+            case "incref", (oid,):
+                objects.incref(oid)
+            case "decref", (oids,):
+                objects.decref(oids)
+            case "count", ():
+                result = len(objects)
+            case "debug_info", ():
+                result = objects.debug_info()
+            case "shutdown", ():
+                self.stop.set()
+            case _:
+                raise ValueError(f"unknown manager operation {op!r} with {len(args)} "
+                                 "arguments")
+        return result, b""
+
+    def _create(self, typeid: str, body: bytes) -> int:
+        cargs, ckwds = loads(body, what="constructor arguments")
+        make = self.registry[typeid].make
+        if make is None:
+            raise ValueError(f"type {typeid!r} has no callable; it cannot be created")
+        return self.objects.add(make(*cargs, **ckwds), typeid)
 
 
 def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> None:
