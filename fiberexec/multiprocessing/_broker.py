@@ -76,8 +76,9 @@ class Lease:
 
     def sync(self) -> None:
         """Learn from the consumer's tally page (`_tally`) what it took since it last said."""
-        if self.slot is not None:
-            count = self.peer.tally.read(self.slot)
+        tally = self.peer.tally
+        if self.slot is not None and tally is not None:  # a slot is given with the page
+            count = tally.read(self.slot)
             if count is not None and count > self.consumed:
                 self.taken(min(count, self.sent))
 

@@ -43,6 +43,7 @@ from fiberexec.multiprocessing._stream import (
     UNROUTE,
     Signal,
 )
+from fiberexec.multiprocessing._tally import TallyView
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _ONESHOT = getattr(select, "EPOLLONESHOT", 0)
@@ -94,7 +95,7 @@ class Peer:
         # thread (by `hold`, or after a `lead`); None while it watches it or a leader reads
         self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
         self.kick = Signal()  # wakes the serving thread to check holds
-        self.tally: Any = None  # `_tally.TallyView`: what its process took of queues here
+        self.tally: TallyView | None = None  # what its process took of queues here
         self.slots: dict[int, int] = {}  # queue -> its slot in that page
         if _ONESHOT:
             self.poller = select.epoll(2)

@@ -67,6 +67,7 @@ from fiberexec.multiprocessing._stream import (
     ITEM,
     NONCE,
     PUT,
+    Stream,
     _unbatch,
 )
 
@@ -92,7 +93,7 @@ class Link:
         self.lock = threading.Lock()
         self.closed = False
         self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
-        self.reader: Any = None  # on the reader's side: the `_hub.Peer` reading it
+        self.reader: Peer | None = None  # on the reader's side: what reads it
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
         with self.lock:
@@ -178,7 +179,7 @@ class Inlet:
     Its state is guarded by the stream's ``cond``; its threads (one per connection, and
     one accepting) file items into the stream's inbox as its own reader does."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.flows: dict[int, dict[Link, Inflow]] = {}
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
@@ -205,13 +206,10 @@ class Inlet:
         """Serve an authenticated writer's connection (in the thread that accepted it)."""
         link = Link(Wire(sock))
         # read by this thread, or by a thread here waiting for its items (`lead`)
-        link.reader = Peer(link.wire, functools.partial(self._on, link))
+        reader = link.reader = Peer(link.wire, functools.partial(self._on, link))
         with self.stream.cond:
             self.links.add(link)
-        self._serve(link)
-
-    def _serve(self, link: Link) -> None:
-        link.reader.run(functools.partial(self._lost_link, link))
+        reader.run(functools.partial(self._lost_link, link))
 
     def _lost_link(self, link: Link) -> None:
         with self.stream.cond:
@@ -235,7 +233,7 @@ class Inlet:
             return False
         ((link, flow),) = flows.items()
         peer = link.reader
-        if not (flow.flushed and not flow.stopping and peer.leadable) or (
+        if peer is None or not (flow.flushed and not flow.stopping and peer.leadable) or (
                 not peer.role.acquire(blocking=False)):
             return False
         wake = self.leaders[cid] = thread_wake()
@@ -472,7 +470,7 @@ class Outlets:
     the broker. ``cond`` guards it, serialises every send that does not go directly, and
     changes of route, so that a thread's items never overtake one another."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.cond = threading.Condition(threading.Lock())
         self.routes: dict[int, Route | float] = {}

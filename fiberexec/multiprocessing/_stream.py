@@ -36,13 +36,16 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._links import Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
+
+if TYPE_CHECKING:  # _route builds on this module
+    from fiberexec.multiprocessing._route import Inlet, Outlets
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
@@ -144,8 +147,8 @@ class Stream:
         self.where = endpoint.address
         self.endpoint = endpoint
         self.secret = endpoint.secret
-        self.inlet: Any = None  # `_route.Inlet`: writers elsewhere send here directly
-        self.outlets: Any = None  # `_route.Outlets`: pipes this process writes
+        self.inlet: Inlet | None = None  # writers elsewhere send here directly
+        self.outlets: Outlets | None = None  # pipes this process writes
         host, port, unix = address
         self.conn = Wire(dial(endpoint.secret, unix, (host, port), timeout=STREAM_TIMEOUT))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
@@ -286,7 +289,8 @@ class Stream:
                 self.send(COUNTED, cid, _COUNTED.pack(asked, self._lane(cid).direct + held))
         elif tag == FLUSHED:
             body = frame[_HEAD.size:]
-            self.inlet.flushed(cid, body[:1] == b"1", body[1:])
+            if self.inlet is not None:  # FLUSHED answers a route to this process's inlet
+                self.inlet.flushed(cid, body[:1] == b"1", body[1:])
         elif tag == UNROUTE and self.inlet is not None:
             self.inlet.stop(cid)
 
@@ -405,11 +409,12 @@ class Stream:
         if self.outlets is not None:
             self.outlets.leave(timeout)
         with self.cond:
-            if self.inlet is None:
+            inlet = self.inlet
+            if inlet is None:
                 return True
             for cid in self.lanes:
-                self.inlet.stop(cid)
-            return self.cond.wait_for(lambda: self.lost or not self.inlet.stopping(),
+                inlet.stop(cid)
+            return self.cond.wait_for(lambda: self.lost or not inlet.stopping(),
                                       max(0.0, deadline - time.monotonic()))
 
     def start_reader(self) -> None:
