@@ -163,9 +163,11 @@ def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *,
                                          "TCP address")
         sock = socket.create_connection(tcp, timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    peer = f"{tcp[0]}:{tcp[1]}" if sock.family != socket.AF_UNIX and tcp else (
+        f"@{unix.lstrip(chr(0))}")  # an abstract socket, as ss and netstat show one
     try:
         sock.settimeout(timeout)
-        prove_client(sock, secret, f"{unix or tcp}")
+        prove_client(sock, secret, peer)
         sock.settimeout(None)
     except BaseException:
         sock.close()

@@ -257,7 +257,7 @@ class RpcClient:
         try:
             sock = dial(self._secret, self._local_name, _tcp_address(self.address),
                         timeout=timeout)
-        except AuthenticationError:
+        except AuthenticationError:  # it names the peer
             raise
         except TimeoutError:
             raise ConnectionError(
