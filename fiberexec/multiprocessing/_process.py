@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import re
 import signal
 import sys
 import threading
@@ -47,6 +48,15 @@ _counter = itertools.count(1)
 _children: set[Process] = set()
 _children_lock = threading.Lock()
 _exit_hook = False
+
+
+_NOT_IN_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label_value(name: str) -> str:
+    """``name`` as a label value every backend takes (Kubernetes is the strictest: at most 63
+    characters of letters, digits, ``-``, ``_`` and ``.``, first and last alphanumeric)."""
+    return _NOT_IN_LABEL.sub("_", name)[:63].strip("._-")
 
 
 class _Runtime:
@@ -241,7 +251,7 @@ class Process:
             image=_backends.configuration().image,
             workdir=os.getcwd(),
             resources=resources,
-            labels={"fiberexec.process": self._name[:63].replace(" ", "_")},
+            labels={"fiberexec.process": label_value(self._name)},
         )
 
     def _check_closed(self) -> None:

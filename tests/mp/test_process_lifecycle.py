@@ -124,3 +124,19 @@ def test_the_popen_object_knows_the_child(mpm: ModuleType) -> None:
     assert p._popen.poll() is None
     event.set()
     assert p._popen.wait(60) == 0 == p.exitcode
+
+
+@pytest.mark.parametrize(("name", "label"), [
+    ("Process-1", "Process-1"),
+    ("_DoomedManager-server-0", "DoomedManager-server-0"),
+    ("my env: 3/4", "my_env_3_4"),
+    ("ünïcode.", "n_code"),
+    ("x" * 80, "x" * 63),
+    ("___", ""),
+])
+def test_a_process_name_becomes_a_label_every_backend_takes(name: str, label: str) -> None:
+    """Kubernetes rejects a pod whose label value starts or ends with anything but a letter
+    or digit, holds other characters than ``-_.``, or is longer than 63."""
+    from fiberexec.multiprocessing._process import label_value
+
+    assert label_value(name) == label
