@@ -29,13 +29,20 @@ def _targets() -> dict[str, str]:
     return dict(_scanned())
 
 
+def _target(name: str) -> str | None:
+    """Where the backend ``name`` lives; a built-in name needs no scan (a first ``submit``
+    would spend 5-15 ms reading every installed distribution's metadata)."""
+    return _BUILTIN.get(name) or _targets().get(name)
+
+
 @functools.cache
 def _scanned() -> dict[str, str]:
     """Built-in names and the entry points installed, read once per process (a scan of the
-    installed distributions costs tens of milliseconds)."""
+    installed distributions costs tens of milliseconds). A built-in name stays built in:
+    an entry point of another distribution cannot take it over."""
     targets = dict(_BUILTIN)
     for ep in entry_points(group=GROUP):
-        targets[ep.name] = ep.value
+        targets.setdefault(ep.name, ep.value)
     return targets
 
 
@@ -54,7 +61,7 @@ def check_backend_name(name: str, source: str) -> None:
         ConfigurationError: the name is unknown; the message suggests the closest known name
             and lists them all.
     """
-    if name not in _BUILTIN and name not in _targets():
+    if _target(name) is None:
         raise unknown_backend(name, source)
 
 
@@ -77,7 +84,7 @@ def backend_class(name: str) -> type[Backend]:
         ConfigurationError: no backend has that name (the message lists the choices).
         ImportError: the backend's module or an optional dependency it imports is missing.
     """
-    target = _targets().get(name)
+    target = _target(name)
     if target is None:
         raise unknown_backend(name, "the backend name asked for")
     module_name, _, attr = target.partition(":")
