@@ -34,7 +34,7 @@ import enum
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fiberexec import _argcache, _shm
 from fiberexec._argcache import Mirror, Store
@@ -81,23 +81,20 @@ class Status(enum.IntEnum):
     RAISED = 1  # payload is (exception, remote traceback text)
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
     worker_id: str
     nonce: bytes
     pid: int
     host: str
 
 
-@dataclass(frozen=True)
-class Challenge:
+class Challenge(NamedTuple):
     nonce: bytes
     proof: bytes
     shm_probe: str  # "" when the executor offers no shared memory
 
 
-@dataclass(frozen=True)
-class Auth:
+class Auth(NamedTuple):
     proof: bytes
     shm_token: bytes  # what the worker read from the probe ("" if it could not)
 
@@ -109,8 +106,7 @@ class OutputMode(enum.IntEnum):
     FILES = 3  # as FORWARD, unprefixed: the executor writes them to a file per worker
 
 
-@dataclass(frozen=True)
-class Setup:
+class Setup(NamedTuple):
     heartbeat: float
     silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited
@@ -126,8 +122,7 @@ class Task:
     args: Payload  # pickled (args, kwargs)
 
 
-@dataclass(frozen=True)
-class Tasks:
+class Tasks(NamedTuple):
     functions: Sequence[Payload]
     tasks: Sequence[Task]
 
@@ -140,13 +135,11 @@ class Result:
     runtime: float = 0.0  # seconds the task ran
 
 
-@dataclass(frozen=True)
-class Results:
+class Results(NamedTuple):
     results: Sequence[Result]
 
 
-@dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(NamedTuple):
     """I am here; from a worker, with its process's resource use (the executor's: none)."""
 
     cpu_percent: float = -1.0  # since its last heartbeat (100: one core); negative: unknown
@@ -155,44 +148,37 @@ class Heartbeat:
     stderr: bytes = b""
 
 
-@dataclass(frozen=True)
-class Bye:
+class Bye(NamedTuple):
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class InitFailed:
+class InitFailed(NamedTuple):
     error: Payload
 
 
-@dataclass(frozen=True)
-class Initialized:
+class Initialized(NamedTuple):
     """The worker's initializer returned (a shutdown lets it finish, as the stdlib's does)."""
 
 
-@dataclass(frozen=True)
-class Revoke:
+class Revoke(NamedTuple):
     """Tasks the executor wants back if they have not started (another worker is idle)."""
 
     task_ids: Sequence[int]
 
 
-@dataclass(frozen=True)
-class Revoked:
+class Revoked(NamedTuple):
     """The tasks given back unstarted: the worker will not run them."""
 
     task_ids: Sequence[int]
 
 
-@dataclass(frozen=True)
-class DumpStack:
+class DumpStack(NamedTuple):
     """Asks a worker for the Python stack of each of its threads."""
 
     request_id: int
 
 
-@dataclass(frozen=True)
-class Stack:
+class Stack(NamedTuple):
     """A worker's answer to `DumpStack`: the formatted stacks."""
 
     request_id: int
