@@ -138,12 +138,13 @@ def spawning(dup_fd: Callable[[int], Any]) -> Iterator[None]:
 
 
 def dumps(obj: Any, *, protocol: int, buffer_callback: Any = None,
-          for_workers: bool = True) -> bytes:
-    """Pickle ``obj`` with `Pickler`; ``for_workers``: for the workers this process starts (see
-    the module). Otherwise, as the stdlib pickles a task: a `Connection` or socket is handed
-    over once, by `multiprocessing.resource_sharer`. What the pickler raises propagates."""
+          dup_fd: Callable[[int], Any] | None = None) -> bytes:
+    """Pickle ``obj`` with `Pickler`. With ``dup_fd`` (`HostFd` for the workers this process
+    starts, see the module), as for a spawned child (`spawning`); without, as the stdlib
+    pickles a task: a `Connection` or socket is handed over once, by
+    `multiprocessing.resource_sharer`. What the pickler raises propagates."""
     buffer = io.BytesIO()
-    with spawning(HostFd) if for_workers else contextlib.nullcontext():
+    with spawning(dup_fd) if dup_fd is not None else contextlib.nullcontext():
         Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
     return buffer.getvalue()
 

@@ -1,10 +1,16 @@
-"""Pickling for the wire: protocol 5 with out-of-band buffers, cloudpickle where needed.
+"""Pickling, for the executor's tasks and for `fiberexec.multiprocessing`: protocol 5, the C
+pickler first, cloudpickle where it cannot pickle by reference (lambdas, closures, anything
+from ``__main__``), with the standard library's multiprocessing reducers (`_inherit`).
 
-A `Payload` is the pickle stream plus its out-of-band buffers (numpy arrays, bytearrays), so
-large data is never copied into the stream. The fast path is the C pickler; cloudpickle takes
-over for what it cannot do by reference (lambdas, closures, anything from ``__main__``),
-with the standard library's multiprocessing reducers (a stdlib ``Connection`` is handed to
-the worker as `ProcessPoolExecutor` hands it, see `_inherit`).
+A task's `Payload` is the pickle stream plus its out-of-band buffers (numpy arrays,
+bytearrays), so large data is never copied into the stream; a stdlib ``Connection`` is handed
+to the worker as `ProcessPoolExecutor` hands it. Queues, pipes, processes and managers send
+one stream (`dumps_bytes`): a stdlib `Connection` or socket is handed to the process that
+unpickles it on this host (`multiprocessing.resource_sharer`). While a `Process` is pickled
+to start it (``spawning``), stdlib objects that may only be "shared through inheritance"
+(locks, semaphores, conditions, events, shared ctypes, queues) may be pickled too, as the
+stdlib allows when it spawns a child: they are re-opened by name or file descriptor there,
+so on this host only.
 """
 
 from __future__ import annotations
@@ -51,8 +57,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
         pass
     buffers.clear()
     try:
-        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append,
-                              for_workers=False)
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
     except Exception as exc:
         raise PicklingError(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
@@ -66,7 +71,8 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
     the stdlib's process-shared objects in it pickle as for a spawned child (`_inherit`)."""
     buffers: list[pickle.PickleBuffer] = []
     try:
-        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append,
+                              dup_fd=_inherit.HostFd)
     except Exception as exc:
         raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}") from exc
     return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
@@ -137,3 +143,70 @@ def loads_exception(payload: Payload) -> BaseException:
     exc, text = loads(payload, what="exception raised by the task")
     exc.__cause__ = remote_traceback(text)
     return exc  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------- one stream (multiprocessing)
+
+_GLOBAL = pickle.STACK_GLOBAL  # how protocol 5 refers to any class or function
+
+
+def _shared_fd(fd: int) -> Any:
+    """A child we start fetches each file descriptor pickled for it once, from this
+    process, through `multiprocessing.resource_sharer` (a Unix socket on this host)."""
+    from multiprocessing import resource_sharer
+
+    return resource_sharer.DupFd(fd)
+
+
+def dumps_bytes(obj: Any, *, what: str = "object", spawning: bool = False) -> bytes:
+    """Pickle ``obj`` into one stream, by reference when possible, by value (cloudpickle)
+    otherwise; ``spawning``: ``obj`` starts a process (see the module)."""
+    if not spawning:
+        try:
+            data = pickle.dumps(obj, protocol=PROTOCOL)
+            if _GLOBAL not in data or (b"__main__" not in data
+                                       and _inherit.NEEDS_STDLIB not in data):
+                return data  # plain data names no global at all: one byte scan decides
+        except Exception:
+            pass
+    try:
+        return _inherit.dumps(obj, protocol=PROTOCOL,
+                              dup_fd=_shared_fd if spawning else None)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
+            "send picklable objects (module-level functions and classes, plain data)"
+        ) from exc
+
+
+def pickler_error(exc: BaseException) -> BaseException:
+    """What the pickler raised under our pickling error ``exc`` (``RuntimeError``,
+    ``TypeError``...), as the standard library raises it, with our explanation attached as
+    a note; ``exc`` itself if there is no such error."""
+    original = exc.__cause__
+    if not isinstance(original, Exception):
+        return exc
+    original.add_note(str(exc))
+    return original
+
+
+def dumps_as_stdlib(obj: Any, *, what: str = "object") -> bytes:
+    """`dumps_bytes`, but raising what the pickler raised (see `pickler_error`), as the
+    standard library does where it pickles."""
+    try:
+        return dumps_bytes(obj, what=what)
+    except SerializationError as exc:
+        error = pickler_error(exc)
+        if error is exc:
+            raise
+        raise error from None
+
+
+def loads_bytes(data: bytes | memoryview, *, what: str = "object") -> Any:
+    """Unpickle one stream that came from an authenticated peer."""
+    try:
+        return pickle.loads(data)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
+        ) from exc

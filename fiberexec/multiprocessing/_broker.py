@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec import _auth
+from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._hub import Hub, Peer, Wake, thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._stream import Signal
-from fiberexec.multiprocessing._wire import loads
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -847,7 +847,7 @@ class Broker:
         if lock_id is not None:
             kwargs["lock"] = self.obj(lock_id)
         if body:
-            kwargs["action"] = loads(body, what="barrier action")
+            kwargs["action"] = loads_bytes(body, what="barrier action")
         return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind), b""
 
     def obj(self, oid: int) -> Any:

@@ -17,11 +17,11 @@ import threading
 import weakref
 from typing import Any
 
+from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint, process_token
-from fiberexec.multiprocessing._wire import dumps, loads
 
 
 class Connection:
@@ -75,7 +75,7 @@ class Connection:
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
-        self.send_bytes(dumps(obj, what="object sent through the pipe"))
+        self.send_bytes(dumps_bytes(obj, what="object sent through the pipe"))
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         """Send bytes from a bytes-like object (``offset``/``size`` select a slice)."""
@@ -118,7 +118,7 @@ class Connection:
 
     def recv(self) -> Any:
         """Receive one object sent with `send`; `EOFError` when the other end is closed."""
-        return loads(self._receive(), what="object received from the pipe")
+        return loads_bytes(self._receive(), what="object received from the pipe")
 
     def _subscribe(self, stream: st.Stream, cid: int) -> None:
         if not self._subscribed:

@@ -35,8 +35,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from fiberexec import _inherit
+from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing._connection import Connection
-from fiberexec.multiprocessing._wire import dumps, loads
 
 KEY_BYTES = 16
 FETCH_TIMEOUT = 10.0  # to connect to the sharing process and receive the descriptor
@@ -58,13 +58,13 @@ class HostConnection(_mpc.Connection, Connection):  # type: ignore[misc]
     def send(self, obj: Any) -> None:
         self._check_closed()  # type: ignore[attr-defined]
         self._check_writable()  # type: ignore[attr-defined]
-        self._send_bytes(dumps(obj, what="object sent through the pipe"))  # type: ignore[attr-defined]
+        self._send_bytes(dumps_bytes(obj, what="object sent through the pipe"))  # type: ignore[attr-defined]
 
     def recv(self) -> Any:
         self._check_closed()  # type: ignore[attr-defined]
         self._check_readable()  # type: ignore[attr-defined]
         buf = self._recv_bytes()  # type: ignore[attr-defined]
-        return loads(buf.getbuffer(), what="object received from the pipe")
+        return loads_bytes(buf.getbuffer(), what="object received from the pipe")
 
     def __repr__(self) -> str:
         return f"<Connection fd={getattr(self, '_handle', None)}>"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as connection_wait
 from typing import Any, ClassVar
 
+from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _backends, _sync_server
 from fiberexec.multiprocessing._errors import ProcessError, RemoteError
 from fiberexec.multiprocessing._pool import Pool
@@ -52,7 +53,6 @@ from fiberexec.multiprocessing._proxies import (
 )
 from fiberexec.multiprocessing._queues import SimpleQueue
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
-from fiberexec.multiprocessing._wire import dumps, dumps_as_stdlib, loads
 
 START_TIMEOUT = 120.0
 SHUTDOWN_TIMEOUT = 5.0
@@ -108,7 +108,7 @@ class _Server:
         if info.exposed is not None and name not in info.exposed:
             raise AttributeError(f"method {name!r} of {type(obj)!r} object is not in "
                                  f"exposed={info.exposed!r}")
-        cargs, ckwds = loads(body, what="method arguments")
+        cargs, ckwds = loads_bytes(body, what="method arguments")
         result = getattr(obj, name)(*cargs, **ckwds)
         new_typeid = (info.method_to_typeid or {}).get(name)
         if new_typeid is not None:  # the result stays here; the caller gets a proxy
@@ -117,7 +117,7 @@ class _Server:
             return (self.objects.add(kept, new_typeid), new_typeid), b""
         if isinstance(result, type({}.keys()) | type({}.values()) | type({}.items())):
             result = list(result)
-        return None, dumps(result, what=f"result of {name}()")
+        return None, dumps_bytes(result, what=f"result of {name}()")
 
     def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
             Any, bytes]:
@@ -130,9 +130,9 @@ class _Server:
             case "call", (oid, name):
                 return self._call(oid, name, body)
             case "getattr", (oid, name):
-                return None, dumps(getattr(objects.get(oid)[0], name), what="attribute")
+                return None, dumps_bytes(getattr(objects.get(oid)[0], name), what="attribute")
             case "setattr", (oid, name):
-                setattr(objects.get(oid)[0], name, loads(body, what="attribute"))
+                setattr(objects.get(oid)[0], name, loads_bytes(body, what="attribute"))
             case "delattr", (oid, name):
                 delattr(objects.get(oid)[0], name)
             case "incref", (oid,):
@@ -151,7 +151,7 @@ class _Server:
         return result, b""
 
     def _create(self, typeid: str, body: bytes) -> int:
-        cargs, ckwds = loads(body, what="constructor arguments")
+        cargs, ckwds = loads_bytes(body, what="constructor arguments")
         make = self.registry[typeid].make
         if make is None:
             raise ValueError(f"type {typeid!r} has no callable; it cannot be created")

@@ -34,6 +34,7 @@ from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
 from fiberexec._observe import WorkerInfo
+from fiberexec._serialize import pickler_error
 from fiberexec.multiprocessing._backends import (
     BackendLike,
     meta_of,
@@ -41,7 +42,6 @@ from fiberexec.multiprocessing._backends import (
     note_unenforced,
 )
 from fiberexec.multiprocessing._errors import ProcessError, TimeoutError
-from fiberexec.multiprocessing._wire import pickler_error
 
 log = logging.getLogger("fiberexec.multiprocessing")
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"

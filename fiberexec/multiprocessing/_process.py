@@ -32,9 +32,9 @@ from fiberexec._backend import (
     WorkerSpec,
     WorkerStatus,
 )
+from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _backends, _main
 from fiberexec.multiprocessing._broker import get_broker
-from fiberexec.multiprocessing._wire import dumps
 
 ENV_ADDRESS = _backends.ENV_PARENT_ADDRESS
 ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
@@ -212,7 +212,7 @@ class Process:
 
         tickets, keys = _connection.capture_tickets(), _hostpipe.capture_keys()
         try:
-            payload = dumps(self, what="process", spawning=True)
+            payload = dumps_bytes(self, what="process", spawning=True)
         finally:
             _connection.stop_capture()
             _hostpipe.stop_capture()

@@ -37,8 +37,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main() -> None:
     from fiberexec import _auth
+    from fiberexec._serialize import loads_bytes
     from fiberexec.multiprocessing import _process, _rpc
-    from fiberexec.multiprocessing._wire import loads
 
     try:
         address = os.environ[_process.ENV_ADDRESS]
@@ -66,7 +66,7 @@ def main() -> None:
     _main.adopt(os.environ.get(_main.ENV_MAIN))
     _, payload = client.call("fetch", (proc_id, os.getpid()))
     try:
-        process = loads(payload, what="process")
+        process = loads_bytes(payload, what="process")
     except Exception:  # a failure of this process, not its parent's absence (exit code 4)
         _leaving.set()
         traceback.print_exc()

@@ -21,9 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.managers import Token
 from typing import Any, ClassVar
 
+from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._rpc import Endpoint
-from fiberexec.multiprocessing._wire import dumps, dumps_as_stdlib, loads
 
 
 class BaseProxy:
@@ -55,7 +55,7 @@ class BaseProxy:
             new_oid, typeid = made  # the server counted this proxy's reference
             proxytype = _proxy_types.get(typeid, BaseProxy)
             return proxytype(endpoint.address, endpoint.secret, new_oid, typeid, self._fx_pool)
-        return loads(body, what=f"result of {methodname}()")
+        return loads_bytes(body, what=f"result of {methodname}()")
 
     @property
     def _token(self) -> Token:
@@ -66,7 +66,7 @@ class BaseProxy:
     def _remote(self, op: str, name: str, body: bytes = b"") -> Any:
         endpoint, oid, _ = self._fx
         _, out = endpoint.call(op, (oid, name), body, timeout=None)
-        return loads(out, what="attribute") if out else None
+        return loads_bytes(out, what="attribute") if out else None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -297,7 +297,7 @@ class NamespaceProxy(BaseProxy):
         if name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
-            self._remote("setattr", name, dumps(value, what="attribute"))
+            self._remote("setattr", name, dumps_bytes(value, what="attribute"))
 
     def __delattr__(self, name: str) -> None:
         self._remote("delattr", name)

@@ -11,10 +11,10 @@ import queue
 import threading
 from typing import Any
 
+from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
-from fiberexec.multiprocessing._wire import dumps, loads
 
 
 class Queue:
@@ -106,7 +106,7 @@ class Queue:
         returns (as the standard library's feeder thread does); items from one process
         arrive in the order they were put.
         """
-        self._put_raw(dumps(obj, what="queue item"), block, timeout)
+        self._put_raw(dumps_bytes(obj, what="queue item"), block, timeout)
 
     def _put_raw(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
         if not self._maxsize:
@@ -134,7 +134,7 @@ class Queue:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
-        return loads(self._get_raw(block, timeout), what="queue item")
+        return loads_bytes(self._get_raw(block, timeout), what="queue item")
 
     def _get_raw(self, block: bool = True, timeout: float | None = None) -> bytes:
         if self._closed:

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
-from fiberexec.multiprocessing._wire import dumps
 
 BrokenBarrierError = threading.BrokenBarrierError
 T = TypeVar("T")
@@ -262,7 +262,8 @@ class Barrier(_Shared):
 
     def __init__(self, parties: int, action: Callable[[], object] | None = None,
                  timeout: float | None = None, *, ctx: object = None) -> None:
-        body = dumps(action, what="barrier action", spawning=True) if action is not None else b""
+        body = (dumps_bytes(action, what="barrier action", spawning=True)
+                if action is not None else b"")
         super().__init__(parties, timeout, _action=body)
 
     def wait(self, timeout: float | None = None) -> int:

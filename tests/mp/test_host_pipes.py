@@ -16,9 +16,9 @@ import pytest
 import fiberexec.multiprocessing as fmp
 from fiberexec import _inherit
 from fiberexec._errors import SerializationError
+from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _hostpipe
 from fiberexec.multiprocessing._hostpipe import HostConnection
-from fiberexec.multiprocessing._wire import dumps, loads
 from tests.mp import tasks
 from tests.mp.compat import mpm
 from tests.support.kit import BackendKit
@@ -85,12 +85,12 @@ def test_an_end_sent_through_a_queue_works_in_the_process_that_gets_it(
 
 def test_a_pickled_end_is_handed_over_once_then_refused_with_the_reason() -> None:
     left, right = _hostpipe.pipe(duplex=True)
-    pickled = dumps(right)
-    copy = loads(pickled)
+    pickled = dumps_bytes(right)
+    copy = loads_bytes(pickled)
     copy.send("through the copy")
     assert left.recv() == "through the copy"
     with pytest.raises(SerializationError, match="handed to another process already"):
-        loads(pickled)
+        loads_bytes(pickled)
     for conn in (left, right, copy):
         conn.close()
 
@@ -99,7 +99,7 @@ def test_an_end_withdrawn_before_it_is_taken_is_closed_so_the_reader_sees_eof() 
     reader, writer = _hostpipe.pipe(duplex=False)
     keys = _hostpipe.capture_keys()
     try:
-        pickled = dumps(writer)  # into a process that never took it
+        pickled = dumps_bytes(writer)  # into a process that never took it
     finally:
         _hostpipe.stop_capture()
     writer.close()
@@ -109,7 +109,7 @@ def test_an_end_withdrawn_before_it_is_taken_is_closed_so_the_reader_sees_eof() 
     with pytest.raises(EOFError):
         reader.recv()
     with pytest.raises(SerializationError, match="handed to another process already"):
-        loads(pickled)
+        loads_bytes(pickled)
 
 
 def test_an_end_from_a_process_that_cannot_be_reached_names_the_fix() -> None:
@@ -134,12 +134,12 @@ def test_a_quick_first_pickling_attempt_registers_nothing() -> None:
 
 def test_a_peer_that_connects_and_says_nothing_holds_up_no_other_hand_over() -> None:
     _left, right = _hostpipe.pipe(duplex=True)
-    pickled = dumps(right)
+    pickled = dumps_bytes(right)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.connect(_hostpipe._sharer().address)  # and never names a key
     try:
         start = time.monotonic()
-        copy = loads(pickled)
+        copy = loads_bytes(pickled)
         assert time.monotonic() - start < _hostpipe.FETCH_TIMEOUT / 2
         copy.close()
     finally:
