@@ -80,6 +80,70 @@ def test_builtin_backends_are_registered_by_entry_point() -> None:
     assert {"local", "docker", "kubernetes"} <= set(available_backends())
 
 
+def test_a_builtin_backend_name_needs_no_scan_and_cannot_be_taken_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first submit must not read every installed distribution's metadata to find
+    'local'; another distribution's entry point named 'local' does not replace it."""
+    from importlib.metadata import EntryPoint
+
+    from fiberexec import _registry
+    from fiberexec._errors import ConfigurationError
+
+    scans: list[str] = []
+
+    def entry_points(group: str) -> list[EntryPoint]:
+        scans.append(group)
+        return [EntryPoint("local", "elsewhere:Hijack", group),
+                EntryPoint("extra", "elsewhere:Extra", group)]
+
+    monkeypatch.setattr(_registry, "entry_points", entry_points)
+    _registry._scanned.cache_clear()
+    try:
+        assert _registry.backend_class("local").__name__ == "LocalBackend"
+        _registry.check_backend_name("docker", "a test")
+        assert scans == []
+        with pytest.raises(ConfigurationError, match="unknown backend 'dokcer'.*'docker'"):
+            _registry.check_backend_name("dokcer", "a test")
+        assert scans == [_registry.GROUP]
+        assert _registry.available_backends().count("local") == 1
+        assert "extra" in _registry.available_backends()
+        assert _registry._target("local") == "fiberexec.backends.local:LocalBackend"
+    finally:
+        _registry._scanned.cache_clear()
+
+
+_TIME_NAME = re.compile(r"(TIMEOUT|WAIT|HOLD|SLICE|HEARTBEAT)$")
+
+
+def _time_limits_outside_timing(path: Path) -> list[str]:
+    """Module-level time constants, and timeouts or waits written as number literals."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
+                isinstance(t, ast.Name) and _TIME_NAME.search(t.id) for t in node.targets):
+            found.append(f"{path.name}:{node.lineno} constant")
+        if isinstance(node, ast.Call):
+            literal = [k.arg for k in node.keywords
+                       if k.arg == "timeout" and isinstance(k.value, ast.Constant)
+                       and k.value.value is not None]
+            if isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "wait", "join", "settimeout") and node.args and isinstance(
+                    node.args[0], ast.Constant) and node.args[0].value is not None:
+                literal.append(node.func.attr)
+            found += [f"{path.name}:{node.lineno} {what}=literal" for what in literal]
+    return found
+
+
+def test_multiprocessing_time_limits_live_in_one_timing_value(tmp_path: Path) -> None:
+    folder = ROOT / "multiprocessing"
+    offenders = [hit for path in sorted(folder.glob("*.py")) if path.name != "_links.py"
+                 for hit in _time_limits_outside_timing(path)]
+    assert not offenders, f"time limits outside _links.Timing: {offenders}"
+    bad = tmp_path / "bad.py"
+    bad.write_text("CALL_TIMEOUT = 120.0\nev.wait(1.0)\nep.call('x', timeout=5.0)\n")
+    assert len(_time_limits_outside_timing(bad)) == 3  # the check sees what it looks for
+
+
 def test_chunk_runners_do_not_load_the_executor() -> None:
     import subprocess
     import sys

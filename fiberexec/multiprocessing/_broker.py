@@ -29,6 +29,7 @@ from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._hub import Hub, Peer, Wake, thread_wake
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 from fiberexec.multiprocessing._stream import Signal
 
@@ -38,9 +39,6 @@ OK, EMPTY, FULL, EOF = "ok", "empty", "full", "eof"
 SHARED_HEADER = 16  # bytes before a shared value's data (see `_sharedctypes`)
 LEASE_BYTES = 1 << 20  # a consumer that is not waiting is sent items up to this many bytes
 FEED_BATCH = 64  # queue items a put leaves to the `Feeder` before it sends them itself
-FEED_TIMEOUT = 5.0  # how long an exiting process waits for the `Feeder` to send what it holds
-SLICE = 5.0  # seconds one blocking request (a get, an acquire, a wait) waits in the broker
-COUNT_TIMEOUT = 2.0  # how long ``qsize()`` waits for consumers elsewhere to say what they hold
 
 
 @dataclass
@@ -163,7 +161,7 @@ class Chan:
     def count_held(self) -> None:
         """Before ``qsize()``: ask every consumer elsewhere that holds items of this queue
         (sent ahead, or sent directly to the routed one) what it holds, and wait up to
-        `COUNT_TIMEOUT` for the answers (under ``cond``).
+        `Timing.count` for the answers (under ``cond``).
 
         An answer comes on the consumer's stream after every report it sent before, so an
         item it took before telling anyone (setting an `Event`, say) is counted as taken
@@ -183,7 +181,7 @@ class Chan:
             self.cond.wait_for(lambda: all(
                 lease.answered >= n or lease.gone or peer.ended
                 or self.leases.get(peer) is not lease for peer, lease, n in asked),
-                COUNT_TIMEOUT)
+                TIMING.count)
 
     def refeed(self) -> None:
         """Tell the consumers elsewhere whether they are fed ahead (under ``cond``).
@@ -917,9 +915,9 @@ class Broker:
             return self.pids.get(proc_id)
 
     def close(self) -> None:
-        if not self.feeder.drain(FEED_TIMEOUT):  # what puts left to the feeder goes first
+        if not self.feeder.drain(TIMING.feed):  # what puts left to the feeder goes first
             log.warning("queue items put just before this process exits were not all sent "
-                        "within %.0f s: a consumer stopped reading them", FEED_TIMEOUT)
+                        "within %.0f s: a consumer stopped reading them", TIMING.feed)
         if self.hub is not None:
             self.hub.close()
         self.server.close()
@@ -964,12 +962,12 @@ def _close_at_exit(broker: Broker, pid: int) -> None:
 def wait_slices(timeout: float | None, attempt: Callable[[float], bool]) -> bool:
     """Call ``attempt(wait)`` until it succeeds or ``timeout`` passes (None: forever).
 
-    Each attempt blocks server-side for at most `SLICE` seconds, so a client that vanishes
+    Each attempt blocks server-side for at most `Timing.slice` seconds, so a client that vanishes
     mid-wait costs the server one slice, not a thread forever.
     """
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     while True:
-        left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
+        left = TIMING.slice if deadline is None else min(TIMING.slice, deadline - time.monotonic())
         if attempt(max(0.0, left)):
             return True
         if deadline is not None and time.monotonic() >= deadline:

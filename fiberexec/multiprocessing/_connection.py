@@ -21,7 +21,8 @@ from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
-from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint, process_token
+from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing._rpc import Endpoint, process_token
 
 
 class Connection:
@@ -138,7 +139,7 @@ class Connection:
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
-            status, body = self._endpoint.call("get", (cid, wait), timeout=wait + CALL_TIMEOUT)
+            status, body = self._endpoint.call("get", (cid, wait), timeout=wait + TIMING.call)
             found.append((status, body))
             return bool(status != b.EMPTY)
 
@@ -157,7 +158,7 @@ class Connection:
         if self._broker is not None:
             return self._broker.ready(cid, timeout)
         return b.wait_slices(timeout, lambda w: bool(
-            self._endpoint.call("poll", (cid, w), timeout=w + CALL_TIMEOUT)[0]))
+            self._endpoint.call("poll", (cid, w), timeout=w + TIMING.call)[0]))
 
     def fileno(self) -> int:
         """A descriptor readable exactly while `recv` would not block (data or end-of-file
@@ -233,7 +234,7 @@ def _start_releaser() -> None:
 
 def _stop_releaser() -> None:
     _exiting.set()
-    if _releasing.acquire(timeout=5.0):
+    if _releasing.acquire(timeout=TIMING.release):
         _releasing.release()
 
 
@@ -256,7 +257,7 @@ def _release(endpoint: Endpoint, cid: int) -> None:
         if stream is not None:
             stream.send(st.RELEASE, cid)
         else:
-            endpoint.call("unref", (cid,), timeout=5.0)
+            endpoint.call("unref", (cid,), timeout=TIMING.release)
     except Exception:  # the broker is gone: nobody is left to tell
         pass
 

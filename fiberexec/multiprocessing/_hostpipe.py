@@ -37,9 +37,9 @@ from typing import Any
 from fiberexec import _inherit
 from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing._connection import Connection
+from fiberexec.multiprocessing._links import TIMING
 
 KEY_BYTES = 16
-FETCH_TIMEOUT = 10.0  # to connect to the sharing process and receive the descriptor
 
 
 class HostConnection(_mpc.Connection, Connection):  # type: ignore[misc]
@@ -184,7 +184,7 @@ class _Sharer:
             except OSError:
                 return
             # each in a thread of its own: one that connects and says nothing (stopped,
-            # killed) holds only that thread, for FETCH_TIMEOUT
+            # killed) holds only that thread, for `Timing.fetch`
             threading.Thread(target=self._answer, args=(conn,), name="fiberexec-mp-fd",
                              daemon=True).start()
 
@@ -193,7 +193,7 @@ class _Sharer:
             self._hand_over(conn)
 
     def _hand_over(self, conn: socket.socket) -> None:
-        conn.settimeout(FETCH_TIMEOUT)
+        conn.settimeout(TIMING.fetch)
         key = b""
         with contextlib.suppress(OSError):
             while len(key) < KEY_BYTES:
@@ -236,7 +236,7 @@ def fetch(address: bytes, key: bytes) -> int:
     """
     pid = address.split(b"-")[2].decode(errors="replace")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(FETCH_TIMEOUT)
+        sock.settimeout(TIMING.fetch)
         try:
             sock.connect(address)
         except OSError as exc:
@@ -251,7 +251,7 @@ def fetch(address: bytes, key: bytes) -> int:
             answer, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
         except TimeoutError:
             raise OSError(f"cannot receive a pipe end from process {pid}: it did not hand it "
-                          f"over within {FETCH_TIMEOUT:.0f}s (it is stopped or "
+                          f"over within {TIMING.fetch:.0f}s (it is stopped or "
                           "overloaded)") from None
     if answer != b"Y" or not fds:
         for fd in fds:

@@ -6,10 +6,10 @@ the role. A thread here blocked in ``recv()`` on a pipe end whose data comes fro
 takes the role instead and reads the socket itself (`Peer.lead`), so a message from another
 process reaches its reader with no thread in between: the same path the standard library's
 socket pipe takes. While a thread leads, the peer's socket is taken out of the serving
-thread's epoll set (one-shot), and given back `HOLD` after the last read or `Peer.hold`
+thread's epoll set (one-shot), and given back `Timing.hold` after the last read or `Peer.hold`
 (so a thread that asks and reads answer after answer pays no system call per answer to
 take it out and put it back); a frame that arrives for any other channel is applied by
-whoever reads it, and one that nobody here waits for may wait up to about `HOLD`.
+whoever reads it, and one that nobody here waits for may wait up to about `Timing.hold`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._links import Listener, Wire
+from fiberexec.multiprocessing._links import TIMING, Listener, Wire
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
     _HEAD,
@@ -48,7 +48,6 @@ from fiberexec.multiprocessing._tally import TallyView
 log = logging.getLogger("fiberexec.multiprocessing")
 _ONESHOT = getattr(select, "EPOLLONESHOT", 0)
 _ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
-HOLD = 0.002  # how long a socket is kept from the serving thread for the next answer
 
 
 class Wake(Signal):
@@ -167,7 +166,7 @@ class Peer:
             while True:
                 self.apply(self, self.conn.recv_bytes())
         while True:
-            timeout = HOLD if time.monotonic() < self.holding_until else -1
+            timeout = TIMING.hold if time.monotonic() < self.holding_until else -1
             readable = False
             for fd, _ in self.poller.poll(timeout):
                 if fd == self.kick.r:
@@ -177,7 +176,7 @@ class Peer:
             held = self.held
             if held is None and not readable:
                 continue  # a timeout or a kick: only an expired hold needs this thread
-            if held is not None and time.monotonic() - held < HOLD:
+            if held is not None and time.monotonic() - held < TIMING.hold:
                 continue  # a thread here reads answers from this peer (see `_keep`)
             if not self.role.acquire(blocking=False):
                 continue  # a leader reads; it arms the socket again when it lets go
@@ -218,10 +217,10 @@ class Peer:
                 self._arm(_ARMED)
 
     def _keep(self, now: float) -> None:
-        """Keep the (disarmed) socket from the serving thread until ``now + HOLD``."""
+        """Keep the (disarmed) socket from the serving thread until ``now + Timing.hold``."""
         self.held = now
         waits_forever = now >= self.holding_until
-        self.holding_until = now + 100 * HOLD  # set before the kick: the thread reads it
+        self.holding_until = now + 100 * TIMING.hold  # set before the kick: the thread reads it
         if waits_forever:  # the serving thread waits without a timeout: wake it
             self.kick.set(True)
 
@@ -229,7 +228,7 @@ class Peer:
         """A thread here is about to send this peer something it answers, then read the
         answer (a duplex pipe end, see `Broker.expect`): take the socket from the serving
         thread now, so that the answer is not read there first and handed over. The
-        serving thread takes it back if no thread has come to read within `HOLD`."""
+        serving thread takes it back if no thread has come to read within `Timing.hold`."""
         if not self.leadable or self.role.locked():
             return
         now = time.monotonic()

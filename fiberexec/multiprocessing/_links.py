@@ -8,7 +8,7 @@ and direct routes between two processes (`_route`) all connect here::
       an abstract Unix socket (Linux), and          the Unix socket when this process
       TCP on ``tcp_host`` when given                reaches it (same host and network
       each connection: a thread of its own  <----   namespace), else TCP within a timeout
-      proves the secret within HANDSHAKE_TIMEOUT,
+      proves the secret within Timing.handshake,
       then ``admit(sock)`` runs in that thread
 
 The handshake is the executor's (`fiberexec._auth`), on the raw socket before any frame::
@@ -21,7 +21,7 @@ The handshake is the executor's (`fiberexec._auth`), on the raw socket before an
 Each side proves it holds the secret over both fresh nonces, so a recorded handshake cannot
 be replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
 that has not proved itself, and a peer that connects and says nothing holds only its own
-thread, for `HANDSHAKE_TIMEOUT`.
+thread, for `Timing.handshake`.
 
 An address in text (a pipe reader's inlet, see `_route`) is ``<abstract name>`` or
 ``<abstract name>|<ip>:<port>``. The TCP part exists when the process reaches the pipe's
@@ -43,6 +43,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from fiberexec import _auth
@@ -50,8 +51,6 @@ from fiberexec.multiprocessing._errors import AuthenticationError
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
-CONNECT_TIMEOUT = 3.0  # a pipe reader's host that does not answer by then is relayed to
-HANDSHAKE_TIMEOUT = 10.0
 MAGIC = b"FXM1"  # the first bytes of a handshake: what this is, and its version
 _NONCE = 16
 _PROOF = 32
@@ -62,6 +61,34 @@ _SIZED_HEAD = struct.Struct("!QcQ")  # a tagged frame's length, tag and channel 
 _TAGGED = _SIZED_HEAD.size - _SIZE.size
 _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Every time limit of the multiprocessing layer, in seconds, in one value (`TIMING`):
+    each module reads its limits from it, so what waits how long is said in one place."""
+
+    connect: float = 3.0  # a dial; a pipe reader's host silent by then is relayed to
+    handshake: float = 10.0  # a connection's peer proves the secret within this
+    stream: float = 30.0  # a connection to a broker or manager is made and proves the secret
+    hello: float = 10.0  # a pipe reader answers a direct writer, else the broker relays
+    fetch: float = 10.0  # a pipe end's descriptor comes over from the process sharing it
+    slice: float = 5.0  # one blocking request (a get, an acquire, a wait) waits in a broker
+    feed: float = 5.0  # an exiting process waits for its `Feeder` to send what it holds
+    count: float = 2.0  # ``qsize()`` waits for consumers elsewhere to say what they hold
+    hold: float = 0.002  # a socket stays with the thread that read its last answer
+    call: float = 120.0  # an answer may take this beyond the time its request asks to wait
+    heartbeat: float = 5.0  # a waiting call checks that its server is alive this often
+    ping: float = 30.0  # a live server answers that check within this
+    flush: float = 60.0  # a proxy's flush waits for the releases sent before it
+    release: float = 5.0  # a collected pipe end's release reaches its broker (and at exit)
+    settle: float = 1.0  # a writer rechecks a route to a pipe's reader that is settling
+    pid: float = 30.0  # a started child reports its pid within this
+    manager_start: float = 120.0  # a manager's server process starts and says where it is
+    manager_shutdown: float = 5.0  # a manager's server shuts down and exits
+
+
+TIMING = Timing()
 
 
 def outward_ip(endpoint_address: str) -> str | None:
@@ -148,7 +175,7 @@ def _connect_unix(name: str, timeout: float) -> socket.socket | None:
 
 
 def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *,
-         timeout: float = CONNECT_TIMEOUT) -> socket.socket:
+         timeout: float = TIMING.connect) -> socket.socket:
     """An authenticated, blocking connection: to the abstract Unix socket ``unix`` when this
     process reaches it, else to ``tcp`` (connect and handshake within ``timeout`` each).
 
@@ -362,7 +389,7 @@ class Listener:
         try:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(HANDSHAKE_TIMEOUT)
+            sock.settimeout(TIMING.handshake)
             _prove_server(sock, self.secret)
             sock.settimeout(None)
         except (OSError, EOFError, AuthenticationError) as exc:

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _backends, _sync_server
 from fiberexec.multiprocessing._errors import ProcessError, RemoteError
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
 from fiberexec.multiprocessing._proxies import (
@@ -53,9 +54,6 @@ from fiberexec.multiprocessing._proxies import (
 )
 from fiberexec.multiprocessing._queues import SimpleQueue
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
-
-START_TIMEOUT = 120.0
-SHUTDOWN_TIMEOUT = 5.0
 
 # ---------------------------------------------------------------------------- server side
 
@@ -188,14 +186,14 @@ def _shutdown(servers: _Servers, secret: bytes) -> None:
     if servers.owned:
         for address in servers.addresses:
             try:
-                Endpoint(address, secret).call("shutdown", (), timeout=SHUTDOWN_TIMEOUT)
+                Endpoint(address, secret).call("shutdown", (), timeout=TIMING.manager_shutdown)
             except (ConnectionError, OSError):
                 pass  # it closed before answering: that is the point
     for proc in servers.procs:
-        proc.join(SHUTDOWN_TIMEOUT)
+        proc.join(TIMING.manager_shutdown)
         if proc.is_alive():
             proc.kill()
-            proc.join(SHUTDOWN_TIMEOUT)
+            proc.join(TIMING.manager_shutdown)
     servers.procs.clear()
     servers.addresses.clear()
     if servers.pool is not None:
@@ -225,7 +223,7 @@ class BaseManager:
 
     def __init__(self, address: str | None = None, authkey: bytes | None = None, *,
                  backend: _backends.BackendLike | None = None, servers: int = 1,
-                 start_timeout: float = START_TIMEOUT) -> None:
+                 start_timeout: float = TIMING.manager_start) -> None:
         if not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if address is not None and not isinstance(address, str):

@@ -35,6 +35,7 @@ from fiberexec._backend import (
 from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _backends, _main
 from fiberexec.multiprocessing._broker import get_broker
+from fiberexec.multiprocessing._links import TIMING
 
 ENV_ADDRESS = _backends.ENV_PARENT_ADDRESS
 ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
@@ -42,7 +43,6 @@ ENV_SECRET = "FIBEREXEC_MP_SECRET"
 ENV_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
 ENV_PARENT = "FIBEREXEC_MP_PARENT"  # "<pid> <name>" of the parent
 ENV_LOG = "FIBEREXEC_MP_LOG"  # "<level> <to stderr: 0|1>" of the stdlib's multiprocessing logger
-PID_WAIT = 30.0  # seconds `pid` waits for a started child to report its pid
 COMMAND = ("python", "-m", "fiberexec.multiprocessing._process_main")
 _counter = itertools.count(1)
 _children: set[Process] = set()
@@ -79,8 +79,8 @@ class _Runtime:
 
     @property
     def pid(self) -> int | None:
-        """The child's pid, once it reports it (waits up to `PID_WAIT`)."""
-        return get_broker().pid_of(self.proc_id, PID_WAIT, self.done.is_set)
+        """The child's pid, once it reports it (waits up to `Timing.pid`)."""
+        return get_broker().pid_of(self.proc_id, TIMING.pid, self.done.is_set)
 
     @property
     def returncode(self) -> int | None:
@@ -328,7 +328,7 @@ class Process:
     def pid(self) -> int | None:
         """The child's pid as the child sees it (in a container: its own pid namespace).
 
-        Known once the child has started; a started child's pid waits up to `PID_WAIT`.
+        Known once the child has started; a started child's pid waits up to `Timing.pid`.
         """
         if self._child_pid is not None:
             return self._child_pid

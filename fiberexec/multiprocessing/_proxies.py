@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing._errors import ProcessError
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
 
 
@@ -92,7 +93,6 @@ def _rebuild_proxy(cls: type[BaseProxy], address: str, secret: bytes, oid: int,
     return cls(address, secret, oid, typeid, incref=True)
 
 
-FLUSH_TIMEOUT = 60.0  # seconds a flush waits for the releases before it to be sent
 
 
 class _Releaser:
@@ -154,7 +154,7 @@ class _Releaser:
             return
         done = threading.Event()
         self.pending.put(done)
-        done.wait(FLUSH_TIMEOUT)
+        done.wait(TIMING.flush)
 
     def _send(self, batch: list[tuple[str, bytes, int] | threading.Event]) -> None:
         with contextlib.suppress(queue.Empty):

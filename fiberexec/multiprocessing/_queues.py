@@ -14,7 +14,8 @@ from typing import Any
 from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing._rpc import Endpoint
 
 
 class Queue:
@@ -44,7 +45,7 @@ class Queue:
         if self._closed:
             raise ValueError(f"{type(self).__name__} {self!r} is closed")
         try:
-            return self._ep().call(op, (self._cid, *args), body, timeout=wait + CALL_TIMEOUT)
+            return self._ep().call(op, (self._cid, *args), body, timeout=wait + TIMING.call)
         except ConnectionError as exc:
             raise _gone(self, exc) from exc
 

@@ -59,7 +59,15 @@ from typing import Any
 
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
-from fiberexec.multiprocessing._links import _SIZE, Listener, Wire, dial, outward_ip, split_address
+from fiberexec.multiprocessing._links import (
+    _SIZE,
+    TIMING,
+    Listener,
+    Wire,
+    dial,
+    outward_ip,
+    split_address,
+)
 from fiberexec.multiprocessing._stream import (
     _HEAD,
     _LEN,
@@ -80,7 +88,6 @@ TAKEN = b"G"  # queue consumer -> producer: how many of its direct items were ta
 REQUERY = (0.02, 1.0)  # a writer sent through the broker asks for a route again after the
 # first, then twice as long each time, up to the second (a reader that has not yet started
 # reading is found soon; a pipe read by its creator costs a call a second)
-HELLO_TIMEOUT = 10.0  # a reader that does not answer HELLO by then is sent through the broker
 
 
 class Link:
@@ -491,7 +498,7 @@ class Outlets:
                             return
                         continue
                     if route.state in (ACKED, STOPPING):  # settles soon: wait for it
-                        self.cond.wait(1.0)
+                        self.cond.wait(TIMING.settle)
                         continue
                     if route.state != HELLOING:  # the reader refused, or is gone
                         self._relay_for_now(cid, route)
@@ -538,7 +545,7 @@ class Outlets:
         except OSError:
             self._relay_for_now(cid, route)
             return
-        deadline = time.monotonic() + HELLO_TIMEOUT
+        deadline = time.monotonic() + TIMING.hello
         while route.state == HELLOING and not link.closed:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -20,8 +20,8 @@ A server that dies normally closes its connections: the client's first connectio
 it keeps open and reads in a thread (`RpcClient.lost`), sees that at once, even while no
 call waits, and every waiting call raises `ConnectionError`. One that dies silently (its
 host or container vanished, or it stopped) is found by the client: while calls are
-waiting, it asks the server every ``HEARTBEAT`` seconds whether it is alive (``b"R"`` op
-``"__ping__"``, answered by the transport itself); no answer within ``PING_TIMEOUT`` and
+waiting, it asks the server every ``Timing.heartbeat`` seconds whether it is alive (``b"R"`` op
+``"__ping__"``, answered by the transport itself); no answer within ``Timing.ping`` and
 the client is declared lost, which wakes every waiting call with a `ConnectionError` that
 names the server.
 """
@@ -43,12 +43,9 @@ from typing import Any
 from fiberexec._errors import ProtocolError
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._links import Listener, Wire, dial, drop
+from fiberexec.multiprocessing._links import TIMING, Listener, Wire, dial, drop
 
 log = logging.getLogger("fiberexec.multiprocessing")
-CALL_TIMEOUT = 120.0  # seconds an answer may take beyond the time the request asks to wait
-HEARTBEAT = 5.0  # seconds a call waits before the client checks that its server is alive
-PING_TIMEOUT = 30.0  # seconds a live server has to answer that check
 PING = "__ping__"
 _LEN = struct.Struct("!I")
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
@@ -217,7 +214,7 @@ class _Channel:
 class RpcClient:
     """Authenticated connections to a server; thread-safe (a connection per thread)."""
 
-    def __init__(self, address: str, secret: bytes, *, timeout: float = 30.0) -> None:
+    def __init__(self, address: str, secret: bytes, *, timeout: float = TIMING.stream) -> None:
         self.address = address
         self.lost = threading.Event()
         self._secret = secret
@@ -238,7 +235,7 @@ class RpcClient:
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
         # a server that takes the connection and says nothing (stopped) is found by the same
         # bound as one that stops answering later
-        self._monitor = self._connect(min(timeout, PING_TIMEOUT)).sock
+        self._monitor = self._connect(min(timeout, TIMING.ping)).sock
         threading.Thread(target=self._await_end, daemon=True,
                          name="fiberexec-mp-rpc-watch").start()
 
@@ -345,22 +342,22 @@ class RpcClient:
                 self._idle = False
                 if self._closed:
                     return
-            if self.lost.wait(HEARTBEAT):
+            if self.lost.wait(TIMING.heartbeat):
                 return
             with self._watch:
                 if self._busy == 0:
                     continue
             try:
-                self._roundtrip(_frame(b"R", (PING, (), (_TOKEN, 0)), b""), PING_TIMEOUT)
+                self._roundtrip(_frame(b"R", (PING, (), (_TOKEN, 0)), b""), TIMING.ping)
             except ConnectionError:
                 if not self._closed:
                     self._lose(f"the process serving {self.address} stopped answering (no "
-                               f"reply to a liveness check within {PING_TIMEOUT}s): it died "
+                               f"reply to a liveness check within {TIMING.ping}s): it died "
                                "or hangs")
                 return
 
     def call(self, op: str, args: tuple[Any, ...], body: bytes = b"", *,
-             timeout: float | None = CALL_TIMEOUT) -> tuple[Any, bytes]:
+             timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
         """Run ``op`` on the server; re-raise what it raised."""
         caller = (_TOKEN, threading.get_ident())
         with self.busy():
@@ -412,7 +409,7 @@ class Endpoint:
         self.secret = secret
 
     def call(self, op: str, args: tuple[Any, ...], body: bytes = b"", *,
-             timeout: float | None = CALL_TIMEOUT) -> tuple[Any, bytes]:
+             timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
         server = _local_servers.get(self.address)
         if server is not None and server.secret == self.secret:
             return server.call_local(op, args, body)

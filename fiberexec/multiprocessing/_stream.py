@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._links import Wire, dial
+from fiberexec.multiprocessing._links import TIMING, Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -72,7 +72,6 @@ def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
     return _HEAD.pack(tag, cid) + body
 
 
-STREAM_TIMEOUT = 30.0  # seconds to connect to a broker, and to prove the secret
 
 
 class Signal:
@@ -150,7 +149,7 @@ class Stream:
         self.inlet: Inlet | None = None  # writers elsewhere send here directly
         self.outlets: Outlets | None = None  # pipes this process writes
         host, port, unix = address
-        self.conn = Wire(dial(endpoint.secret, unix, (host, port), timeout=STREAM_TIMEOUT))
+        self.conn = Wire(dial(endpoint.secret, unix, (host, port), timeout=TIMING.stream))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
         self.rpc = client_for(endpoint.address, endpoint.secret)

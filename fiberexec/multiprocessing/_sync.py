@@ -11,7 +11,7 @@
                         referent of its last proxy
 
 Blocking calls that may be retried (acquire, Event.wait) wait in the broker in slices of at
-most `_broker.SLICE` seconds, so a client that vanishes holds a server thread for one slice.
+most `Timing.slice` seconds, so a client that vanishes holds a server thread for one slice.
 `Condition.wait` and `Barrier.wait` cannot be split without changing their meaning, so they
 wait in one call for the whole timeout.
 """
@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._proxies import _releaser
-from fiberexec.multiprocessing._rpc import CALL_TIMEOUT, Endpoint
+from fiberexec.multiprocessing._rpc import Endpoint
 
 BrokenBarrierError = threading.BrokenBarrierError
 T = TypeVar("T")
@@ -50,7 +51,7 @@ class _Shared:
         return (_rebuild, (type(self), ep.address, ep.secret, self._oid))
 
     def _call(self, name: str, *args: Any, wait: float | None = 0.0) -> Any:
-        timeout = None if wait is None else wait + CALL_TIMEOUT
+        timeout = None if wait is None else wait + TIMING.call
         return self._endpoint.call("obj_call", (self._oid, name, args), timeout=timeout)[0]
 
     def _get(self, name: str) -> Any:

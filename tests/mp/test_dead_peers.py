@@ -12,6 +12,7 @@ and a stopped process is a slow one (`poll` with a timeout bounds the wait), as 
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import signal
 import sys
@@ -144,8 +145,7 @@ def test_waits_on_a_killed_broker_raise(handles: tuple[Any, Any, Any, Any]) -> N
 
 def test_waits_on_a_silent_broker_raise(local_child: None, handles: tuple[Any, Any, Any, Any],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_rpc, "HEARTBEAT", 0.2)
-    monkeypatch.setattr(_rpc, "PING_TIMEOUT", 1.0)
+    monkeypatch.setattr(_rpc, "TIMING", dataclasses.replace(_rpc.TIMING, heartbeat=0.2, ping=1.0))
     q, sq, conn, p = handles
     p._signal(signal.SIGSTOP)  # its connections stay open; it answers nothing
     start = time.monotonic()

@@ -140,7 +140,7 @@ def test_a_peer_that_connects_and_says_nothing_holds_up_no_other_hand_over() -> 
     try:
         start = time.monotonic()
         copy = loads_bytes(pickled)
-        assert time.monotonic() - start < _hostpipe.FETCH_TIMEOUT / 2
+        assert time.monotonic() - start < _hostpipe.TIMING.fetch / 2
         copy.close()
     finally:
         silent.close()

@@ -100,7 +100,7 @@ def test_a_silent_peer_does_not_hold_up_the_next(listener: Listening) -> None:
         started = time.monotonic()
         with _links.dial(SECRET, "", ("127.0.0.1", listening.port)):
             admitted.get(timeout=10).close()
-        assert time.monotonic() - started < _links.HANDSHAKE_TIMEOUT
+        assert time.monotonic() - started < _links.TIMING.handshake
 
 
 def test_closing_wakes_a_peer_still_in_its_handshake(listener: Listening) -> None:
