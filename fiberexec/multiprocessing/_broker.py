@@ -453,7 +453,7 @@ class Broker:
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
         self.server = RpcServer(self.secret, self.handle, host)
-        self.server_host, self.advertise = host, advertise
+        self.advertise = advertise
         self.address = self.server.advertised(advertise)
         self.endpoint = Endpoint(self.address, self.secret)
         _alias(self.server, self.address)
@@ -889,7 +889,7 @@ class Broker:
 
         with self.lock:
             if self.hub is None:
-                self.hub = Hub(self, self.server_host, self.advertise)
+                self.hub = Hub(self, self.server.listener, self.advertise)
         return self.hub.address, b""
 
     def add_process(self, payload: bytes) -> int:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._links import TIMING, Listener, Wire
+from fiberexec.multiprocessing._links import STREAM, TIMING, Listener, Wire
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
     _HEAD,
@@ -304,13 +304,14 @@ class Channels(Protocol):
 class Hub:
     """Accepts streams for a broker and applies their frames to its channels."""
 
-    def __init__(self, broker: Channels, host: str, advertise: str) -> None:
+    def __init__(self, broker: Channels, listener: Listener, advertise: str) -> None:
+        """Streams come to the broker's own ``listener`` (its calls' too); processes of
+        this host (and network namespace) connect to its abstract Unix socket: no TCP
+        stack on every message."""
         self.broker = broker
-        # processes of this host (and network namespace) connect to its abstract Unix
-        # socket: no TCP stack on every message
-        self.listener = Listener(broker.secret, self._admit, what="a broker's streams",
-                                 tcp_host=host)
-        self.address = (advertise, self.listener.port, self.listener.unix)
+        self.listener = listener
+        listener.offer(STREAM, self._admit)
+        self.address = (advertise, listener.port, listener.unix)
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve an authenticated stream (in the thread that accepted it)."""
@@ -359,4 +360,4 @@ class Hub:
                 raise ValueError(f"unknown stream frame {tag!r}")
 
     def close(self) -> None:
-        self.listener.close()
+        self.listener.withdraw(STREAM)

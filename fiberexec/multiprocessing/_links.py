@@ -1,22 +1,25 @@
 """Every connection of the multiprocessing layer: one handshake, one listener, one dial,
 one framing (`Wire`).
 
-Calls to a broker or a manager (`_rpc`), a process's stream to a broker (`_stream`, `_hub`)
-and direct routes between two processes (`_route`) all connect here::
+Calls to a broker or a manager (`RPC`, `_rpc`), a process's stream to a broker (`STREAM`,
+`_stream`, `_hub`) and direct routes between two processes (`PIPE`, `_route`) all connect
+here, each connection naming the service it wants; a broker's calls and streams share its
+one listener::
 
-    Listener(secret, admit, tcp_host=...)        dial(secret, unix, tcp)
+    Listener(secret, {service: admit}, ...)      dial(secret, unix, tcp, service=...)
       an abstract Unix socket (Linux), and          the Unix socket when this process
       TCP on ``tcp_host`` when given                reaches it (same host and network
       each connection: a thread of its own  <----   namespace), else TCP within a timeout
       proves the secret within Timing.handshake,
-      then ``admit(sock)`` runs in that thread
+      then its service's ``admit(sock)`` runs in that thread
 
 The handshake is the executor's (`fiberexec._auth`), on the raw socket before any frame::
 
-    client -> server   MAGIC, nonce_c
-    server -> client   nonce_s, HMAC(secret, "mp-server", nonce_c, nonce_s)
-    client -> server   HMAC(secret, "mp-client", nonce_c, nonce_s)
-    server -> client   b"K" (admitted), or b"D" and the connection closes
+    client -> server   MAGIC, nonce_c, service (one byte)
+    server -> client   nonce_s, HMAC(secret, "mp-server", nonce_c + service, nonce_s)
+    client -> server   HMAC(secret, "mp-client", nonce_c + service, nonce_s)
+    server -> client   b"K" (admitted), b"N" (no such service here), or b"D"; but for
+                       b"K", the connection closes
 
 Each side proves it holds the secret over both fresh nonces, so a recorded handshake cannot
 be replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
@@ -42,7 +45,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -51,7 +54,10 @@ from fiberexec.multiprocessing._errors import AuthenticationError
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
-MAGIC = b"FXM1"  # the first bytes of a handshake: what this is, and its version
+MAGIC = b"FXM2"  # the first bytes of a handshake: what this is, and its version
+# What a connection is for, named in its handshake (see the module).
+RPC, STREAM, PIPE = b"R", b"S", b"P"
+Admit = Callable[[socket.socket], None]
 _NONCE = 16
 _PROOF = 32
 TcpAddress = tuple[str, int]
@@ -126,38 +132,54 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def _prove_server(sock: socket.socket, secret: bytes) -> None:
-    """The listening side of the handshake (the module's); raises if the peer fails it."""
-    hello = _exactly(sock, len(MAGIC) + _NONCE)
+def _prove_server(sock: socket.socket, secret: bytes, services: Mapping[bytes, Admit],
+                  ) -> Admit:
+    """The listening side of the handshake (the module's): the admit of the service asked
+    for; raises if the peer fails it or asks for a service not offered here."""
+    hello = _exactly(sock, len(MAGIC) + _NONCE + 1)
     if not hello.startswith(MAGIC):
         raise AuthenticationError(f"it opened with {hello[:len(MAGIC)]!r}, not a handshake")
-    nonce_c, nonce_s = hello[len(MAGIC):], _auth.new_nonce()
-    sock.sendall(nonce_s + _auth.proof(secret, "mp-server", nonce_c, nonce_s))
+    asked, nonce_s = hello[len(MAGIC):], _auth.new_nonce()  # the nonce, then the service
+    sock.sendall(nonce_s + _auth.proof(secret, "mp-server", asked, nonce_s))
     answer = _exactly(sock, _PROOF)
-    if not _auth.verify(_auth.proof(secret, "mp-client", nonce_c, nonce_s), answer):
+    if not _auth.verify(_auth.proof(secret, "mp-client", asked, nonce_s), answer):
         with contextlib.suppress(OSError):
             sock.sendall(b"D")
         raise AuthenticationError("wrong proof: it does not hold the secret")
+    admit = services.get(asked[-1:])
+    if admit is None:
+        raise _Unserved(f"it asked for service {asked[-1:]!r}, not offered here")
     sock.sendall(b"K")
+    return admit
 
 
-def prove_client(sock: socket.socket, secret: bytes, peer: str) -> None:
+class _Unserved(AuthenticationError):
+    """A peer with the secret asked for a service the listener does not offer: it is told
+    so (``b"N"``) once the refusal is counted."""
+
+
+def prove_client(sock: socket.socket, secret: bytes, peer: str, service: bytes) -> None:
     """The dialling side of the handshake, on a connected ``sock`` (its timeout bounds each
-    read); ``peer`` names the other side in errors.
+    read), for ``service``; ``peer`` names the other side in errors.
 
     Raises:
         AuthenticationError: the peer does not hold the secret, or refused ours.
+        ConnectionRefusedError: the peer does not offer ``service``.
         OSError, EOFError: the connection failed or closed.
     """
-    nonce_c = _auth.new_nonce()
-    sock.sendall(MAGIC + nonce_c)
+    asked = _auth.new_nonce() + service
+    sock.sendall(MAGIC + asked)
     answer = _exactly(sock, _NONCE + _PROOF)
     nonce_s, proof = answer[:_NONCE], answer[_NONCE:]
-    if not _auth.verify(_auth.proof(secret, "mp-server", nonce_c, nonce_s), proof):
+    if not _auth.verify(_auth.proof(secret, "mp-server", asked, nonce_s), proof):
         raise AuthenticationError(f"{peer} failed authentication: it does not hold this "
                                   "handle's secret")
-    sock.sendall(_auth.proof(secret, "mp-client", nonce_c, nonce_s))
-    if _exactly(sock, 1) != b"K":
+    sock.sendall(_auth.proof(secret, "mp-client", asked, nonce_s))
+    reply = _exactly(sock, 1)
+    if reply == b"N":
+        raise ConnectionRefusedError(f"{peer} holds the secret but serves no {service!r} "
+                                     "connections")
+    if reply != b"K":
         raise AuthenticationError(f"{peer} refused our proof of the secret")
 
 
@@ -174,14 +196,16 @@ def _connect_unix(name: str, timeout: float) -> socket.socket | None:
     return sock
 
 
-def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *,
+def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, service: bytes,
          timeout: float = TIMING.connect) -> socket.socket:
-    """An authenticated, blocking connection: to the abstract Unix socket ``unix`` when this
-    process reaches it, else to ``tcp`` (connect and handshake within ``timeout`` each).
+    """An authenticated, blocking connection for ``service``: to the abstract Unix socket
+    ``unix`` when this process reaches it, else to ``tcp`` (connect and handshake within
+    ``timeout`` each).
 
     Raises:
         AuthenticationError: the peer does not hold the secret, or refused ours.
-        OSError, EOFError: no way in (`ConnectionRefusedError` with neither address).
+        OSError, EOFError: no way in (`ConnectionRefusedError` with neither address, or
+            when the peer does not offer ``service``).
     """
     sock = _connect_unix(unix, timeout) if unix and sys.platform == "linux" else None
     if sock is None:
@@ -194,7 +218,7 @@ def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *,
         f"@{unix.lstrip(chr(0))}")  # an abstract socket, as ss and netstat show one
     try:
         sock.settimeout(timeout)
-        prove_client(sock, secret, peer)
+        prove_client(sock, secret, peer, service)
         sock.settimeout(None)
     except BaseException:
         sock.close()
@@ -333,15 +357,16 @@ class Listener:
     """Where peers holding ``secret`` connect (see the module): an abstract Unix socket on
     Linux, and TCP on ``tcp_host`` when given (``port`` 0: any free one).
 
-    Each connection gets a thread of its own, which runs the handshake and then
-    ``admit(sock)`` (a blocking socket); a connection whose handshake fails is counted in
-    ``rejected``, logged, and closed. ``what`` names the listener in that log line.
+    Each connection gets a thread of its own, which runs the handshake and then the admit
+    of the service it asked for (``services``, and those `offer` adds), with a blocking
+    socket; a connection whose handshake fails is counted in ``rejected``, logged, and
+    closed. ``what`` names the listener in that log line.
     """
 
-    def __init__(self, secret: bytes, admit: Callable[[socket.socket], None], *, what: str,
+    def __init__(self, secret: bytes, services: Mapping[bytes, Admit], *, what: str,
                  tcp_host: str | None = None, unix: bool = True) -> None:
         self.secret = secret
-        self.admit = admit
+        self.services = dict(services)
         self.what = what
         self.rejected = 0
         self.unix = ""  # the abstract socket's name (with its leading NUL), or none
@@ -390,13 +415,16 @@ class Listener:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(TIMING.handshake)
-            _prove_server(sock, self.secret)
+            admit = _prove_server(sock, self.secret, self.services)
             sock.settimeout(None)
         except (OSError, EOFError, AuthenticationError) as exc:
             with self._lock:
                 self._pending.discard(sock)
                 closed = self._closed
                 self.rejected += not closed
+            if isinstance(exc, _Unserved):
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"N")
             if not closed:
                 log.warning("rejected a connection to %s: %s", self.what,
                             exc or type(exc).__name__)
@@ -407,7 +435,16 @@ class Listener:
             if self._closed:
                 drop(sock)
                 return
-        self.admit(sock)
+        admit(sock)
+
+    def offer(self, service: bytes, admit: Admit) -> None:
+        """Admit connections for ``service`` from now on (another part of this process
+        shares the listener)."""
+        self.services[service] = admit
+
+    def withdraw(self, service: bytes) -> None:
+        """Admit no more connections for ``service``."""
+        self.services.pop(service, None)
 
     def tcp_address(self, host: str) -> str:
         """``<host>:<port>`` of the TCP side, for peers that reach this one at ``host``."""

@@ -61,6 +61,7 @@ from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
 from fiberexec.multiprocessing._links import (
     _SIZE,
+    PIPE,
     TIMING,
     Listener,
     Wire,
@@ -202,12 +203,12 @@ class Inlet:
         """Its listener: TCP too when writers on other hosts may reach it (see `_links`)."""
         if ip is not None:
             try:
-                return Listener(self.stream.secret, self._admit, what="a pipe's reader",
+                return Listener(self.stream.secret, {PIPE: self._admit}, what="a pipe's reader",
                                 tcp_host=ip)
             except OSError as exc:
                 log.warning("pipe writers on other hosts go through the creator: cannot "
                             "listen on %s (%s)", ip, exc)
-        return Listener(self.stream.secret, self._admit, what="a pipe's reader")
+        return Listener(self.stream.secret, {PIPE: self._admit}, what="a pipe's reader")
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve an authenticated writer's connection (in the thread that accepted it)."""
@@ -583,7 +584,8 @@ class Outlets:
             return link
         self.cond.release()
         try:
-            sock: socket.socket | None = dial(self.stream.secret, *split_address(address))
+            sock: socket.socket | None = dial(self.stream.secret, *split_address(address),
+                                              service=PIPE)
         except (OSError, AuthenticationError, EOFError):
             sock = None
         finally:

@@ -43,7 +43,7 @@ from typing import Any
 from fiberexec._errors import ProtocolError
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._links import TIMING, Listener, Wire, dial, drop
+from fiberexec.multiprocessing._links import RPC, TIMING, Listener, Wire, dial, drop
 
 log = logging.getLogger("fiberexec.multiprocessing")
 PING = "__ping__"
@@ -111,21 +111,21 @@ class RpcServer:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
-        self._listener = Listener(secret, self._serve, what="a broker or manager",
+        self.listener = Listener(secret, {RPC: self._serve}, what="a broker or manager",
                                   tcp_host=host)
-        self.port = self._listener.port
-        self.address = f"tcp://{self._listener.tcp_address(host)}"
-        self.local_name = self._listener.unix
+        self.port = self.listener.port
+        self.address = f"tcp://{self.listener.tcp_address(host)}"
+        self.local_name = self.listener.unix
         _local_servers[self.address] = self
 
     @property
     def rejected(self) -> int:
         """Connections that failed the handshake."""
-        return self._listener.rejected
+        return self.listener.rejected
 
     def advertised(self, host: str) -> str:
         """The address clients elsewhere dial: this server's port on ``host``."""
-        return f"tcp://{self._listener.tcp_address(host)}"
+        return f"tcp://{self.listener.tcp_address(host)}"
 
     def _serve(self, sock: socket.socket) -> None:
         """Answer an authenticated client's calls until it goes (in its own thread)."""
@@ -169,7 +169,7 @@ class RpcServer:
             self._closed = True
             conns, self._conns = list(self._conns), set()
         _local_servers.pop(self.address, None)
-        self._listener.close()
+        self.listener.close()
         for sock in conns:
             drop(sock)
 
@@ -219,7 +219,7 @@ class RpcClient:
         self.lost = threading.Event()
         self._secret = secret
         self._connect_timeout = timeout
-        self._listeners: list[Callable[[], None]] = []
+        self.listeners: list[Callable[[], None]] = []
         self._local = threading.local()
         self._channels: weakref.WeakSet[_Channel] = weakref.WeakSet()
         self._lock = threading.RLock()  # re-entrant for finalizers, as `_clients_lock`
@@ -253,7 +253,7 @@ class RpcClient:
         ``b"K"`` read; the server's local name kept."""
         try:
             sock = dial(self._secret, self._local_name, _tcp_address(self.address),
-                        timeout=timeout)
+                        service=RPC, timeout=timeout)
         except AuthenticationError:  # it names the peer
             raise
         except TimeoutError:
@@ -371,7 +371,7 @@ class RpcClient:
         raise ProtocolError(f"{self.address} answered {tag!r}: {answer[1:200]!r}")
 
     def on_lost(self, fn: Callable[[], None]) -> None:
-        self._listeners.append(fn)
+        self.listeners.append(fn)
         if self.lost.is_set():
             fn()
 
@@ -381,7 +381,7 @@ class RpcClient:
                 return
             self.why = why
             self.lost.set()
-        for fn in list(self._listeners):
+        for fn in list(self.listeners):
             fn()
         self._close_channels()  # wake the calls waiting for an answer
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._links import TIMING, Wire, dial
+from fiberexec.multiprocessing._links import STREAM, TIMING, Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -149,7 +149,8 @@ class Stream:
         self.inlet: Inlet | None = None  # writers elsewhere send here directly
         self.outlets: Outlets | None = None  # pipes this process writes
         host, port, unix = address
-        self.conn = Wire(dial(endpoint.secret, unix, (host, port), timeout=TIMING.stream))
+        self.conn = Wire(dial(endpoint.secret, unix, (host, port), service=STREAM,
+                              timeout=TIMING.stream))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
         self.rpc = client_for(endpoint.address, endpoint.secret)

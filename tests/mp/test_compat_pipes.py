@@ -95,11 +95,13 @@ def test_stream_refuses_a_wrong_key() -> None:
     fmp.Pipe()
     broker = get_broker()
     host, port, unix = broker.endpoint.call("stream", ())[0]
+    # one listener for the broker: its streams come where its calls do
+    assert (port, unix) == (broker.server.port, broker.server.local_name)
     with pytest.raises(multiprocessing.AuthenticationError, match="does not hold"):
-        _links.dial(b"w" * 32, "", (host, port))
+        _links.dial(b"w" * 32, "", (host, port), service=_links.STREAM)
     if unix:  # the same handshake on the Unix socket processes of this host use
         with pytest.raises(multiprocessing.AuthenticationError, match="does not hold"):
-            _links.dial(b"w" * 32, unix)
+            _links.dial(b"w" * 32, unix, service=_links.STREAM)
 
 
 def test_pipe_ends_have_a_fileno_for_wait_and_selectors(mpm: ModuleType) -> None:
