@@ -28,10 +28,9 @@ from fiberexec import _auth
 from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._hub import Hub, Peer, Wake, thread_wake
-from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing._hub import Hub, Peer
+from fiberexec.multiprocessing._links import TIMING, Signal, Wake, thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
-from fiberexec.multiprocessing._stream import Signal
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -226,18 +225,14 @@ class Chan:
             if left is not None and left <= 0:
                 return False
             peer = self.source
-            if self.leader is None and peer is not None and peer.leadable and (
-                    peer.role.acquire(blocking=False)):
-                wake = self.leader = thread_wake()
-                wake.set(False)
-                self.cond.release()
+            if self.leader is None and peer is not None:
+                self.leader = thread_wake()
                 try:
-                    peer.lead(wake, left, keep=self.signal is None)
+                    if peer.try_lead(self.cond, self.leader, left, keep=self.signal is None):
+                        continue
                 finally:
-                    self.cond.acquire()
                     self.leader = None
-            else:
-                self.cond.wait(left)
+            self.cond.wait(left)
         return True
 
     def size(self) -> int:
@@ -545,7 +540,7 @@ class Broker:
     def expect(self, cid: int) -> None:
         """A thread here is about to send on a duplex pipe end that reads ``cid``: if the
         answer will come from another process, hold that process's stream for this thread
-        to read (see `_hub.Peer.hold`); not when ``fileno()`` was asked for (a `select` on
+        to read (see `_links.Reader.hold`); not when ``fileno()`` was asked for (a `select` on
         it must see the answer as soon as it arrives)."""
         chan = self.chans.get(cid)
         if chan is not None and chan.signal is None and chan.leader is None and (
@@ -573,7 +568,7 @@ class Broker:
                 sig.close()
 
     def signal(self, cid: int) -> int:
-        """A descriptor readable while pipe ``cid`` has data or EOF here (`_stream.Signal`)."""
+        """A descriptor readable while pipe ``cid`` has data or EOF here (`_links.Signal`)."""
 
         chan = self.chan(cid)
         with chan.cond:

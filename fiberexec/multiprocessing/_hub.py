@@ -1,30 +1,21 @@
 """The broker's side of the streams (see `_stream`): a `Peer` per connected process.
 
-Each peer's frames are read by one thread at a time, the holder of its ``role``. Normally
-that is the peer's own serving thread, which waits for data in an epoll set without holding
-the role. A thread here blocked in ``recv()`` on a pipe end whose data comes from that peer
-takes the role instead and reads the socket itself (`Peer.lead`), so a message from another
-process reaches its reader with no thread in between: the same path the standard library's
-socket pipe takes. While a thread leads, the peer's socket is taken out of the serving
-thread's epoll set (one-shot), and given back `Timing.hold` after the last read or `Peer.hold`
-(so a thread that asks and reads answer after answer pays no system call per answer to
-take it out and put it back); a frame that arrives for any other channel is applied by
-whoever reads it, and one that nobody here waits for may wait up to about `Timing.hold`.
+A peer's frames are read as `_links.Reader` says: by its serving thread, or by a thread here
+blocked in ``recv()`` on a pipe end whose data comes from that peer, which reads the socket
+itself (`Reader.lead`), so a message from another process reaches its reader with no thread in
+between.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import select
 import socket
 import threading
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._links import STREAM, TIMING, Listener, Wire
+from fiberexec.multiprocessing._links import STREAM, Listener, Reader, Wire
 from fiberexec.multiprocessing._stream import (
     _COUNTED,
     _HEAD,
@@ -41,65 +32,25 @@ from fiberexec.multiprocessing._stream import (
     REVOKE,
     TALLIED,
     UNROUTE,
-    Signal,
 )
 from fiberexec.multiprocessing._tally import TallyView
 
 log = logging.getLogger("fiberexec.multiprocessing")
-_ONESHOT = getattr(select, "EPOLLONESHOT", 0)
-_ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
 
 
-class Wake(Signal):
-    """One thread's wake-up descriptor while it leads a peer: set by whoever else makes
-    the channel it waits on ready (an item, or end-of-file)."""
+class Peer(Reader):
+    """The broker's end of one process's stream (read as `Reader` says); sends are
+    serialised."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.owner = threading.get_ident()
-
-    def wake(self) -> None:
-        if threading.get_ident() != self.owner:  # the leader itself needs no wake-up
-            self.set(True)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-_wakes = threading.local()
-
-
-def thread_wake() -> Wake:
-    """This thread's `Wake` (closed when the thread ends)."""
-    wake: Wake | None = getattr(_wakes, "wake", None)
-    if wake is None:
-        wake = _wakes.wake = Wake()
-    return wake
-
-
-class Peer:
-    """The broker's end of one process's stream; sends are serialised."""
-
-    def __init__(self, conn: Wire, apply: Callable[[Peer, bytes], None]) -> None:
-        self.conn = conn
+    def __init__(self, conn: Wire, apply: Callable[[Peer, bytes], None],
+                 lost: Callable[[Peer], None]) -> None:
+        super().__init__(conn, lambda frame: apply(self, frame), lambda: lost(self))
         self.lock = threading.Lock()  # serialises sends
-        self.role = threading.Lock()  # held by the one thread reading the socket
-        self.apply = apply
         self.holder: str | None = None  # the process token it sent first
         self.inlet = ""  # where writers elsewhere may send its pipes directly (`_route`)
         self.gone = False  # a send to it failed: its process is ending
-        self.ended = False  # its stream ended: nobody reads it any more
-        self.poller: Any = None
-        self.held: float | None = None  # since when the socket is kept from the serving
-        # thread (by `hold`, or after a `lead`); None while it watches it or a leader reads
-        self.holding_until = 0.0  # the serving thread checks holds until then (see `serve`)
-        self.kick = Signal()  # wakes the serving thread to check holds
         self.tally: TallyView | None = None  # what its process took of queues here
         self.slots: dict[int, int] = {}  # queue -> its slot in that page
-        if _ONESHOT:
-            self.poller = select.epoll(2)
-            self.poller.register(conn.fileno(), _ARMED)
-            self.poller.register(self.kick.r, select.EPOLLIN)
 
     # ------------------------------------------------------------------ sending
 
@@ -140,134 +91,10 @@ class Peer:
         with self.lock:
             self.conn.send_frame(COUNT, cid, _COUNTED.pack(asked, 0))
 
-    # ------------------------------------------------------------------ reading
-
-    @property
-    def leadable(self) -> bool:
-        """Whether a thread here may read this peer's socket itself (see the module)."""
-        return self.poller is not None and not self.ended
-
-    def _arm(self, events: int) -> None:
-        with contextlib.suppress(OSError, ValueError):  # closed: the stream has ended
-            self.poller.modify(self.conn.fileno(), events)
-
-    def _drain(self, first: bool) -> None:
-        """Read and apply every whole frame at hand (and, if ``first``, wait for one)."""
-        if first:
-            self.apply(self, self.conn.recv_bytes())
-        while self.conn.frame_ready():
-            self.apply(self, self.conn.recv_bytes())
-
-    def serve(self) -> None:
-        """The serving thread: read whatever arrives while no other thread leads.
-
-        Returns when the stream ends (EOF, a socket error, or a frame it cannot apply)."""
-        if self.poller is None:  # no epoll: this thread is the only reader
-            while True:
-                self.apply(self, self.conn.recv_bytes())
-        while True:
-            timeout = TIMING.hold if time.monotonic() < self.holding_until else -1
-            readable = False
-            for fd, _ in self.poller.poll(timeout):
-                if fd == self.kick.r:
-                    self.kick.set(False)
-                else:
-                    readable = True
-            held = self.held
-            if held is None and not readable:
-                continue  # a timeout or a kick: only an expired hold needs this thread
-            if held is not None and time.monotonic() - held < TIMING.hold:
-                continue  # a thread here reads answers from this peer (see `_keep`)
-            if not self.role.acquire(blocking=False):
-                continue  # a leader reads; it arms the socket again when it lets go
-            self.held = None
-            try:
-                if self.conn.frame_ready() or self.conn.poll(0):
-                    self._drain(first=True)
-            finally:
-                self.role.release()
-                self._arm(_ARMED)
-
-    def lead(self, wake: Wake, timeout: float | None, keep: bool = True) -> None:
-        """Read this peer's frames in the calling thread (which holds ``role``) until one
-        was applied, ``wake`` is set, or ``timeout`` passes; then let go of the role, and
-        unless not ``keep``, keep the socket from the serving thread a little longer."""
-        if self.held is None:
-            self._arm(_ONESHOT)  # the serving thread stops watching
-        self.held = None
-        try:
-            if self.conn.poll(timeout, wake.r):
-                self._drain(first=True)
-        except (EOFError, OSError):
-            self.conn.shutdown()  # the serving thread sees the end and cleans up
-            keep = False
-        except Exception:
-            log.exception("a stream sent a frame this process could not apply; closing it")
-            self.conn.shutdown()
-            keep = False
-        finally:
-            # the socket stays out of the serving thread's set for `HOLD` more: a thread
-            # that reads one answer after another (a request loop) then pays no system
-            # call to take it out and put it back each time; the serving thread takes it
-            # back once nobody has led or held it for that long
-            if keep:
-                self._keep(time.monotonic())
-            self.role.release()
-            if not keep:
-                self._arm(_ARMED)
-
-    def _keep(self, now: float) -> None:
-        """Keep the (disarmed) socket from the serving thread until ``now + Timing.hold``."""
-        self.held = now
-        waits_forever = now >= self.holding_until
-        self.holding_until = now + 100 * TIMING.hold  # set before the kick: the thread reads it
-        if waits_forever:  # the serving thread waits without a timeout: wake it
-            self.kick.set(True)
-
-    def hold(self) -> None:
-        """A thread here is about to send this peer something it answers, then read the
-        answer (a duplex pipe end, see `Broker.expect`): take the socket from the serving
-        thread now, so that the answer is not read there first and handed over. The
-        serving thread takes it back if no thread has come to read within `Timing.hold`."""
-        if not self.leadable or self.role.locked():
-            return
-        now = time.monotonic()
-        if self.held is None:
-            self._arm(_ONESHOT)
-        self._keep(now)
-
-    def unhold(self) -> None:
-        """Give a held socket back to the serving thread now (see `hold`)."""
-        if self.held is not None:
-            self.held = None
-            if not self.role.locked():
-                self._arm(_ARMED)
-
-    def run(self, lost: Callable[[], None]) -> None:
-        """The serving thread's body: `serve` until the stream ends, then ``lost()`` (once
-        a leader has finished its frame) and close."""
-        try:
-            self.serve()
-        except (EOFError, OSError):
-            pass
-        except Exception:
-            log.exception("a stream sent a frame this process could not apply; closing it")
-        finally:
-            with self.role:  # a leader finishes its frame first
-                self.ended = True
-            lost()
-            self.close()
-
     def close(self) -> None:
-        self.ended = True
-        self.kick.close()
+        super().close()
         if self.tally is not None:
             self.tally.close()
-        if self.poller is not None:
-            with contextlib.suppress(OSError):
-                self.poller.close()
-        with contextlib.suppress(OSError):
-            self.conn.close()
 
 
 class Channels(Protocol):
@@ -315,10 +142,10 @@ class Hub:
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve an authenticated stream (in the thread that accepted it)."""
-        self._serve(Peer(Wire(sock), self._apply))
+        Peer(Wire(sock), self._apply, self._lost).run()
 
-    def _serve(self, peer: Peer) -> None:
-        peer.run(lambda: self.broker.peer_lost(peer, peer.holder))
+    def _lost(self, peer: Peer) -> None:
+        self.broker.peer_lost(peer, peer.holder)
 
     def _apply(self, peer: Peer, frame: bytes) -> None:
         tag, cid = _HEAD.unpack_from(frame)

@@ -45,8 +45,10 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from fiberexec import _auth
@@ -343,6 +345,268 @@ class Wire:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class Signal:
+    """A file descriptor that is readable exactly while it is set: what a pipe end's
+    ``fileno()`` returns, so `select`, selectors and `multiprocessing.connection.wait`
+    see it ready when ``recv()`` would not block."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.on = False
+
+    def set(self, on: bool) -> None:
+        if on and not self.on:
+            os.write(self.w, b"!")
+        elif not on and self.on:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.r, 64)
+        self.on = on
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Wake(Signal):
+    """One thread's wake-up descriptor while it leads a `Reader`: set by whoever else makes
+    what it waits for ready (an item, or end-of-file)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner = threading.get_ident()
+
+    def wake(self) -> None:
+        if threading.get_ident() != self.owner:  # the leader itself needs no wake-up
+            self.set(True)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_wakes = threading.local()
+
+
+def thread_wake() -> Wake:
+    """This thread's `Wake`, unset (closed when the thread ends)."""
+    wake: Wake | None = getattr(_wakes, "wake", None)
+    if wake is None:
+        wake = _wakes.wake = Wake()
+    wake.set(False)
+    return wake
+
+
+_ONESHOT = getattr(select, "EPOLLONESHOT", 0)
+_ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
+
+
+class Reader:
+    """Which thread reads a connection: the one rule for every socket of this layer.
+
+    Frames are read by one thread at a time, the holder of ``role``. A thread waiting for
+    what the connection brings takes the role and reads the socket itself (`lead`), so a
+    message reaches the thread that waits for it with no thread in between: the path the
+    standard library's socket pipe takes. Otherwise the connection's serving thread reads
+    it (`run`, or `start` for a thread of its own), which waits in an epoll set without
+    holding the role. While a thread leads, the socket is out of that set (one-shot), and
+    given back `Timing.hold` after the last read or `hold` (so a thread that asks and reads
+    answer after answer pays no system call per answer to take it out and put it back); a
+    frame for anything else is applied by whoever reads it (``apply(frame)``), and one that
+    nobody waits for may wait up to about `Timing.hold`. ``lost()`` runs once, when the
+    connection ends (its other end closed, a socket error, a frame ``apply`` refused).
+    """
+
+    def __init__(self, conn: Wire, apply: Callable[[bytes], None],
+                 lost: Callable[[], None]) -> None:
+        self.conn = conn
+        self.apply = apply
+        self.lost = lost
+        self.role = threading.Lock()  # held by the one thread reading the socket
+        self.serving = False  # a serving thread reads whatever no leader reads
+        self.ended = False  # nobody reads it any more
+        self._life = threading.Lock()  # guards the two above's start and `_finished`
+        self._finished = False
+        self.poller: Any = None  # the serving thread's epoll set: the socket and ``kick``
+        self.kick: Signal | None = None  # wakes the serving thread to check holds
+        self.held: float | None = None  # since when the socket is kept from the serving
+        # thread (by `hold`, or after a `lead`); None while it watches it or a leader reads
+        self.holding_until = 0.0  # the serving thread checks holds until then (see `_serve`)
+
+    @property
+    def leadable(self) -> bool:
+        """Whether a thread may read the socket itself now (see the class): not once it
+        ended, nor where no epoll lets the serving thread step aside."""
+        return not self.ended and (self.poller is not None or not self.serving)
+
+    def start(self, name: str) -> None:
+        """Start a serving thread (once): from now on frames nobody waits for are read as
+        they come."""
+        if self._begin():
+            threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def run(self) -> None:
+        """Serve in this thread (see `start`) until the connection ends."""
+        if self._begin():
+            self._run()
+
+    def _begin(self) -> bool:
+        with self._life:
+            if self.serving or self._finished:
+                return False
+            self.serving = True
+            if _ONESHOT:
+                self.kick = Signal()
+                poller = select.epoll(2)
+                poller.register(self.conn.fileno(), _ARMED)
+                poller.register(self.kick.r, select.EPOLLIN)
+                self.poller = poller
+            return True
+
+    def _run(self) -> None:
+        """The serving thread's body: read until the connection ends, then ``lost()``
+        (once a leader has finished its frame) and close."""
+        try:
+            self._serve()
+        except (EOFError, OSError):
+            pass
+        except Exception:
+            log.exception("a connection sent a frame this process could not apply; closing it")
+        finally:
+            with self.role:  # a leader finishes its frame first
+                self.ended = True
+            self._finish()
+
+    def _finish(self) -> None:
+        with self._life:
+            if self._finished:
+                return
+            self._finished = True
+        self.ended = True
+        self.lost()
+        self.close()
+
+    def _arm(self, events: int) -> None:
+        if self.poller is not None:
+            with contextlib.suppress(OSError, ValueError):  # closed: the connection ended
+                self.poller.modify(self.conn.fileno(), events)
+
+    def _drain(self) -> None:
+        """Read and apply a frame, and every other whole frame at hand."""
+        self.apply(self.conn.recv_bytes())
+        while self.conn.frame_ready():
+            self.apply(self.conn.recv_bytes())
+
+    def _serve(self) -> None:
+        if self.poller is None:  # no epoll: this thread is the only reader
+            with self.role:
+                while True:
+                    self.apply(self.conn.recv_bytes())
+        while True:
+            timeout = TIMING.hold if time.monotonic() < self.holding_until else -1
+            readable = False
+            for fd, _ in self.poller.poll(timeout):
+                if self.kick is not None and fd == self.kick.r:
+                    self.kick.set(False)
+                else:
+                    readable = True
+            held = self.held
+            if held is None and not readable:
+                continue  # a timeout or a kick: only an expired hold needs this thread
+            if held is not None and time.monotonic() - held < TIMING.hold:
+                continue  # a thread here reads answers from this peer (see `_keep`)
+            if not self.role.acquire(blocking=False):
+                continue  # a leader reads; it arms the socket again when it lets go
+            self.held = None
+            try:
+                if self.conn.frame_ready() or self.conn.poll(0):
+                    self._drain()
+            finally:
+                self.role.release()
+                self._arm(_ARMED)
+
+    def lead(self, wake: Wake | None, timeout: float | None, keep: bool = True) -> None:
+        """Read frames in the calling thread (which holds ``role``) until one was applied,
+        ``wake`` is set, or ``timeout`` passes; then let go of the role, and unless not
+        ``keep``, keep the socket from the serving thread a little longer."""
+        if self.held is None:
+            self._arm(_ONESHOT)  # the serving thread stops watching
+        self.held = None
+        ended = False
+        try:
+            if self.conn.poll(timeout, None if wake is None else wake.r):
+                self._drain()
+        except (EOFError, OSError):
+            ended = True
+        except Exception:
+            log.exception("a connection sent a frame this process could not apply; closing it")
+            ended = True
+        finally:
+            if ended:
+                self.conn.shutdown()  # a serving thread sees the end and cleans up
+                keep = False
+            # the socket stays out of the serving thread's set for `hold` more: a thread
+            # that reads one answer after another (a request loop) then pays no system
+            # call to take it out and put it back each time; the serving thread takes it
+            # back once nobody has led or held it for that long
+            if keep and self.poller is not None:
+                self._keep(time.monotonic())
+            self.role.release()
+            if not keep:
+                self._arm(_ARMED)
+        if ended and not self.serving:
+            self._finish()
+
+    def try_lead(self, cond: threading.Condition, wake: Wake | None, timeout: float | None,
+                 keep: bool = True) -> bool:
+        """Unless another thread reads the socket now, `lead` in this one, with ``cond``
+        (which the caller holds) released meanwhile; False if it cannot."""
+        if not (self.leadable and self.role.acquire(blocking=False)):
+            return False
+        cond.release()
+        try:
+            self.lead(wake, timeout, keep)
+        finally:
+            cond.acquire()
+        return True
+
+    def _keep(self, now: float) -> None:
+        """Keep the (disarmed) socket from the serving thread until ``now + Timing.hold``."""
+        self.held = now
+        waits_forever = now >= self.holding_until
+        self.holding_until = now + 100 * TIMING.hold  # set before the kick: the thread reads it
+        if waits_forever and self.kick is not None:  # it waits without a timeout: wake it
+            self.kick.set(True)
+
+    def hold(self) -> None:
+        """A thread here is about to send the peer something it answers, then read the
+        answer (a duplex pipe end, see `_broker.Broker.expect`): take the socket from the
+        serving thread now, so that the answer is not read there first and handed over.
+        The serving thread takes it back if no thread has come to read within
+        `Timing.hold`."""
+        if not self.leadable or self.role.locked():
+            return
+        now = time.monotonic()
+        if self.held is None:
+            self._arm(_ONESHOT)
+        self._keep(now)
+
+    def unhold(self) -> None:
+        """Give a held socket back to the serving thread now (see `hold`)."""
+        if self.held is not None:
+            self.held = None
+            if not self.role.locked():
+                self._arm(_ARMED)
+
+    def close(self) -> None:
+        self.ended = True
+        for part in (self.kick, self.poller, self.conn):
+            if part is not None:
+                with contextlib.suppress(OSError):
+                    part.close()
 
 
 def drop(sock: socket.socket) -> None:

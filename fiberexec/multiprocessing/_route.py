@@ -58,16 +58,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._hub import Peer, Wake, thread_wake
 from fiberexec.multiprocessing._links import (
     _SIZE,
     PIPE,
     TIMING,
     Listener,
+    Reader,
+    Wake,
     Wire,
     dial,
     outward_ip,
     split_address,
+    thread_wake,
 )
 from fiberexec.multiprocessing._stream import (
     _HEAD,
@@ -101,7 +103,7 @@ class Link:
         self.lock = threading.Lock()
         self.closed = False
         self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
-        self.reader: Peer | None = None  # on the reader's side: what reads it
+        self.reader: Reader | None = None  # on the reader's side: what reads it
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
         with self.lock:
@@ -214,17 +216,18 @@ class Inlet:
         """Serve an authenticated writer's connection (in the thread that accepted it)."""
         link = Link(Wire(sock))
         # read by this thread, or by a thread here waiting for its items (`lead`)
-        reader = link.reader = Peer(link.wire, functools.partial(self._on, link))
+        reader = link.reader = Reader(link.wire, functools.partial(self._on, link),
+                                      functools.partial(self._lost_link, link))
         with self.stream.cond:
             self.links.add(link)
-        reader.run(functools.partial(self._lost_link, link))
+        reader.run()
 
     def _lost_link(self, link: Link) -> None:
         with self.stream.cond:
             self._lost(link)
             self.stream.cond.notify_all()
 
-    def _on(self, link: Link, _peer: Peer, frame: bytes) -> None:
+    def _on(self, link: Link, frame: bytes) -> None:
         tag, cid = _HEAD.unpack_from(frame)
         with self.stream.cond:
             self._apply(link, tag, cid, frame[_HEAD.size:])
@@ -234,26 +237,21 @@ class Inlet:
         """A thread here waits for ``cid`` (under the stream's ``cond``): if its items come
         directly from one writer, read that connection in this thread until something
         was applied, ``cid`` is woken (`wake`) or ``timeout`` passes, as the broker's
-        threads read a stream they wait on (`_hub.Peer.lead`): no thread in between.
+        threads read a stream they wait on (`_links.Reader`): no thread in between.
         False if it cannot (the caller then waits on ``cond``)."""
         flows = self.flows.get(cid)
         if flows is None or len(flows) != 1 or cid in self.leaders:
             return False
         ((link, flow),) = flows.items()
-        peer = link.reader
-        if peer is None or not (flow.flushed and not flow.stopping and peer.leadable) or (
-                not peer.role.acquire(blocking=False)):
+        reader = link.reader
+        if reader is None or not (flow.flushed and not flow.stopping):
             return False
-        wake = self.leaders[cid] = thread_wake()
-        wake.set(False)
-        cond = self.stream.cond
-        cond.release()
+        self.leaders[cid] = thread_wake()
         try:
-            peer.lead(wake, timeout, keep=cid not in self.stream.signals)
+            return reader.try_lead(self.stream.cond, self.leaders[cid], timeout,
+                                   keep=cid not in self.stream.signals)
         finally:
-            cond.acquire()
             del self.leaders[cid]
-        return True
 
     def wake(self, cid: int | None = None) -> None:
         """``cid`` (None: every pipe) became ready some other way: its leader stops."""
@@ -419,9 +417,10 @@ class Inlet:
         self.listener.close()
         for link in list(self.links):
             link.wire.shutdown()
-            if link.reader is not None:
+            kick = link.reader.kick if link.reader is not None else None
+            if kick is not None:
                 with contextlib.suppress(OSError):  # its serving thread sees the end
-                    link.reader.kick.set(True)
+                    kick.set(True)
 
 
 # ------------------------------------------------------------------------- writing side

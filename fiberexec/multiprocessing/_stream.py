@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import struct
 import sys
 import threading
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
-from fiberexec.multiprocessing._links import STREAM, TIMING, Wire, dial
+from fiberexec.multiprocessing._links import STREAM, TIMING, Reader, Signal, Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -66,37 +65,6 @@ _RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
 _LEN = struct.Struct("!I")
 WINDOW = 256  # queue items a consumer accepts ahead of its gets
 REPORT = WINDOW // 4  # a consumer whose broker reads its tally page reports every REPORT takes
-
-
-def _frame(tag: bytes, cid: int, body: bytes = b"") -> bytes:
-    return _HEAD.pack(tag, cid) + body
-
-
-
-
-class Signal:
-    """A file descriptor that is readable exactly while it is set: what a pipe end's
-    ``fileno()`` returns, so `select`, selectors and `multiprocessing.connection.wait`
-    see it ready when ``recv()`` would not block."""
-
-    def __init__(self) -> None:
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        os.set_blocking(self.w, False)
-        self.on = False
-
-    def set(self, on: bool) -> None:
-        if on and not self.on:
-            os.write(self.w, b"!")
-        elif not on and self.on:
-            with contextlib.suppress(BlockingIOError):
-                os.read(self.r, 64)
-        self.on = on
-
-    def close(self) -> None:
-        for fd in (self.r, self.w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 # ---------------------------------------------------------------------------- client side
@@ -164,8 +132,8 @@ class Stream:
         self.signals: dict[int, Signal] = {}  # pipe ends whose fileno() was asked for
         self.tally: TallyPage | None = None  # counts of queue items taken, for the broker
         self.lost = False
-        self.reading = False  # a thread is reading the socket for everyone (leader)
-        self.reader: threading.Thread | None = None  # the permanent leader, once needed
+        # read by a thread waiting for what it brings, or once needed by a thread of its own
+        self.reader = Reader(self.conn, self._on_frame, self._ended)
         self.send(TOKEN, 0, process_token().encode())
         self.rpc.on_lost(self._abort)
 
@@ -173,6 +141,9 @@ class Stream:
         """The broker's process is gone: end the stream, waking a thread blocked reading it."""
         self.why = f"{self.why}: {self.rpc.why}"
         self.conn.shutdown()
+        self._ended()
+
+    def _ended(self) -> None:
         with self.cond:
             self.lost = True
             self._signal_all()
@@ -211,54 +182,26 @@ class Stream:
     def _await(self, ready: Callable[[], object], timeout: float | None,
                cid: int | None = None) -> bool:
         """Wait until ``ready()`` (or the stream is lost), reading the socket as leader when
-        no one else does, or the direct connection pipe ``cid``'s items come over (see
-        `_route.Inlet.lead`). Call with ``cond`` held."""
+        no one else does and no thread of its own has started (see `_links.Reader`), or the
+        direct connection pipe ``cid``'s items come over (see `_route.Inlet.lead`). Call
+        with ``cond`` held."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        reader = self.reader
         with self.rpc.busy():
             while not (ready() or self.lost):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                if self.reading or self.reader is not None:  # once it exists, it reads
-                    if cid is None or self.inlet is None or not self.inlet.lead(cid, left):
-                        self.cond.wait(left)
-                    continue
-                self.reading = True
-                self.cond.release()
-                try:
-                    frame = self._read_one(left)
-                finally:
-                    self.cond.acquire()
-                    self.reading = False
-                    self.cond.notify_all()
-                if frame is not None:
-                    self._file(frame)
+                if not reader.serving and reader.try_lead(self.cond, None, left, keep=False):
+                    self.cond.notify_all()  # another waiter may lead now
+                elif cid is None or self.inlet is None or not self.inlet.lead(cid, left):
+                    self.cond.wait(left)
         return True
 
-    def _read_one(self, timeout: float | None) -> bytes | None:
-        try:
-            if timeout is not None and not self.conn.poll(timeout):
-                return None
-            return self.conn.recv_bytes()
-        except (EOFError, OSError):
-            self.lost = True
-            self._signal_all()
-            return None
-
-    def _read_forever(self) -> None:
+    def _on_frame(self, frame: bytes) -> None:
         with self.cond:
-            while self.reading and not self.lost:
-                self.cond.wait()  # the current leader finishes its frame, then notifies
-            self.reading = True
-            while not self.lost:
-                self.cond.release()
-                try:
-                    frame = self._read_one(None)
-                finally:
-                    self.cond.acquire()
-                if frame is not None:
-                    self._file(frame)
-                self.cond.notify_all()
+            self._file(frame)
+            self.cond.notify_all()
 
     def _file(self, frame: bytes) -> None:
         """File one frame from the broker (under ``cond``)."""
@@ -418,11 +361,8 @@ class Stream:
                                       max(0.0, deadline - time.monotonic()))
 
     def start_reader(self) -> None:
-        """From now on a thread reads the broker's frames as they come (under ``cond``)."""
-        if self.reader is None:
-            self.reader = threading.Thread(target=self._read_forever, daemon=True,
-                                           name="fiberexec-mp-stream-reader")
-            self.reader.start()
+        """From now on a thread reads the broker's frames as they come."""
+        self.reader.start("fiberexec-mp-stream-reader")
 
     # -------------------------------------------------------------- queue consumption
 

@@ -1,11 +1,14 @@
 """The multiprocessing layer's connections (`_links`): one handshake both ways before
 anything is read, over the Unix socket and over TCP, and a peer that connects and says
-nothing, or says something else, holds up no one else."""
+nothing, or says something else, holds up no one else; and which thread reads a connection
+(`Reader`): the thread that waits, else its serving thread, one at a time, on both."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -141,3 +144,162 @@ def test_a_service_is_admitted_only_while_offered(listener: Listening) -> None:
 def test_the_outward_address_of_a_loopback_peer_is_none() -> None:
     assert _links.outward_ip("tcp://127.0.0.1:9") is None
     assert _links.outward_ip("not an address") is None
+
+
+# --------------------------------------------------------------- which thread reads: Reader
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def wires(request: pytest.FixtureRequest) -> Iterator[tuple[_links.Wire, _links.Wire]]:
+    """Two ends of one connection, as the layer's sockets are: Unix, or TCP on loopback."""
+    if request.param == "unix":
+        left, right = socket.socketpair()
+    else:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            left = socket.create_connection(server.getsockname())
+            right = server.accept()[0]
+    yield _links.Wire(left), _links.Wire(right)
+    left.close()
+    right.close()
+
+
+class Seen:
+    """What a `Reader` applied, by which thread, and how often it reported its end."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[bytes, int]] = queue.Queue()
+        self.ends: queue.Queue[int] = queue.Queue()
+
+    def apply(self, frame: bytes) -> None:
+        self.frames.put((frame, threading.get_ident()))
+
+    def lost(self) -> None:
+        self.ends.put(threading.get_ident())
+
+
+Wires = tuple[_links.Wire, _links.Wire]
+
+
+def test_a_waiting_thread_reads_the_socket_itself(wires: Wires) -> None:
+    mine, theirs = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    cond = threading.Condition()
+    theirs.send_bytes(b"one")
+    with cond:
+        assert reader.try_lead(cond, None, 10)
+    assert seen.frames.get_nowait() == (b"one", threading.get_ident())
+    assert not reader.role.locked()
+
+
+def test_only_one_thread_reads_at_a_time(wires: Wires) -> None:
+    mine, theirs = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    theirs.send_bytes(b"for the leader")
+    outcome: queue.Queue[bool] = queue.Queue()
+
+    def lead() -> None:
+        cond = threading.Condition()
+        with cond:
+            outcome.put(reader.try_lead(cond, None, 30))
+
+    with reader.role:  # another thread reads the socket now
+        other = threading.Thread(target=lead)
+        other.start()
+        assert outcome.get(timeout=10) is False
+        other.join(10)
+    assert seen.frames.empty()
+    other = threading.Thread(target=lead)
+    other.start()
+    assert outcome.get(timeout=10) is True
+    other.join(10)
+    assert seen.frames.get_nowait() == (b"for the leader", other.ident)
+
+
+def test_a_wake_ends_a_lead_with_nothing_read(wires: Wires) -> None:
+    mine, _ = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    wake = _links.thread_wake()
+    threading.Timer(0.05, wake.wake).start()
+    started = time.monotonic()
+    cond = threading.Condition()
+    with cond:
+        assert reader.try_lead(cond, wake, 30)
+    assert time.monotonic() - started < 30
+    assert seen.frames.empty() and seen.ends.empty()
+
+
+def test_the_serving_thread_reads_what_nobody_waits_for(wires: Wires) -> None:
+    mine, theirs = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    reader.start("test-serving")
+    reader.start("test-serving-again")  # once only
+    theirs.send_bytes(b"unasked")
+    frame, thread = seen.frames.get(timeout=10)
+    assert frame == b"unasked" and thread != threading.get_ident()
+    served = [t for t in threading.enumerate() if t.name.startswith("test-serving")]
+    assert [t.name for t in served] == ["test-serving"]
+    theirs.shutdown()
+    assert seen.ends.get(timeout=10) == thread
+    served[0].join(10)
+    assert seen.ends.empty() and reader.ended
+
+
+def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hold` takes the socket from the serving thread before an answer can come, so the
+    answer reaches the asking thread directly; it gives it back when nobody leads."""
+    monkeypatch.setattr(_links, "TIMING", dataclasses.replace(_links.TIMING, hold=30.0))
+    mine, theirs = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    reader.start("test-serving")
+    cond = threading.Condition()
+    for n in range(3):
+        reader.hold()
+        theirs.send_bytes(b"answer %d" % n)
+        with cond:
+            assert reader.try_lead(cond, None, 10)
+        assert seen.frames.get_nowait() == (b"answer %d" % n, threading.get_ident())
+    reader.unhold()
+    theirs.send_bytes(b"unasked")
+    frame, thread = seen.frames.get(timeout=10)
+    assert frame == b"unasked" and thread != threading.get_ident()
+    theirs.shutdown()
+    seen.ends.get(timeout=10)
+
+
+def test_the_end_is_reported_once_by_whoever_reads_it(wires: Wires) -> None:
+    mine, theirs = wires
+    seen = Seen()
+    reader = _links.Reader(mine, seen.apply, seen.lost)
+    theirs.shutdown()
+    cond = threading.Condition()
+    with cond:
+        assert reader.try_lead(cond, None, 10)  # no serving thread: the leader reports it
+        assert not reader.leadable
+        assert not reader.try_lead(cond, None, 10)
+    assert seen.ends.get_nowait() == threading.get_ident()
+    reader.start("test-serving")  # too late: nothing more to read or report
+    assert not any(t.name == "test-serving" for t in threading.enumerate())
+    assert seen.ends.empty() and seen.frames.empty()
+
+
+def test_a_frame_the_reader_cannot_apply_ends_the_connection(wires: Wires) -> None:
+    mine, theirs = wires
+    seen = Seen()
+
+    def refuse(frame: bytes) -> None:
+        raise ValueError(f"unknown frame {frame!r}")
+
+    reader = _links.Reader(mine, refuse, seen.lost)
+    theirs.send_bytes(b"?")
+    cond = threading.Condition()
+    with cond:
+        reader.try_lead(cond, None, 10)
+    assert seen.ends.get_nowait() == threading.get_ident()
+    with pytest.raises(EOFError):
+        theirs.recv_bytes()
