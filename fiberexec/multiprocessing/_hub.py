@@ -8,7 +8,6 @@ between.
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -34,8 +33,6 @@ from fiberexec.multiprocessing._stream import (
     UNROUTE,
 )
 from fiberexec.multiprocessing._tally import TallyView
-
-log = logging.getLogger("fiberexec.multiprocessing")
 
 
 class Peer(Reader):

@@ -405,7 +405,8 @@ _ARMED = getattr(select, "EPOLLIN", 0) | _ONESHOT
 
 
 class Reader:
-    """Which thread reads a connection: the one rule for every socket of this layer.
+    """Which thread reads a stream or a route: the one rule of this layer (a call's caller
+    reads its own answer, `_rpc`: the same rule, with no other reader).
 
     Frames are read by one thread at a time, the holder of ``role``. A thread waiting for
     what the connection brings takes the role and reads the socket itself (`lead`), so a

@@ -55,7 +55,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._links import (
@@ -103,34 +102,15 @@ class Link:
         self.lock = threading.Lock()
         self.closed = False
         self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
-        self.reader: Reader | None = None  # on the reader's side: what reads it
+        self.reader: Reader | None = None  # what reads it (the answers, on the writer's side)
 
     def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
         with self.lock:
             self.wire.send_frame(tag, cid, body)
 
-    def close(self) -> None:
-        self.closed = True
-        self.wire.shutdown()
-        self.wire.close()
-
 
 def _batch(items: list[bytes]) -> bytes:
     return b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
-
-
-def _frames(link: Link) -> Any:
-    """The link's frames as (tag, cid, body), a whole batch at a time (blocking)."""
-    wire = link.wire
-    while True:
-        batch = [wire.recv_bytes()]
-        while wire.frame_ready():
-            batch.append(wire.recv_bytes())
-        yield [(*_HEAD.unpack_from(frame), frame[_HEAD.size:]) for frame in batch]
-
-
-def _thread(target: Any, *args: Any) -> None:
-    threading.Thread(target=target, args=args, daemon=True, name="fiberexec-mp-route").start()
 
 
 # ------------------------------------------------------------------------- reading side
@@ -193,7 +173,6 @@ class Inlet:
         self.stream = stream
         self.flows: dict[int, dict[Link, Inflow]] = {}
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
-        self.links: set[Link] = set()
         self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
         ip = outward_ip(stream.endpoint.address)
         self.listener = self._listen(ip)
@@ -218,8 +197,6 @@ class Inlet:
         # read by this thread, or by a thread here waiting for its items (`lead`)
         reader = link.reader = Reader(link.wire, functools.partial(self._on, link),
                                       functools.partial(self._lost_link, link))
-        with self.stream.cond:
-            self.links.add(link)
         reader.run()
 
     def _lost_link(self, link: Link) -> None:
@@ -336,7 +313,6 @@ class Inlet:
 
     def _lost(self, link: Link) -> None:
         link.closed = True
-        self.links.discard(link)
         for cid in list(self.flows):
             flow = self.flows[cid].get(link)
             if flow is None:
@@ -412,15 +388,6 @@ class Inlet:
 
     def stopping(self) -> bool:
         return any(flow.stopping for flows in self.flows.values() for flow in flows.values())
-
-    def close(self) -> None:
-        self.listener.close()
-        for link in list(self.links):
-            link.wire.shutdown()
-            kick = link.reader.kick if link.reader is not None else None
-            if kick is not None:
-                with contextlib.suppress(OSError):  # its serving thread sees the end
-                    kick.set(True)
 
 
 # ------------------------------------------------------------------------- writing side
@@ -594,34 +561,28 @@ class Outlets:
             return None
         link = Link(Wire(sock), address)
         self.links[address] = link
-        _thread(self._serve, link)
+        # the reader's answers are read by a thread of their own, which sends no items
+        link.reader = Reader(link.wire, functools.partial(self._apply, link),
+                             functools.partial(self._lost, link))
+        link.reader.start("fiberexec-mp-route")
         return link
 
-    def _serve(self, link: Link) -> None:
-        """Read the reader's answers over ``link`` (this thread sends no items)."""
-        try:
-            for batch in _frames(link):
-                for tag, cid, body in batch:
-                    self._apply(link, tag, cid, body)
-        except (EOFError, OSError):
-            pass
-        except Exception:
-            log.exception("a pipe connection sent a frame this process cannot apply")
-        finally:
-            with self.cond:
-                link.closed = True
-                for cid, route in list(link.routes.items()):
-                    with link.lock:
-                        untaken = route.forget()
-                        route.state = DEAD
-                    self._resend(cid, untaken)
-                    self._relay_for_now(cid, route)
-                if self.links.get(link.address) is link:
-                    del self.links[link.address]
-                self.cond.notify_all()
-            link.close()
+    def _lost(self, link: Link) -> None:
+        with self.cond:
+            link.closed = True
+            for cid, route in list(link.routes.items()):
+                with link.lock:
+                    untaken = route.forget()
+                    route.state = DEAD
+                self._resend(cid, untaken)
+                self._relay_for_now(cid, route)
+            if self.links.get(link.address) is link:
+                del self.links[link.address]
+            self.cond.notify_all()
 
-    def _apply(self, link: Link, tag: bytes, cid: int, body: bytes) -> None:
+    def _apply(self, link: Link, frame: bytes) -> None:
+        tag, cid = _HEAD.unpack_from(frame)
+        body = frame[_HEAD.size:]
         if tag in (ACK, NACK):
             with self.cond:
                 route = link.routes.get(cid)
@@ -633,7 +594,8 @@ class Outlets:
                 link.send(STOPPED, cid)
         elif tag == STOP:  # answered by another thread: this one keeps reading, so a
             # sender blocked on a full connection (holding its lock) is never waited for
-            _thread(self._stop, link, cid)
+            threading.Thread(target=self._stop, args=(link, cid), daemon=True,
+                             name="fiberexec-mp-route").start()
         elif tag == RETURN:
             self._returned(link, cid, _unbatch(_HEAD.pack(RETURN, cid) + body))
         elif tag == TAKEN:
@@ -695,9 +657,3 @@ class Outlets:
                     leaving.append(route)
             return self.cond.wait_for(lambda: all(
                 route.state != STOPPING or route.link.closed for route in leaving), timeout)
-
-    def close(self) -> None:
-        with self.cond:
-            links = list(self.links.values())
-        for link in links:
-            link.wire.shutdown()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import struct
 import sys
 import threading
@@ -46,7 +45,6 @@ from fiberexec.multiprocessing._tally import TallyPage
 if TYPE_CHECKING:  # _route builds on this module
     from fiberexec.multiprocessing._route import Inlet, Outlets
 
-log = logging.getLogger("fiberexec.multiprocessing")
 _HEAD = struct.Struct("!cQ")
 PUT, SUBSCRIBE, UNSUBSCRIBE, CLAIM, RELEASE, TOKEN = b"P", b"S", b"U", b"C", b"R", b"T"
 ITEM, EOF = b"I", b"E"
@@ -91,10 +89,9 @@ class _Lane:
 class Stream:
     """This process's stream to one broker: sends frames, receives pipe and queue items.
 
-    Reading has no thread of its own while only pipes are read: the first waiter reads the
-    socket for all (and files what it reads), the others wait for it; so a message costs no
-    thread switch on the way in. Once this process consumes a queue of the broker, a reader
-    thread takes that role for good, as the broker may ask for items back at any time.
+    Read as `_links.Reader` says, with no thread of its own while only pipes are read: the
+    first waiter reads for all. A queue consumed, a pipe's ``fileno()`` asked for or a
+    direct writer starts one for good, as the broker may then send at any time.
 
     Queue consumption: a get that finds nothing here tells the broker how many threads wait
     (``W``), and the broker sends items as they come; once nobody waits anywhere, it also
@@ -103,11 +100,10 @@ class Stream:
     creator true and tells the broker what to hand back if this process ends: in the tally
     page where the broker reads it (`_tally`; then a report ``W`` goes every `REPORT`
     gets, and the only consumer, told it is fed, ``G``, need not say when it waits), else
-    in a report ``W`` per get. When
-    another consumer waits while items sit unread here, the broker revokes them (``V``): the
-    reader drops them, but those its waiting threads take, and answers with what was taken
-    and kept (``N``); the rest go to the others, before any later item (see
-    `_broker.Chan.dispatch`).
+    in a report ``W`` per get. When another consumer waits while items sit unread here, the
+    broker revokes them (``V``): the reader drops them, but those its waiting threads take,
+    and answers with what was taken and kept (``N``); the rest go to the others, before any
+    later item (see `_broker.Chan.dispatch`).
     """
 
     def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
@@ -469,17 +465,6 @@ class Stream:
         lane.direct -= 1
         return item.take()
 
-
-    def close(self) -> None:
-        for part in (self.inlet, self.outlets):
-            if part is not None:
-                part.close()
-        with contextlib.suppress(OSError):
-            self.conn.close()
-        with self.cond:
-            if self.tally is not None:
-                self.tally.close()
-                self.tally = None
 
 
 def _arrived(lane: _Lane, silent: bool) -> bool:
