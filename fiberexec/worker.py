@@ -647,11 +647,12 @@ def main() -> None:
 
 def run() -> None:
     """Be a worker: configured by the environment, until the executor lets go."""
+    environ = dict(os.environ)
     try:
-        config = _Config(dict(os.environ))
+        config = _Config(environ)
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
-    _adopt_authkey(dict(os.environ))
+    _adopt_authkey(environ)
     _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
     try:
         worker = Worker(config)

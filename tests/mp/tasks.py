@@ -51,6 +51,10 @@ def say_and_put_parent(q: Any, words: str) -> None:
     q.put(os.getppid())
 
 
+def put_parent_and_env(q: Any, names: list[str]) -> None:
+    q.put((os.getppid(), {name: os.environ.get(name) for name in names}))
+
+
 def echo_pipe(conn: Any) -> None:
     while True:
         try:
