@@ -245,33 +245,39 @@ def test_processes_fork_from_one_launcher_that_serves_batch_after_batch(
     assert not alive, "the launcher outlived its backend"
 
 
-def test_a_forked_child_has_its_parents_environment_as_it_is_at_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """As with the standard library's fork: a variable set after the launcher started
-    reaches the child, one removed since does not, one changed has its new value."""
-    import fiberexec.multiprocessing as mp
+@pytest.mark.parametrize("system", ["stdlib", "fiberexec"])
+def test_a_child_has_its_parents_environment_as_it_is_at_start(
+        monkeypatch: pytest.MonkeyPatch, system: str) -> None:
+    """A variable set since the first child started reaches the next, one removed since
+    does not, one changed has its new value: as with the standard library, and through
+    fiberexec's launcher, which was started with the environment of the first."""
+    import multiprocessing
+
+    import fiberexec.multiprocessing as fiber_mp
     from tests.mp import tasks as mp_tasks
 
-    monkeypatch.setenv("FIBEREXEC_TEST_GONE", "launcher")
-    monkeypatch.setenv("FIBEREXEC_TEST_CHANGED", "launcher")
+    mp: Any = fiber_mp if system == "fiberexec" else multiprocessing.get_context("spawn")
+    monkeypatch.setenv("FIBEREXEC_TEST_GONE", "first")
+    monkeypatch.setenv("FIBEREXEC_TEST_CHANGED", "first")
     backend = LocalBackend()
-    mp.set_default_backend(backend)
+    fiber_mp.set_default_backend(backend)
     try:
-        (launcher,) = _launched_parents(mp, 1, "the launcher starts")
+        first = _launched_parents(mp, 1, "the first child")
         monkeypatch.delenv("FIBEREXEC_TEST_GONE")
-        monkeypatch.setenv("FIBEREXEC_TEST_CHANGED", "child")
-        monkeypatch.setenv("FIBEREXEC_TEST_NEW", "child")
+        monkeypatch.setenv("FIBEREXEC_TEST_CHANGED", "next")
+        monkeypatch.setenv("FIBEREXEC_TEST_NEW", "next")
         out = mp.Queue()
         names = ["FIBEREXEC_TEST_GONE", "FIBEREXEC_TEST_CHANGED", "FIBEREXEC_TEST_NEW"]
         proc = mp.Process(target=mp_tasks.put_parent_and_env, args=(out, names))
         proc.start()
         parent, env = out.get(timeout=60)
         proc.join(30)
-        assert parent == launcher  # forked, not started afresh
-        assert env == {"FIBEREXEC_TEST_GONE": None, "FIBEREXEC_TEST_CHANGED": "child",
-                       "FIBEREXEC_TEST_NEW": "child"}
+        assert env == {"FIBEREXEC_TEST_GONE": None, "FIBEREXEC_TEST_CHANGED": "next",
+                       "FIBEREXEC_TEST_NEW": "next"}
+        if system == "fiberexec":
+            assert {parent} == first != {os.getpid()}  # forked by the launcher
     finally:
-        mp.set_default_backend(None)
+        fiber_mp.set_default_backend(None)
         backend.close()
 
 
