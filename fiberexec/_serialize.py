@@ -23,7 +23,7 @@ from concurrent.futures.process import _RemoteTraceback
 from dataclasses import dataclass
 from typing import Any
 
-from fiberexec import _inherit
+from fiberexec import _byvalue, _inherit
 from fiberexec._errors import PicklingError, SerializationError, UnpicklingError
 
 #: The standard library's class, so ``type(exc.__cause__)`` is what stdlib code expects.
@@ -83,13 +83,16 @@ def dumps_function(fn: Any) -> Payload:
 
     A plain function pickled by reference is only its module and name, the same bytes every
     time: those are kept (per function object), so a task costs no pickling of its function.
-    By value (lambdas, closures, ``__main__``) it is pickled again each time: a global it
-    reads may have changed.
+    By value (lambdas, closures, ``__main__``), the bytes are kept while nothing the function
+    reads can have changed (`_byvalue`), else it is pickled again: a global it reads may
+    have changed.
     """
     if isinstance(fn, _PLAIN_FUNCTIONS):
         cached = _by_reference.get(fn)
         if cached is not None:
             return cached
+        if type(fn) is types.FunctionType and _byvalue.known(fn):
+            return _by_value(fn)
         try:
             data = pickle.dumps(fn, protocol=PROTOCOL)
         except Exception:
@@ -99,7 +102,14 @@ def dumps_function(fn: Any) -> Payload:
                 _by_reference.clear()
             payload = _by_reference[fn] = Payload(data)
             return payload
+        if type(fn) is types.FunctionType:
+            return _by_value(fn)
     return dumps(fn, what=f"function {fn!r}")
+
+
+def _by_value(fn: types.FunctionType) -> Payload:
+    return _byvalue.dumps(fn, lambda: dumps(fn, what=f"function {fn!r}"),
+                          lambda payload: not payload.buffers)
 
 
 _PLAIN_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)

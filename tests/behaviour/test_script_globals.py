@@ -1,0 +1,53 @@
+"""A task defined in the main script reads the script's globals as they are when it is
+sent: a global bound again, or a list changed in place, between two submits reaches the
+workers, whether or not its pickled bytes were kept between sends (`fiberexec._byvalue`).
+
+(The standard library differs here: its forked workers keep what the script held when they
+were forked, so this is fiberexec's own contract, not a shared one.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = """
+import math
+from fiberexec import FiberExecutor
+
+SCALE = 1
+WEIGHTS = [1]
+
+
+def scaled(x):
+    return math.floor(x) * SCALE
+
+
+def weighted(x):
+    return x * sum(WEIGHTS)
+
+
+if __name__ == "__main__":
+    with FiberExecutor(1) as ex:
+        print([ex.submit(scaled, 2).result(timeout=120) for _ in range(3)])
+        SCALE = 5
+        print([ex.submit(scaled, 2).result(timeout=120) for _ in range(3)])
+        print(list(ex.map(scaled, [1, 2, 3], timeout=120)))
+        print([ex.submit(weighted, 2).result(timeout=120) for _ in range(3)])
+        WEIGHTS.append(2)
+        print(ex.submit(weighted, 2).result(timeout=120))
+"""
+
+
+def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6"], done.stdout

@@ -1,0 +1,193 @@
+"""A function pickled by value is sent as the bytes kept from before only while nothing it
+reads can have changed (`fiberexec._byvalue`): a worker always runs what the function would
+compute here at the moment it is sent.
+
+Each function is defined inside its test, so that it is pickled by value, as a function
+from a script's ``__main__`` is."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fiberexec import _byvalue
+from fiberexec._serialize import dumps_function, loads
+
+SCALE = 3
+WEIGHTS = [1.0, 2.0]
+MODULE = sys.modules[__name__]
+
+
+def sent(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a worker gets it."""
+    return loads(dumps_function(fn))  # type: ignore[no-any-return]
+
+
+def twice(fn: Callable[..., Any]) -> bytes:
+    """Send ``fn`` twice, as two batches of tasks would: from then on it may be kept."""
+    dumps_function(fn)
+    return dumps_function(fn).data
+
+
+@pytest.fixture(autouse=True)
+def _forget() -> None:
+    _byvalue._recipes.clear()
+
+
+def test_the_bytes_are_kept_while_nothing_read_changes() -> None:
+    def scaled(x: float) -> float:
+        return math.floor(x) * SCALE
+
+    kept = twice(scaled)
+    assert dumps_function(scaled).data is kept
+    assert sent(scaled)(2.5) == 6
+
+
+def test_a_global_bound_again_is_sent_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    def scaled(x: float) -> float:
+        return x * SCALE
+
+    kept = twice(scaled)
+    monkeypatch.setattr(MODULE, "SCALE", 10)
+    assert dumps_function(scaled).data is not kept
+    assert sent(scaled)(2) == 20
+    assert dumps_function(scaled).data is dumps_function(scaled).data  # kept again
+
+
+def test_a_mutable_global_is_pickled_every_time() -> None:
+    def total() -> float:
+        return sum(WEIGHTS)
+
+    twice(total)
+    WEIGHTS.append(4.0)
+    try:
+        assert sent(total)() == 7.0
+        assert dumps_function(total).data is not dumps_function(total).data
+    finally:
+        WEIGHTS.pop()
+
+
+def test_a_closure_cell_bound_again_is_sent_anew() -> None:
+    factor = 2
+
+    def scaled(x: int) -> int:
+        return x * factor
+
+    twice(scaled)
+    factor = 5  # read through the closure
+    assert sent(scaled)(2) == 10
+
+
+def test_defaults_and_attributes_changed_are_sent_anew() -> None:
+    def shifted(x: int, by: int = 1, *, double: bool = False) -> int:
+        return (x + by) * (2 if double else 1) + getattr(shifted, "extra", 0)
+
+    twice(shifted)
+    shifted.__defaults__ = (5,)
+    assert sent(shifted)(1) == 6
+    shifted.__kwdefaults__ = {"double": True}
+    assert sent(shifted)(1) == 12
+    shifted.extra = 100  # type: ignore[attr-defined]
+    assert sent(shifted)(1) == 112
+
+
+def test_a_helper_defined_again_is_sent_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    def helper(x: int) -> int:
+        return x + 1
+
+    monkeypatch.setattr(MODULE, "HELPER", helper, raising=False)
+
+    def uses() -> int:
+        return HELPER(1)  # type: ignore[name-defined,no-any-return]  # noqa: F821
+
+    twice(uses)
+    assert dumps_function(uses).data is dumps_function(uses).data
+    monkeypatch.setattr(MODULE, "HELPER", lambda x: x * 100)
+    assert sent(uses)() == 100
+
+
+def test_a_module_imported_since_makes_it_pickled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    def scaled(x: int) -> int:
+        return x * SCALE
+
+    kept = twice(scaled)
+    monkeypatch.setitem(sys.modules, "fiberexec_test_new_module", types.ModuleType("new"))
+    assert dumps_function(scaled).data is not kept
+
+
+def test_a_function_seen_once_costs_no_recipe() -> None:
+    dumps_function(lambda: SCALE)
+    assert all(recipe is None for recipe in _byvalue._recipes.values())
+
+
+# ------------------------------------------------------------------------ the property
+
+Change = tuple[str, int]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["global", "list", "cell", "default", "send"]),
+                          st.integers(-5, 5)), max_size=25))
+def test_what_is_sent_always_computes_what_the_function_would_here(
+        changes: list[Change]) -> None:
+    """Whatever is changed between sends, in whatever order, the function a worker gets
+    computes what the function computes here at that moment."""
+    global SCALE
+    _byvalue._recipes.clear()
+    old_scale, old_weights = SCALE, list(WEIGHTS)
+    offset = 0
+
+    def model(x: int, bump: int = 0) -> float:
+        return x * SCALE + sum(WEIGHTS) + offset + bump
+
+    try:
+        for kind, value in changes:
+            if kind == "global":
+                SCALE = value
+            elif kind == "list":
+                WEIGHTS.append(float(value))
+            elif kind == "cell":
+                offset = value
+            elif kind == "default":
+                model.__defaults__ = (value,)
+            assert sent(model)(2) == model(2)
+    finally:
+        SCALE = old_scale
+        WEIGHTS[:] = old_weights
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["global", "cell", "default", "tuple"]),
+                          st.integers(-5, 5)), max_size=25))
+def test_kept_bytes_always_compute_what_the_function_would_here(
+        changes: list[Change]) -> None:
+    """The same with only immutable values read, where the bytes are kept between changes."""
+    global SCALE
+    _byvalue._recipes.clear()
+    old_scale = SCALE
+    offset = 0
+    pair = (1, 2)
+
+    def model(x: int, bump: int = 0) -> float:
+        return x * SCALE + offset + bump + pair[0]
+
+    try:
+        for kind, value in changes:
+            if kind == "global":
+                SCALE = value
+            elif kind == "cell":
+                offset = value
+            elif kind == "default":
+                model.__defaults__ = (value,)
+            elif kind == "tuple":
+                pair = (value, value)
+            assert sent(model)(2) == model(2)
+    finally:
+        SCALE = old_scale
