@@ -28,6 +28,21 @@ from fiberexec import _auth
 from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
+from fiberexec.multiprocessing._frames import (
+    Count,
+    Counted,
+    Eof,
+    Feed,
+    Flushed,
+    Item,
+    Items,
+    Returned,
+    Revoke,
+    Tallied,
+    Tally,
+    Unroute,
+    Want,
+)
 from fiberexec.multiprocessing._hub import Hub, Peer
 from fiberexec.multiprocessing._links import TIMING, Signal, Wake, thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
@@ -155,7 +170,7 @@ class Chan:
         if lease is not None:
             lease.direct = 0  # on their way back through the producers
         with contextlib.suppress(OSError):
-            peer.send_unroute(self.cid)
+            peer.send(Unroute(self.cid))
 
     def count_held(self) -> None:
         """Before ``qsize()``: ask every consumer elsewhere that holds items of this queue
@@ -172,7 +187,7 @@ class Chan:
                 continue
             lease.asked += 1
             try:
-                peer.send_count(self.cid, lease.asked)
+                peer.send(Count(self.cid, lease.asked))
             except OSError:
                 continue
             asked.append((peer, lease, lease.asked))
@@ -197,7 +212,7 @@ class Chan:
             if fed != lease.fed:
                 lease.fed = fed
                 try:
-                    peer.send_feed(self.cid, fed)
+                    peer.send(Feed(self.cid, fed))
                 except OSError:
                     lease.gone = peer.gone = True
 
@@ -299,9 +314,9 @@ class Chan:
                 holders.append(peer)
 
     def _send(self, lease: Lease, n: int) -> None:
-        batch = [self.items.popleft() for _ in range(n)]
+        batch = tuple([self.items.popleft() for _ in range(n)])
         try:
-            lease.peer.send_items(self.cid, batch)
+            lease.peer.send(Items(self.cid, batch))
         except OSError:  # the consumer's process is ending: this batch stays here, and what
             # it was sent before goes back once its last reports are read (`peer_lost`)
             self.items.extendleft(reversed(batch))
@@ -317,7 +332,7 @@ class Chan:
                     # direct items may follow
                     self.marks.remove(mark)
                     with contextlib.suppress(OSError):
-                        lease.peer.send_flushed(self.cid, True, mark[1])
+                        lease.peer.send(Flushed(self.cid, True, mark[1]))
 
     def revoke(self, waiter: Peer | None = None) -> None:
         """Someone (``waiter``: a consumer's peer, or None for a thread here) waits: ask
@@ -330,7 +345,7 @@ class Chan:
                     not short and not lease.holds_ahead()):
                 continue
             try:
-                peer.send_revoke(self.cid)
+                peer.send(Revoke(self.cid))
                 lease.revoking = lease.idle = True
                 lease.fed = False  # it stops counting on being fed when it reads the revoke
             except OSError:
@@ -370,10 +385,10 @@ class Chan:
             return
         try:
             while self.items:
-                peer.send_item(self.cid, self.items[0])
+                peer.send(Item(self.cid, self.items[0]))
                 self.items.popleft()
             if self.writers == 0:
-                peer.send_eof(self.cid)
+                peer.send(Eof(self.cid))
         except OSError:  # the reader's process is gone: keep the rest here
             self.subscriber = None
 
@@ -680,7 +695,7 @@ class Broker:
             old, chan.subscriber = chan.subscriber, peer
             if old is not None and old is not peer and old.inlet:
                 with contextlib.suppress(OSError):  # writers sending to it directly stop
-                    old.send_unroute(cid)
+                    old.send(Unroute(cid))
             chan.push()
 
     def add_inlet(self, peer: Peer, address: str) -> None:
@@ -723,7 +738,7 @@ class Broker:
             ok = (chan.subscriber if chan.writers >= 0 else chan.routed) is peer and (
                 not chan.items)
             with contextlib.suppress(OSError):
-                peer.send_flushed(cid, ok, nonce)
+                peer.send(Flushed(cid, ok, nonce))
 
     def unsubscribe(self, cid: int, peer: Peer) -> None:
         chan = self.chans.get(cid)
@@ -732,10 +747,11 @@ class Broker:
                 if chan.subscriber is peer:
                     chan.subscriber = None
 
-    def lease(self, cid: int, peer: Peer, state: tuple[int, int, int, int]) -> None:
+    def lease(self, peer: Peer, want: Want) -> None:
         """A consumer's state: it took ``consumed`` items of the ``received`` sent to it in
         all, ``wanted`` threads of it wait with nothing at hand, it accepts ``window``."""
-        consumed, received, wanted, window = state
+        cid, consumed, received, wanted, window = (
+            want.cid, want.consumed, want.received, want.wanted, want.window)
         chan = self.chan(cid)
         with chan.cond:
             lease = chan.leases.get(peer)
@@ -760,11 +776,11 @@ class Broker:
                 chan.cond.notify_all()  # a put waiting for room may go on
             chan.refeed()
 
-    def tally(self, cid: int, peer: Peer, body: bytes) -> None:
+    def tally(self, peer: Peer, tally: Tally) -> None:
         """A consumer elsewhere counts what it takes of queue ``cid`` in a page of shared
         memory (`_tally`): map it if it is on this host, and say so; else it goes on
         reporting every item it takes."""
-        slot, nonce, path = _tally.parse(body)
+        cid, slot, nonce, path = tally.cid, tally.slot, tally.nonce, tally.path
         chan = self.chan(cid)
         if chan.maxsize:  # a put waiting for room learns of each take (`lease`)
             return
@@ -783,32 +799,31 @@ class Broker:
             if lease is not None:
                 lease.slot = slot
         with contextlib.suppress(OSError):
-            peer.send_tallied(cid)
+            peer.send(Tallied(cid))
 
-    def lease_returned(self, cid: int, peer: Peer, consumed: int, wanted: int,
-                       kept: int) -> None:
+    def lease_returned(self, peer: Peer, returned: Returned) -> None:
         """A consumer answered a revoke: it took ``consumed`` in all and keeps the next
         ``kept`` for threads of it that wait, the rest come back; ``wanted`` of its threads
         wait with nothing at hand."""
-        chan = self.chan(cid)
+        chan = self.chan(returned.cid)
         with chan.cond:
-            chan.drop_lease(peer, consumed, kept)
+            chan.drop_lease(peer, returned.consumed, returned.kept)
             lease = chan.leases.get(peer)
             if lease is not None:
-                lease.wanted = wanted
-                if wanted:
+                lease.wanted = returned.wanted
+                if returned.wanted:
                     lease.idle = False
             chan.dispatch()
             chan.refeed()
 
-    def counted(self, cid: int, peer: Peer, asked: int, direct: int) -> None:
+    def counted(self, peer: Peer, counted: Counted) -> None:
         """A consumer's answer to `Chan.count_held`."""
-        chan = self.chan(cid)
+        chan = self.chan(counted.cid)
         with chan.cond:
             lease = chan.leases.get(peer)
-            if lease is not None and asked > lease.answered:
-                lease.answered = asked
-                lease.direct = direct if chan.routed is peer else 0
+            if lease is not None and counted.asked > lease.answered:
+                lease.answered = counted.asked
+                lease.direct = counted.direct if chan.routed is peer else 0
                 chan.cond.notify_all()
 
     def peer_lost(self, peer: Peer, holder: str | None) -> None:

@@ -21,6 +21,7 @@ from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
+from fiberexec.multiprocessing._frames import Claim, Release
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint, process_token
 
@@ -255,7 +256,7 @@ def _release(endpoint: Endpoint, cid: int) -> None:
     try:
         stream = st.stream_for(endpoint)
         if stream is not None:
-            stream.send(st.RELEASE, cid)
+            stream.send(Release(cid))
         else:
             endpoint.call("unref", (cid,), timeout=TIMING.release)
     except Exception:  # the broker is gone: nobody is left to tell
@@ -268,7 +269,7 @@ def _rebuild(address: str, secret: bytes, recv_id: int | None, send_id: int | No
     if send_id is not None:
         stream = st.stream_for(endpoint)
         if stream is not None:
-            stream.send(st.CLAIM, send_id, ticket.encode())
+            stream.send(Claim(send_id, ticket))
         else:
             endpoint.call("claim", (send_id, ticket))
     return Connection(endpoint, recv_id, send_id)

@@ -13,25 +13,24 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._links import STREAM, Listener, Reader, Wire
-from fiberexec.multiprocessing._stream import (
-    _COUNTED,
-    _HEAD,
-    _LEN,
-    _RETURNED,
-    _WANT,
-    COUNT,
-    EOF,
-    FEED,
-    FLUSHED,
-    ITEM,
-    ITEMS,
-    NONCE,
-    REVOKE,
-    TALLIED,
-    UNROUTE,
+from fiberexec.multiprocessing._frames import (
+    Claim,
+    Counted,
+    Flush,
+    Frame,
+    Holder,
+    InletAt,
+    Put,
+    Release,
+    Returned,
+    Subscribe,
+    Tally,
+    Unsubscribe,
+    Want,
+    decode,
+    unexpected,
 )
+from fiberexec.multiprocessing._links import STREAM, Listener, Reader, Wire
 from fiberexec.multiprocessing._tally import TallyView
 
 
@@ -39,9 +38,9 @@ class Peer(Reader):
     """The broker's end of one process's stream (read as `Reader` says); sends are
     serialised."""
 
-    def __init__(self, conn: Wire, apply: Callable[[Peer, bytes], None],
+    def __init__(self, conn: Wire, apply: Callable[[Peer, Frame], None],
                  lost: Callable[[Peer], None]) -> None:
-        super().__init__(conn, lambda frame: apply(self, frame), lambda: lost(self))
+        super().__init__(conn, lambda raw: apply(self, decode(raw)), lambda: lost(self))
         self.lock = threading.Lock()  # serialises sends
         self.holder: str | None = None  # the process token it sent first
         self.inlet = ""  # where writers elsewhere may send its pipes directly (`_route`)
@@ -49,44 +48,9 @@ class Peer(Reader):
         self.tally: TallyView | None = None  # what its process took of queues here
         self.slots: dict[int, int] = {}  # queue -> its slot in that page
 
-    # ------------------------------------------------------------------ sending
-
-    def send_item(self, cid: int, body: bytes) -> None:
+    def send(self, frame: Frame) -> None:
         with self.lock:
-            self.conn.send_frame(ITEM, cid, body)
-
-    def send_eof(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_frame(EOF, cid)
-
-    def send_items(self, cid: int, items: list[bytes]) -> None:
-        body = b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
-        with self.lock:
-            self.conn.send_frame(ITEMS, cid, body)
-
-    def send_revoke(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_frame(REVOKE, cid)
-
-    def send_flushed(self, cid: int, ok: bool, nonce: bytes) -> None:
-        with self.lock:
-            self.conn.send_frame(FLUSHED, cid, (b"1" if ok else b"0") + nonce)
-
-    def send_unroute(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_frame(UNROUTE, cid)
-
-    def send_feed(self, cid: int, on: bool) -> None:
-        with self.lock:
-            self.conn.send_frame(FEED, cid, b"1" if on else b"0")
-
-    def send_tallied(self, cid: int) -> None:
-        with self.lock:
-            self.conn.send_frame(TALLIED, cid)
-
-    def send_count(self, cid: int, asked: int) -> None:
-        with self.lock:
-            self.conn.send_frame(COUNT, cid, _COUNTED.pack(asked, 0))
+            self.conn.send(frame)
 
     def close(self) -> None:
         super().close()
@@ -113,14 +77,13 @@ class Channels(Protocol):
 
     def add_inlet(self, peer: Peer, address: str) -> None: ...
 
-    def lease(self, cid: int, peer: Peer, state: tuple[int, int, int, int]) -> None: ...
+    def lease(self, peer: Peer, want: Want) -> None: ...
 
-    def lease_returned(self, cid: int, peer: Peer, consumed: int, wanted: int,
-                       kept: int) -> None: ...
+    def lease_returned(self, peer: Peer, returned: Returned) -> None: ...
 
-    def tally(self, cid: int, peer: Peer, body: bytes) -> None: ...
+    def tally(self, peer: Peer, tally: Tally) -> None: ...
 
-    def counted(self, cid: int, peer: Peer, asked: int, direct: int) -> None: ...
+    def counted(self, peer: Peer, counted: Counted) -> None: ...
 
     def peer_lost(self, peer: Peer, holder: str | None) -> None: ...
 
@@ -144,44 +107,35 @@ class Hub:
     def _lost(self, peer: Peer) -> None:
         self.broker.peer_lost(peer, peer.holder)
 
-    def _apply(self, peer: Peer, frame: bytes) -> None:
-        tag, cid = _HEAD.unpack_from(frame)
-        body = frame[_HEAD.size:]
+    def _apply(self, peer: Peer, frame: Frame) -> None:  # noqa: PLR0912 (a case a kind)
         broker = self.broker
-        match tag:
-            case st.PUT:
-                broker.append(cid, body, peer)
-            case st.SUBSCRIBE:
+        match frame:
+            case Put(cid, data):
+                broker.append(cid, data, peer)
+            case Subscribe(cid):
                 broker.subscribe(cid, peer)
-            case st.UNSUBSCRIBE:
+            case Unsubscribe(cid):
                 broker.unsubscribe(cid, peer)
-            case st.CLAIM:
-                broker.claim(cid, body.decode(), peer.holder or "")
-            case st.RELEASE:
+            case Claim(cid, ticket):
+                broker.claim(cid, ticket, peer.holder or "")
+            case Release(cid):
                 broker.unref(cid, peer.holder or "")
-            case st.TOKEN:
-                peer.holder = body.decode()
-            case st.FLUSH:
-                broker.flush(cid, body[:NONCE], body[NONCE:].decode())
-            case st.INLET:
-                broker.add_inlet(peer, body.decode())
+            case Holder(token):
+                peer.holder = token
+            case Flush(cid, nonce, inlet):
+                broker.flush(cid, nonce, inlet)
+            case InletAt(address):
+                broker.add_inlet(peer, address)
+            case Want():
+                broker.lease(peer, frame)
+            case Returned():
+                broker.lease_returned(peer, frame)
+            case Tally():
+                broker.tally(peer, frame)
+            case Counted():
+                broker.counted(peer, frame)
             case _:
-                self._apply_consumer(peer, tag, cid, body)
-
-    def _apply_consumer(self, peer: Peer, tag: bytes, cid: int, body: bytes) -> None:
-        """A queue consumer's frame."""
-        broker = self.broker
-        match tag:
-            case st.WANT:
-                broker.lease(cid, peer, _WANT.unpack(body))
-            case st.RETURNED:
-                broker.lease_returned(cid, peer, *_RETURNED.unpack(body))
-            case st.TALLY:
-                broker.tally(cid, peer, body)
-            case st.COUNTED:
-                broker.counted(cid, peer, *_COUNTED.unpack(body))
-            case _:
-                raise ValueError(f"unknown stream frame {tag!r}")
+                raise unexpected("a broker's stream", frame)
 
     def close(self) -> None:
         self.listener.withdraw(STREAM)

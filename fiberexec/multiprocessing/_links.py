@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 from fiberexec import _auth
 from fiberexec.multiprocessing._errors import AuthenticationError
+from fiberexec.multiprocessing._frames import Frame
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -230,8 +231,8 @@ def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, servic
 
 class Wire:
     """An authenticated connection's frames: an 8-byte length, then the frame's bytes; a
-    tagged frame (`send_frame`, the streams' and routes') begins with a 1-byte tag and an
-    8-byte channel id. Read in large chunks (one system call brings every frame that has
+    tagged frame (`send`, the streams' and routes' `_frames`) begins with a 1-byte tag and
+    an 8-byte channel id. Read in large chunks (one system call brings every frame that has
     arrived), written in one call each (two for a large one). One thread reads at a time;
     sends may come from any thread while another reads (callers serialise their sends)."""
 
@@ -254,6 +255,10 @@ class Wire:
         else:
             self.sock.sendall(_SIZED_HEAD.pack(_TAGGED + len(body), tag, cid))
             self.sock.sendall(body)
+
+    def send(self, frame: Frame) -> None:
+        """Send a typed frame (`_frames`)."""
+        self.send_frame(frame.TAG, frame.cid, frame.body())
 
     def send_parts(self, parts: list[bytes | memoryview]) -> None:
         """Send one frame made of ``parts``; small frames in one write."""

@@ -6,23 +6,23 @@ A sends its items to R itself, over a connection the broker only introduces:
 
     R, reading a pipe of B, listens (`Inlet`: an abstract Unix socket for this host and
       network namespace, and TCP when R reaches B over a network, see `_links`) and tells
-      B where (``INLET``)
+      B where (`InletAt`)
     A, on its first send, asks B for the reader's address (``"route"``), connects,
       proves the broker's secret (the HMAC challenge of `multiprocessing.connection`,
-      before anything is read), and says ``HELLO`` for the pipe; R answers ``ACK``
-    A -> B: ``FLUSH`` after what A relayed so far; B -> R: ``FLUSHED`` once all of it has
-      been handed to R (``ok``), or ``not ok`` when R no longer reads the pipe there
-    A -> R: items, directly. R holds them until ``FLUSHED``: nothing A sent through the
+      before anything is read), and says `Hello` for the pipe; R answers `Ack`
+    A -> B: `Flush` after what A relayed so far; B -> R: `Flushed` once all of it has
+      been handed to R (``ok``), or not ``ok`` when R no longer reads the pipe there
+    A -> R: items, directly. R holds them until `Flushed`: nothing A sent through the
       relay can come after something it sent directly.
 
 R stops reading (its end closed, its process ends, another process reads the pipe:
-B says ``UNROUTE``, or ``FLUSHED`` was not ok): R asks A to ``STOP``; A answers
-``STOPPED`` after its last direct item; R sends back (``RETURN``) every item it had not
+B says `Unroute`, or `Flushed` was not ok): R asks A to `Stop`; A answers
+`Stopped` after its last direct item; R sends back (`Return`) every item it had not
 accepted since, and A puts them to B, in order, before anything it sends next, which goes
 through B again (A asks B for a route again later, see `REQUERY`).
 
 End-of-file comes from B (it counts the writers). R files it only once every writer
-routed to it has answered a ``SYNC`` sent after it (so every item that writer sent
+routed to it has answered a `Sync` sent after it (so every item that writer sent
 directly is in), or its connection has closed. A connection that closes (its process
 ended) ends the routes over it: A sends through B again; R sends what it had not accepted
 from a stopping writer to B itself.
@@ -30,15 +30,15 @@ from a stopping writer to B itself.
 An unbounded queue of B goes the same way from a producer A to its consumer R while R is
 its only consumer (B routes it only then). The differences:
 
-- ``FLUSHED`` comes once the items B held at the ``FLUSH`` have been sent to R (as R's
+- `Flushed` comes once the items B held at the `Flush` have been sent to R (as R's
   window allows; see `_broker.Chan.dispatch`), so they come before A's direct ones.
 - Items wait in R's queue lane among those B sends ahead, and are counted by B's
-  ``qsize()`` (it asks R, ``COUNT``). A keeps a copy of each until R says it was taken
-  (``TAKEN``, before R hands it out): if R's process dies, A puts the copies to B, so
+  ``qsize()`` (it asks R, `Count`). A keeps a copy of each until R says it was taken
+  (`Taken`, before R hands it out): if R's process dies, A puts the copies to B, so
   what R had not taken stays in the queue, as in the standard library's pipe.
-- A second consumer (another process, or a get in B) makes B say ``UNROUTE``: R stops its
-  producers and sends back, with ``RETURN``, the items it had not taken, which A puts to B.
-- A producer that exits says ``STOPPED`` unasked, and R sends back what it had not taken
+- A second consumer (another process, or a get in B) makes B say `Unroute`: R stops its
+  producers and sends back, with `Return`, the items it had not taken, which A puts to B.
+- A producer that exits says `Stopped` unasked, and R sends back what it had not taken
   (so a consumer that dies later cannot lose it); a consumer that exits stops its
   producers likewise (`_stream.Stream.settle`).
 """
@@ -54,11 +54,29 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fiberexec.multiprocessing._errors import AuthenticationError
+from fiberexec.multiprocessing._frames import (
+    NONCE,
+    Ack,
+    Flush,
+    Frame,
+    Hello,
+    Item,
+    Nack,
+    Put,
+    Return,
+    Stop,
+    Stopped,
+    Sync,
+    Synced,
+    Taken,
+    decode,
+    unexpected,
+)
 from fiberexec.multiprocessing._links import (
-    _SIZE,
     PIPE,
     TIMING,
     Listener,
@@ -70,23 +88,10 @@ from fiberexec.multiprocessing._links import (
     split_address,
     thread_wake,
 )
-from fiberexec.multiprocessing._stream import (
-    _HEAD,
-    _LEN,
-    FLUSH,
-    ITEM,
-    NONCE,
-    PUT,
-    Stream,
-    _unbatch,
-)
+from fiberexec.multiprocessing._stream import Stream
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
-HELLO, ACK, NACK = b"H", b"A", b"K"  # writer -> reader; reader's answers
-STOP, STOPPED, RETURN = b"X", b"Y", b"Z"  # reader -> writer, writer -> reader, reader -> writer
-SYNC, SYNCED = b"Q", b"J"  # reader -> writer, writer -> reader
-TAKEN = b"G"  # queue consumer -> producer: how many of its direct items were taken in all
 REQUERY = (0.02, 1.0)  # a writer sent through the broker asks for a route again after the
 # first, then twice as long each time, up to the second (a reader that has not yet started
 # reading is found soon; a pipe read by its creator costs a call a second)
@@ -104,13 +109,9 @@ class Link:
         self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
         self.reader: Reader | None = None  # what reads it (the answers, on the writer's side)
 
-    def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+    def send(self, frame: Frame) -> None:
         with self.lock:
-            self.wire.send_frame(tag, cid, body)
-
-
-def _batch(items: list[bytes]) -> bytes:
-    return b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
+            self.wire.send(frame)
 
 
 # ------------------------------------------------------------------------- reading side
@@ -140,7 +141,7 @@ class Direct:
         link = self.flow.link
         if not link.closed:
             with contextlib.suppress(OSError):
-                link.send(TAKEN, cid, _SIZE.pack(self.taken))
+                link.send(Taken(cid, self.taken))
         return self.data
 
 
@@ -204,10 +205,10 @@ class Inlet:
             self._lost(link)
             self.stream.cond.notify_all()
 
-    def _on(self, link: Link, frame: bytes) -> None:
-        tag, cid = _HEAD.unpack_from(frame)
+    def _on(self, link: Link, raw: bytes) -> None:
+        frame = decode(raw)
         with self.stream.cond:
-            self._apply(link, tag, cid, frame[_HEAD.size:])
+            self._apply(link, frame)
             self.stream.cond.notify_all()
 
     def lead(self, cid: int, timeout: float | None) -> bool:
@@ -236,34 +237,35 @@ class Inlet:
             if cid is None or key == cid:
                 wake.wake()
 
-    def _apply(self, link: Link, tag: bytes, cid: int, body: bytes) -> None:
+    def _apply(self, link: Link, frame: Frame) -> None:
         stream = self.stream
-        if tag == ITEM:
-            flow = self.flows[cid][link]
-            if flow.flushed and not flow.stopping:
-                self._deliver(cid, flow, body)
-            else:
-                flow.held.append(body)
-        elif tag == HELLO:
-            if (stream.subscribed[cid] > 0 or cid in stream.lanes) and not stream.lost:
-                self.flows.setdefault(cid, {})[link] = Inflow(link, body)
-                stream.start_reader()  # the broker's frames must be read as they come
-                link.send(ACK, cid)
-            else:
-                link.send(NACK, cid)
-        elif tag == STOPPED:  # asked for, or the writer's process ends
-            stopped = self._drop(link, cid)
-            link.send(RETURN, cid, _batch(self._unread(cid, stopped)))
-            self._settle(cid)
-            if cid in stream.lanes:
-                stream.told(cid)
-        elif tag == SYNCED:
-            synced = self.flows.get(cid, {}).get(link)
-            if synced is not None:
-                synced.synced = True
+        match frame:
+            case Item(cid, data):
+                flow = self.flows[cid][link]
+                if flow.flushed and not flow.stopping:
+                    self._deliver(cid, flow, data)
+                else:
+                    flow.held.append(data)
+            case Hello(cid, nonce):
+                if (stream.subscribed[cid] > 0 or cid in stream.lanes) and not stream.lost:
+                    self.flows.setdefault(cid, {})[link] = Inflow(link, nonce)
+                    stream.start_reader()  # the broker's frames must be read as they come
+                    link.send(Ack(cid))
+                else:
+                    link.send(Nack(cid))
+            case Stopped(cid):  # asked for, or the writer's process ends
+                stopped = self._drop(link, cid)
+                link.send(Return(cid, tuple(self._unread(cid, stopped))))
                 self._settle(cid)
-        else:
-            raise ValueError(f"unknown pipe frame {tag!r}")
+                if cid in stream.lanes:
+                    stream.told(cid)
+            case Synced(cid):
+                synced = self.flows.get(cid, {}).get(link)
+                if synced is not None:
+                    synced.synced = True
+                    self._settle(cid)
+            case _:
+                raise unexpected("a pipe's reader", frame)
 
     def _deliver(self, cid: int, flow: Inflow, data: bytes) -> None:
         lane = self.stream.lanes.get(cid)
@@ -308,7 +310,7 @@ class Inlet:
         """The writer is gone: items of it not accepted here go to the broker (in order)."""
         for item in flow.held:
             with contextlib.suppress(ConnectionError):
-                self.stream.send(PUT, cid, item)
+                self.stream.send(Put(cid, item))
         flow.held.clear()
 
     def _lost(self, link: Link) -> None:
@@ -322,7 +324,7 @@ class Inlet:
                 self._drop(link, cid)
             elif not flow.held:
                 self._drop(link, cid)
-            # else: the broker's FLUSHED is on its way (the writer sent FLUSH first)
+            # else: the broker's Flushed is on its way (the writer sent Flush first)
             self._settle(cid)
 
     # ------------------------------------------------------------ from the broker's stream
@@ -358,7 +360,7 @@ class Inlet:
             return
         flow.stopping = True
         try:
-            flow.link.send(STOP, cid)
+            flow.link.send(Stop(cid))
         except OSError:  # the writer is gone; `_lost` follows
             pass
 
@@ -366,7 +368,7 @@ class Inlet:
         if flow.flushed and not (flow.stopping or flow.sync_sent or flow.link.closed):
             flow.sync_sent = True
             try:
-                flow.link.send(SYNC, cid)
+                flow.link.send(Sync(cid))
             except OSError:
                 pass
 
@@ -426,7 +428,7 @@ class Route:
                 self.acked = max(self.acked, taken)
 
     def forget(self) -> list[bytes]:
-        """Stop sending directly (under ``link.lock``, or after STOPPED was sent); the
+        """Stop sending directly (under ``link.lock``, or after `Stopped` was sent); the
         items sent that were not taken."""
         self.direct = False
         if self.unacked is None:
@@ -473,7 +475,7 @@ class Outlets:
                     self._establish(cid, queue)
                     continue
                 break
-            self.stream.send(PUT, cid, data)
+            self.stream.send(Put(cid, data))
 
     def _direct(self, route: Route, cid: int, data: bytes) -> bool:
         link = route.link
@@ -481,7 +483,7 @@ class Outlets:
             if not route.direct:
                 return False
             try:
-                link.wire.send_frame(ITEM, cid, data)
+                link.wire.send(Item(cid, data))
             except OSError:  # the reader's process is gone: what a pipe's had is lost
                 route.direct = False  # with it (a queue's come back: `_serve`)
                 route.state = DEAD
@@ -508,7 +510,7 @@ class Outlets:
         route = Route(link, queue)
         self.routes[cid] = link.routes[cid] = route
         try:
-            link.send(HELLO, cid, route.nonce)
+            link.send(Hello(cid, route.nonce))
         except OSError:
             self._relay_for_now(cid, route)
             return
@@ -521,7 +523,7 @@ class Outlets:
         if route.state == ACKED:
             # after everything relayed so far; until the broker passes it on, the reader
             # holds what comes directly
-            self.stream.send(FLUSH, cid, route.nonce + link.address.encode())
+            self.stream.send(Flush(cid, route.nonce, link.address))
             with link.lock:
                 route.state = DIRECT
                 route.direct = True
@@ -580,32 +582,32 @@ class Outlets:
                 del self.links[link.address]
             self.cond.notify_all()
 
-    def _apply(self, link: Link, frame: bytes) -> None:
-        tag, cid = _HEAD.unpack_from(frame)
-        body = frame[_HEAD.size:]
-        if tag in (ACK, NACK):
-            with self.cond:
+    def _apply(self, link: Link, raw: bytes) -> None:
+        frame = decode(raw)
+        match frame:
+            case Ack(cid) | Nack(cid):
+                with self.cond:
+                    route = link.routes.get(cid)
+                    if route is not None and route.state == HELLOING:
+                        route.state = ACKED if type(frame) is Ack else NACKED
+                        self.cond.notify_all()
+                        return
+                if type(frame) is Ack:  # too late: we send through the broker; the reader
+                    link.send(Stopped(cid))  # forgets us
+            case Stop(cid):  # answered by another thread: this one keeps reading, so a
+                # sender blocked on a full connection (holding its lock) is never waited for
+                threading.Thread(target=self._stop, args=(link, cid), daemon=True,
+                                 name="fiberexec-mp-route").start()
+            case Return(cid, items):
+                self._returned(link, cid, items)
+            case Taken(cid, taken):
                 route = link.routes.get(cid)
-                if route is not None and route.state == HELLOING:
-                    route.state = ACKED if tag == ACK else NACKED
-                    self.cond.notify_all()
-                    return
-            if tag == ACK:  # too late: we send through the broker; the reader forgets us
-                link.send(STOPPED, cid)
-        elif tag == STOP:  # answered by another thread: this one keeps reading, so a
-            # sender blocked on a full connection (holding its lock) is never waited for
-            threading.Thread(target=self._stop, args=(link, cid), daemon=True,
-                             name="fiberexec-mp-route").start()
-        elif tag == RETURN:
-            self._returned(link, cid, _unbatch(_HEAD.pack(RETURN, cid) + body))
-        elif tag == TAKEN:
-            route = link.routes.get(cid)
-            if route is not None:
-                route.taken(_SIZE.unpack(body)[0])
-        elif tag == SYNC:
-            link.send(SYNCED, cid)
-        else:
-            raise ValueError(f"unknown pipe frame {tag!r}")
+                if route is not None:
+                    route.taken(taken)
+            case Sync(cid):
+                link.send(Synced(cid))
+            case _:
+                raise unexpected("a pipe's writer", frame)
 
     def _stop(self, link: Link, cid: int) -> None:
         with self.cond:
@@ -621,12 +623,12 @@ class Outlets:
                 route.direct = False
                 route.state = STOPPING
             try:
-                link.wire.send_frame(STOPPED, cid)
+                link.wire.send(Stopped(cid))
             except OSError:
                 return False
         return True
 
-    def _returned(self, link: Link, cid: int, items: list[bytes]) -> None:
+    def _returned(self, link: Link, cid: int, items: Sequence[bytes]) -> None:
         """The reader stopped ``cid``'s route and sent back what it had not taken (for a
         queue, exactly the route's unacked items): they go through the broker."""
         with self.cond:
@@ -638,12 +640,12 @@ class Outlets:
                 self._relay_for_now(cid, route)
             self.cond.notify_all()
 
-    def _resend(self, cid: int, items: list[bytes]) -> None:
+    def _resend(self, cid: int, items: Sequence[bytes]) -> None:
         """Put items that came back through the broker, in order (under ``cond``, so that
         they go before anything sent next)."""
         for item in items:
             with contextlib.suppress(ConnectionError):
-                self.stream.send(PUT, cid, item)
+                self.stream.send(Put(cid, item))
 
     def leave(self, timeout: float) -> bool:
         """This process ends: the consumers of queues it sent items to directly hand back

@@ -2,33 +2,32 @@
 
     process C (holds pipe ends or queues of broker B)        B (the creating process)
       Stream -- `_links.dial` (Unix or TCP), then `Wire` --> Hub: a thread per stream
-        send(x) / put(x) -> b"P" cid data   (no reply)   ->  put into the channel
-        first recv    -> b"S" cid        (subscribe)     ->  queued items, then each new
-        recv()        <- b"I" cid data / b"E" cid (EOF)  <-  item as it arrives
-        unpickle end  -> b"C" cid ticket; close -> b"R" cid
-        queue get     -> b"W" cid counts (waiting, taken) -> items for waiters, then ahead
-                      <- b"B" cid items / b"V" cid (give back what you have not taken)
-                      -> b"N" cid counts (answer to b"V")
-        first get     -> b"Y" cid page (`_tally`)     -> <- b"y" cid: I read your count;
-                      <- b"G" cid 1/0: you are (no longer) fed ahead, need not say you wait
+        send(x) / put(x) -> Put(cid, data)   (no reply)  ->  put into the channel
+        first recv    -> Subscribe(cid)                  ->  queued items, then each new
+        recv()        <- Item(cid, data) / Eof(cid)      <-  item as it arrives
+        unpickle end  -> Claim(cid, ticket); close -> Release(cid)
+        queue get     -> Want(cid, counts)  -> items for waiters, then ahead
+                      <- Items(cid, items) / Revoke(cid) (give back what you have not taken)
+                      -> Returned(cid, counts) (answer to Revoke)
+        first get     -> Tally(cid, page) (`_tally`)  -> <- Tallied(cid): I read your count
+                      <- Feed(cid, on): you are (no longer) fed ahead, need not say you wait
 
 The stream is opened once, through the broker's RPC (``"stream"``), and authenticated with
 the broker's secret by `_links`' handshake before any frame is read;
-frames are a tag, a channel id and raw bytes (nothing here is unpickled). A pipe between
-the creating process and another process thus flows over one direct connection between
-them, with no round trip per message; a pipe between two other processes, and a queue
-between a producer and its only consumer, go directly between them once the creator has
-introduced them (see `_route`), else through the creator. When a stream closes (its
-process exited or died), the broker releases every pipe end that process held, so the
-reader at the other end sees EOF instead of waiting forever, and queue items sent ahead
-to it that it had not taken go back to the queue.
+frames are typed (`_frames`) and carry items as raw bytes (nothing here is unpickled). A
+pipe between the creating process and another process thus flows over one direct
+connection between them, with no round trip per message; a pipe between two other
+processes, and a queue between a producer and its only consumer, go directly between them
+once the creator has introduced them (see `_route`), else through the creator. When a
+stream closes (its process exited or died), the broker releases every pipe end that
+process held, so the reader at the other end sees EOF instead of waiting forever, and
+queue items sent ahead to it that it had not taken go back to the queue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import struct
 import sys
 import threading
 import time
@@ -38,6 +37,28 @@ from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
+from fiberexec.multiprocessing._frames import (
+    Count,
+    Counted,
+    Eof,
+    Feed,
+    Flushed,
+    Frame,
+    Holder,
+    InletAt,
+    Item,
+    Items,
+    Returned,
+    Revoke,
+    Subscribe,
+    Tallied,
+    Tally,
+    Unroute,
+    Unsubscribe,
+    Want,
+    decode,
+    unexpected,
+)
 from fiberexec.multiprocessing._links import STREAM, TIMING, Reader, Signal, Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
@@ -45,22 +66,6 @@ from fiberexec.multiprocessing._tally import TallyPage
 if TYPE_CHECKING:  # _route builds on this module
     from fiberexec.multiprocessing._route import Inlet, Outlets
 
-_HEAD = struct.Struct("!cQ")
-PUT, SUBSCRIBE, UNSUBSCRIBE, CLAIM, RELEASE, TOKEN = b"P", b"S", b"U", b"C", b"R", b"T"
-ITEM, EOF = b"I", b"E"
-WANT, RETURNED = b"W", b"N"  # queue consumer -> broker
-ITEMS, REVOKE = b"B", b"V"  # broker -> queue consumer
-FLUSH = b"F"  # pipe writer -> broker (see `_route`)
-FLUSHED, UNROUTE = b"D", b"O"  # broker -> pipe reader or queue consumer (see `_route`)
-INLET, COUNTED = b"L", b"m"  # a reader's or consumer's inlet address; direct items it has
-COUNT = b"M"  # broker -> queue consumer: how many items sent directly have you not taken?
-TALLY, TALLIED = b"Y", b"y"  # consumer: I count what I take there (`_tally`); broker: I read it
-FEED = b"G"  # broker -> queue consumer: b"1" you are fed ahead, need not say you wait; b"0" say
-_COUNTED = struct.Struct("!QQ")  # the count asked for, items
-NONCE = 8  # bytes of a direct route's nonce
-_WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
-_RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
-_LEN = struct.Struct("!I")
 WINDOW = 256  # queue items a consumer accepts ahead of its gets
 REPORT = WINDOW // 4  # a consumer whose broker reads its tally page reports every REPORT takes
 
@@ -83,7 +88,7 @@ class _Lane:
         self.told = 0  # ``consumed`` when the broker was last told
         self.slot: int | None = None  # its count in the stream's tally page (`_tally`)
         self.tallied = False  # the broker reads that count: no report per item is needed
-        self.fed = False  # its only consumer: the broker sends it every item ahead (`FEED`)
+        self.fed = False  # its only consumer: the broker sends it every item ahead (`Feed`)
 
 
 class Stream:
@@ -94,16 +99,16 @@ class Stream:
     direct writer starts one for good, as the broker may then send at any time.
 
     Queue consumption: a get that finds nothing here tells the broker how many threads wait
-    (``W``), and the broker sends items as they come; once nobody waits anywhere, it also
+    (`Want`), and the broker sends items as they come; once nobody waits anywhere, it also
     sends up to `WINDOW` items ahead, so a consumer that keeps up takes them with no round
     trip. Every get counts what was taken before it returns, which keeps ``qsize()`` in the
     creator true and tells the broker what to hand back if this process ends: in the tally
-    page where the broker reads it (`_tally`; then a report ``W`` goes every `REPORT`
-    gets, and the only consumer, told it is fed, ``G``, need not say when it waits), else
-    in a report ``W`` per get. When another consumer waits while items sit unread here, the
-    broker revokes them (``V``): the reader drops them, but those its waiting threads take,
-    and answers with what was taken and kept (``N``); the rest go to the others, before any
-    later item (see `_broker.Chan.dispatch`).
+    page where the broker reads it (`_tally`; then a report `Want` goes every `REPORT`
+    gets, and the only consumer, told it is fed (`Feed`), need not say when it waits),
+    else in a report per get. When another consumer waits while items sit unread here, the
+    broker revokes them (`Revoke`): the reader drops them, but those its waiting threads
+    take, and answers with what was taken and kept (`Returned`); the rest go to the others,
+    before any later item (see `_broker.Chan.dispatch`).
     """
 
     def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
@@ -130,7 +135,7 @@ class Stream:
         self.lost = False
         # read by a thread waiting for what it brings, or once needed by a thread of its own
         self.reader = Reader(self.conn, self._on_frame, self._ended)
-        self.send(TOKEN, 0, process_token().encode())
+        self.send(Holder(process_token()))
         self.rpc.on_lost(self._abort)
 
     def _abort(self) -> None:
@@ -151,12 +156,12 @@ class Stream:
         for sig in self.signals.values():  # recv() raises at once: ready
             sig.set(True)
 
-    def send(self, tag: bytes, cid: int, body: bytes = b"") -> None:
+    def send(self, frame: Frame) -> None:
         if self.lost:
             raise BrokenPipeError(self.why)
         try:
             with self.send_lock:
-                self.conn.send_frame(tag, cid, body)
+                self.conn.send(frame)
         except OSError as exc:
             self.lost = True
             raise BrokenPipeError(self.why) from exc
@@ -194,44 +199,55 @@ class Stream:
                     self.cond.wait(left)
         return True
 
-    def _on_frame(self, frame: bytes) -> None:
+    def _on_frame(self, raw: bytes) -> None:
+        frame = decode(raw)
         with self.cond:
             self._file(frame)
             self.cond.notify_all()
 
-    def _file(self, frame: bytes) -> None:
+    def _file(self, frame: Frame) -> None:
         """File one frame from the broker (under ``cond``)."""
-        tag, cid = _HEAD.unpack_from(frame)
-        if tag == ITEM:
-            self.deliver(cid, frame[_HEAD.size:])
-        elif tag == EOF:
-            if self.inlet is None or self.inlet.eof(cid):
-                self.end(cid)
-            # else: after the items of writers that send here directly (`_route`)
-        elif tag == ITEMS:
-            lane = self._lane(cid)
-            got = _unbatch(frame)
-            lane.items.extend(got)
-            lane.received += len(got)
-            if self.inlet is not None and self.inlet.leaders:
-                self.inlet.wake(cid)  # a thread reading a producer's connection for them
-        elif tag == TALLIED:
-            self._lane(cid).tallied = True
-        elif tag == FEED:
-            self._lane(cid).fed = frame[_HEAD.size:] == b"1"
-        elif tag == REVOKE:
-            self._revoked(cid, self._lane(cid))
-        elif tag == COUNT:
-            held = self.inlet.held(cid) if self.inlet is not None else 0
-            asked = _COUNTED.unpack(frame[_HEAD.size:])[0]
-            with contextlib.suppress(ConnectionError):
-                self.send(COUNTED, cid, _COUNTED.pack(asked, self._lane(cid).direct + held))
-        elif tag == FLUSHED:
-            body = frame[_HEAD.size:]
-            if self.inlet is not None:  # FLUSHED answers a route to this process's inlet
-                self.inlet.flushed(cid, body[:1] == b"1", body[1:])
-        elif tag == UNROUTE and self.inlet is not None:
-            self.inlet.stop(cid)
+        inlet = self.inlet
+        match frame:
+            case Item(cid, data):
+                self.deliver(cid, data)
+            case Eof(cid):
+                self._eof(cid)
+            case Items(cid, items):
+                self._items(cid, items)
+            case Tallied(cid):
+                self._lane(cid).tallied = True
+            case Feed(cid, on):
+                self._lane(cid).fed = on
+            case Revoke(cid):
+                self._revoked(cid, self._lane(cid))
+            case Count(cid, asked):
+                self._count(cid, asked)
+            case Flushed(cid, ok, nonce):
+                if inlet is not None:  # it answers a route to this process's inlet
+                    inlet.flushed(cid, ok, nonce)
+            case Unroute(cid):
+                if inlet is not None:
+                    inlet.stop(cid)
+            case _:
+                raise unexpected("a process's stream", frame)
+
+    def _eof(self, cid: int) -> None:
+        if self.inlet is None or self.inlet.eof(cid):
+            self.end(cid)
+        # else: after the items of writers that send here directly (`_route`)
+
+    def _items(self, cid: int, items: tuple[bytes, ...]) -> None:
+        lane = self._lane(cid)
+        lane.items.extend(items)
+        lane.received += len(items)
+        if self.inlet is not None and self.inlet.leaders:
+            self.inlet.wake(cid)  # a thread reading a producer's connection for them
+
+    def _count(self, cid: int, asked: int) -> None:
+        held = self.inlet.held(cid) if self.inlet is not None else 0
+        with contextlib.suppress(ConnectionError):
+            self.send(Counted(cid, asked, self._lane(cid).direct + held))
 
     def _revoked(self, cid: int, lane: _Lane) -> None:
         """The broker's items go back, but those threads here wait for: they are handed
@@ -247,7 +263,7 @@ class Stream:
             items.append(item)
         lane.items = items
         with contextlib.suppress(ConnectionError):
-            self.send(RETURNED, cid, _RETURNED.pack(lane.consumed, lane.waiting - kept, kept))
+            self.send(Returned(cid, lane.consumed, lane.waiting - kept, kept))
 
     def deliver(self, cid: int, data: bytes) -> None:
         """File an item for pipe ``cid``, from the broker or directly from its writer
@@ -278,7 +294,7 @@ class Stream:
         from fiberexec.multiprocessing._route import Inlet
 
         self.inlet = Inlet(self)
-        self.send(INLET, 0, self.inlet.address.encode())  # before anything it reads
+        self.send(InletAt(self.inlet.address))  # before anything it reads
 
     def subscribe(self, cid: int) -> None:
         with self.cond:
@@ -287,7 +303,7 @@ class Stream:
             if first:
                 self._open_inlet()
         if first:
-            self.send(SUBSCRIBE, cid)
+            self.send(Subscribe(cid))
 
     def unsubscribe(self, cid: int) -> None:
         with self.cond:
@@ -297,7 +313,7 @@ class Stream:
                 self.inlet.stop(cid)
         if last:
             with contextlib.suppress(ConnectionError):
-                self.send(UNSUBSCRIBE, cid)
+                self.send(Unsubscribe(cid))
 
     def wait(self, cid: int, timeout: float | None) -> bool:
         """Whether an item or end-of-file for ``cid`` is here, waiting up to ``timeout``."""
@@ -381,13 +397,13 @@ class Stream:
         lane.slot = self.tally.slot()
         if lane.slot is not None:
             with contextlib.suppress(ConnectionError):
-                self.send(TALLY, cid, self.tally.announce(lane.slot))
+                self.send(Tally(cid, lane.slot, self.tally.nonce, self.tally.path))
 
     def _tell(self, cid: int, lane: _Lane) -> None:
         """Send this lane's state (under ``cond``)."""
         wanted = max(0, lane.waiting - len(lane.items))
         lane.told = lane.consumed
-        self.send(WANT, cid, _WANT.pack(lane.consumed, lane.received, wanted, WINDOW))
+        self.send(Want(cid, lane.consumed, lane.received, wanted, WINDOW))
 
     def told(self, cid: int) -> None:
         """Producers stopped sending queue ``cid`` here directly: the broker learns how
@@ -476,16 +492,6 @@ def _arrived(lane: _Lane, silent: bool) -> bool:
 def _handed(cid: int, item: Any) -> bytes:
     """What `Stream._take` took, once its producer knows (see `_route.Direct`)."""
     return item if type(item) is bytes else bytes(item.handed(cid))
-
-
-def _unbatch(frame: bytes) -> list[bytes]:
-    view, at, items = memoryview(frame), _HEAD.size, []
-    while at < len(frame):
-        (size,) = _LEN.unpack_from(view, at)
-        at += _LEN.size
-        items.append(bytes(view[at:at + size]))
-        at += size
-    return items
 
 
 _streams: dict[str, Stream] = {}

@@ -9,7 +9,7 @@ then (see `_stream.Stream._take`), and an item is still never handed out twice.
 
 Only a broker on this host, in this process's PID namespace and under the same user can map
 the page (through ``/proc/<pid>/fd/<fd>``, checked by a random nonce in the page); it says
-so (`_stream.TALLIED`) per queue, and until it has, the consumer reports every item it
+so (`_frames.Tallied`) per queue, and until it has, the consumer reports every item it
 takes, as everywhere else.
 
 Each slot is a count written twice, one copy after the other; a reader that sees two
@@ -22,13 +22,11 @@ import mmap
 import os
 import secrets
 import stat
-import struct
 import sys
 
 PAGE = 4096
 NONCE = 16
 SLOTS = (PAGE - NONCE) // 16  # queues one page counts for; later ones report every item
-_ANNOUNCE = struct.Struct("!I16s")  # slot, nonce; then the page's path
 
 
 class TallyPage:
@@ -50,9 +48,10 @@ class TallyPage:
         self.used += 1
         return self.used - 1
 
-    def announce(self, slot: int) -> bytes:
-        """What tells the broker where to read ``slot`` (the body of `_stream.TALLY`)."""
-        return _ANNOUNCE.pack(slot, self.nonce) + f"/proc/{os.getpid()}/fd/{self.fd}".encode()
+    @property
+    def path(self) -> str:
+        """Where the broker maps it (sent with a slot and the nonce, `_frames.Tally`)."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
 
     def write(self, slot: int, count: int) -> None:
         self.counts[2 * slot] = count
@@ -101,12 +100,6 @@ class TallyView:
         self.closed = True
         self.counts.release()
         self.map.close()
-
-
-def parse(body: bytes) -> tuple[int, bytes, str]:
-    """`TallyPage.announce`'s slot, nonce and path."""
-    slot, nonce = _ANNOUNCE.unpack_from(body)
-    return slot, nonce, body[_ANNOUNCE.size:].decode()
 
 
 def available() -> bool:

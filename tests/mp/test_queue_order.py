@@ -16,6 +16,17 @@ import pytest
 
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
+from fiberexec.multiprocessing._frames import (
+    Feed,
+    Frame,
+    Items,
+    Returned,
+    Revoke,
+    Tallied,
+    Tally,
+    Unroute,
+    Want,
+)
 
 
 class Consumer:
@@ -29,25 +40,25 @@ class Consumer:
         self.holder: str | None = None
         self.tally: _tally.TallyView | None = None  # as `_hub.Peer`: what the broker maps
         self.slots: dict[int, int] = {}
-        self.fed: list[bool] = []  # what it was told (`FEED`)
+        self.fed: list[bool] = []  # what it was told (`Feed`)
         self.tallied: list[int] = []
         self.frames: list[int] = []  # items per frame sent
 
-    def send_items(self, _cid: int, items: list[bytes]) -> None:
-        self.got.extend(pickle.loads(item) for item in items)
-        self.frames.append(len(items))
-
-    def send_revoke(self, _cid: int) -> None:
-        self.revoked += 1
-
-    def send_unroute(self, _cid: int) -> None:
-        pass
-
-    def send_feed(self, _cid: int, on: bool) -> None:
-        self.fed.append(on)
-
-    def send_tallied(self, cid: int) -> None:
-        self.tallied.append(cid)
+    def send(self, frame: Frame) -> None:
+        match frame:
+            case Items(_cid, items):
+                self.got.extend(pickle.loads(item) for item in items)
+                self.frames.append(len(items))
+            case Revoke():
+                self.revoked += 1
+            case Unroute():
+                pass
+            case Feed(_cid, on):
+                self.fed.append(on)
+            case Tallied(cid):
+                self.tallied.append(cid)
+            case _:
+                raise AssertionError(f"a consumer was sent {frame!r}")
 
 
 @pytest.fixture
@@ -73,12 +84,12 @@ def test_a_get_here_waits_for_what_an_idle_consumer_was_sent_ahead(
         queue: tuple[Broker, int]) -> None:
     broker, cid = queue
     idle = Consumer()
-    broker.lease(cid, idle, (0, 0, 0, 4))  # took nothing, waits for nothing, window 4
+    broker.lease(idle, Want(cid, 0, 0, 0, 4))  # took nothing, waits for nothing, window 4
     _put(broker, cid, range(10))
     assert idle.got == [0, 1, 2, 3]  # sent ahead; 4.. stay here
     assert _get_here(broker, cid) == EMPTY  # not 4: 0..3 come first
     assert idle.revoked == 1
-    broker.lease_returned(cid, idle, 1, 0, 0)  # it took 0; 1..3 come back
+    broker.lease_returned(idle, Returned(cid, 1, 0, 0))  # it took 0; 1..3 come back
     assert [_get_here(broker, cid) for _ in range(9)] == list(range(1, 10))
     _put(broker, cid, range(10, 12))  # not sent ahead to it again until it waits
     assert idle.got == [0, 1, 2, 3]
@@ -89,14 +100,14 @@ def test_a_waiting_consumer_gets_what_another_was_sent_ahead_first(
         queue: tuple[Broker, int]) -> None:
     broker, cid = queue
     idle, waiting = Consumer(), Consumer()
-    broker.lease(cid, idle, (0, 0, 0, 4))
-    broker.lease(cid, waiting, (0, 0, 0, 4))
+    broker.lease(idle, Want(cid, 0, 0, 0, 4))
+    broker.lease(waiting, Want(cid, 0, 0, 0, 4))
     _put(broker, cid, range(10))
     assert (idle.got, waiting.got) == ([0, 1, 2, 3], [])  # ahead to one consumer at a time
-    broker.lease(cid, waiting, (0, 0, 1, 4))  # one thread of it waits
+    broker.lease(waiting, Want(cid, 0, 0, 1, 4))  # one thread of it waits
     assert (waiting.got, idle.revoked) == ([], 1)
-    broker.lease_returned(cid, idle, 0, 0, 0)  # it took none: 0..3 go to the waiting one,
-    # 0 for its waiting thread, the rest ahead (the other has not waited since)
+    broker.lease_returned(idle, Returned(cid, 0, 0, 0))  # it took none: 0..3 go to the
+    # waiting one, 0 for its waiting thread, the rest ahead (the other has not waited since)
     assert (waiting.got, idle.got) == ([0, 1, 2, 3], [0, 1, 2, 3])
 
 
@@ -104,13 +115,13 @@ def test_an_item_sent_for_a_waiting_thread_holds_nothing_back(
         queue: tuple[Broker, int]) -> None:
     broker, cid = queue
     consumer = Consumer()
-    broker.lease(cid, consumer, (0, 0, 0, 2))
+    broker.lease(consumer, Want(cid, 0, 0, 0, 2))
     _put(broker, cid, range(4))
     assert consumer.got == [0, 1]
     assert _get_here(broker, cid) == EMPTY
-    broker.lease_returned(cid, consumer, 0, 0, 0)  # 0 and 1 come back
+    broker.lease_returned(consumer, Returned(cid, 0, 0, 0))  # 0 and 1 come back
     assert [_get_here(broker, cid) for _ in range(4)] == [0, 1, 2, 3]
-    broker.lease(cid, consumer, (0, 2, 1, 1))  # a thread of it waits; it accepts 1
+    broker.lease(consumer, Want(cid, 0, 2, 1, 1))  # a thread of it waits; it accepts 1
     _put(broker, cid, range(4, 6))
     assert consumer.got == [0, 1, 4]  # 4 for the waiting thread, none ahead
     assert _get_here(broker, cid) == 5
@@ -120,13 +131,13 @@ def test_what_a_consumer_keeps_for_its_waiting_threads_stays_with_it(
         queue: tuple[Broker, int]) -> None:
     broker, cid = queue
     consumer = Consumer()
-    broker.lease(cid, consumer, (0, 0, 0, 4))
+    broker.lease(consumer, Want(cid, 0, 0, 0, 4))
     _put(broker, cid, range(6))
     assert _get_here(broker, cid) == EMPTY
-    broker.lease_returned(cid, consumer, 0, 0, 1)  # keeps 0 (a thread of it waits)
+    broker.lease_returned(consumer, Returned(cid, 0, 0, 1))  # keeps 0 (a thread of it waits)
     assert [_get_here(broker, cid) for _ in range(5)] == [1, 2, 3, 4, 5]
     assert broker.chans[cid].size() == 1  # 0, until it says it took it
-    broker.lease(cid, consumer, (1, 4, 0, 4))
+    broker.lease(consumer, Want(cid, 1, 4, 0, 4))
     assert broker.chans[cid].size() == 0
 
 
@@ -141,9 +152,9 @@ def _tallied(broker: Broker, cid: int, window: int) -> tuple[Consumer, _tally.Ta
     consumer, page = Consumer(), _tally.TallyPage()
     slot = page.slot()
     assert slot is not None
-    broker.tally(cid, consumer, page.announce(slot))
+    broker.tally(consumer, Tally(cid, slot, page.nonce, page.path))
     assert consumer.tallied == [cid]
-    broker.lease(cid, consumer, (0, 0, 0, window))
+    broker.lease(consumer, Want(cid, 0, 0, 0, window))
     return consumer, page, slot
 
 
@@ -161,7 +172,7 @@ def test_the_only_consumer_is_fed_ahead_and_its_quiet_takes_keep_the_window_open
     assert consumer.got == [0, 1, 2, 3, 4, 5, 6]  # room for three more: sent
     page.write(slot, 7)  # it took them all
     other = Consumer()
-    broker.lease(cid, other, (0, 0, 1, 4))  # a second consumer waits
+    broker.lease(other, Want(cid, 0, 0, 1, 4))  # a second consumer waits
     assert consumer.fed == [True, False]  # from now on it says when it waits
     assert (consumer.revoked, other.fed) == (0, [])
     _put(broker, cid, range(7, 9))
@@ -178,9 +189,9 @@ def test_a_fed_consumer_holding_items_is_revoked_when_another_waits(
     _put(broker, cid, range(4))
     page.write(slot, 1)
     other = Consumer()
-    broker.lease(cid, other, (0, 0, 1, 4))
+    broker.lease(other, Want(cid, 0, 0, 1, 4))
     assert (consumer.revoked, consumer.fed) == (1, [True])  # a revoke ends feeding too
-    broker.lease_returned(cid, consumer, 1, 0, 0)  # 1..3 come back, to the waiting one
+    broker.lease_returned(consumer, Returned(cid, 1, 0, 0))  # 1..3 come back, to the waiting one
     assert other.got == [1, 2, 3]
     assert consumer.fed == [True]  # idle since: not fed again until it waits
     page.close()
@@ -209,7 +220,7 @@ def test_kept_items_taken_before_the_revoke_is_answered_come_back_once(
     assert _get_here(broker, cid) == EMPTY  # 0..3 were sent ahead: revoked
     assert consumer.revoked == 1
     page.write(slot, 2)  # it took 0 and 1 (it keeps 1 for a waiting thread, then took it)
-    broker.lease_returned(cid, consumer, 1, 0, 1)  # as it answered: took 1, keeps 1
+    broker.lease_returned(consumer, Returned(cid, 1, 0, 1))  # as it answered: took 1, keeps 1
     assert [_get_here(broker, cid) for _ in range(4)] == [2, 3, 4, 5]
     assert _get_here(broker, cid) == EMPTY
     assert broker.chans[cid].size() == 0
@@ -248,11 +259,11 @@ def test_a_fed_consumer_whose_window_keeps_items_here_is_fed_no_more(
     assert consumer.got == [0, 1]  # its window is full: 2..4 wait here
     assert consumer.fed == [True, False]  # so it says when it waits, or it would wait forever
     page.write(slot, 2)  # took both without a word; now a thread of it waits
-    broker.lease(cid, consumer, (2, 2, 1, 2))
+    broker.lease(consumer, Want(cid, 2, 2, 1, 2))
     assert consumer.got == [0, 1, 2, 3]  # 2 for the waiting thread, 3 ahead; 4 still waits
     assert consumer.fed == [True, False]
     page.write(slot, 4)
-    broker.lease(cid, consumer, (4, 4, 1, 2))
+    broker.lease(consumer, Want(cid, 4, 4, 1, 2))
     assert consumer.got == [0, 1, 2, 3, 4]
     assert consumer.fed == [True, False, True]  # nothing waits here any more: fed again
     page.close()
@@ -265,13 +276,13 @@ def test_an_exit_waits_a_bounded_time_for_what_puts_left_to_the_feeder(
     consumer, page, _slot = _tallied(broker, cid, 256)
     _put(broker, cid, range(1))  # sent by the put itself; it has not taken it
     reading = threading.Event()
-    send = consumer.send_items
+    send = consumer.send
 
-    def stalled(cid: int, items: list[bytes]) -> None:  # a consumer that stopped reading
+    def stalled(frame: Frame) -> None:  # a consumer that stopped reading
         assert reading.wait(30)
-        send(cid, items)
+        send(frame)
 
-    consumer.send_items = stalled  # type: ignore[method-assign]
+    consumer.send = stalled  # type: ignore[method-assign]
     broker.append(cid, pickle.dumps(1))  # left to the feeder thread, whose send stalls
     assert not broker.feeder.drain(0.2)  # an exit gives up after its timeout
     reading.set()

@@ -13,17 +13,15 @@ from fiberexec.multiprocessing import _tally
 pytestmark = pytest.mark.skipif(not _tally.available(), reason="needs memfd and /proc")
 
 
-def _view_of(page: _tally.TallyPage, slot: int) -> _tally.TallyView:
-    announced_slot, nonce, path = _tally.parse(page.announce(slot))
-    assert announced_slot == slot
-    return _tally.TallyView(path, nonce)
+def _view_of(page: _tally.TallyPage) -> _tally.TallyView:
+    return _tally.TallyView(page.path, page.nonce)
 
 
 def test_the_broker_reads_what_the_consumer_counts() -> None:
     page = _tally.TallyPage()
     first, second = page.slot(), page.slot()
     assert (first, second) == (0, 1)
-    view = _view_of(page, 1)
+    view = _view_of(page)
     assert view.read(0) == 0 and view.read(1) == 0
     page.write(1, 5)
     page.write(0, 2**40 + 3)
@@ -35,9 +33,8 @@ def test_the_broker_reads_what_the_consumer_counts() -> None:
 
 def test_a_page_announced_with_another_nonce_is_refused() -> None:
     page = _tally.TallyPage()
-    _slot, _nonce, path = _tally.parse(page.announce(page.slot() or 0))
     with pytest.raises(OSError, match="not the page this consumer announced"):
-        _tally.TallyView(path, secrets.token_bytes(_tally.NONCE))
+        _tally.TallyView(page.path, secrets.token_bytes(_tally.NONCE))
     page.close()
 
 
@@ -54,7 +51,7 @@ def test_slots_run_out_and_then_every_take_is_reported() -> None:
     slots = [page.slot() for _ in range(_tally.SLOTS)]
     assert slots == list(range(_tally.SLOTS))
     assert page.slot() is None
-    view = _view_of(page, _tally.SLOTS - 1)
+    view = _view_of(page)
     page.write(_tally.SLOTS - 1, 7)  # the last slot ends inside the page
     assert view.read(_tally.SLOTS - 1) == 7
     view.close()
@@ -64,7 +61,7 @@ def test_slots_run_out_and_then_every_take_is_reported() -> None:
 def test_a_write_caught_halfway_reads_as_unknown() -> None:
     page = _tally.TallyPage()
     slot = page.slot() or 0
-    view = _view_of(page, slot)
+    view = _view_of(page)
     page.counts[2 * slot] = 9  # the first of the two stores, alone
     assert view.read(slot) is None
     page.counts[2 * slot + 1] = 9

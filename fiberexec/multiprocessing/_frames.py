@@ -1,0 +1,485 @@
+"""The frames of the streams (`_stream`, `_hub`) and direct routes (`_route`), typed.
+
+Each kind of frame is a frozen dataclass; on the wire it is its one-byte ``TAG``, an 8-byte
+channel id (a pipe or queue of the broker) and its body (`Wire.send_frame`). `decode`
+turns a frame read back into its dataclass, and each role applies what it receives under
+one ``match``: a frame a role does not expect ends its connection as a protocol error.
+
+    process -> broker (its stream)     Put Subscribe Unsubscribe Claim Release Holder
+                                       Flush InletAt Want Returned Tally Counted
+    broker -> process                  Item Eof Items Revoke Flushed Unroute Count
+                                       Tallied Feed
+    writer -> reader (a direct route)  Hello Item Stopped Synced
+    reader -> writer                   Ack Nack Stop Return Taken Sync
+
+Nothing here is unpickled: items are the bytes their sender pickled.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
+
+HEAD = struct.Struct("!cQ")  # tag, channel id
+NONCE = 8  # bytes of a direct route's nonce
+_Q = struct.Struct("!Q")
+_WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
+_RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
+_COUNTED = struct.Struct("!QQ")  # the count asked for, items
+_TALLY = struct.Struct("!I16s")  # slot, nonce; then the page's path
+_LEN = struct.Struct("!I")
+
+
+class _Frame:
+    """What every frame has: its tag, and its body on the wire (none by default)."""
+
+    __slots__ = ()
+    TAG: ClassVar[bytes]
+    cid: int
+
+    def body(self) -> bytes:
+        return b""
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid)  # type: ignore[call-arg, return-value]
+
+
+def _batch(items: tuple[bytes, ...] | list[bytes]) -> bytes:
+    return b"".join(part for item in items for part in (_LEN.pack(len(item)), item))
+
+
+def _unbatch(body: bytes) -> tuple[bytes, ...]:
+    view, at, items = memoryview(body), 0, []
+    while at < len(body):
+        (size,) = _LEN.unpack_from(view, at)
+        at += _LEN.size
+        items.append(bytes(view[at:at + size]))
+        at += size
+    return tuple(items)
+
+
+# ------------------------------------------------------------ a process to its broker
+
+
+@dataclass(frozen=True, slots=True)
+class Put(_Frame):
+    """An item for pipe or queue ``cid``."""
+
+    TAG: ClassVar[bytes] = b"P"
+    cid: int
+    data: bytes
+
+    def body(self) -> bytes:
+        return self.data
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(_Frame):
+    """This process reads pipe ``cid``: send its items here."""
+
+    TAG: ClassVar[bytes] = b"S"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe(_Frame):
+    TAG: ClassVar[bytes] = b"U"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim(_Frame):
+    """This process unpickled an end of pipe ``cid`` sent with ``ticket``: it holds it."""
+
+    TAG: ClassVar[bytes] = b"C"
+    cid: int
+    ticket: str
+
+    def body(self) -> bytes:
+        return self.ticket.encode()
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body.decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Release(_Frame):
+    """This process closed an end of pipe ``cid``."""
+
+    TAG: ClassVar[bytes] = b"R"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Holder(_Frame):
+    """The stream's first frame: the process token its ends are held under."""
+
+    TAG: ClassVar[bytes] = b"T"
+    token: str
+    cid: int = 0
+
+    def body(self) -> bytes:
+        return self.token.encode()
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(body.decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Flush(_Frame):
+    """A writer sends ``cid`` directly to the reader at ``inlet`` from now on (`_route`)."""
+
+    TAG: ClassVar[bytes] = b"F"
+    cid: int
+    nonce: bytes
+    inlet: str
+
+    def body(self) -> bytes:
+        return self.nonce + self.inlet.encode()
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body[:NONCE], body[NONCE:].decode())
+
+
+@dataclass(frozen=True, slots=True)
+class InletAt(_Frame):
+    """Where writers elsewhere may send this process's pipes directly (`_route.Inlet`)."""
+
+    TAG: ClassVar[bytes] = b"L"
+    address: str
+    cid: int = 0
+
+    def body(self) -> bytes:
+        return self.address.encode()
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(body.decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Want(_Frame):
+    """A queue consumer's state: taken and received in all, threads waiting beyond the
+    items at hand, and how many it accepts ahead."""
+
+    TAG: ClassVar[bytes] = b"W"
+    cid: int
+    consumed: int
+    received: int
+    wanted: int
+    window: int
+
+    def body(self) -> bytes:
+        return _WANT.pack(self.consumed, self.received, self.wanted, self.window)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, *_WANT.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Returned(_Frame):
+    """The answer to `Revoke`: taken in all, threads still waiting, items kept for them."""
+
+    TAG: ClassVar[bytes] = b"N"
+    cid: int
+    consumed: int
+    wanted: int
+    kept: int
+
+    def body(self) -> bytes:
+        return _RETURNED.pack(self.consumed, self.wanted, self.kept)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, *_RETURNED.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Tally(_Frame):
+    """This process counts what it takes of queue ``cid`` in ``slot`` of the page at
+    ``path`` (`_tally`)."""
+
+    TAG: ClassVar[bytes] = b"Y"
+    cid: int
+    slot: int
+    nonce: bytes
+    path: str
+
+    def body(self) -> bytes:
+        return _TALLY.pack(self.slot, self.nonce) + self.path.encode()
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        slot, nonce = _TALLY.unpack_from(body)
+        return cls(cid, slot, nonce, body[_TALLY.size:].decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Counted(_Frame):
+    """The answer to `Count`: items producers sent here directly not yet taken."""
+
+    TAG: ClassVar[bytes] = b"m"
+    cid: int
+    asked: int
+    direct: int
+
+    def body(self) -> bytes:
+        return _COUNTED.pack(self.asked, self.direct)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, *_COUNTED.unpack(body))
+
+
+# ------------------------------------------------------------ a broker to a process
+
+
+@dataclass(frozen=True, slots=True)
+class Item(_Frame):
+    """An item of pipe ``cid`` (from the broker, or from its writer over a route)."""
+
+    TAG: ClassVar[bytes] = b"I"
+    cid: int
+    data: bytes
+
+    def body(self) -> bytes:
+        return self.data
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Eof(_Frame):
+    """Pipe ``cid`` has no writer left."""
+
+    TAG: ClassVar[bytes] = b"E"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Items(_Frame):
+    """Items of queue ``cid`` for the consumer's waiting threads, then ahead of its gets."""
+
+    TAG: ClassVar[bytes] = b"B"
+    cid: int
+    items: tuple[bytes, ...]
+
+    def body(self) -> bytes:
+        return _batch(self.items)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, _unbatch(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke(_Frame):
+    """Give back the items of queue ``cid`` you have not taken (answered by `Returned`)."""
+
+    TAG: ClassVar[bytes] = b"V"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flushed(_Frame):
+    """What a writer relayed before its `Flush` with ``nonce`` is on its way (``ok``), or
+    the pipe is no longer read there."""
+
+    TAG: ClassVar[bytes] = b"D"
+    cid: int
+    ok: bool
+    nonce: bytes
+
+    def body(self) -> bytes:
+        return (b"1" if self.ok else b"0") + self.nonce
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body[:1] == b"1", body[1:])
+
+
+@dataclass(frozen=True, slots=True)
+class Unroute(_Frame):
+    """Stop the writers that send ``cid`` here directly."""
+
+    TAG: ClassVar[bytes] = b"O"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Count(_Frame):
+    """How many items producers sent queue ``cid`` here directly that are not taken?"""
+
+    TAG: ClassVar[bytes] = b"M"
+    cid: int
+    asked: int
+
+    def body(self) -> bytes:
+        return _Q.pack(self.asked)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, *_Q.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Tallied(_Frame):
+    """The broker reads your count of queue ``cid``: report your takes only now and then."""
+
+    TAG: ClassVar[bytes] = b"y"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Feed(_Frame):
+    """You are (``on``) or are no longer queue ``cid``'s only consumer, fed ahead."""
+
+    TAG: ClassVar[bytes] = b"G"
+    cid: int
+    on: bool
+
+    def body(self) -> bytes:
+        return b"1" if self.on else b"0"
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body == b"1")
+
+
+# ------------------------------------------------------------ a direct route
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(_Frame):
+    """A writer asks to send ``cid`` directly; ``nonce`` names the route to the broker."""
+
+    TAG: ClassVar[bytes] = b"H"
+    cid: int
+    nonce: bytes
+
+    def body(self) -> bytes:
+        return self.nonce
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(_Frame):
+    TAG: ClassVar[bytes] = b"A"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Nack(_Frame):
+    TAG: ClassVar[bytes] = b"K"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop(_Frame):
+    """The reader no longer reads ``cid`` here: send through the broker."""
+
+    TAG: ClassVar[bytes] = b"X"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped(_Frame):
+    """The writer's last direct item of ``cid`` came before this."""
+
+    TAG: ClassVar[bytes] = b"s"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Return(_Frame):
+    """The reader sends back what it had not taken of ``cid``."""
+
+    TAG: ClassVar[bytes] = b"Z"
+    cid: int
+    items: tuple[bytes, ...]
+
+    def body(self) -> bytes:
+        return _batch(self.items)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, _unbatch(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Taken(_Frame):
+    """The consumer took ``taken`` of this producer's direct items of ``cid`` in all."""
+
+    TAG: ClassVar[bytes] = b"t"
+    cid: int
+    taken: int
+
+    def body(self) -> bytes:
+        return _Q.pack(self.taken)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, *_Q.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Sync(_Frame):
+    """Answer `Synced` after your last direct item of ``cid`` (end-of-file waits for it)."""
+
+    TAG: ClassVar[bytes] = b"Q"
+    cid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Synced(_Frame):
+    TAG: ClassVar[bytes] = b"J"
+    cid: int
+
+
+Frame: TypeAlias = (
+    Put | Subscribe | Unsubscribe | Claim | Release | Holder | Flush | InletAt | Want
+    | Returned | Tally | Counted | Item | Eof | Items | Revoke | Flushed | Unroute | Count
+    | Tallied | Feed | Hello | Ack | Nack | Stop | Stopped | Return | Taken | Sync | Synced)
+
+_KINDS: tuple[type[_Frame], ...] = (
+    Put, Subscribe, Unsubscribe, Claim, Release, Holder, Flush, InletAt, Want, Returned,
+    Tally, Counted, Item, Eof, Items, Revoke, Flushed, Unroute, Count, Tallied, Feed, Hello,
+    Ack, Nack, Stop, Stopped, Return, Taken, Sync, Synced)
+_PARSE: dict[bytes, Callable[[int, bytes], Frame]] = {kind.TAG: kind.parse for kind in _KINDS}
+assert len(_PARSE) == len(_KINDS), "two kinds of frame share a tag"
+
+
+def decode(raw: bytes) -> Frame:
+    """The frame ``raw`` (as `Wire.recv_bytes` returns it) carries; ValueError if it is
+    not one."""
+    if len(raw) < HEAD.size:
+        raise ValueError(f"a frame of {len(raw)} bytes is shorter than its {HEAD.size}-byte head")
+    tag, cid = HEAD.unpack_from(raw)
+    parse = _PARSE.get(tag)
+    if parse is None:
+        raise ValueError(f"unknown frame tag {tag!r}")
+    try:
+        return parse(cid, raw[HEAD.size:])
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"a malformed {tag!r} frame: {exc}") from exc
+
+
+def unexpected(role: str, frame: Frame) -> ValueError:
+    """The error that ends a connection over which ``role`` got a frame it never gets."""
+    return ValueError(f"{role} got a {type(frame).__name__} frame, which it never expects")
