@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fiberexec.multiprocessing import _frames, _links
+from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._frames import HEAD, Frame, decode
 
 KINDS: tuple[type[Any], ...] = tuple(_frames._KINDS)
@@ -93,3 +94,24 @@ def test_frames_cross_a_real_connection_in_order() -> None:
 def test_a_role_refuses_a_frame_it_never_expects() -> None:
     error = _frames.unexpected("a pipe's writer", _frames.Put(1, b"x" * 10_000))
     assert str(error) == "a pipe's writer got a Put frame, which it never expects"
+
+
+@pytest.mark.parametrize("frame", [
+    _frames.Item(1, b"x"),  # a broker sends items; it never gets one
+    _frames.Ack(1),  # a route's answer, not a stream's
+], ids=["Item", "Ack"])
+def test_a_broker_hangs_up_on_a_stream_that_sends_what_a_process_never_sends(
+        frame: Frame) -> None:
+    broker = get_broker()
+    host, port, unix = broker.endpoint.call("stream", ())[0]
+    wire = _links.Wire(_links.dial(broker.secret, unix, (host, port), service=_links.STREAM))
+    wire.send(_frames.Holder("a-test"))
+    cid = broker.endpoint.call("new", (0, -1))[0]  # a queue
+    wire.send(_frames.Put(cid, b"item"))  # what a process sends: taken, no answer
+    assert not wire.poll(0.3)
+    wire.send(frame)
+    assert wire.poll(10)  # the broker's answer to it: the end of the connection
+    with pytest.raises(EOFError):
+        wire.recv_bytes()
+    wire.sock.close()
+    del broker.chans[cid]
