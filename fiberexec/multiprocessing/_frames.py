@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
 HEAD = struct.Struct("!cQ")  # tag, channel id
+_AFTER_HEAD = HEAD.size
 NONCE = 8  # bytes of a direct route's nonce
 _Q = struct.Struct("!Q")
 _WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
@@ -61,14 +62,10 @@ def _unbatch(body: bytes) -> tuple[bytes, ...]:
     return tuple(items)
 
 
-# ------------------------------------------------------------ a process to its broker
-
-
 @dataclass(frozen=True, slots=True)
-class Put(_Frame):
-    """An item for pipe or queue ``cid``."""
+class _Carry(_Frame):
+    """A frame that carries one item's bytes as they are."""
 
-    TAG: ClassVar[bytes] = b"P"
     cid: int
     data: bytes
 
@@ -77,7 +74,32 @@ class Put(_Frame):
 
     @classmethod
     def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, body)
+        return cls(cid, body)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch(_Frame):
+    """A frame that carries several items, each after its u32 length."""
+
+    cid: int
+    items: tuple[bytes, ...]
+
+    def body(self) -> bytes:
+        return _batch(self.items)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, _unbatch(body))  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------ a process to its broker
+
+
+@dataclass(frozen=True, slots=True)
+class Put(_Carry):
+    """An item for pipe or queue ``cid``."""
+
+    TAG: ClassVar[bytes] = b"P"
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,19 +268,10 @@ class Counted(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Item(_Frame):
+class Item(_Carry):
     """An item of pipe ``cid`` (from the broker, or from its writer over a route)."""
 
     TAG: ClassVar[bytes] = b"I"
-    cid: int
-    data: bytes
-
-    def body(self) -> bytes:
-        return self.data
-
-    @classmethod
-    def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,19 +283,10 @@ class Eof(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Items(_Frame):
+class Items(_Batch):
     """Items of queue ``cid`` for the consumer's waiting threads, then ahead of its gets."""
 
     TAG: ClassVar[bytes] = b"B"
-    cid: int
-    items: tuple[bytes, ...]
-
-    def body(self) -> bytes:
-        return _batch(self.items)
-
-    @classmethod
-    def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, _unbatch(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +336,7 @@ class Count(_Frame):
 
     @classmethod
     def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, *_Q.unpack(body))
+        return cls(cid, _Q.unpack(body)[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,19 +411,10 @@ class Stopped(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Return(_Frame):
+class Return(_Batch):
     """The reader sends back what it had not taken of ``cid``."""
 
     TAG: ClassVar[bytes] = b"Z"
-    cid: int
-    items: tuple[bytes, ...]
-
-    def body(self) -> bytes:
-        return _batch(self.items)
-
-    @classmethod
-    def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, _unbatch(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +430,7 @@ class Taken(_Frame):
 
     @classmethod
     def parse(cls, cid: int, body: bytes) -> Frame:
-        return cls(cid, *_Q.unpack(body))
+        return cls(cid, _Q.unpack(body)[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,16 +463,16 @@ assert len(_PARSE) == len(_KINDS), "two kinds of frame share a tag"
 def decode(raw: bytes) -> Frame:
     """The frame ``raw`` (as `Wire.recv_bytes` returns it) carries; ValueError if it is
     not one."""
-    if len(raw) < HEAD.size:
-        raise ValueError(f"a frame of {len(raw)} bytes is shorter than its {HEAD.size}-byte head")
-    tag, cid = HEAD.unpack_from(raw)
-    parse = _PARSE.get(tag)
-    if parse is None:
-        raise ValueError(f"unknown frame tag {tag!r}")
     try:
-        return parse(cid, raw[HEAD.size:])
+        tag, cid = HEAD.unpack_from(raw)
+        return _PARSE[tag](cid, raw[_AFTER_HEAD:])
+    except KeyError:
+        raise ValueError(f"unknown frame tag {raw[:1]!r}") from None
     except (struct.error, UnicodeDecodeError) as exc:
-        raise ValueError(f"a malformed {tag!r} frame: {exc}") from exc
+        if len(raw) < HEAD.size:
+            raise ValueError(f"a frame of {len(raw)} bytes is shorter than its "
+                             f"{HEAD.size}-byte head") from None
+        raise ValueError(f"a malformed {raw[:1]!r} frame: {exc}") from exc
 
 
 def unexpected(role: str, frame: Frame) -> ValueError:

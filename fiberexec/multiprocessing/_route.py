@@ -585,6 +585,10 @@ class Outlets:
     def _apply(self, link: Link, raw: bytes) -> None:
         frame = decode(raw)
         match frame:
+            case Taken(cid, taken):  # the most frequent: one per queue item taken
+                route = link.routes.get(cid)
+                if route is not None:
+                    route.taken(taken)
             case Ack(cid) | Nack(cid):
                 with self.cond:
                     route = link.routes.get(cid)
@@ -600,10 +604,6 @@ class Outlets:
                                  name="fiberexec-mp-route").start()
             case Return(cid, items):
                 self._returned(link, cid, items)
-            case Taken(cid, taken):
-                route = link.routes.get(cid)
-                if route is not None:
-                    route.taken(taken)
             case Sync(cid):
                 link.send(Synced(cid))
             case _:
