@@ -9,8 +9,8 @@ one ``match``: a frame a role does not expect ends its connection as a protocol 
                                        Flush InletAt Want Returned Tally Counted
     broker -> process                  Item Eof Items Revoke Flushed Unroute Count
                                        Tallied Feed
-    writer -> reader (a direct route)  Hello Item Stopped Synced
-    reader -> writer                   Ack Nack Stop Return Taken Sync
+    writer -> reader (a direct route)  Hello Item Stopped Synced Tallied
+    reader -> writer                   Ack Nack Stop Return Taken Sync Tally
 
 Nothing here is unpickled: items are the bytes their sender pickled.
 """
@@ -230,7 +230,8 @@ class Returned(_Frame):
 @dataclass(frozen=True, slots=True)
 class Tally(_Frame):
     """This process counts what it takes of queue ``cid`` in ``slot`` of the page at
-    ``path`` (`_tally`)."""
+    ``path`` (`_tally`): to its broker, of all the queue's items; to a producer over a
+    direct route, of that producer's."""
 
     TAG: ClassVar[bytes] = b"Y"
     cid: int
@@ -341,7 +342,8 @@ class Count(_Frame):
 
 @dataclass(frozen=True, slots=True)
 class Tallied(_Frame):
-    """The broker reads your count of queue ``cid``: report your takes only now and then."""
+    """I read your count of queue ``cid``: the broker's answer (report your takes only now
+    and then), or a producer's (no `Taken` per item)."""
 
     TAG: ClassVar[bytes] = b"y"
     cid: int

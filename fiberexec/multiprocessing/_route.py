@@ -33,9 +33,12 @@ its only consumer (B routes it only then). The differences:
 - `Flushed` comes once the items B held at the `Flush` have been sent to R (as R's
   window allows; see `_broker.Chan.dispatch`), so they come before A's direct ones.
 - Items wait in R's queue lane among those B sends ahead, and are counted by B's
-  ``qsize()`` (it asks R, `Count`). A keeps a copy of each until R says it was taken
-  (`Taken`, before R hands it out): if R's process dies, A puts the copies to B, so
-  what R had not taken stays in the queue, as in the standard library's pipe.
+  ``qsize()`` (it asks R, `Count`). A keeps a copy of each until it learns that R took
+  it, before R hands it out: R counts what it takes of A's items in a slot of its tally
+  page (`_tally`), offered with `Tally`; A maps it where it can (`Tallied`) and drops the
+  copies of what was taken as it puts; elsewhere R says `Taken` for each. If R's
+  process dies, A reads the count to the last and puts the other copies to B, so what
+  R had not taken stays in the queue, as in the standard library's pipe.
 - A second consumer (another process, or a get in B) makes B say `Unroute`: R stops its
   producers and sends back, with `Return`, the items it had not taken, which A puts to B.
 - A producer that exits says `Stopped` unasked, and R sends back what it had not taken
@@ -73,6 +76,8 @@ from fiberexec.multiprocessing._frames import (
     Sync,
     Synced,
     Taken,
+    Tallied,
+    Tally,
     decode,
     unexpected,
 )
@@ -89,6 +94,7 @@ from fiberexec.multiprocessing._links import (
     thread_wake,
 )
 from fiberexec.multiprocessing._stream import Stream
+from fiberexec.multiprocessing._tally import TallyPage, TallyView
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -107,6 +113,7 @@ class Link:
         self.lock = threading.Lock()
         self.closed = False
         self.routes: dict[int, Route] = {}  # on the writer's side: the pipes routed over it
+        self.views: dict[bytes, TallyView] = {}  # on the writer's side: consumers' counts
         self.reader: Reader | None = None  # what reads it (the answers, on the writer's side)
 
     def send(self, frame: Frame) -> None:
@@ -120,10 +127,12 @@ class Link:
 class Direct:
     """A queue item a producer sent here directly, waiting in the consumer's lane.
 
-    Its producer keeps a copy until told it was taken: `take` (under the stream's
-    ``cond``) counts it, then `handed` tells the producer, before the item is handed out
-    (so it is never handed out twice), without ``cond``: the producer's connection thread
-    must be free to read (it never waits for this process while we wait for it)."""
+    Its producer keeps a copy until it learns that the item was taken: `take` (under the
+    stream's ``cond``) counts it, in the flow's slot of this process's tally page where
+    the producer reads it (`_tally`), else `handed` tells it (`Taken`) before the item is
+    handed out, without ``cond`` (the producer's connection thread must be free to read:
+    it never waits for this process while we wait for it). Either way the count is out
+    before the item is, so it is never handed out twice."""
 
     __slots__ = ("data", "flow", "taken")
 
@@ -133,15 +142,18 @@ class Direct:
         self.taken = 0
 
     def take(self) -> Direct:
-        self.flow.taken += 1
-        self.taken = self.flow.taken
+        flow = self.flow
+        flow.taken += 1
+        self.taken = flow.taken
+        if flow.page is not None and flow.slot is not None:
+            flow.page.write(flow.slot, flow.taken)
         return self
 
     def handed(self, cid: int) -> bytes:
-        link = self.flow.link
-        if not link.closed:
+        flow = self.flow
+        if not (flow.counted or flow.link.closed):
             with contextlib.suppress(OSError):
-                link.send(Taken(cid, self.taken))
+                flow.link.send(Taken(cid, self.taken))
         return self.data
 
 
@@ -157,6 +169,9 @@ class Inflow:
     synced: bool = False  # answered a SYNC sent after end-of-file
     held: list[bytes] = field(default_factory=list)  # items not accepted (yet)
     taken: int = 0  # queue: items of this writer taken here in all
+    page: TallyPage | None = None  # queue: where ``taken`` is counted for the writer...
+    slot: int | None = None  # ...in this slot
+    counted: bool = False  # the writer reads it (`Tallied`): no `Taken` per item
 
     @property
     def settled(self) -> bool:
@@ -247,12 +262,11 @@ class Inlet:
                 else:
                     flow.held.append(data)
             case Hello(cid, nonce):
-                if (stream.subscribed[cid] > 0 or cid in stream.lanes) and not stream.lost:
-                    self.flows.setdefault(cid, {})[link] = Inflow(link, nonce)
-                    stream.start_reader()  # the broker's frames must be read as they come
-                    link.send(Ack(cid))
-                else:
-                    link.send(Nack(cid))
+                self._hello(link, cid, nonce)
+            case Tallied(cid):
+                tallied = self.flows.get(cid, {}).get(link)
+                if tallied is not None:
+                    tallied.counted = True
             case Stopped(cid):  # asked for, or the writer's process ends
                 stopped = self._drop(link, cid)
                 link.send(Return(cid, tuple(self._unread(cid, stopped))))
@@ -266,6 +280,25 @@ class Inlet:
                     self._settle(cid)
             case _:
                 raise unexpected("a pipe's reader", frame)
+
+    def _hello(self, link: Link, cid: int, nonce: bytes) -> None:
+        stream = self.stream
+        if (stream.subscribed[cid] > 0 or cid in stream.lanes) and not stream.lost:
+            flow = self.flows.setdefault(cid, {})[link] = Inflow(link, nonce)
+            stream.start_reader()  # the broker's frames must be read as they come
+            link.send(Ack(cid))
+            if cid in stream.lanes:
+                self._offer_count(cid, flow)
+        else:
+            link.send(Nack(cid))
+
+    def _offer_count(self, cid: int, flow: Inflow) -> None:
+        """A producer of queue ``cid`` may read what it takes here in the tally page,
+        instead of a `Taken` per item (under the stream's ``cond``)."""
+        page, slot = self.stream.count_slot()
+        if page is not None and slot is not None:
+            flow.page, flow.slot = page, slot
+            flow.link.send(Tally(cid, slot, page.nonce, page.path))
 
     def _deliver(self, cid: int, flow: Inflow, data: bytes) -> None:
         lane = self.stream.lanes.get(cid)
@@ -400,7 +433,8 @@ HELLOING, ACKED, NACKED, DIRECT, STOPPING, DEAD = range(6)
 class Route:
     """One pipe this process writes, or queue it puts to, sent directly over ``link``."""
 
-    __slots__ = ("acked", "acks", "direct", "link", "nonce", "state", "unacked")
+    __slots__ = ("acked", "acks", "direct", "link", "nonce", "slot", "state", "unacked",
+                 "view")
 
     def __init__(self, link: Link, queue: bool) -> None:
         self.link = link
@@ -413,19 +447,29 @@ class Route:
         self.unacked: deque[bytes] | None = deque() if queue else None
         self.acked = 0
         self.acks = threading.Lock()
+        self.view: TallyView | None = None  # the consumer's count of what it took, and
+        self.slot = 0  # its slot there (`Tally`)
 
     def sent(self, data: bytes) -> None:
         if self.unacked is not None:
             with self.acks:
                 self.unacked.append(data)
+                if self.view is not None:  # drop the copies of what it took since
+                    self._taken(self.view.read(self.slot))
 
-    def taken(self, taken: int) -> None:
-        """The consumer took ``taken`` of this route's items in all: drop their copies."""
+    def taken(self, taken: int | None = None) -> None:
+        """The consumer took ``taken`` of this route's items in all (None: as many as its
+        tally page says): drop their copies."""
         if self.unacked is not None:
             with self.acks:
-                for _ in range(min(taken - self.acked, len(self.unacked))):
-                    self.unacked.popleft()
-                self.acked = max(self.acked, taken)
+                self._taken(taken if taken is not None or self.view is None
+                            else self.view.read(self.slot))
+
+    def _taken(self, taken: int | None) -> None:
+        if taken is not None and self.unacked is not None:
+            for _ in range(min(taken - self.acked, len(self.unacked))):
+                self.unacked.popleft()
+            self.acked = max(self.acked, taken)
 
     def forget(self) -> list[bytes]:
         """Stop sending directly (under ``link.lock``, or after `Stopped` was sent); the
@@ -573,6 +617,7 @@ class Outlets:
         with self.cond:
             link.closed = True
             for cid, route in list(link.routes.items()):
+                route.taken()  # what its tally page says it took, to the last
                 with link.lock:
                     untaken = route.forget()
                     route.state = DEAD
@@ -580,6 +625,8 @@ class Outlets:
                 self._relay_for_now(cid, route)
             if self.links.get(link.address) is link:
                 del self.links[link.address]
+            for view in link.views.values():
+                view.close()
             self.cond.notify_all()
 
     def _apply(self, link: Link, raw: bytes) -> None:
@@ -589,6 +636,8 @@ class Outlets:
                 route = link.routes.get(cid)
                 if route is not None:
                     route.taken(taken)
+            case Tally(cid, slot, nonce, path):
+                self._read_count(link, cid, slot, nonce, path)
             case Ack(cid) | Nack(cid):
                 with self.cond:
                     route = link.routes.get(cid)
@@ -608,6 +657,25 @@ class Outlets:
                 link.send(Synced(cid))
             case _:
                 raise unexpected("a pipe's writer", frame)
+
+    @staticmethod
+    def _read_count(link: Link, cid: int, slot: int, nonce: bytes, path: str) -> None:
+        """The consumer counts what it takes of our items of ``cid`` in its tally page:
+        map it if this process can (same host, PID namespace and user), and say so."""
+        route = link.routes.get(cid)
+        if route is None or route.unacked is None:
+            return
+        view = link.views.get(nonce)
+        if view is None:
+            try:
+                view = link.views[nonce] = TallyView(path, nonce)
+            except OSError as exc:  # it goes on saying `Taken` for each
+                log.debug("a consumer's tally page cannot be read here: %s", exc)
+                return
+        with route.acks:
+            route.view, route.slot = view, slot
+        with contextlib.suppress(OSError):
+            link.send(Tallied(cid))
 
     def _stop(self, link: Link, cid: int) -> None:
         with self.cond:
@@ -654,7 +722,10 @@ class Outlets:
         with self.cond:
             leaving = []
             for cid, route in self.routes.items():
-                if isinstance(route, Route) and route.unacked and route.state == DIRECT and (
+                if not isinstance(route, Route):
+                    continue
+                route.taken()  # what its tally page says was taken needs no stop
+                if route.unacked and route.state == DIRECT and (
                         self._stopping(route.link, cid, route)):
                     leaving.append(route)
             return self.cond.wait_for(lambda: all(

@@ -390,14 +390,20 @@ class Stream:
     def _announce(self, cid: int, lane: _Lane) -> None:
         """Count what this process takes of queue ``cid`` in the tally page, and tell the
         broker where (under ``cond``); until it says it reads it, every take is reported."""
+        page, lane.slot = self.count_slot()
+        if page is not None and lane.slot is not None:
+            with contextlib.suppress(ConnectionError):
+                self.send(Tally(cid, lane.slot, page.nonce, page.path))
+
+    def count_slot(self) -> tuple[TallyPage | None, int | None]:
+        """This process's tally page and a slot of its own there, for a count another
+        process reads (under ``cond``); no page where there can be none, no slot once
+        it is full."""
         if self.tally is None:
             if not _tally.available():
-                return
+                return None, None
             self.tally = TallyPage()
-        lane.slot = self.tally.slot()
-        if lane.slot is not None:
-            with contextlib.suppress(ConnectionError):
-                self.send(Tally(cid, lane.slot, self.tally.nonce, self.tally.path))
+        return self.tally, self.tally.slot()
 
     def _tell(self, cid: int, lane: _Lane) -> None:
         """Send this lane's state (under ``cond``)."""

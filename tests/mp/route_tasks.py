@@ -152,3 +152,25 @@ def take_one_then_rest(q: Any, got: Any, resume: Any, n: int) -> None:
     got.put(first)
     resume.wait(60)
     got.put([first, *(q.get(timeout=60) for _ in range(n - 1))])
+
+
+def counting(q: Any) -> str:
+    """How this consumer tells the producers that send ``q`` here directly what it took:
+    ``counted`` (in its tally page, which they read), ``taken`` (a message per item) or
+    ``stdlib`` (the standard library's queue)."""
+    if not type(q).__module__.startswith("fiberexec"):
+        return "stdlib"
+    from fiberexec.multiprocessing import _stream
+
+    stream = _stream.stream_for(q._ep())
+    flows = stream.inlet.flows.get(q._cid, {}) if stream and stream.inlet else {}
+    return "counted" if flows and all(f.counted for f in flows.values()) else "taken"
+
+
+def take_one_then_some(q: Any, got: Any, resume: Any, n: int, stop: Any) -> None:
+    """Take one item and report it; once ``resume`` is set, take ``n`` more and report
+    them and `counting`; then stay alive without taking more until ``stop`` is set."""
+    got.put(q.get(timeout=60))
+    resume.wait(60)
+    got.put(([q.get(timeout=60) for _ in range(n)], counting(q)))
+    stop.wait(60)

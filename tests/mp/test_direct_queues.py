@@ -122,3 +122,30 @@ def test_items_a_killed_consumer_had_not_taken_stay_in_the_queue(
     keep.set()
     producer.join(60)
     assert producer.exitcode == 0
+
+
+@pytest.mark.parametrize("taken", [5, 300])
+def test_a_consumer_killed_after_taking_direct_items_loses_and_repeats_none(
+        mpm: ModuleType, taken: int) -> None:
+    """The consumer counts what it takes of a producer's direct items where the producer
+    reads it (its tally page), with no message per item: killed, what it took is not put
+    back, and the rest is, in order."""
+    ctx = mpm.get_context("spawn")
+    q, got, done = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    resume, stop, keep = ctx.Event(), ctx.Event(), ctx.Event()
+    consumer = _start(ctx, t.take_one_then_some, q, got, resume, taken, stop)
+    q.put("first")  # the creator only puts: the child is the queue's only consumer
+    assert got.get(timeout=60) == "first"
+    producer = _start(ctx, t.put_paced, q, N, done, None, keep)
+    assert done.get(timeout=60) == _via(mpm)
+    resume.set()
+    items, how = got.get(timeout=60)
+    assert items == list(range(taken))
+    assert how == ("counted" if mpm is fmp else "stdlib")
+    consumer.kill()
+    consumer.join(60)
+    assert [q.get(timeout=10) for _ in range(N - taken)] == list(range(taken, N))
+    assert q.empty()
+    keep.set()  # (not ``stop``: the stdlib's Event can hang waking a killed waiter)
+    producer.join(60)
+    assert producer.exitcode == 0
