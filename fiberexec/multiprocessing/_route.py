@@ -166,7 +166,7 @@ class Inflow:
     flushed: bool = False  # the broker said every relayed item of this writer is here
     stopping: bool = False  # this process asked the writer to stop (items go back)
     sync_sent: bool = False
-    synced: bool = False  # answered a SYNC sent after end-of-file
+    synced: bool = False  # answered a `Sync` sent after end-of-file
     held: list[bytes] = field(default_factory=list)  # items not accepted (yet)
     taken: int = 0  # queue: items of this writer taken here in all
     page: TallyPage | None = None  # queue: where ``taken`` is counted for the writer...

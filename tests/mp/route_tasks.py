@@ -167,10 +167,23 @@ def counting(q: Any) -> str:
     return "counted" if flows and all(f.counted for f in flows.values()) else "taken"
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (another process can map its tally page only from the
+    same one)."""
+    return os.readlink("/proc/self/ns/pid")
+
+
 def take_one_then_some(q: Any, got: Any, resume: Any, n: int, stop: Any) -> None:
     """Take one item and report it; once ``resume`` is set, take ``n`` more and report
-    them and `counting`; then stay alive without taking more until ``stop`` is set."""
+    them, `counting` and `pid_namespace`; then stay alive, taking no more, until ``stop``."""
     got.put(q.get(timeout=60))
     resume.wait(60)
-    got.put(([q.get(timeout=60) for _ in range(n)], counting(q)))
+    got.put(([q.get(timeout=60) for _ in range(n)], counting(q), pid_namespace()))
     stop.wait(60)
+
+
+def put_paced_saying_where(q: Any, n: int, done: Any, hold: Any) -> None:
+    """`put_paced`, reporting its `pid_namespace` as well as how the last put went."""
+    put_paced(q, n, done, None, None)
+    done.put(pid_namespace())
+    hold.wait(60)
