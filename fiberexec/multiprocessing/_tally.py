@@ -5,11 +5,13 @@ of shared memory (a ``memfd``) before the item is returned; the broker maps the 
 and reads the count whenever it needs it: to know how many items sent ahead may be
 replaced, to answer ``qsize()``, and, when the consumer's process ends, to put back exactly
 the items it had not taken. So a consumer that keeps up reports what it takes only now and
-then (see `_stream.Stream._take`), and an item is still never handed out twice.
+then (see `_stream.Stream._take`), and an item is still never handed out twice. A producer
+that sends a queue's items to the consumer directly (`_route`) reads, in a slot of the same
+page, how many of its items were taken, instead of a `_frames.Taken` per item.
 
-Only a broker on this host, in this process's PID namespace and under the same user can map
-the page (through ``/proc/<pid>/fd/<fd>``, checked by a random nonce in the page); it says
-so (`_frames.Tallied`) per queue, and until it has, the consumer reports every item it
+Only a process on this host, in this process's PID namespace and under the same user can
+map the page (through ``/proc/<pid>/fd/<fd>``, checked by a random nonce in the page); it
+says so (`_frames.Tallied`) per slot, and until it has, the consumer reports every item it
 takes, as everywhere else.
 
 Each slot is a count written twice, one copy after the other; a reader that sees two
@@ -64,7 +66,7 @@ class TallyPage:
 
 
 class TallyView:
-    """The broker's read-only mapping of one consumer's page."""
+    """A read-only mapping of one consumer's page (its broker's, or a producer's)."""
 
     def __init__(self, path: str, nonce: bytes) -> None:
         # never blocks (a FIFO of that number elsewhere), never takes a terminal
