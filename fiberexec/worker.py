@@ -39,6 +39,7 @@ from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
+from fiberexec._timer import OneShot
 from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
 
 EXIT_AUTH_FAILED = 3
@@ -53,6 +54,7 @@ SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped read
 LEAVE_TIMEOUT = 10.0  # seconds a leaving worker waits for the executor to hang up
 SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
 OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
+WATCH_AFTER = 0.005  # seconds a stretch of tasks runs before a second thread reads the link
 M = TypeVar("M")
 
 
@@ -492,42 +494,60 @@ class Outbox:
 
 class Watcher:
     """While the main thread runs tasks, a thread that reads what the executor sends: more
-    tasks to wait behind the running one, and ``Revoke`` for some of those (another worker
-    is free, or a `cancel` wants one back and waits for the answer). So the answer comes
-    within a round trip, not after the running task. Off while the main thread reads the
-    link itself; turning it on and off costs a wake-up each, once per stretch of tasks."""
+    tasks to wait behind the running one, ``Revoke`` for some of those (another worker is
+    free, or a `cancel` wants one back and waits for the answer), a request for the stacks.
+    So the answer comes within `WATCH_AFTER` and a round trip, not after the running task.
+
+    It starts reading once a stretch of tasks has run for `WATCH_AFTER`: the main thread arms
+    a kernel timer when a task starts and disarms it when it goes back to reading the link
+    itself. A task shorter than that costs those two system calls and wakes no thread (waking
+    the watcher and putting it back to sleep for every task cost a quarter of a round trip,
+    in a fight for the GIL with the task and its result)."""
 
     def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
         self._fd = fd
         self._take_in = take_in
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._on = False
-        self._cond = threading.Condition()
+        self._timer = OneShot()
+        self._lock = threading.Lock()  # the two flags change together, from either thread
+        self._armed = False  # the timer runs: the watcher reads once it fires
+        self._on = False  # the watcher reads the link
         threading.Thread(target=_guard(self._run), name="fiberexec-watcher",
                          daemon=True).start()
 
     def watch(self) -> None:
-        """(Main thread) A task starts: read while it runs."""
-        if not self._on:
-            with self._cond:
-                self._on = True
-                self._cond.notify()
+        """(Main thread) A task starts: read from `WATCH_AFTER` on, unless that began."""
+        if not self._armed and not self._on:  # only this thread sets them from False
+            with self._lock:
+                self._armed = True
+                self._timer.arm(WATCH_AFTER)
 
     def unwatch(self) -> None:
         """(Main thread) About to read the link itself."""
-        if self._on:
-            self._on = False
-            os.eventfd_write(self._wake, 1)
+        if self._armed or self._on:
+            with self._lock:
+                if self._on:
+                    self._on = False
+                    os.eventfd_write(self._wake, 1)
+                elif self._armed:
+                    self._armed = False
+                    self._timer.disarm()
 
     def _run(self) -> None:
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        poller.register(self._wake, select.POLLIN)
+        idle = select.poll()
+        idle.register(self._timer.fileno(), select.POLLIN)
+        busy = select.poll()
+        busy.register(self._fd, select.POLLIN)
+        busy.register(self._wake, select.POLLIN)
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._on)
+            idle.poll()  # the timer fires: no timeout needed
+            self._timer.drain()
+            with self._lock:
+                if not self._armed:  # disarmed as it fired
+                    continue
+                self._armed, self._on = False, True
             while self._on:
-                ready = {fd for fd, _ in poller.poll()}  # unwatch() wakes it: no timeout
+                ready = {fd for fd, _ in busy.poll()}  # unwatch() wakes it: no timeout
                 if self._wake in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.eventfd_read(self._wake)

@@ -1,0 +1,121 @@
+"""The worker's watcher reads the link only once a stretch of tasks has run a while.
+
+A task shorter than `WATCH_AFTER` wakes no second thread (that cost a quarter of a round
+trip); a longer one has the link read for it, so a ``Revoke`` or a stack request is answered
+while it runs. Tested on `Watcher` itself, over a real socket pair, and on `OneShot`, the
+kernel timer it arms.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fiberexec._timer import OneShot
+from fiberexec.worker import WATCH_AFTER, Watcher
+
+
+def readable(fd: int, timeout: float) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_one_shot_fires_once_after_its_delay() -> None:
+    timer = OneShot()
+    try:
+        assert not readable(timer.fileno(), 0.0)
+        start = time.monotonic()
+        timer.arm(0.05)
+        assert not readable(timer.fileno(), 0.02)
+        assert readable(timer.fileno(), 2.0)
+        assert time.monotonic() - start >= 0.045
+        timer.drain()
+        assert not readable(timer.fileno(), 0.1)  # one shot: it does not fire again
+    finally:
+        timer.close()
+
+
+def test_one_shot_disarmed_never_fires() -> None:
+    timer = OneShot()
+    try:
+        timer.arm(0.05)
+        timer.disarm()
+        assert not readable(timer.fileno(), 0.2)
+        timer.arm(0.01)  # and it can be armed again
+        assert readable(timer.fileno(), 2.0)
+    finally:
+        timer.close()
+
+
+class Link:
+    """A socket pair: the executor's end writes, the watcher watches the worker's end."""
+
+    def __init__(self) -> None:
+        self.executor, self.worker = socket.socketpair()
+        self.worker.setblocking(False)
+        self.taken = threading.Event()
+        self.reads = 0
+
+    def take_in(self) -> None:
+        self.reads += 1
+        try:
+            self.worker.recv(4096)
+        except BlockingIOError:
+            return
+        self.taken.set()
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    pair = Link()
+    yield pair
+    pair.executor.close()
+    pair.worker.close()
+
+
+def test_a_short_task_wakes_no_reader(link: Link) -> None:
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    link.executor.sendall(b"more work")  # waiting before the task even starts
+    for _ in range(20):  # twenty tasks, each over well before WATCH_AFTER
+        watcher.watch()
+        time.sleep(WATCH_AFTER / 10)  # the task runs (and lets other threads run)
+        watcher.unwatch()
+    assert not link.taken.wait(max(0.2, 20 * WATCH_AFTER))
+    assert link.reads == 0
+
+
+def test_a_long_task_has_the_link_read_for_it(link: Link) -> None:
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher.watch()  # a task starts and runs on
+    started = time.monotonic()
+    link.executor.sendall(b"revoke")
+    assert link.taken.wait(5.0)
+    assert time.monotonic() - started >= WATCH_AFTER * 0.9
+    link.taken.clear()
+    link.executor.sendall(b"dump your stack")  # read while the task still runs
+    assert link.taken.wait(5.0)
+    watcher.unwatch()  # the task ends: the main thread reads for itself
+    time.sleep(0.05)  # let the watcher go back to its timer
+    link.taken.clear()
+    reads = link.reads
+    link.executor.sendall(b"next task")
+    assert not link.taken.wait(max(0.2, 20 * WATCH_AFTER))
+    assert link.reads == reads
+
+
+def test_a_stretch_of_short_tasks_is_watched_from_its_start(link: Link) -> None:
+    """Tasks back to back do not re-arm the timer: the stretch's first start counts."""
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    link.executor.sendall(b"revoke")
+    started = time.monotonic()
+    deadline = started + 5.0
+    while not link.taken.is_set() and time.monotonic() < deadline:
+        watcher.watch()  # the next task of the stretch starts
+        time.sleep(WATCH_AFTER / 5)
+    assert link.taken.is_set()
+    assert time.monotonic() - started < 1.0
+    watcher.unwatch()
