@@ -289,11 +289,18 @@ class Worker:
         done = 0
         outbox = self.outbox
         watcher = Watcher(self.link.fileno(), self.take_in)
+        slow = False  # the last task ran long enough for more to be sent meanwhile
         while not self.stopping or self.tasks:
             if not self.tasks:
-                watcher.unwatch()  # this thread reads for itself now
-                outbox.flush()
-                self.receive(block=True)
+                # Tasks sent meanwhile keep the stretch going: past `WATCH_AFTER` the
+                # watcher takes them in while a task runs, and results go out beside it.
+                # (After a quick task, the system call would only delay a round trip.)
+                if slow:
+                    self.receive(block=False)
+                if not self.tasks:
+                    watcher.unwatch()  # this thread waits on the link itself now
+                    outbox.flush()
+                    self.receive(block=True)
                 continue
             with self._tasks_lock:
                 if not self.tasks:
@@ -313,7 +320,8 @@ class Worker:
                 return
             if not self.tasks:
                 self._take_buffered()
-            outbox.add(result, alone=not self.tasks, slow=result.runtime >= SLOW_TASK)
+            slow = result.runtime >= SLOW_TASK
+            outbox.add(result, alone=not self.tasks, slow=slow)
         watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
