@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 
 CLOCK_MONOTONIC = 1
@@ -28,7 +27,7 @@ class _Itimerspec(ctypes.Structure):
 
 def _libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's too
         libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int,
                                          ctypes.POINTER(_Itimerspec), ctypes.c_void_p]
@@ -37,12 +36,15 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
+_LIBC = _libc()  # once per process (a worker forked by the launcher has it already)
+
+
 class OneShot:
     """``arm(seconds)`` makes `fileno` readable that much later, unless `disarm` comes
     first; `drain` takes the expiry back so the descriptor reads as idle again."""
 
     def __init__(self) -> None:
-        self._libc = _libc()
+        self._libc = _LIBC
         fd = -1
         if self._libc is not None:
             fd = self._libc.timerfd_create(CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
