@@ -13,8 +13,8 @@ and no empty queue (`_Condition`), so a future holds five objects the garbage co
 tracks, not eleven. A program that keeps a hundred thousand futures pays for each of them
 at every full collection.
 
-The question takes one round trip to the worker (answered while it runs a task: see
-`fiberexec.worker.Watcher`), at most `CANCEL_WAIT`; without an answer by then, or when asked
+The question takes one round trip to the worker (answered while it runs a task, once that
+task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`; without an answer by then, or when asked
 from the shard's own thread (a done-callback cancelling another future), `cancel` returns
 False and the task runs, as a running one would.
 """
