@@ -119,3 +119,27 @@ def test_a_stretch_of_short_tasks_is_watched_from_its_start(link: Link) -> None:
     assert link.taken.is_set()
     assert time.monotonic() - started < 1.0
     watcher.unwatch()
+
+
+def test_without_timerfd_the_watcher_reads_at_once(link: Link,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where libc has no timerfd, the timer fires as it is armed: the watcher behaves as it
+    did before it waited (it reads while any task runs), and still stops when told."""
+    from fiberexec import _timer
+
+    monkeypatch.setattr(_timer, "_LIBC", None)
+    timer = OneShot()
+    try:
+        timer.arm(60.0)
+        assert readable(timer.fileno(), 1.0)  # at once, not in a minute
+    finally:
+        timer.close()
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher.watch()
+    link.executor.sendall(b"revoke")
+    assert link.taken.wait(5.0)
+    watcher.unwatch()
+    time.sleep(0.05)
+    link.taken.clear()
+    link.executor.sendall(b"next task")
+    assert not link.taken.wait(0.2)
