@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -59,7 +59,7 @@ M = TypeVar("M")
 
 
 class _Config:
-    def __init__(self, environ: dict[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str]) -> None:
         self.address = environ[_contract.ENV_ADDRESS]
         self.local_address = environ.get(_contract.ENV_LOCAL_ADDRESS, "")
         self.worker_id = environ.get(_contract.ENV_WORKER_ID, f"w{os.getpid()}")
@@ -654,10 +654,9 @@ def _guard(loop: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _adopt_authkey(environ: dict[str, str]) -> None:
+def _adopt_authkey() -> None:
     """Run with the parent's multiprocessing authkey, as a stdlib child process does."""
-    key = environ.pop(_contract.ENV_MP_AUTHKEY, None)
-    os.environ.pop(_contract.ENV_MP_AUTHKEY, None)
+    key = os.environ.pop(_contract.ENV_MP_AUTHKEY, None)
     if key:
         multiprocessing.current_process().authkey = bytes.fromhex(key)
 
@@ -675,12 +674,11 @@ def main() -> None:
 
 def run() -> None:
     """Be a worker: configured by the environment, until the executor lets go."""
-    environ = dict(os.environ)
     try:
-        config = _Config(environ)
+        config = _Config(os.environ)  # a few names read, not the whole environment copied
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
-    _adopt_authkey(environ)
+    _adopt_authkey()
     _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
     try:
         worker = Worker(config)
