@@ -14,9 +14,10 @@ tracks, not eleven. A program that keeps a hundred thousand futures pays for eac
 at every full collection.
 
 The question takes one round trip to the worker (answered while it runs a task, once that
-task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`; without an answer by then, or when asked
-from the shard's own thread (a done-callback cancelling another future), `cancel` returns
-False and the task runs, as a running one would.
+task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`;
+without an answer by then, or when asked from the shard's own thread (a done-callback
+cancelling another future), `cancel` returns False and the task runs, as a running one
+would.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from _thread import RLock
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import PENDING
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, PENDING, RUNNING
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -101,14 +102,17 @@ class TaskFuture(Future[T]):
     def set_running_or_notify_cancel(self) -> bool:
         with self._condition:
             self._holder = None  # it runs (or was cancelled): nothing to ask for any more
-            return super().set_running_or_notify_cancel()
+            if self._state == PENDING:  # the usual case, under one lock instead of two
+                self._state = RUNNING
+                return True
+            return super().set_running_or_notify_cancel()  # the stdlib's answer otherwise
 
     # ------------------------------------------------------------ for the shard
 
     def hold(self, holder: Holder, key: object) -> bool:
         """It is sent to wait at a worker; False if it was cancelled meanwhile."""
         with self._condition:
-            if self.cancelled():
+            if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):  # held: no second lock
                 return False
             self._holder, self._hold_key = holder, key
             return True
