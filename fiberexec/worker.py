@@ -553,7 +553,8 @@ class Watcher:
             with self._lock:
                 if not self._armed:  # disarmed as it fired
                     continue
-                self._armed, self._on = False, True
+                self._on = True  # before `_armed` drops: the main thread's unlocked
+                self._armed = False  # checks see one of them set throughout
             while self._on:
                 ready = {fd for fd, _ in busy.poll()}  # unwatch() wakes it: no timeout
                 if self._wake in ready:

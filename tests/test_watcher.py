@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fiberexec import worker
 from fiberexec._timer import OneShot
 from fiberexec.worker import WATCH_AFTER, Watcher
 
@@ -77,14 +78,18 @@ def link() -> Iterator[Link]:
     pair.worker.close()
 
 
-def test_a_short_task_wakes_no_reader(link: Link) -> None:
+def test_a_short_task_wakes_no_reader(link: Link, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tasks of 1 ms against a half-second wait: a loaded machine cannot stretch one past it.
+    monkeypatch.setattr(worker, "WATCH_AFTER", 0.5)
     watcher = Watcher(link.worker.fileno(), link.take_in)
     link.executor.sendall(b"more work")  # waiting before the task even starts
     for _ in range(20):  # twenty tasks, each over well before WATCH_AFTER
+        started = time.monotonic()
         watcher.watch()
-        time.sleep(WATCH_AFTER / 10)  # the task runs (and lets other threads run)
+        time.sleep(0.001)  # the task runs (and lets other threads run)
         watcher.unwatch()
-    assert not link.taken.wait(max(0.2, 20 * WATCH_AFTER))
+        assert time.monotonic() - started < 0.5
+    assert not link.taken.wait(0.2)
     assert link.reads == 0
 
 
