@@ -26,6 +26,7 @@ from typing import Any
 
 from fiberexec import _auth
 from fiberexec._serialize import loads_bytes
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
@@ -467,23 +468,58 @@ class Broker:
         self.address = self.server.advertised(advertise)
         self.endpoint = Endpoint(self.address, self.secret)
         _alias(self.server, self.address)
-        self.ops: dict[str, Callable[..., tuple[Any, bytes]]] = {
-            "new": self._new, "put": self._put, "get": self._get, "qsize": self._qsize,
-            "task_done": self._task_done, "join": self._join, "poll": self._poll,
-            "ref": self._ref, "claim": self._claim, "unref": self._unref, "fetch": self._fetch,
-            "obj_new": self._obj_new, "obj_call": self._obj_call, "obj_get": self._obj_get,
-            "incref": self._incref, "decref": self._decref,
-            "buf_read": self._buf_read, "buf_write": self._buf_write, "stream": self._stream,
-            "route": self._route,
-        }
 
-    def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
-            Any, bytes]:
-        fn = self.ops.get(op)
-        if fn is None:
-            raise ValueError(f"unknown broker operation {op!r}")
+    def handle(  # noqa: PLR0912 (a case a kind)
+            self, call: calls.Call, body: bytes, caller: Caller) -> tuple[Any, bytes]:
+        """Serve one call (`_rpc`): its result and the answer's body."""
         _sync_server.caller.value = caller
-        return fn(body, *args)
+        result: Any = None
+        match call:
+            case calls.Get(cid, wait):
+                return self._get(cid, wait)
+            case calls.Put(cid, wait):
+                result = self._put(body, cid, wait)
+            case calls.Poll(cid, wait):
+                result = self._poll(cid, wait)
+            case calls.CallObject(oid, name, args):
+                result = getattr(self.obj(oid), name)(*args)
+            case calls.NewChan(maxsize, writers):
+                result = self._new(maxsize, writers)
+            case calls.QSize(cid):
+                result = self._qsize(cid)
+            case calls.TaskDone(cid):
+                self._task_done(cid)
+            case calls.Join(cid, wait):
+                result = self._join(cid, wait)
+            case calls.Ref(cid, ticket):
+                result = self._ref(cid, ticket)
+            case calls.Claim(cid, ticket):
+                self.claim(cid, ticket, caller[0])
+            case calls.Unref(cid):
+                self.unref(cid, caller[0])
+            case calls.Route(cid):
+                result = self._route(cid, caller[0])
+            case calls.OpenStream():
+                result = self._stream()
+            case calls.Fetch(proc_id, os_pid):
+                return None, self._fetch(proc_id, os_pid)
+            case calls.NewObject(kind, args, lock_id):
+                result = self._obj_new(body, kind, args, lock_id)
+            case calls.ObjectAttr(oid, name):
+                obj = self.obj(oid)
+                result = _sync_server.describe(obj) if name == "_describe" else getattr(
+                    obj, name)
+            case calls.Incref(oid):
+                self.objects.incref(oid)
+            case calls.Decref(oids):
+                self.objects.decref(list(oids))
+            case calls.ReadBuffer(name, offset, size):
+                return None, bytes(self.buffer(name)[offset:offset + size])
+            case calls.WriteBuffer(name, offset):
+                self.buffer(name)[offset:offset + len(body)] = body
+            case _:
+                raise ValueError(f"a broker does not serve {call!r}")
+        return result, b""
 
     def chan(self, cid: int) -> Chan:
         chan = self.chans.get(cid)
@@ -491,20 +527,20 @@ class Broker:
             raise ValueError(f"queue {cid} does not exist on this broker (was it closed?)")
         return chan
 
-    def _new(self, _body: bytes, maxsize: int, writers: int) -> tuple[Any, bytes]:
+    def _new(self, maxsize: int, writers: int) -> int:
         with self.lock:
             cid = next(self.ids)
             self.chans[cid] = Chan(maxsize=max(0, maxsize), writers=writers, cid=cid)
-        return cid, b""
+        return cid
 
-    def _put(self, body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+    def _put(self, body: bytes, cid: int, wait: float) -> str:
         chan = self.chan(cid)
         with chan.cond:
             if chan.maxsize and not chan.cond.wait_for(
                     lambda: chan.size() < chan.maxsize, timeout=wait):
-                return FULL, b""
+                return FULL
             self._append(chan, body)
-        return OK, b""
+        return OK
 
     def append(self, cid: int, body: bytes, source: Peer | None = None) -> None:
         """Add an item to a pipe direction or an unbounded queue (no RPC layer in between);
@@ -528,7 +564,7 @@ class Broker:
                 chan.feeding = True
                 self.feeder.schedule(chan)
 
-    def _get(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+    def _get(self, cid: int, wait: float) -> tuple[str, bytes]:
         chan = self.chan(cid)
         with chan.cond:
             if not chan.got_here:
@@ -600,33 +636,32 @@ class Broker:
         with chan.cond:
             return chan.await_item(timeout)
 
-    def _poll(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+    def _poll(self, cid: int, wait: float) -> bool:
         chan = self.chan(cid)
         with chan.cond:
-            ready = chan.cond.wait_for(lambda: chan.items or chan.writers == 0, timeout=wait)
-        return bool(ready), b""
+            return bool(chan.cond.wait_for(lambda: chan.items or chan.writers == 0,
+                                           timeout=wait))
 
-    def _qsize(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+    def _qsize(self, cid: int) -> tuple[int, int]:
         chan = self.chan(cid)
         with chan.cond:
             chan.count_held()
-            return (chan.size(), chan.maxsize), b""
+            return chan.size(), chan.maxsize
 
-    def _task_done(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+    def _task_done(self, cid: int) -> None:
         chan = self.chan(cid)
         with chan.cond:
             if chan.unfinished <= 0:
                 raise ValueError("task_done() called too many times")
             chan.unfinished -= 1
             chan.cond.notify_all()
-        return None, b""
 
-    def _join(self, _body: bytes, cid: int, wait: float) -> tuple[Any, bytes]:
+    def _join(self, cid: int, wait: float) -> bool:
         chan = self.chan(cid)
         with chan.cond:
-            return chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=wait), b""
+            return chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=wait)
 
-    def _ref(self, _body: bytes, cid: int, ticket: str) -> tuple[Any, bytes]:
+    def _ref(self, cid: int, ticket: str) -> bool:
         """A pipe end is being pickled: hold a count for the copy until it is unpickled.
 
         Pickling the same end twice with the same unclaimed ticket (cloudpickle's second
@@ -635,15 +670,11 @@ class Broker:
         chan = self.chan(cid)
         with chan.cond:
             if ticket in chan.tickets:
-                return not chan.tickets[ticket], b""
+                return not chan.tickets[ticket]
             chan.tickets[ticket] = False
             if chan.writers > 0:
                 chan.writers += 1
-        return True, b""
-
-    def _claim(self, _body: bytes, cid: int, ticket: str) -> tuple[Any, bytes]:
-        self.claim(cid, ticket, _sync_server.caller.value[0])
-        return None, b""
+        return True
 
     def claim(self, cid: int, ticket: str, holder: str) -> None:
         """A copy was unpickled by ``holder`` (a process token): it owns the ticket's count
@@ -659,10 +690,6 @@ class Broker:
                 chan.writers += 1
                 chan.tickets[ticket] = True
             self.held.setdefault(holder, Counter())[cid] += 1
-
-    def _unref(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
-        self.unref(cid, _sync_server.caller.value[0])
-        return None, b""
 
     def unref(self, cid: int, holder: str, count: int = 1) -> None:
         """``holder`` closed ``count`` copies of an end; at zero the reader sees EOF."""
@@ -703,7 +730,7 @@ class Broker:
             peer.inlet = address
             self.inlets[address] = peer
 
-    def _route(self, _body: bytes, cid: int) -> tuple[Any, bytes]:
+    def _route(self, cid: int, caller: str) -> str | None:
         """Where a writer of pipe ``cid``, or a producer of unbounded queue ``cid``, may
         send directly (see `_route`): the address of the inlet of the process that reads
         the pipe, or of the queue's only consumer; or "" (none elsewhere, or the caller);
@@ -711,14 +738,14 @@ class Broker:
         chan = self.chan(cid)
         with chan.cond:
             if chan.writers < 0 and (chan.maxsize or chan.got_here):
-                return None, b""
+                return None
             peer = chan.subscriber if chan.writers >= 0 else chan.sole()
             if peer is None or not peer.inlet or peer.gone or peer.ended or (
-                    peer.holder == _sync_server.caller.value[0]):
-                return "", b""
+                    peer.holder == caller):
+                return ""
             if chan.writers < 0:
                 chan.routed = peer
-            return peer.inlet, b""
+            return peer.inlet
 
     def flush(self, cid: int, nonce: bytes, inlet: str) -> None:
         """A writer will send ``cid`` directly to ``inlet``'s process from now on: tell that
@@ -850,42 +877,16 @@ class Broker:
                 self.unref(cid, "", count)
 
     def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...],
-                 lock_id: int | None = None) -> tuple[Any, bytes]:
+                 lock_id: int | None) -> int:
         kwargs: dict[str, Any] = {}
         if lock_id is not None:
             kwargs["lock"] = self.obj(lock_id)
         if body:
             kwargs["action"] = loads_bytes(body, what="barrier action")
-        return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind), b""
+        return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind)
 
     def obj(self, oid: int) -> Any:
         return self.objects.get(oid)[0]
-
-    def _incref(self, _body: bytes, oid: int) -> tuple[Any, bytes]:
-        self.objects.incref(oid)
-        return None, b""
-
-    def _decref(self, _body: bytes, oids: list[int]) -> tuple[Any, bytes]:
-        self.objects.decref(oids)
-        return None, b""
-
-    def _obj_call(self, _body: bytes, oid: int, name: str, args: tuple[Any, ...]) -> tuple[
-            Any, bytes]:
-        return getattr(self.obj(oid), name)(*args), b""
-
-    def _obj_get(self, _body: bytes, oid: int, name: str) -> tuple[Any, bytes]:
-        if name == "_describe":
-            return _sync_server.describe(self.obj(oid)), b""
-        return getattr(self.obj(oid), name), b""
-
-    def _buf_read(self, _body: bytes, name: str, offset: int, size: int) -> tuple[Any, bytes]:
-        view = self.buffer(name)
-        return None, bytes(view[offset:offset + size])
-
-    def _buf_write(self, body: bytes, name: str, offset: int) -> tuple[Any, bytes]:
-        view = self.buffer(name)
-        view[offset:offset + len(body)] = body
-        return None, b""
 
     def buffer(self, name: str) -> memoryview:
         found = self.buffers.get(name)
@@ -894,13 +895,12 @@ class Broker:
             raise ValueError(f"shared buffer {name} is gone (its creator released it)")
         return memoryview(view)[SHARED_HEADER:]
 
-    def _stream(self, _body: bytes) -> tuple[Any, bytes]:
+    def _stream(self) -> tuple[str, int, str]:
         """The address of this broker's stream listener (see `_stream`), started now."""
-
         with self.lock:
             if self.hub is None:
                 self.hub = Hub(self, self.server.listener, self.advertise)
-        return self.hub.address, b""
+        return self.hub.address
 
     def add_process(self, payload: bytes) -> int:
         with self.lock:
@@ -908,7 +908,7 @@ class Broker:
             self.processes[pid] = payload
         return pid
 
-    def _fetch(self, _body: bytes, proc_id: int, os_pid: int) -> tuple[Any, bytes]:
+    def _fetch(self, proc_id: int, os_pid: int) -> bytes:
         with self.lock:
             payload = self.processes.pop(proc_id, None)
         with self.fetched:
@@ -916,7 +916,7 @@ class Broker:
             self.fetched.notify_all()
         if payload is None:
             raise ValueError(f"process {proc_id} was already fetched or never existed")
-        return None, payload
+        return payload
 
     def pid_of(self, proc_id: int, timeout: float, gone: Callable[[], bool]) -> int | None:
         """The pid child ``proc_id`` reported, waiting up to ``timeout`` (unless ``gone()``)."""

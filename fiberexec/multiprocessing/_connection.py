@@ -19,6 +19,7 @@ from typing import Any
 
 from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._frames import Claim, Release
@@ -59,7 +60,7 @@ class Connection:
         ticket = ""
         if self._send_id is not None:  # the copy holds its own count on our direction
             ticket = self._ticket
-            while not self._endpoint.call("ref", (self._send_id, ticket))[0]:
+            while not self._endpoint.call(calls.Ref(self._send_id, ticket))[0]:
                 ticket = self._ticket = secrets.token_hex(8)
         ep = self._endpoint
         capture = getattr(_capture, "tickets", None)
@@ -95,7 +96,7 @@ class Connection:
                 self._broker.expect(self._recv_id)
             self._broker.append(cid, data)
         else:
-            self._endpoint.call("put", (cid, 0.0), data)
+            self._endpoint.call(calls.Put(cid, 0.0), data)
 
     def recv_bytes(self, maxlength: int | None = None) -> bytes:
         """Receive one message as bytes; `EOFError` when the other end is closed."""
@@ -140,7 +141,7 @@ class Connection:
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
-            status, body = self._endpoint.call("get", (cid, wait), timeout=wait + TIMING.call)
+            status, body = self._endpoint.call(calls.Get(cid, wait), timeout=wait + TIMING.call)
             found.append((status, body))
             return bool(status != b.EMPTY)
 
@@ -159,7 +160,7 @@ class Connection:
         if self._broker is not None:
             return self._broker.ready(cid, timeout)
         return b.wait_slices(timeout, lambda w: bool(
-            self._endpoint.call("poll", (cid, w), timeout=w + TIMING.call)[0]))
+            self._endpoint.call(calls.Poll(cid, w), timeout=w + TIMING.call)[0]))
 
     def fileno(self) -> int:
         """A descriptor readable exactly while `recv` would not block (data or end-of-file
@@ -258,7 +259,7 @@ def _release(endpoint: Endpoint, cid: int) -> None:
         if stream is not None:
             stream.send(Release(cid))
         else:
-            endpoint.call("unref", (cid,), timeout=TIMING.release)
+            endpoint.call(calls.Unref(cid), timeout=TIMING.release)
     except Exception:  # the broker is gone: nobody is left to tell
         pass
 
@@ -271,7 +272,7 @@ def _rebuild(address: str, secret: bytes, recv_id: int | None, send_id: int | No
         if stream is not None:
             stream.send(Claim(send_id, ticket))
         else:
-            endpoint.call("claim", (send_id, ticket))
+            endpoint.call(calls.Claim(send_id, ticket))
     return Connection(endpoint, recv_id, send_id)
 
 
@@ -286,10 +287,10 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:  # stdlib name
         return _hostpipe.pipe(duplex)
     broker = b.get_broker()
     ep = broker.endpoint
-    forward = ep.call("new", (0, 1))[0]
+    forward = ep.call(calls.NewChan(0, 1))[0]
     if not duplex:
         return Connection(ep, forward, None), Connection(ep, None, forward)
-    backward = ep.call("new", (0, 1))[0]
+    backward = ep.call(calls.NewChan(0, 1))[0]
     return Connection(ep, backward, forward), Connection(ep, forward, backward)
 
 

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _backends, _sync_server
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import ProcessError, RemoteError
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._pool import Pool
@@ -117,35 +118,34 @@ class _Server:
             result = list(result)
         return None, dumps_bytes(result, what=f"result of {name}()")
 
-    def handle(self, op: str, args: tuple[Any, ...], body: bytes, caller: Caller) -> tuple[
-            Any, bytes]:
+    def handle(self, call: calls.Call, body: bytes, caller: Caller) -> tuple[Any, bytes]:
+        """Serve one call (`_rpc`): its result and the answer's body."""
         _sync_server.caller.value = caller
         objects = self.objects
         result: Any = None
-        match op, args:
-            case "create", (typeid,):
-                return self._create(typeid, body), b""
-            case "call", (oid, name):
+        match call:
+            case calls.CallMethod(oid, name):
                 return self._call(oid, name, body)
-            case "getattr", (oid, name):
+            case calls.Create(typeid):
+                result = self._create(typeid, body)
+            case calls.GetAttr(oid, name):
                 return None, dumps_bytes(getattr(objects.get(oid)[0], name), what="attribute")
-            case "setattr", (oid, name):
+            case calls.SetAttr(oid, name):
                 setattr(objects.get(oid)[0], name, loads_bytes(body, what="attribute"))
-            case "delattr", (oid, name):
+            case calls.DelAttr(oid, name):
                 delattr(objects.get(oid)[0], name)
-            case "incref", (oid,):
+            case calls.Incref(oid):
                 objects.incref(oid)
-            case "decref", (oids,):
-                objects.decref(oids)
-            case "count", ():
+            case calls.Decref(oids):
+                objects.decref(list(oids))
+            case calls.Count():
                 result = len(objects)
-            case "debug_info", ():
+            case calls.DebugInfo():
                 result = objects.debug_info()
-            case "shutdown", ():
+            case calls.Shutdown():
                 self.stop.set()
             case _:
-                raise ValueError(f"unknown manager operation {op!r} with {len(args)} "
-                                 "arguments")
+                raise ValueError(f"a manager's server does not serve {call!r}")
         return result, b""
 
     def _create(self, typeid: str, body: bytes) -> int:
@@ -186,7 +186,8 @@ def _shutdown(servers: _Servers, secret: bytes) -> None:
     if servers.owned:
         for address in servers.addresses:
             try:
-                Endpoint(address, secret).call("shutdown", (), timeout=TIMING.manager_shutdown)
+                Endpoint(address, secret).call(calls.Shutdown(),
+                                               timeout=TIMING.manager_shutdown)
             except (ConnectionError, OSError):
                 pass  # it closed before answering: that is the point
     for proc in servers.procs:
@@ -331,7 +332,7 @@ class BaseManager:
         endpoint = Endpoint(address, self._secret)
         body = dumps_as_stdlib((args, kwds), what="arguments")
         try:
-            oid, _ = endpoint.call("create", (typeid,), body)
+            oid, _ = endpoint.call(calls.Create(typeid), body)
         except (ConnectionError, ReferenceError):
             raise
         except Exception as exc:  # as the standard library's managers report it
@@ -350,18 +351,18 @@ class BaseManager:
         for proc in list(self._servers.procs):
             proc.join(timeout)
 
-    def _ask_servers(self, op: str) -> list[Any]:
+    def _ask_servers(self, call: calls.Call) -> list[Any]:
         _releaser.flush()  # this process's dropped proxies first
-        return [Endpoint(address, self._secret).call(op, ())[0]
+        return [Endpoint(address, self._secret).call(call)[0]
                 for address in self._servers.addresses]
 
     def _number_of_objects(self) -> int:
         """How many shared objects the servers hold (the standard library's debug aid)."""
-        return int(sum(self._ask_servers("count")))
+        return int(sum(self._ask_servers(calls.Count())))
 
     def _debug_info(self) -> str:
         """Each shared object the servers hold, with its count of proxies."""
-        return "".join(self._ask_servers("debug_info"))
+        return "".join(self._ask_servers(calls.DebugInfo()))
 
     def __enter__(self) -> BaseManager:
         if not self._servers.addresses:

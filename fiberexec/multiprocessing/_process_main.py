@@ -38,6 +38,7 @@ def _exit_code(exc: SystemExit) -> int:
 def main() -> None:
     from fiberexec import _auth
     from fiberexec._serialize import loads_bytes
+    from fiberexec.multiprocessing import _calls as calls
     from fiberexec.multiprocessing import _process, _rpc
 
     try:
@@ -64,7 +65,7 @@ def main() -> None:
     from fiberexec.multiprocessing import _main
 
     _main.adopt(os.environ.get(_main.ENV_MAIN))
-    _, payload = client.call("fetch", (proc_id, os.getpid()))
+    _, payload = client.call(calls.Fetch(proc_id, os.getpid()))
     try:
         process = loads_bytes(payload, what="process")
     except Exception:  # a failure of this process, not its parent's absence (exit code 4)

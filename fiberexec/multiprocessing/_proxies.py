@@ -22,6 +22,7 @@ from multiprocessing.managers import Token
 from typing import Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
@@ -40,7 +41,7 @@ class BaseProxy:
         object.__setattr__(self, "_fx_pool", pool)
         if incref:  # a copy (unpickled): its own reference, if the object still exists
             try:
-                endpoint.call("incref", (oid,))
+                endpoint.call(calls.Incref(oid))
             except (KeyError, ConnectionError, OSError):
                 return  # freed, or its manager stopped: calls say so; nothing to release
         _releaser.watch(self, address, secret, oid)
@@ -49,7 +50,7 @@ class BaseProxy:
                     kwds: dict[str, Any] | None = None) -> Any:
         """Call ``methodname`` on the referent and return its result."""
         endpoint, oid, _ = self._fx
-        made, body = endpoint.call("call", (oid, methodname),
+        made, body = endpoint.call(calls.CallMethod(oid, methodname),
                                    dumps_as_stdlib((args, kwds or {}), what="arguments"),
                                    timeout=None)
         if made is not None:  # method_to_typeid: a proxy for an object left in the server
@@ -64,9 +65,10 @@ class BaseProxy:
         endpoint, oid, typeid = self._fx
         return Token(typeid, endpoint.address, oid)
 
-    def _remote(self, op: str, name: str, body: bytes = b"") -> Any:
+    def _remote(self, kind: type[calls.GetAttr | calls.SetAttr | calls.DelAttr], name: str,
+                body: bytes = b"") -> Any:
         endpoint, oid, _ = self._fx
-        _, out = endpoint.call(op, (oid, name), body, timeout=None)
+        _, out = endpoint.call(kind(oid, name), body, timeout=None)
         return loads_bytes(out, what="attribute") if out else None
 
     def __getattr__(self, name: str) -> Any:
@@ -167,7 +169,7 @@ class _Releaser:
                 by_server.setdefault((address, secret), []).append(oid)
         for (address, secret), oids in by_server.items():
             with contextlib.suppress(ConnectionError, OSError):  # a stopped manager freed all
-                Endpoint(address, secret).call("decref", (oids,))
+                Endpoint(address, secret).call(calls.Decref(tuple(oids)))
         for ref in batch:
             if isinstance(ref, threading.Event):  # a flush waits for what came before it
                 ref.set()
@@ -291,16 +293,16 @@ class NamespaceProxy(BaseProxy):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self._remote("getattr", name)
+        return self._remote(calls.GetAttr, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
-            self._remote("setattr", name, dumps_bytes(value, what="attribute"))
+            self._remote(calls.SetAttr, name, dumps_bytes(value, what="attribute"))
 
     def __delattr__(self, name: str) -> None:
-        self._remote("delattr", name)
+        self._remote(calls.DelAttr, name)
 
 
 class ValueProxy(BaseProxy):
@@ -357,9 +359,9 @@ class BarrierProxy(BaseProxy):
     def wait(self, timeout: float | None = None) -> int:
         return int(self._callmethod("wait", (timeout,)))
 
-    parties = property(lambda self: self._remote("getattr", "parties"))
-    n_waiting = property(lambda self: self._remote("getattr", "n_waiting"))
-    broken = property(lambda self: self._remote("getattr", "broken"))
+    parties = property(lambda self: self._remote(calls.GetAttr, "parties"))
+    n_waiting = property(lambda self: self._remote(calls.GetAttr, "n_waiting"))
+    broken = property(lambda self: self._remote(calls.GetAttr, "broken"))
 
 
 class AsyncProxy(BaseProxy):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
@@ -36,16 +38,18 @@ class Queue:
     def _ep(self) -> Endpoint:
         if self._endpoint is None:
             broker = b.get_broker()
-            self._cid = broker.endpoint.call("new", (self._maxsize, -1))[0]
+            self._cid = broker.endpoint.call(calls.NewChan(self._maxsize, -1))[0]
             self._endpoint = broker.endpoint
         return self._endpoint
 
-    def _call(self, op: str, *args: Any, body: bytes = b"", wait: float = 0.0) -> tuple[
-            Any, bytes]:
+    def _call(self, kind: Callable[..., calls.Call], *args: Any, body: bytes = b"",
+              wait: float = 0.0) -> tuple[Any, bytes]:
+        """``kind(cid, *args)`` on the queue's broker."""
         if self._closed:
             raise ValueError(f"{type(self).__name__} {self!r} is closed")
         try:
-            return self._ep().call(op, (self._cid, *args), body, timeout=wait + TIMING.call)
+            endpoint = self._ep()
+            return endpoint.call(kind(self._cid, *args), body, timeout=wait + TIMING.call)
         except ConnectionError as exc:
             raise _gone(self, exc) from exc
 
@@ -96,7 +100,8 @@ class Queue:
         stream = st.stream_for(self._ep())
         if stream is not None and stream.holds(self._cid):
             return True
-        return _blocking(timeout != 0.0, timeout, lambda w: bool(self._call("poll", w, wait=w)[0]))
+        return _blocking(timeout != 0.0, timeout,
+                         lambda w: bool(self._call(calls.Poll, w, wait=w)[0]))
 
     _streamed = True  # an unbounded put needs no answer: it may go over the stream
 
@@ -127,7 +132,7 @@ class Queue:
                     raise _gone(self, exc) from exc
 
         def attempt(wait: float) -> bool:
-            status, _ = self._call("put", wait, body=data, wait=wait)
+            status, _ = self._call(calls.Put, wait, body=data, wait=wait)
             return bool(status == b.OK)
 
         if not _blocking(block, timeout, attempt):
@@ -154,7 +159,7 @@ class Queue:
         found: list[bytes] = []
 
         def attempt(wait: float) -> bool:
-            status, body = self._call("get", wait, wait=wait)
+            status, body = self._call(calls.Get, wait, wait=wait)
             if status == b.OK:
                 found.append(body)
             return bool(status == b.OK)
@@ -170,7 +175,7 @@ class Queue:
         return self.get(block=False)
 
     def qsize(self) -> int:
-        size, _maxsize = self._call("qsize")[0]
+        size, _maxsize = self._call(calls.QSize)[0]
         return int(size)
 
     def empty(self) -> bool:
@@ -211,11 +216,11 @@ class JoinableQueue(Queue):
 
     def task_done(self) -> None:
         """Mark one item as processed; ValueError if called more times than items put."""
-        self._call("task_done")
+        self._call(calls.TaskDone)
 
     def join(self, timeout: float | None = None) -> bool:
         """Block until every item put has been marked done (``timeout``: an extension)."""
-        return _blocking(True, timeout, lambda w: bool(self._call("join", w, wait=w)[0]))
+        return _blocking(True, timeout, lambda w: bool(self._call(calls.Join, w, wait=w)[0]))
 
 
 class _End:

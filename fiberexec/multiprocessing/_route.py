@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._frames import (
     NONCE,
@@ -581,7 +582,7 @@ class Outlets:
         ``cond``, which is let go while asking the broker)."""
         self.cond.release()
         try:
-            address = self.stream.endpoint.call("route", (cid,))[0]
+            address = self.stream.endpoint.call(calls.Route(cid))[0]
         except Exception:  # the broker is gone: the relay will say so
             address = ""
         finally:

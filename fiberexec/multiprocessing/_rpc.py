@@ -3,7 +3,7 @@
     client (a connection per thread)              server (a thread per connection)
       | -- dial + handshake (`_links`) ------> |   nothing is read before the handshake
       | <-- b"K" local name ------------------ |   the server's abstract Unix socket
-      | -- b"R" len head body ---------------> |   head: pickled (op, args, caller)
+      | -- b"R" len head body ---------------> |   head: pickled (call, caller)
       | <-- b"O" len head body / b"E" error -- |
 
 A frame is an 8-byte length and its bytes (`_links.Wire`). Each client thread has its own
@@ -18,10 +18,11 @@ calls skip the TCP stack (as the standard library's managers use a Unix socket).
 
 A server that dies normally closes its connections: the client's first connection, which
 it keeps open and reads in a thread (`RpcClient.lost`), sees that at once, even while no
-call waits, and every waiting call raises `ConnectionError`. One that dies silently (its
+call waits, and every waiting call raises `ConnectionError`. The calls are typed
+(`_calls`). One that dies silently (its
 host or container vanished, or it stopped) is found by the client: while calls are
-waiting, it asks the server every ``Timing.heartbeat`` seconds whether it is alive (``b"R"`` op
-``"__ping__"``, answered by the transport itself); no answer within ``Timing.ping`` and
+waiting, it asks the server every ``Timing.heartbeat`` seconds whether it is alive (a
+`_calls.Ping`, answered by the transport itself); no answer within ``Timing.ping`` and
 the client is declared lost, which wakes every waiting call with a `ConnectionError` that
 names the server.
 """
@@ -41,15 +42,15 @@ from collections.abc import Callable
 from typing import Any
 
 from fiberexec._errors import ProtocolError
+from fiberexec.multiprocessing._calls import Call, Ping
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._links import RPC, TIMING, Listener, Wire, dial, drop
 
 log = logging.getLogger("fiberexec.multiprocessing")
-PING = "__ping__"
 _LEN = struct.Struct("!I")
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
-Handler = Callable[[str, tuple[Any, ...], bytes, Caller], tuple[Any, bytes]]
+Handler = Callable[[Call, bytes, Caller], tuple[Any, bytes]]
 
 _local_servers: dict[str, RpcServer] = {}
 _clients: dict[str, RpcClient] = {}
@@ -103,7 +104,7 @@ def _pickle_error(exc: BaseException) -> bytes:
 
 
 class RpcServer:
-    """Serve ``handler(op, args, body, caller) -> (result, body)`` to authenticated clients."""
+    """Serve ``handler(call, body, caller) -> (result, body)`` to authenticated clients."""
 
     def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1") -> None:
         self.secret = secret
@@ -153,16 +154,16 @@ class RpcServer:
 
     def _dispatch(self, frame: bytes) -> list[bytes | memoryview]:
         try:
-            (op, args, caller), body = _split(frame)
-            if op == PING:
+            (call, caller), body = _split(frame)
+            if isinstance(call, Ping):
                 return _frame(b"O", None, b"")
-            result, out = self.handler(op, args, bytes(body), caller)
+            result, out = self.handler(call, bytes(body), caller)
             return _frame(b"O", result, out)
         except BaseException as exc:  # the caller re-raises it
             return [b"E", _pickle_error(exc)]
 
-    def call_local(self, op: str, args: tuple[Any, ...], body: bytes) -> tuple[Any, bytes]:
-        return self.handler(op, args, body, (_TOKEN, threading.get_ident()))
+    def call_local(self, call: Call, body: bytes) -> tuple[Any, bytes]:
+        return self.handler(call, body, (_TOKEN, threading.get_ident()))
 
     def close(self) -> None:
         with self._lock:
@@ -348,7 +349,7 @@ class RpcClient:
                 if self._busy == 0:
                     continue
             try:
-                self._roundtrip(_frame(b"R", (PING, (), (_TOKEN, 0)), b""), TIMING.ping)
+                self._roundtrip(_frame(b"R", (Ping(), (_TOKEN, 0)), b""), TIMING.ping)
             except ConnectionError:
                 if not self._closed:
                     self._lose(f"the process serving {self.address} stopped answering (no "
@@ -356,12 +357,12 @@ class RpcClient:
                                "or hangs")
                 return
 
-    def call(self, op: str, args: tuple[Any, ...], body: bytes = b"", *,
+    def call(self, call: Call, body: bytes = b"", *,
              timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
-        """Run ``op`` on the server; re-raise what it raised."""
+        """Make ``call`` on the server; re-raise what it raised."""
         caller = (_TOKEN, threading.get_ident())
         with self.busy():
-            answer = self._roundtrip(_frame(b"R", (op, args, caller), body), timeout)
+            answer = self._roundtrip(_frame(b"R", (call, caller), body), timeout)
         tag = answer[:1]
         if tag == b"O":
             head, out = _split(answer)
@@ -408,12 +409,12 @@ class Endpoint:
         self.address = address
         self.secret = secret
 
-    def call(self, op: str, args: tuple[Any, ...], body: bytes = b"", *,
+    def call(self, call: Call, body: bytes = b"", *,
              timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
         server = _local_servers.get(self.address)
         if server is not None and server.secret == self.secret:
-            return server.call_local(op, args, body)
-        return client_for(self.address, self.secret).call(op, args, body, timeout=timeout)
+            return server.call_local(call, body)
+        return client_for(self.address, self.secret).call(call, body, timeout=timeout)
 
 
 def client_for(address: str, secret: bytes) -> RpcClient:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._rpc import Endpoint
 
 
@@ -26,11 +27,11 @@ class _Remote:
     def _read(self, offset: int = 0, size: int | None = None) -> bytes:
         type_, name, endpoint = self._fx
         size = ctypes.sizeof(type_) if size is None else size
-        return endpoint.call("buf_read", (name, offset, size))[1]
+        return endpoint.call(calls.ReadBuffer(name, offset, size))[1]
 
     def _write(self, data: bytes, offset: int = 0) -> None:
         _, name, endpoint = self._fx
-        endpoint.call("buf_write", (name, offset), data)
+        endpoint.call(calls.WriteBuffer(name, offset), data)
 
     def _copy(self) -> Any:
         """A private ctypes copy of the whole object."""

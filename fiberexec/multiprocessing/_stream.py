@@ -35,6 +35,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
@@ -512,7 +513,7 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
     with _streams_lock:
         stream = _streams.get(endpoint.address)
         if stream is None or stream.lost:
-            host, port, unix = endpoint.call("stream", ())[0]
+            host, port, unix = endpoint.call(calls.OpenStream())[0]
             stream = _streams[endpoint.address] = Stream((host, port, unix), endpoint)
         return stream
 

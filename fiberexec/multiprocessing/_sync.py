@@ -1,7 +1,7 @@
 """`Lock`, `RLock`, `Semaphore`, `BoundedSemaphore`, `Condition`, `Event`, `Barrier`.
 
     Lock()           -> the creating process's broker holds a `_sync_server` object
-    lock.acquire()   -> "obj_call" (id, "acquire") to that broker: a direct call in the
+    lock.acquire()   -> `_calls.CallObject(id, "acquire")` to that broker: a direct call in the
                         creating process, an authenticated round trip from anywhere else
     pickle(lock)     -> (broker address, secret, id): works in a Process, a Pool task or a
                         manager call, on every backend, because every process can reach
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import Endpoint
@@ -43,7 +44,7 @@ class _Shared:
         broker = b.get_broker()
         self._endpoint: Endpoint = broker.endpoint
         self._oid: int = self._endpoint.call(
-            "obj_new", (self._kind, args, _lock_id), _action)[0]
+            calls.NewObject(self._kind, args, _lock_id), _action)[0]
         _releaser.watch(self, self._endpoint.address, self._endpoint.secret, self._oid)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -52,10 +53,10 @@ class _Shared:
 
     def _call(self, name: str, *args: Any, wait: float | None = 0.0) -> Any:
         timeout = None if wait is None else wait + TIMING.call
-        return self._endpoint.call("obj_call", (self._oid, name, args), timeout=timeout)[0]
+        return self._endpoint.call(calls.CallObject(self._oid, name, args), timeout=timeout)[0]
 
     def _get(self, name: str) -> Any:
-        return self._endpoint.call("obj_get", (self._oid, name))[0]
+        return self._endpoint.call(calls.ObjectAttr(self._oid, name))[0]
 
     def _blocking(self, name: str, block: bool, timeout: float | None) -> bool:
         if not block:
@@ -69,7 +70,7 @@ def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shar
     obj = cls.__new__(cls)
     obj._endpoint, obj._oid = Endpoint(address, secret), oid
     try:
-        obj._endpoint.call("incref", (oid,))
+        obj._endpoint.call(calls.Incref(oid))
     except (ReferenceError, ConnectionError, OSError):
         return obj  # freed, or its process ended: calls say so; nothing to release
     _releaser.watch(obj, address, secret, oid)
@@ -196,7 +197,7 @@ class Condition(_Acquirer):
         if not isinstance(lock, Lock | RLock):
             raise TypeError(f"lock must be a Lock or RLock of this module, got {lock!r}")
         self._endpoint, self._oid = lock._endpoint, 0  # held by the lock's broker
-        self._oid = self._endpoint.call("obj_new", (self._kind, (), lock._oid))[0]
+        self._oid = self._endpoint.call(calls.NewObject(self._kind, (), lock._oid))[0]
 
     def wait(self, timeout: float | None = None) -> bool:
         """Release the lock, wait for a notify or ``timeout``, re-acquire; True if notified."""

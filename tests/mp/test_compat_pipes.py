@@ -8,6 +8,7 @@ from types import ModuleType
 import pytest
 
 import fiberexec.multiprocessing as fmp
+from fiberexec.multiprocessing import _calls as calls
 from tests.mp import compat_tasks as t
 from tests.mp.compat import mpm
 
@@ -94,7 +95,7 @@ def test_stream_refuses_a_wrong_key() -> None:
 
     fmp.Pipe()
     broker = get_broker()
-    host, port, unix = broker.endpoint.call("stream", ())[0]
+    host, port, unix = broker.endpoint.call(calls.OpenStream())[0]
     # one listener for the broker: its streams come where its calls do
     assert (port, unix) == (broker.server.port, broker.server.local_name)
     with pytest.raises(multiprocessing.AuthenticationError, match="does not hold"):

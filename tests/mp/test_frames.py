@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _frames, _links
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._frames import HEAD, Frame, decode
@@ -103,10 +104,10 @@ def test_a_role_refuses_a_frame_it_never_expects() -> None:
 def test_a_broker_hangs_up_on_a_stream_that_sends_what_a_process_never_sends(
         frame: Frame) -> None:
     broker = get_broker()
-    host, port, unix = broker.endpoint.call("stream", ())[0]
+    host, port, unix = broker.endpoint.call(calls.OpenStream())[0]
     wire = _links.Wire(_links.dial(broker.secret, unix, (host, port), service=_links.STREAM))
     wire.send(_frames.Holder("a-test"))
-    cid = broker.endpoint.call("new", (0, -1))[0]  # a queue
+    cid = broker.endpoint.call(calls.NewChan(0, -1))[0]  # a queue
     wire.send(_frames.Put(cid, b"item"))  # what a process sends: taken, no answer
     assert not wire.poll(0.3)
     wire.send(frame)

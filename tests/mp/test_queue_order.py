@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _tally
 from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
 from fiberexec.multiprocessing._frames import (
@@ -64,7 +65,7 @@ class Consumer:
 @pytest.fixture
 def queue() -> Iterator[tuple[Broker, int]]:
     broker = get_broker()
-    cid = broker.endpoint.call("new", (0, -1))[0]
+    cid = broker.endpoint.call(calls.NewChan(0, -1))[0]
     yield broker, cid
     del broker.chans[cid]
 
@@ -76,7 +77,7 @@ def _put(broker: Broker, cid: int, items: range) -> None:
 
 
 def _get_here(broker: Broker, cid: int) -> Any:
-    status, body = broker._get(b"", cid, 0.0)
+    status, body = broker._get(cid, 0.0)
     return pickle.loads(body) if status == OK else status
 
 
