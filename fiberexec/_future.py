@@ -8,10 +8,11 @@ it ends. So `TaskFuture.cancel` asks: the shard holding it asks its worker for i
 cancelled call never runs, as with the standard library, whose call queue holds only tasks
 already marked running.
 
-A `TaskFuture` is also lighter than a plain `Future`: its condition keeps no bound methods
-and no empty queue (`_Condition`), so a future holds five objects the garbage collector
-tracks, not eleven. A program that keeps a hundred thousand futures pays for each of them
-at every full collection.
+A `TaskFuture` is also lighter than a plain `Future`: its condition is its own lock and
+keeps no empty queue (`_Condition`), and it has no list of done-callbacks until one is
+added, so a future holds three objects the garbage collector tracks, not eleven. A program that
+keeps a hundred thousand futures pays for each of them at every full collection (in a
+flood of no-op tasks, collections took a fifth of the executor's time).
 
 The question takes one round trip to the worker (answered while it runs a task, once that
 task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`;
@@ -27,7 +28,13 @@ from _thread import RLock
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, PENDING, RUNNING
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+)
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -40,39 +47,27 @@ class Holder(Protocol):
         """Get the task back from its worker and cancel it; True if that was done."""
 
 
-class _Condition(threading.Condition):
-    """`threading.Condition` over an `RLock`, without the five bound methods of the lock
-    that `Condition.__init__` stores on each instance (its methods reach the lock instead),
-    and without a queue of waiters until one waits."""
+class _Condition(RLock):  # type: ignore[misc]  # (final in typeshed, not at run time)
+    """A condition that is its own lock: an `RLock` (the C type, so ``with`` costs no Python
+    call) with `threading.Condition`'s ``wait`` and ``notify``, which need of a lock only
+    ``_is_owned``, ``_release_save`` and ``_acquire_restore``, the `RLock`'s own. One object
+    the collector tracks where a `threading.Condition` and its lock are two (and five bound
+    methods of the lock), and no queue of waiters until one waits."""
 
     _waiters: Any = ()  # a deque once a thread waits: most futures never see one
-
-    def __init__(self) -> None:
-        self._lock = RLock()  # the C type: `threading.RLock` is a Python function around it
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._waiters:  # (held by the caller: `Condition.wait` checks that)
             self._waiters = deque()
-        return super().wait(timeout)
+        return threading.Condition.wait(self, timeout)  # type: ignore[arg-type]
+
+    notify = threading.Condition.notify
+    notify_all = threading.Condition.notify_all
+    wait_for = threading.Condition.wait_for
 
     def _at_fork_reinit(self) -> None:
-        self._lock._at_fork_reinit()  # type: ignore[attr-defined]
+        super()._at_fork_reinit()  # type: ignore[misc]
         self._waiters = ()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def _release_save(self) -> Any:
-        return self._lock._release_save()  # type: ignore[attr-defined]
-
-    def _acquire_restore(self, state: Any) -> None:
-        self._lock._acquire_restore(state)  # type: ignore[attr-defined]
-
-    def _is_owned(self) -> bool:
-        return self._lock._is_owned()  # type: ignore[attr-defined,no-any-return]
 
 
 class TaskFuture(Future[T]):
@@ -84,12 +79,22 @@ class TaskFuture(Future[T]):
     def __init__(self) -> None:
         # `Future.__init__`'s attributes, with the lighter condition (a test keeps the two
         # attribute sets equal)
-        self._condition = _Condition()
+        self._condition = _Condition()  # type: ignore[assignment]  # (a Condition in all but name)
         self._state = PENDING
         self._result = None
         self._exception = None
         self._waiters = []
-        self._done_callbacks: list[Callable[[Future[T]], object]] = []
+        # a list once a callback is added (`add_done_callback`): most futures never get one
+        self._done_callbacks: list[Callable[[Future[T]], object]] | tuple[()] = ()
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        with self._condition:
+            if self._state not in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
+                if not self._done_callbacks:
+                    self._done_callbacks = []
+                self._done_callbacks.append(fn)
+                return
+        super().add_done_callback(fn)  # done: the stdlib's calls it now, as it would
 
     def cancel(self) -> bool:
         with self._condition:
