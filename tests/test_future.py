@@ -76,6 +76,26 @@ def test_cancel_and_callbacks_as_the_stdlib(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_done_callbacks_run_in_order_and_at_once_when_done(
+        kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    future, seen = KINDS[kind](), list[str]()
+
+    def broken(_: cf.Future[Any]) -> None:
+        seen.append("broken")
+        raise ValueError("a callback's own error")
+
+    future.add_done_callback(lambda f: seen.append(f"first {f.result()}"))
+    future.add_done_callback(broken)  # logged; the ones after it still run
+    future.add_done_callback(lambda f: seen.append("third"))
+    assert seen == []
+    future.set_result(7)
+    assert seen == ["first 7", "broken", "third"]
+    future.add_done_callback(lambda f: seen.append("late"))  # done: runs now, here
+    assert seen[-1] == "late"
+    assert "exception calling callback" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_asyncio_awaits_it(kind: str) -> None:
     future = KINDS[kind]()
 
