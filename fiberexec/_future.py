@@ -10,9 +10,9 @@ already marked running.
 
 A `TaskFuture` is also lighter than a plain `Future`: its condition is its own lock and
 keeps no empty queue (`_Condition`), and it has no list of done-callbacks until one is
-added, so a future holds three objects the garbage collector tracks, not eleven. A program that
-keeps a hundred thousand futures pays for each of them at every full collection (in a
-flood of no-op tasks, collections took a fifth of the executor's time).
+added, so a future holds three objects the garbage collector tracks, not eleven. A
+program that keeps a hundred thousand futures pays for each of them at every full
+collection (in a flood of no-op tasks, collections took a fifth of the executor's time).
 
 The question takes one round trip to the worker (answered while it runs a task, once that
 task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCEL_WAIT`;

@@ -512,7 +512,7 @@ class Broker:
             case calls.Incref(oid):
                 self.objects.incref(oid)
             case calls.Decref(oids):
-                self.objects.decref(list(oids))
+                self.objects.decref(oids)
             case calls.ReadBuffer(name, offset, size):
                 return None, bytes(self.buffer(name)[offset:offset + size])
             case calls.WriteBuffer(name, offset):

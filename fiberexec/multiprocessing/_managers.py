@@ -137,7 +137,7 @@ class _Server:
             case calls.Incref(oid):
                 objects.incref(oid)
             case calls.Decref(oids):
-                objects.decref(list(oids))
+                objects.decref(oids)
             case calls.Count():
                 result = len(objects)
             case calls.DebugInfo():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fiberexec.multiprocessing._rpc import Caller
@@ -269,7 +269,7 @@ class ObjectTable:
             self.get(oid)
             self._refs[oid] += 1
 
-    def decref(self, oids: list[int]) -> None:
+    def decref(self, oids: Iterable[int]) -> None:
         freed = []
         with self._lock:
             for oid in oids:
