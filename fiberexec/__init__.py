@@ -36,7 +36,7 @@ if _typing.TYPE_CHECKING:
     from fiberexec._fiber import init
     from fiberexec._fiber_queues import SimpleQueuePush
     from fiberexec._logging import enable_logging
-    from fiberexec._observe import FailureInfo, TaskInfo, TaskSpan, WorkerInfo
+    from fiberexec._observe import Durations, FailureInfo, TaskInfo, TaskSpan, WorkerInfo
     from fiberexec._progress import ProgressBar, progress_bar
     from fiberexec._retry import (
         RetryPolicy,
@@ -78,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "BrokenFiberExecutor": "fiberexec._errors",
     "BufferTooShort": "fiberexec.multiprocessing",
     "ConfigurationError": "fiberexec._errors",
+    "Durations": "fiberexec._observe",
     "FailureInfo": "fiberexec._observe",
     "FiberExecError": "fiberexec._errors",
     "FiberExecutor": "fiberexec._executor",
@@ -123,6 +124,7 @@ __all__ = [
     "BrokenFiberExecutor",
     "BufferTooShort",
     "ConfigurationError",
+    "Durations",
     "FailureInfo",
     "FiberExecError",
     "FiberExecutor",

@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fiberexec import _observe
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec._future import TaskFuture
-from fiberexec._observe import FailureInfo, TaskSpan, WorkerInfo
+from fiberexec._observe import Durations, FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
 from fiberexec._retry import RetryPolicy
@@ -330,6 +331,12 @@ class FiberExecutor(Executor):
         """
         pool = self._pool
         return [] if pool is None else pool.task_spans(since, limit)
+
+    def task_durations(self) -> Durations:
+        """How long every task finished so far ran on its worker, as a histogram (see
+        `Durations`); unlike `task_spans`, no task is left out however many ran."""
+        pool = self._pool
+        return _observe.durations(()) if pool is None else pool.durations()
 
     def failures(self, limit: int = 20) -> list[FailureInfo]:
         """The last ``limit`` tasks that failed (raised, or lost their workers), oldest

@@ -3,6 +3,7 @@
     shard thread (owner)                          any thread: FiberExecutor.workers() ...
       Conn: host, pid, done, failed, usage  ---->  read without a lock, built into
       spans: deque of tuples (bounded)       ---->  frozen values on the caller's thread
+      durations: counts per bucket (all)     ---->
       failures: deque of (item, exc) (bounded) -->  (arguments described only then)
       gone: deque of Conn (bounded)          ---->
 
@@ -15,6 +16,7 @@ never torn, and no lock sits between a submit and its dispatch.
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +35,11 @@ if TYPE_CHECKING:
 SPANS_MAX = 10_000  # finished tasks remembered per shard, for task_spans()
 FAILURES_MAX = 100  # failed tasks remembered per shard, for failures()
 GONE_MAX = 256  # workers that left or were lost, remembered for workers()
+
+# Upper bounds, in seconds, of the task duration histogram's buckets (as Prometheus' ``le``):
+# from a no-op's microseconds to an RL rollout's minutes; the last is unbounded.
+DURATION_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0, 60.0, 300.0, math.inf)
 
 # A finished task as the shard records it: (task_id, worker_id, function, started, ended, ok),
 # times on the shard's clock.
@@ -109,6 +116,28 @@ class TaskSpan:
     started: float
     ended: float
     ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Durations:
+    """How long the tasks finished so far ran on their workers, every one of them counted
+    once, as a histogram (the shape of Prometheus' ``fiberexec_task_duration_seconds``).
+
+    Attributes:
+        bounds: each bucket's upper bound in seconds, rising; the last is ``math.inf``.
+        counts: tasks per bucket (not cumulative): ``counts[i]`` ran longer than
+            ``bounds[i - 1]`` and at most ``bounds[i]``.
+        total: their run times summed, in seconds.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+
+    @property
+    def count(self) -> int:
+        """Tasks counted (finished with a result or an exception)."""
+        return sum(self.counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +284,19 @@ def span_summary(shards: Iterable[Shard], window: float) -> tuple[dict[str, floa
             recent += end >= since
     medians = {f: sorted(d)[len(d) // 2] for f, d in durations.items()}
     return medians, recent / window
+
+
+def durations(shards: Iterable[Shard]) -> Durations:
+    """Every shard's tally of run times, summed."""
+    counts = [0] * len(DURATION_BOUNDS)
+    total = 0.0
+    for shard in shards:
+        # A copy in one step; a task may be counted in a bucket and not yet in the total (a
+        # moment apart), as a scrape may see any counter a moment old.
+        for i, n in enumerate(list(shard.duration_counts)):
+            counts[i] += n
+        total += shard.duration_total
+    return Durations(DURATION_BOUNDS, tuple(counts), total)
 
 
 def failures(shards: Iterable[Shard], limit: int) -> list[FailureInfo]:

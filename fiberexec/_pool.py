@@ -243,6 +243,9 @@ class TaskPool:
     def task_spans(self, since: float, limit: int | None = None) -> list[_observe.TaskSpan]:
         return _observe.task_spans(self.shards, since, limit)
 
+    def durations(self) -> _observe.Durations:
+        return _observe.durations(self.shards)
+
     def failures(self, limit: int) -> list[_observe.FailureInfo]:
         return _observe.failures(self.shards, limit)
 

@@ -28,6 +28,7 @@ import selectors
 import threading
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -50,6 +51,7 @@ from fiberexec._errors import (
 )
 from fiberexec._future import CANCEL_WAIT, Answer, TaskFuture
 from fiberexec._losslog import LossLog
+from fiberexec._observe import DURATION_BOUNDS
 from fiberexec._serialize import (
     Payload,
     dumps,
@@ -137,6 +139,10 @@ class Shard:
         self.spans: deque[_observe.SpanRecord] = deque(maxlen=_observe.SPANS_MAX)
         self.failures: deque[_observe.FailureRecord] = deque(maxlen=_observe.FAILURES_MAX)
         self.gone: deque[Conn] = deque(maxlen=_observe.GONE_MAX)
+        # Every finished task's run time, counted per bucket of _observe.DURATION_BOUNDS
+        # (the spans above keep only the newest).
+        self.duration_counts = [0] * len(_observe.DURATION_BOUNDS)
+        self.duration_total = 0.0
         self.wall_offset = time.time() - clock()  # the clock's readings as time.time()
         self._stack_ids = 0
         self.thread = threading.Thread(
@@ -324,7 +330,7 @@ class Shard:
 
     def _on_results(self, conn: Conn, results: Sequence[p.Result]) -> None:
         now = self.clock()
-        worker_id, spans = conn.worker_id, self.spans
+        worker_id, spans, counts = conn.worker_id, self.spans, self.duration_counts
         for result in results:
             item = conn.inflight.pop(result.task_id, None)
             if item is None:
@@ -340,8 +346,10 @@ class Shard:
                 continue
             ok = settle(item, result)
             self._count(item, ok)
-            spans.append((item.task_id, worker_id, span_function(item),
-                          now - result.runtime, now, ok))
+            runtime = result.runtime
+            spans.append((item.task_id, worker_id, span_function(item), now - runtime, now, ok))
+            counts[bisect_left(DURATION_BOUNDS, runtime)] += 1
+            self.duration_total += runtime
             if ok:
                 conn.tasks_done += 1
             else:

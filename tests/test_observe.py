@@ -1,4 +1,5 @@
-"""workers(), task_spans(), failures() and dump_stack() with real local workers.
+"""workers(), task_spans(), task_durations(), failures() and dump_stack() with real local
+workers.
 
 A task (or an initializer) that must be caught in the act says so on a pipe and waits on
 another (`tasks.hold_until`), so each state is looked at when it surely holds.
@@ -6,6 +7,7 @@ another (`tasks.hold_until`), so each state is looked at when it surely holds.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -43,6 +45,7 @@ def only(ex: FiberExecutor) -> WorkerInfo:
 def test_no_workers_before_the_first_task() -> None:
     ex = FiberExecutor(1)
     assert ex.workers() == [] and ex.task_spans() == [] and ex.failures() == []
+    assert ex.task_durations().count == 0 and ex.task_durations().total == 0
     with pytest.raises(LookupError, match="no worker 'w0'"):
         ex.dump_stack("w0")
     ex.shutdown()
@@ -128,6 +131,25 @@ def test_spans_and_failures_say_what_ran_where_and_how_it_ended(
     assert ex.failures(limit=0) == []
 
 
+def test_task_durations_count_each_finished_task_in_its_bucket(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    assert ex.submit(tasks.sleep_return, 0.3, "slept").result(timeout=30) == "slept"
+    with pytest.raises(ValueError, match="boom"):
+        ex.submit(tasks.raise_value_error, "boom").result(timeout=30)
+    durations = ex.task_durations()
+    bounds = durations.bounds
+    assert bounds[-1] == math.inf and list(bounds) == sorted(bounds)
+    assert durations.count == 2
+    expected = [0] * len(bounds)
+    runtimes = [s.ended - s.started for s in ex.task_spans()]  # as the worker measured them
+    for runtime in runtimes:
+        i = next(i for i, bound in enumerate(bounds) if runtime <= bound)
+        expected[i] += 1
+    assert list(durations.counts) == expected
+    assert runtimes[0] >= 0.3 and durations.total == pytest.approx(sum(runtimes), abs=1e-6)
+
+
 def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
         make_executor: ExecutorFactory) -> None:
     ex = make_executor(1, max_task_retries=0)
@@ -189,7 +211,7 @@ def test_the_info_values_are_frozen_and_exported() -> None:
     info = TaskInfo(1, "m.f", "1, 2", 0.0)
     with pytest.raises(AttributeError):
         info.task_id = 2  # type: ignore[misc]
-    for name in ("WorkerInfo", "TaskInfo", "TaskSpan", "FailureInfo"):
+    for name in ("WorkerInfo", "TaskInfo", "TaskSpan", "FailureInfo", "Durations"):
         assert name in fiberexec.__all__
 
 

@@ -1,75 +1,33 @@
 """Prometheus metrics of one executor: a collector over its `Source`, in a registry of its own.
 
-Counters and gauges are read from `Stats` and `workers()` at each scrape. The task duration
-histogram is cumulative across scrapes: each scrape reads the spans that ended since the
-previous one (with a short overlap, as a span is recorded just after it ends) and counts each
-span once.
+Counters, gauges and the task duration histogram are read from `Stats`, `workers()` and
+`task_durations()` at each scrape: the executor counts every finished task's run time as it
+records it, so the histogram holds every task, however many ended between two scrapes.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fiberexec._dashboard.source import Source
-from fiberexec._observe import TaskSpan
+from fiberexec._observe import Durations
 
 # A worker's states, as `WorkerInfo.state` has them: each is exported, at 0 when none is in it.
 STATES = ("starting", "idle", "running", "lost", "retired")
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-           30.0, 60.0, 300.0, math.inf)
-OVERLAP = 2.0  # seconds: how late after its end a span may still be recorded
 
 
-class SpanTally:
-    """A cumulative histogram of span durations that counts each span once, though spans are
-    read in overlapping windows (`since` gives the next window's start)."""
-
-    def __init__(self, buckets: tuple[float, ...] = BUCKETS) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)  # per bucket, not cumulative
-        self.total = 0.0
-        # span (task, worker) -> its end; not its times, which the executor derives anew at
-        # each read (its clock against the wall clock) and may differ by microseconds
-        self._seen: dict[tuple[int, str], float] = {}
-        self._latest = 0.0
-        self._lock = threading.Lock()  # two scrapes at once must not count a span twice
-
-    def since(self) -> float:
-        return max(0.0, self._latest - OVERLAP)
-
-    def add(self, spans: Iterable[TaskSpan]) -> None:
-        with self._lock:
-            for s in spans:
-                key = (s.task_id, s.worker_id)
-                if key in self._seen:
-                    continue
-                self._seen[key] = s.ended
-                self._latest = max(self._latest, s.ended)
-                self._count(max(0.0, s.ended - s.started))
-            horizon = self.since()
-            self._seen = {k: end for k, end in self._seen.items() if end >= horizon}
-
-    def _count(self, seconds: float) -> None:
-        self.total += seconds
-        for i, bound in enumerate(self.buckets):
-            if seconds <= bound:
-                self.counts[i] += 1
-                return
-
-    def snapshot(self) -> tuple[list[tuple[str, float]], float]:
-        """``(le, count)`` pairs as the exposition format has them (``+Inf`` last), and the sum."""
-        with self._lock:
-            running, pairs = 0, []
-            for bound, count in zip(self.buckets, self.counts, strict=True):
-                running += count
-                pairs.append(("+Inf" if math.isinf(bound) else repr(bound), float(running)))
-            return pairs, self.total
+def histogram(durations: Durations) -> list[tuple[str, float]]:
+    """``(le, count)`` pairs, cumulative, as the exposition format has them (``+Inf`` last)."""
+    pairs, running = [], 0
+    for bound, count in zip(durations.bounds, durations.counts, strict=True):
+        running += count
+        pairs.append(("+Inf" if math.isinf(bound) else repr(bound), float(running)))
+    return pairs
 
 
 class ExecutorCollector(Collector):
@@ -77,11 +35,10 @@ class ExecutorCollector(Collector):
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.durations = SpanTally()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         stats = self.source.stats()
-        self.durations.add(self.source.task_spans(self.durations.since()))
+        durations = self.source.task_durations()
         states = dict.fromkeys(STATES, 0)
         for w in self.source.workers():
             states[w.state] = states.get(w.state, 0) + 1
@@ -109,10 +66,9 @@ class ExecutorCollector(Collector):
              stats.bytes_received),
         ):
             yield CounterMetricFamily(f"fiberexec_{name}", doc, value=value)
-        buckets, total = self.durations.snapshot()
         yield HistogramMetricFamily(
             "fiberexec_task_duration_seconds", "Time from a task's start on a worker to its end.",
-            buckets=buckets, sum_value=total,
+            buckets=histogram(durations), sum_value=durations.total,
         )
 
 

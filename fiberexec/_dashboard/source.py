@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from fiberexec._observe import FailureInfo, TaskSpan, WorkerInfo
+from fiberexec._observe import Durations, FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._stats import Stats
 
 # The newest spans a response carries: at tens of thousands of tasks a second the page
@@ -27,6 +27,8 @@ class Source(Protocol):
     def workers(self) -> list[WorkerInfo]: ...
 
     def task_spans(self, since: float = 0.0, limit: int | None = None) -> list[TaskSpan]: ...
+
+    def task_durations(self) -> Durations: ...
 
     def failures(self, limit: int = 20) -> list[FailureInfo]: ...
 

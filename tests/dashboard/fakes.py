@@ -6,7 +6,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from fiberexec._observe import FailureInfo, TaskInfo, TaskSpan, WorkerInfo
+from fiberexec._observe import (
+    DURATION_BOUNDS,
+    Durations,
+    FailureInfo,
+    TaskInfo,
+    TaskSpan,
+    WorkerInfo,
+)
 from fiberexec._stats import Stats
 
 
@@ -18,6 +25,8 @@ class FakeSource:
     spans: list[TaskSpan] = field(default_factory=list)
     failure_list: list[FailureInfo] = field(default_factory=list)
     stacks: dict[str, str] = field(default_factory=dict)
+    durations: Durations = field(default_factory=lambda: Durations(
+        DURATION_BOUNDS, (0,) * len(DURATION_BOUNDS), 0.0))
     numbers: Stats = field(default_factory=lambda: Stats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0))
     stack_error: Exception | None = None
     asked_since: list[float] = field(default_factory=list)
@@ -31,6 +40,9 @@ class FakeSource:
             self.asked_since.append(since)
         found = [s for s in self.spans if s.ended > since]
         return found if limit is None else found[max(0, len(found) - limit):]
+
+    def task_durations(self) -> Durations:
+        return self.durations
 
     def failures(self, limit: int = 20) -> list[FailureInfo]:
         return self.failure_list[-limit:]  # oldest first, as the executor gives them
