@@ -30,7 +30,8 @@ from fiberexec._errors import LinkClosed, ProtocolError
 
 _LEN = struct.Struct("!I")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-CHUNK = 64 << 10  # bytes one recv asks for (under malloc's mmap threshold: no mmap per read)
+CHUNK = 64 << 10  # bytes one recv asks for, at least
+KEPT = 512 << 10  # a read buffer grown past this (by a long frame) is let go once emptied
 MAX_QUEUED = 4096  # frames waiting to be written: credit keeps far fewer, so more means hung
 _peer_ids = itertools.count(1)
 
@@ -41,48 +42,69 @@ def _new_id() -> int:
 
 
 class FrameBuffer:
-    """Bytes read from a stream, cut into frames."""
+    """Bytes read from a stream, cut into frames of ``length | frame``.
 
-    def __init__(self, max_frame: int) -> None:
+    Reads land in one reused buffer (``recv_into``): no object is made per read, and a frame
+    is copied once, out of the buffer, when it is whole. A frame longer than the buffer
+    grows it to the frame's size for as long as it takes to arrive; a buffer grown past
+    `KEPT` is let go once emptied, so a peer that sent one large result keeps no more.
+    """
+
+    def __init__(self, max_frame: int, header: struct.Struct = _LEN) -> None:
         self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0
+        self._head = header
+        self._buf = bytearray(CHUNK)
+        self._start = 0  # the first byte not yet cut into a frame
+        self._end = 0  # the end of what has been read
 
     def read_from(self, sock: socket.socket, flags: int = 0) -> tuple[int, int]:
         """One ``recv`` into the buffer: (bytes read, bytes asked); 0 read means EOF."""
         want = self.want()
-        data = sock.recv(want, flags)
-        self._buf += data
-        return len(data), want
+        if len(self._buf) - self._end < want:
+            self._make_room(want)
+        with memoryview(self._buf)[self._end:] as tail:
+            n = sock.recv_into(tail, want, flags)
+        self._end += n
+        return n, want
 
     def frames(self) -> list[bytes]:
         """Every whole frame buffered, in order."""
         out: list[bytes] = []
-        buf, pos, end = self._buf, self._pos, len(self._buf)
-        while end - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
-            if size > self.max_frame:
-                raise ProtocolError(f"{size}-byte frame exceeds max_message_size={self.max_frame}")
-            if end - pos - 4 < size:
-                break
-            out.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
+        buf, pos, end = self._buf, self._start, self._end
+        head, unpack = self._head.size, self._head.unpack_from
+        with memoryview(buf) as view:
+            while end - pos >= head:
+                (size,) = unpack(buf, pos)
+                if size > self.max_frame:
+                    raise ProtocolError(
+                        f"{size}-byte frame exceeds max_message_size={self.max_frame}")
+                if end - pos - head < size:
+                    break
+                pos += head
+                out.append(bytes(view[pos : pos + size]))
+                pos += size
         if pos == end:
-            buf.clear()
-            pos = 0
-        elif pos > CHUNK:
-            del buf[:pos]
-            pos = 0
-        self._pos = pos
+            pos = end = 0
+            if len(buf) > KEPT:
+                self._buf = bytearray(CHUNK)
+        self._start, self._end = pos, end
         return out
 
     def want(self) -> int:
         """How many bytes the next read should ask for: at least the rest of a long frame."""
-        have = len(self._buf) - self._pos
-        if have >= 4:
-            size: int = _LEN.unpack_from(self._buf, self._pos)[0]
-            return max(CHUNK, size + 4 - have)
+        have, head = self._end - self._start, self._head.size
+        if have >= head:
+            size: int = self._head.unpack_from(self._buf, self._start)[0]
+            return max(CHUNK, head + size - have)
         return CHUNK
+
+    def _make_room(self, want: int) -> None:
+        """A buffer with ``want`` bytes free after what is held (moved to its start)."""
+        have = self._end - self._start
+        grown = bytearray(max(CHUNK, have + want))
+        with memoryview(self._buf) as view:
+            grown[:have] = view[self._start : self._end]
+        self._buf, self._start, self._end = grown, 0, have
 
 
 def framed(frame: bytes) -> list[bytes]:
@@ -306,11 +328,15 @@ class UnixLink:
     def send(self, frame: bytes, timeout: float) -> None:
         """Send ``frame`` whole, waiting at most ``timeout`` seconds for room."""
         self._set_timeout(socket.SO_SNDTIMEO, timeout)
-        parts = framed(frame)
+        head, _ = parts = framed(frame)
         try:
             sent = self.sock.sendmsg(parts)
-            if sent < 4 + len(frame):
-                self.sock.sendall(b"".join(parts)[sent:])
+            if sent < len(head) + len(frame):  # the rest as it is, not a joined copy
+                if sent < len(head):
+                    self.sock.sendall(head[sent:])
+                    sent = len(head)
+                with memoryview(frame)[sent - len(head):] as rest:
+                    self.sock.sendall(rest)
         except OSError as exc:
             raise LinkClosed(f"sending to the executor failed: {exc}") from None
 

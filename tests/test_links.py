@@ -8,6 +8,7 @@ shard and the worker can rely on the contract whichever link a worker uses.
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import select
@@ -19,13 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._link import Endpoint, connect, dial
 from fiberexec._link_nng import Channel
+from fiberexec._link_unix import FrameBuffer, framed
 from tests.support.links import MemoryEndpoint
 
 MAX = 64 << 20
+PIECE = 100_000  # bytes a socket pair surely holds with no one reading
 
 
 @dataclass
@@ -296,3 +301,42 @@ def test_a_local_peer_of_another_user_is_refused() -> None:
     finally:
         pair.worker.close()
         pair.endpoint.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 3, 4, 5, 100, 65_531, 65_536, 70_000,
+                                       300_000, 700_000]), min_size=1, max_size=8),
+       cuts=st.lists(st.floats(min_value=0, max_value=1), max_size=12))
+def test_the_local_links_reader_cuts_any_stream_into_its_frames(
+        sizes: list[int], cuts: list[float]) -> None:
+    """However the stream arrives (a header split, many frames in one read, a frame longer
+    than the read buffer and than what it keeps), each frame comes out whole, in order."""
+    frames = [secrets.token_bytes(size) for size in sizes]
+    stream = b"".join(b"".join(framed(frame)) for frame in frames)
+    points = sorted({0, len(stream), *(round(c * len(stream)) for c in cuts)})
+    # pieces cut there, and no longer than a socket's buffer takes without a reader
+    pieces = [stream[at : min(end, at + PIECE)] for start, end in itertools.pairwise(points)
+              for at in range(start, end, PIECE)]
+    reader = FrameBuffer(1 << 20)
+    got: list[bytes] = []
+    a, b = socket.socketpair()
+    with a, b:
+        for piece in pieces:
+            a.sendall(piece)
+            read = 0
+            while read < len(piece):  # what was sent is all there: read until it is taken
+                n, _ = reader.read_from(b)
+                assert n > 0
+                read += n
+                got.extend(reader.frames())
+    assert got == frames
+
+
+def test_the_local_links_reader_refuses_a_frame_over_the_limit() -> None:
+    reader = FrameBuffer(1000)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"".join(framed(b"x" * 1001)))
+        reader.read_from(b)
+        with pytest.raises(ProtocolError, match="1001-byte frame exceeds max_message_size=1000"):
+            reader.frames()
