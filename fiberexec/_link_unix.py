@@ -27,11 +27,10 @@ from collections import deque
 from collections.abc import Callable
 
 from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._framing import FrameBuffer
 
-_LEN = struct.Struct("!I")
+HEADER = struct.Struct("!I")  # a frame's length, before it
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-CHUNK = 64 << 10  # bytes one recv asks for, at least
-KEPT = 512 << 10  # a read buffer grown past this (by a long frame) is let go once emptied
 MAX_QUEUED = 4096  # frames waiting to be written: credit keeps far fewer, so more means hung
 _peer_ids = itertools.count(1)
 
@@ -41,74 +40,8 @@ def _new_id() -> int:
     return -next(_peer_ids)
 
 
-class FrameBuffer:
-    """Bytes read from a stream, cut into frames of ``length | frame``.
-
-    Reads land in one reused buffer (``recv_into``): no object is made per read, and a frame
-    is copied once, out of the buffer, when it is whole. A frame longer than the buffer
-    grows it to the frame's size for as long as it takes to arrive; a buffer grown past
-    `KEPT` is let go once emptied, so a peer that sent one large result keeps no more.
-    """
-
-    def __init__(self, max_frame: int, header: struct.Struct = _LEN) -> None:
-        self.max_frame = max_frame
-        self._head = header
-        self._buf = bytearray(CHUNK)
-        self._start = 0  # the first byte not yet cut into a frame
-        self._end = 0  # the end of what has been read
-
-    def read_from(self, sock: socket.socket, flags: int = 0) -> tuple[int, int]:
-        """One ``recv`` into the buffer: (bytes read, bytes asked); 0 read means EOF."""
-        want = self.want()
-        if len(self._buf) - self._end < want:
-            self._make_room(want)
-        with memoryview(self._buf)[self._end:] as tail:
-            n = sock.recv_into(tail, want, flags)
-        self._end += n
-        return n, want
-
-    def frames(self) -> list[bytes]:
-        """Every whole frame buffered, in order."""
-        out: list[bytes] = []
-        buf, pos, end = self._buf, self._start, self._end
-        head, unpack = self._head.size, self._head.unpack_from
-        with memoryview(buf) as view:
-            while end - pos >= head:
-                (size,) = unpack(buf, pos)
-                if size > self.max_frame:
-                    raise ProtocolError(
-                        f"{size}-byte frame exceeds max_message_size={self.max_frame}")
-                if end - pos - head < size:
-                    break
-                pos += head
-                out.append(bytes(view[pos : pos + size]))
-                pos += size
-        if pos == end:
-            pos = end = 0
-            if len(buf) > KEPT:
-                self._buf = bytearray(CHUNK)
-        self._start, self._end = pos, end
-        return out
-
-    def want(self) -> int:
-        """How many bytes the next read should ask for: at least the rest of a long frame."""
-        have, head = self._end - self._start, self._head.size
-        if have >= head:
-            size: int = self._head.unpack_from(self._buf, self._start)[0]
-            return max(CHUNK, head + size - have)
-        return CHUNK
-
-    def _make_room(self, want: int) -> None:
-        """A buffer with ``want`` bytes free after what is held (moved to its start)."""
-        have = self._end - self._start
-        grown = bytearray(max(CHUNK, have + want))
-        with memoryview(self._buf) as view:
-            grown[:have] = view[self._start : self._end]
-        self._buf, self._start, self._end = grown, 0, have
-
-
 def framed(frame: bytes) -> list[bytes]:
-    return [_LEN.pack(len(frame)), frame]
+    return [HEADER.pack(len(frame)), frame]
 
 
 # ---------------------------------------------------------------------------- executor side
@@ -126,7 +59,7 @@ class UnixPipe:
         self.id = _new_id()
         self.sock = sock
         self.fd = sock.fileno()
-        self.reader = FrameBuffer(max_frame)
+        self.reader = FrameBuffer(max_frame, HEADER)
         self.queue: deque[memoryview] = deque()
         self.closed = False
         self.drained = False  # the last read emptied the socket
@@ -135,15 +68,13 @@ class UnixPipe:
     def read(self) -> list[bytes] | None:
         """The frames that arrived; None once the peer has hung up."""
         try:
-            n, want = self.reader.read_from(self.sock)
+            frames = self.reader.read(self.sock)
         except BlockingIOError:
             return []
         except OSError:
             return None
-        if not n:
-            return None
-        self.drained = n < want
-        return self.reader.frames()
+        self.drained = self.reader.drained
+        return frames
 
     def send_nowait(self, frame: bytes) -> bool:
         """Send or queue ``frame``; True when some of it waits for the socket to drain."""
@@ -253,7 +184,7 @@ class UnixLink:
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
-        self.reader = FrameBuffer(max_frame)
+        self.reader = FrameBuffer(max_frame, HEADER)
         self.ready: deque[bytes] = deque()
         self._timeouts = {socket.SO_RCVTIMEO: -1.0, socket.SO_SNDTIMEO: -1.0}
         self.closed = False
@@ -308,14 +239,14 @@ class UnixLink:
 
     def _read(self, flags: int) -> None:
         try:
-            n, _ = self.reader.read_from(self.sock, flags)
+            frames = self.reader.read(self.sock, flags)
         except (BlockingIOError, TimeoutError):
             raise
         except OSError as exc:
             raise LinkClosed(f"the connection to the executor failed: {exc}") from None
-        if not n:
+        if frames is None:
             raise LinkClosed("the connection to the executor closed")
-        self.ready.extend(self.reader.frames())
+        self.ready.extend(frames)
 
     def _set_timeout(self, option: int, seconds: float) -> None:
         """A kernel timeout on a blocking socket: one system call per recv, no poll first."""

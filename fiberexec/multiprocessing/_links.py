@@ -46,12 +46,14 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from fiberexec import _auth
+from fiberexec._framing import FrameBuffer
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._frames import Frame
 
@@ -239,8 +241,8 @@ class Wire:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         sock.settimeout(None)
-        self._buf = bytearray()
-        self._at = 0
+        self._reader = FrameBuffer(MAX_FRAME, _SIZE)
+        self._ready: deque[bytes] = deque()  # frames read, not yet taken
         self._poller = select.poll()  # the socket, and the ``wake`` of the last `poll`
         self._poller.register(self.sock, _READABLE)
         self._wake: int | None = None
@@ -281,16 +283,13 @@ class Wire:
             self.sock.sendall(data)
 
     def frame_ready(self) -> bool:
-        have = len(self._buf) - self._at
-        if have < _SIZE.size:
-            return False
-        size: int = _SIZE.unpack_from(self._buf, self._at)[0]
-        return have >= _SIZE.size + size
+        """Whether a whole frame has been read (`recv_bytes` returns it at once)."""
+        return bool(self._ready)
 
     def poll(self, timeout: float | None, wake: int | None = None) -> bool:
         """Whether a frame has begun to arrive (or the stream ended), waiting up to
         ``timeout`` (None: forever); a readable ``wake`` descriptor ends the wait early."""
-        if self._at < len(self._buf) and self.frame_ready():
+        if self._ready:
             return True
         if wake != self._wake:  # one reader at a time: only the current wake is watched
             if self._wake is not None:
@@ -304,44 +303,18 @@ class Wire:
 
     def recv_bytes(self) -> bytes:
         """The next frame (blocking); EOFError when the other end closed."""
-        buf, at = self._buf, self._at
-        if len(buf) - at >= _SIZE.size:  # the common case: a whole frame is here
-            end = at + _SIZE.size + _SIZE.unpack_from(buf, at)[0]
-            if end <= len(buf):
-                frame = bytes(buf[at + _SIZE.size:end])
-                if end == len(buf):
-                    buf.clear()
-                    self._at = 0
-                else:
-                    self._at = end
-                return frame
-        if not buf:  # nothing buffered: if one whole frame comes, return it as it is
-            chunk = self.sock.recv(_CHUNK)
-            if not chunk:
+        ready = self._ready
+        if ready:
+            return ready.popleft()
+        while True:
+            frames = self._reader.read(self.sock)
+            if frames is None:
                 raise EOFError
-            if len(chunk) >= _SIZE.size and (
-                    _SIZE.size + _SIZE.unpack_from(chunk)[0] == len(chunk)):
-                return chunk[_SIZE.size:]
-            buf += chunk
-        while not self.frame_ready():
-            if self._at and self._at * 2 >= len(self._buf):
-                del self._buf[:self._at]
-                self._at = 0
-            need = _SIZE.size
-            if len(self._buf) - self._at >= need:
-                need += _SIZE.unpack_from(self._buf, self._at)[0]
-            chunk = self.sock.recv(max(_CHUNK, need - (len(self._buf) - self._at)))
-            if not chunk:
-                raise EOFError
-            self._buf += chunk
-        (size,) = _SIZE.unpack_from(self._buf, self._at)
-        start = self._at + _SIZE.size
-        frame = bytes(self._buf[start:start + size])
-        self._at = start + size
-        if self._at == len(self._buf):
-            self._buf.clear()
-            self._at = 0
-        return frame
+            if len(frames) == 1:
+                return frames[0]
+            if frames:
+                ready.extend(frames)
+                return ready.popleft()
 
     def shutdown(self) -> None:
         """End the connection, waking a thread blocked reading it."""

@@ -1,0 +1,94 @@
+"""Frames on a byte stream, each ``length | frame``: how the local link and the
+multiprocessing layer's connections cut what they read.
+
+Reads land in one reused buffer (``recv_into``): no object is made per read, and a frame is
+copied once, out of the buffer, when it is whole. One ``recv`` takes in every frame that
+has arrived.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from fiberexec._errors import ProtocolError
+
+CHUNK = 64 << 10  # bytes one recv asks for, at least
+KEPT = 512 << 10  # a read buffer grown past this (by a long frame) is let go once emptied
+
+
+class FrameBuffer:
+    """Bytes read from a stream, cut into frames of ``length | frame`` (``header``: the
+    length's struct).
+
+    A frame longer than the buffer grows it to the frame's size for as long as it takes to
+    arrive; a buffer grown past `KEPT` is let go once emptied, so a peer that sent one
+    large result keeps no more.
+    """
+
+    def __init__(self, max_frame: int, header: struct.Struct) -> None:
+        self.max_frame = max_frame
+        self._head = header
+        self._start = 0  # the first byte not yet cut into a frame
+        self._end = 0  # the end of what has been read
+        self.drained = False  # the last read emptied the socket
+        self._use(bytearray(CHUNK))
+
+    def _use(self, buf: bytearray) -> None:
+        # A buffer is never resized (a larger one replaces it), so one view of it serves
+        # every read and cut, with no view made per call.
+        self._buf, self._view = buf, memoryview(buf)
+
+    def read(self, sock: socket.socket, flags: int = 0) -> list[bytes] | None:
+        """One ``recv`` into the buffer, then every whole frame it holds, in order; None
+        once the stream has ended. `drained` tells whether that read emptied the socket (it
+        took less than it asked for)."""
+        pos, end = self._start, self._end
+        head, unpack = self._head.size, self._head.unpack_from
+        if pos == end:  # nothing held: most often, what comes is one whole frame
+            data = sock.recv(CHUNK, flags)
+            n = len(data)
+            if not n:
+                return None
+            self.drained = n < CHUNK
+            if n >= head and head + unpack(data)[0] == n and n - head <= self.max_frame:
+                return [data[head:]]
+            self._view[:n] = data
+            pos, end = 0, n
+        else:
+            want = CHUNK
+            if end - pos >= head:  # the rest of a long frame, in one read
+                want = max(CHUNK, head + unpack(self._buf, pos)[0] - (end - pos))
+            if len(self._buf) - end < want:
+                self._make_room(want)
+                pos, end = 0, self._end
+            n = sock.recv_into(self._view[end:], want, flags)
+            if not n:
+                return None
+            self.drained = n < want
+            end += n
+        out: list[bytes] = []
+        buf, view = self._buf, self._view
+        while end - pos >= head:
+            (size,) = unpack(buf, pos)
+            if size > self.max_frame:
+                raise ProtocolError(f"{size}-byte frame exceeds max_message_size={self.max_frame}")
+            if end - pos - head < size:
+                break
+            pos += head
+            out.append(bytes(view[pos : pos + size]))
+            pos += size
+        if pos == end:
+            pos = end = 0
+            if len(buf) > KEPT:
+                self._use(bytearray(CHUNK))
+        self._start, self._end = pos, end
+        return out
+
+    def _make_room(self, want: int) -> None:
+        """A buffer with ``want`` bytes free after what is held (moved to its start)."""
+        have = self._end - self._start
+        grown = bytearray(max(CHUNK, have + want))
+        grown[:have] = self._view[self._start : self._end]
+        self._use(grown)
+        self._start, self._end = 0, have
