@@ -264,7 +264,7 @@ class Wire:
 
     def send_parts(self, parts: list[bytes | memoryview]) -> None:
         """Send one frame made of ``parts``; small frames in one write."""
-        size = sum(len(part) for part in parts)
+        size = sum(map(len, parts))
         if size > MAX_FRAME:
             raise ValueError(f"a message of {size} bytes is over the {MAX_FRAME}-byte limit; "
                              "send large data in pieces, or through shared memory")

@@ -419,6 +419,9 @@ class Endpoint:
 
 def client_for(address: str, secret: bytes) -> RpcClient:
     """This process's connection to ``address`` (one per address, made on first use)."""
+    client = _clients.get(address)  # the common case, without the lock: it lives
+    if client is not None and not client.lost.is_set():
+        return client
     with _clients_lock:
         client = _clients.get(address)
         if client is not None and client.lost.is_set():
