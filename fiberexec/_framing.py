@@ -1,9 +1,10 @@
 """Frames on a byte stream, each ``length | frame``: how the local link and the
 multiprocessing layer's connections cut what they read.
 
-Reads land in one reused buffer (``recv_into``): no object is made per read, and a frame is
-copied once, out of the buffer, when it is whole. One ``recv`` takes in every frame that
-has arrived.
+One ``recv`` takes in every frame that has arrived. With nothing held, what it brings is
+most often one whole frame, handed out as it came (sliced once); anything else lands in one
+kept buffer, read into in place (``recv_into``) until its frames are whole, and each frame
+is copied out of it once.
 """
 
 from __future__ import annotations
