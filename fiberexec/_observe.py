@@ -136,7 +136,8 @@ class Durations:
 
     @property
     def count(self) -> int:
-        """Tasks counted (finished with a result or an exception)."""
+        """Tasks counted: each whose worker sent back its outcome (a result or an
+        exception); a task lost with its worker ran for no known time and is not counted."""
         return sum(self.counts)
 
 
