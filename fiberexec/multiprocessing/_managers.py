@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import wait as connection_wait
@@ -95,6 +95,11 @@ class TypeInfo:
     method_to_typeid: dict[str, str] | None = None
 
 
+# A dict's keys(), values() and items() views: sent as lists, as the stdlib's manager does.
+_DICT_VIEWS: tuple[type[Iterable[Any]], ...] = (
+    type({}.keys()), type({}.values()), type({}.items()))
+
+
 class _Server:
     def __init__(self, registry: dict[str, TypeInfo]) -> None:
         self.registry = registry
@@ -114,7 +119,7 @@ class _Server:
             make = self.registry[new_typeid].make  # as the stdlib: make(result), if any
             kept = result if make is None else make(result)
             return (self.objects.add(kept, new_typeid), new_typeid), b""
-        if isinstance(result, type({}.keys()) | type({}.values()) | type({}.items())):
+        if isinstance(result, _DICT_VIEWS):
             result = list(result)
         return None, dumps_bytes(result, what=f"result of {name}()")
 

@@ -76,8 +76,11 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def _frame(tag: bytes, head: Any, body: bytes | memoryview) -> list[bytes | memoryview]:
-    data = pickle.dumps(head, protocol=5)
+    data = _NO_HEAD if head is None else pickle.dumps(head, protocol=5)
     return [tag, _LEN.pack(len(data)), data, body]
+
+
+_NO_HEAD = pickle.dumps(None, protocol=5)  # most answers' head: pickled once
 
 
 def _split(frame: bytes) -> tuple[Any, memoryview]:
