@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
+import os
 
 from fiberexec._errors import ConfigurationError
 
@@ -16,11 +16,11 @@ SECRET_SIZE = 32
 
 
 def new_secret() -> bytes:
-    return secrets.token_bytes(SECRET_SIZE)
+    return os.urandom(SECRET_SIZE)  # what secrets.token_bytes returns (its import: ~1.5 ms)
 
 
 def new_nonce() -> bytes:
-    return secrets.token_bytes(16)
+    return os.urandom(16)
 
 
 def proof(secret: bytes, role: str, worker_nonce: bytes, executor_nonce: bytes) -> bytes:

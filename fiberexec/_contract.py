@@ -22,3 +22,5 @@ ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env 
 ENV_MP_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
 #: JSON list of the parent's ``sys.path`` entries, absolute (see `fiberexec._syspath`).
 ENV_SYS_PATH = "FIBEREXEC_SYS_PATH"
+ENV_TLS_CERT = "FIBEREXEC_TLS_CERT"  # the executor's certificate (PEM), given to workers
+ENV_TLS_SERVER_NAME = "FIBEREXEC_TLS_SERVER_NAME"  # the name its certificate carries

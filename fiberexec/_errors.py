@@ -26,12 +26,26 @@ raises when a task or a result cannot be unpickled (its worker or result thread 
 fiberexec fails only that one future and carries on. A task that raises re-raises its own
 exception; the remote traceback rides in ``__cause__`` as the standard library's
 ``concurrent.futures.process._RemoteTraceback``.
+
+The three classes that derive from `BrokenProcessPool` live in `fiberexec._broken`, imported
+on first use: ``concurrent.futures.process`` takes a new interpreter 16 ms to import, and a
+worker (a new interpreter on every backend but the local launcher's forks) needs them only
+to report a failure.
 """
 
 from __future__ import annotations
 
 import pickle
-from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fiberexec._broken import BrokenFiberExecutor, UnpicklingError, WorkerLostError
+
+__all__ = [
+    "AuthenticationError", "BackendError", "BrokenFiberExecutor", "ConfigurationError",
+    "FiberExecError", "LinkClosed", "PermanentBackendError", "PicklingError", "ProtocolError",
+    "SerializationError", "TransientBackendError", "UnpicklingError", "WorkerLostError",
+]
 
 
 class FiberExecError(Exception):
@@ -78,17 +92,13 @@ class PicklingError(SerializationError, pickle.PicklingError):
     """A function, its arguments or its result could not be pickled."""
 
 
-class UnpicklingError(SerializationError, pickle.UnpicklingError, BrokenProcessPool):
-    """A task could not be unpickled in its worker, or its result in the executor."""
-
-
-class WorkerLostError(FiberExecError, BrokenProcessPool):
-    """A task was running on workers that died, ``max_task_retries`` times over."""
-
-
-class BrokenFiberExecutor(BrokenProcessPool):
-    """The executor can no longer run tasks (a worker could not start, an initializer failed)."""
-
-
 class LinkClosed(ConnectionError):
     """The other end of a link hung up (internal: workers exit on it, shards lose the peer)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("UnpicklingError", "WorkerLostError", "BrokenFiberExecutor"):
+        from fiberexec import _broken  # the import lock makes them once
+
+        return getattr(_broken, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

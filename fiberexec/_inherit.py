@@ -34,9 +34,6 @@ import cloudpickle
 
 from fiberexec._codenames import reduce_code
 
-# a plain pickle naming this module needs the stdlib's reducers: a stdlib Connection
-# pickles without them, but as a file descriptor number, meaningless in another process
-NEEDS_STDLIB = b"multiprocessing.connection"
 _FIX = ("pass a fiberexec.multiprocessing object (Queue, Lock, Value...) or a "
         "Manager's proxy instead: those work on every backend")
 

@@ -29,8 +29,7 @@ from __future__ import annotations
 import select
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe
@@ -69,8 +68,7 @@ class WorkerLink(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
     bytes: bytes
     pipe: Any  # ``.id`` names the peer, ``.close()`` hangs up on it
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from fiberexec import _argcache, _shm
@@ -115,8 +114,7 @@ class Setup(NamedTuple):
     arg_cache: int = 0  # bytes of large arguments to keep (fiberexec._argcache); 0: none
 
 
-@dataclass(slots=True)
-class Task:
+class Task(NamedTuple):
     task_id: int
     function: int  # index into Tasks.functions
     args: Payload  # pickled (args, kwargs)
@@ -127,8 +125,7 @@ class Tasks(NamedTuple):
     tasks: Sequence[Task]
 
 
-@dataclass(slots=True)
-class Result:
+class Result(NamedTuple):
     task_id: int
     status: Status
     payload: Payload
@@ -189,13 +186,15 @@ Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye 
            | Initialized | Revoke | Revoked | DumpStack | Stack)
 
 
-@dataclass
 class ShmPolicy:
     """How to move large buffers: through shared memory (``executor_id`` set) or inline."""
 
-    executor_id: str | None = None
-    threshold: int = SHM_THRESHOLD
-    created: list[str] = field(default_factory=list)  # names written by the last encode
+    __slots__ = ("created", "executor_id", "threshold")
+
+    def __init__(self, executor_id: str | None = None, threshold: int = SHM_THRESHOLD) -> None:
+        self.executor_id = executor_id
+        self.threshold = threshold
+        self.created: list[str] = []  # names written by the last encode
 
 
 # ---------------------------------------------------------------------------- encoding

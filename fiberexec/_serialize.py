@@ -19,21 +19,32 @@ import pickle
 import traceback
 import types
 from collections.abc import Sequence
-from concurrent.futures.process import _RemoteTraceback
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fiberexec import _byvalue, _inherit
-from fiberexec._errors import PicklingError, SerializationError, UnpicklingError
+from fiberexec import _byvalue, _errors
+from fiberexec._errors import PicklingError, SerializationError
 
-#: The standard library's class, so ``type(exc.__cause__)`` is what stdlib code expects.
-RemoteTraceback = _RemoteTraceback
+if TYPE_CHECKING:
+    # the standard library's class (``type(exc.__cause__)`` is what stdlib code expects),
+    # made this module's ``RemoteTraceback`` by `__getattr__` below
+    from concurrent.futures.process import _RemoteTraceback
+
+    RemoteTraceback = _RemoteTraceback
+
+# What a worker needs only on a rarer path is imported there: cloudpickle and the stdlib's
+# reducers (`_inherit`), and ``concurrent.futures.process`` (the remote traceback's class),
+# about 30 ms of a new interpreter's start (a worker's, on every backend but the local
+# launcher's forks).
 
 PROTOCOL = 5
+# a plain pickle naming this module needs the stdlib's reducers: a stdlib Connection
+# pickles without them, but as a file descriptor number, meaningless in another process
+NEEDS_STDLIB = b"multiprocessing.connection"
 
 
-@dataclass(slots=True)
-class Payload:
+class Payload(NamedTuple):
+    """A pickle stream and its out-of-band buffers (sent apart, never copied into it)."""
+
     data: bytes
     buffers: Sequence[memoryview] = ()  # no list for the many payloads without buffers
 
@@ -51,11 +62,13 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
-        if b"__main__" not in data and _inherit.NEEDS_STDLIB not in data:
+        if b"__main__" not in data and NEEDS_STDLIB not in data:
             return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
     except Exception:
         pass
     buffers.clear()
+    from fiberexec import _inherit
+
     try:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
     except Exception as exc:
@@ -69,6 +82,8 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
 def dumps_for_workers(obj: Any, *, what: str) -> Payload:
     """`dumps` for what every worker gets as it starts (the initializer and its arguments):
     the stdlib's process-shared objects in it pickle as for a spawned child (`_inherit`)."""
+    from fiberexec import _inherit
+
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append,
@@ -126,7 +141,7 @@ def loads(payload: Payload, *, what: str = "object") -> Any:
     try:
         return pickle.loads(payload.data, buffers=payload.buffers)
     except (Exception, SystemExit) as exc:
-        raise UnpicklingError(
+        raise _errors.UnpicklingError(
             f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
         ) from exc
 
@@ -145,7 +160,9 @@ def dumps_exception(exc: BaseException) -> Payload:
 
 def remote_traceback(text: str) -> BaseException:
     """The standard library's carrier of a traceback from another process."""
-    return RemoteTraceback(text)  # type: ignore[arg-type]  # typeshed says traceback; it is text
+    from concurrent.futures.process import _RemoteTraceback
+
+    return _RemoteTraceback(text)  # type: ignore[arg-type]  # typeshed says traceback; it is text
 
 
 def loads_exception(payload: Payload) -> BaseException:
@@ -175,10 +192,12 @@ def dumps_bytes(obj: Any, *, what: str = "object", spawning: bool = False) -> by
         try:
             data = pickle.dumps(obj, protocol=PROTOCOL)
             if _GLOBAL not in data or (b"__main__" not in data
-                                       and _inherit.NEEDS_STDLIB not in data):
+                                       and NEEDS_STDLIB not in data):
                 return data  # plain data names no global at all: one byte scan decides
         except Exception:
             pass
+    from fiberexec import _inherit
+
     try:
         return _inherit.dumps(obj, protocol=PROTOCOL,
                               dup_fd=_shared_fd if spawning else None)
@@ -220,3 +239,11 @@ def loads_bytes(data: bytes | memoryview, *, what: str = "object") -> Any:
         raise SerializationError(
             f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RemoteTraceback":
+        from concurrent.futures.process import _RemoteTraceback
+
+        return _RemoteTraceback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

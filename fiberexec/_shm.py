@@ -20,13 +20,11 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
 import threading
 import weakref
-from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
-SHM_DIR = Path("/dev/shm")
+SHM_DIR = "/dev/shm"
 PREFIX = "fiberexec-"
 POOL_TAG = "-pool-"  # in the names of files a sender writes again
 FLAG = mmap.PAGESIZE  # the flag page before a pooled file's data
@@ -35,13 +33,13 @@ POOL_BYTES = 256 << 20  # ...holding at most this much
 
 
 def available() -> bool:
-    return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
-def _path(name: str) -> Path:
+def _path(name: str) -> str:
     if "/" in name or not name.startswith(PREFIX):
         raise ValueError(f"not a fiberexec shared-memory name: {name!r}")
-    return SHM_DIR / name
+    return os.path.join(SHM_DIR, name)
 
 
 def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str:
@@ -53,7 +51,7 @@ def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str:
         if segment is not None:
             _write_all(segment.fd, view, FLAG)
             return segment.name
-    name = f"{PREFIX}{executor_id}-{secrets.token_hex(8)}"
+    name = f"{PREFIX}{executor_id}-{os.urandom(8).hex()}"
     fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         _write_all(fd, view, 0)
@@ -99,7 +97,7 @@ def _take_pooled(name: str, size: int) -> memoryview:
     return memoryview(mapped)[:size]
 
 
-def _free(path: Path) -> None:
+def _free(path: str) -> None:
     """The receiver's mapping of a pooled file is gone: its sender may write it again."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_WRONLY)
@@ -124,8 +122,7 @@ def drop_pool(executor_id: str | None = None) -> None:
     _pools.drop(executor_id)
 
 
-@dataclass
-class Segment:
+class Segment(NamedTuple):
     name: str
     fd: int
     capacity: int
@@ -152,7 +149,7 @@ class _Pool:
             if len(self.segments) >= POOL_SEGMENTS or held + capacity > POOL_BYTES:
                 return None
             name = (f"{PREFIX}{self.executor_id}{POOL_TAG}{os.getpid()}-"
-                    f"{secrets.token_hex(4)}")
+                    f"{os.urandom(4).hex()}")
             fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
                          0o600)
             os.ftruncate(fd, FLAG + capacity)
@@ -201,10 +198,12 @@ _pools = _Pools()
 def remove_all(executor_id: str) -> int:
     """Remove every file this executor's processes left behind; return how many."""
     count = 0
-    for path in SHM_DIR.glob(f"{PREFIX}{executor_id}-*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            count += 1
+    ours = f"{PREFIX}{executor_id}-"
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(ours):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, name))
+                count += 1
     return count
 
 
@@ -216,7 +215,7 @@ def write_probe(executor_id: str, token: bytes) -> str:
 def check_probe(name: str, token_size: int) -> bytes | None:
     """Read a probe without unlinking it; None when it is not visible from here."""
     try:
-        with _path(name).open("rb") as f:
+        with open(_path(name), "rb") as f:
             return f.read(token_size + 1)
     except (OSError, ValueError):
         return None

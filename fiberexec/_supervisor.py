@@ -42,7 +42,6 @@ from fiberexec._output import OutputSink
 from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
 from fiberexec._shard import Shard
-from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME
 
 log = logging.getLogger("fiberexec")
 MAX_START_FAILURES = 3  # workers in a row that die before connecting break the executor
@@ -235,8 +234,8 @@ class WorkerSupervisor:
         tls_env = {}
         if cfg.tls is not None:
             tls_env = {
-                ENV_TLS_CERT: cfg.tls.cert,
-                ENV_TLS_SERVER_NAME: cfg.tls.server_name or self.backend.advertise_host,
+                _contract.ENV_TLS_CERT: cfg.tls.cert,
+                _contract.ENV_TLS_SERVER_NAME: cfg.tls.server_name or self.backend.advertise_host,
             }
         return WorkerSpec(
             worker_id=worker_id,

@@ -14,9 +14,6 @@ from typing import Any
 
 from fiberexec._errors import ConfigurationError
 
-ENV_TLS_CERT = "FIBEREXEC_TLS_CERT"  # the executor's certificate (PEM), given to workers
-ENV_TLS_SERVER_NAME = "FIBEREXEC_TLS_SERVER_NAME"
-
 
 @dataclass(frozen=True)
 class TLSOptions:

@@ -40,7 +40,6 @@ from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, loads
 from fiberexec._timer import OneShot
-from fiberexec._tls import ENV_TLS_CERT, ENV_TLS_SERVER_NAME, client_config
 
 EXIT_AUTH_FAILED = 3
 EXIT_NO_EXECUTOR = 4
@@ -66,8 +65,8 @@ class _Config:
         self.executor_id = environ.get(_contract.ENV_EXECUTOR_ID, "")
         self.secret = _auth.secret_from_hex(environ[_contract.ENV_SECRET])
         self.connect_timeout = float(environ.get(_contract.ENV_CONNECT_TIMEOUT, "60"))
-        self.tls_cert = environ.get(ENV_TLS_CERT)
-        self.tls_server_name = environ.get(ENV_TLS_SERVER_NAME, "")
+        self.tls_cert = environ.get(_contract.ENV_TLS_CERT)
+        self.tls_server_name = environ.get(_contract.ENV_TLS_SERVER_NAME, "")
 
 
 class Worker:
@@ -77,6 +76,8 @@ class Worker:
         self.config = config
         self.tls = None
         if config.tls_cert:
+            from fiberexec._tls import client_config  # (pynng's TLS: workers on other hosts)
+
             self.tls = client_config(config.tls_cert, config.tls_server_name)
         self.link: WorkerLink = connect(
             config.local_address, config.address, max_frame=MAX_MESSAGE,

@@ -43,6 +43,20 @@ def test_worker_program_does_not_load_the_executor() -> None:
     assert "fiberexec._executor" not in loaded and "tenacity" not in loaded
 
 
+def test_worker_program_defers_what_only_rarer_paths_need() -> None:
+    """A worker is a new interpreter on every backend but the local launcher's forks: what it
+    needs only to unpickle by value, to report a failure, or for TLS is imported there."""
+    import subprocess
+    import sys
+
+    deferred = ["cloudpickle", "concurrent.futures.process", "dataclasses", "inspect",
+                "secrets", "ssl", "pynng", "fiberexec._inherit", "fiberexec._tls"]
+    code = f"import sys, fiberexec.worker; print([m for m in {deferred!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout.strip()
+    assert loaded == "[]"
+
+
 def test_core_never_imports_a_concrete_backend() -> None:
     offenders = []
     for path in ROOT.glob("*.py"):

@@ -35,7 +35,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from fiberexec import _inherit
-from fiberexec._serialize import dumps_bytes, loads_bytes
+from fiberexec._serialize import NEEDS_STDLIB, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._links import TIMING
 
@@ -72,7 +72,7 @@ class HostConnection(_mpc.Connection, Connection):  # type: ignore[misc]
     def __reduce__(self) -> tuple[Any, ...]:
         # a plain pickle (fiberexec's quick first attempt, which it may discard): register
         # nothing, and name the stdlib's module so that fiberexec's pickler takes over
-        return (_not_here, (_inherit.NEEDS_STDLIB.decode(),))
+        return (_not_here, (NEEDS_STDLIB.decode(),))
 
 
 def _not_here(_marker: str) -> None:

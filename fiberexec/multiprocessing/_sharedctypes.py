@@ -53,7 +53,7 @@ def _new(type_: Any) -> Any:
     token = secrets.token_bytes(HEADER)
     name = f"{_shm.PREFIX}mp{os.getpid()}-{secrets.token_hex(8)}"
     if _shm.available():
-        path = _shm.SHM_DIR / name
+        path = os.path.join(_shm.SHM_DIR, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, HEADER + size)
@@ -113,7 +113,7 @@ def _rebuild(  # noqa: PLR0917  # a pickle's reconstructor takes its arguments p
 def _attach(name: str, token: bytes) -> mmap.mmap | None:
     """Map the creator's file if this host sees it (and it is the same file)."""
     try:
-        fd = os.open(_shm.SHM_DIR / name, os.O_RDWR)
+        fd = os.open(os.path.join(_shm.SHM_DIR, name), os.O_RDWR)
     except (OSError, ValueError):
         return None
     try:

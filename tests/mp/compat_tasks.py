@@ -70,12 +70,11 @@ def attach_and_unlink(name: str) -> None:
 def remote_write(blob: bytes) -> None:
     """Unpickle a shared value where the creator's /dev/shm file cannot be seen."""
     import tempfile
-    from pathlib import Path
 
     from fiberexec import _shm
 
     with tempfile.TemporaryDirectory() as empty:
-        _shm.SHM_DIR = Path(empty)  # another host: no such file here
+        _shm.SHM_DIR = empty  # another host: no such file here
         value, array = pickle.loads(blob)
     assert type(array).__name__ == "RemoteArray", type(array)
     with value.get_lock():

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 import fiberexec.multiprocessing as fmp
-from fiberexec import _inherit
+from fiberexec import _serialize
 from fiberexec._errors import SerializationError
 from fiberexec._serialize import dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _hostpipe
@@ -125,7 +125,7 @@ def test_a_quick_first_pickling_attempt_registers_nothing() -> None:
     # an end must not be registered (held open) by that attempt
     reader, writer = _hostpipe.pipe(duplex=False)
     data = pickle.dumps((writer, 1))
-    assert _inherit.NEEDS_STDLIB in data  # so the caller switches to the full pickler
+    assert _serialize.NEEDS_STDLIB in data  # so the caller switches to the full pickler
     writer.close()
     assert reader.poll(5)
     with pytest.raises(EOFError):
