@@ -131,10 +131,17 @@ ROWS: list[Row] = [
     Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs off: executor "
         "CPU us/task (tasks/s)", lambda m: m["forward_tasks_per_s"],
         lambda m: f"{m['forward_cpu_us']:.0f} vs {m['off_cpu_us']:.0f} "
-                  f"({100 * m['slowdown']:+.1f}%; {_num(m['forward_tasks_per_s'])} vs "
-                  f"{_num(m['off_tasks_per_s'])})",
+                  f"({100 * m['slowdown']:+.1f}%{_spread(m.get('slowdowns'))}; "
+                  f"{_num(m['forward_tasks_per_s'])} vs {_num(m['off_tasks_per_s'])})",
         "CPU per task within +5%", lambda by: _fx(by)["slowdown"] <= 0.05),
 ]
+
+
+def _spread(ratios: list[float] | None) -> str:
+    """The range of a paired measurement's per-pair ratios, as percentages."""
+    if not ratios:
+        return ""
+    return f", pairs {100 * min(ratios):+.0f}% to {100 * max(ratios):+.0f}%"
 
 
 def _ok(m: Metrics | None) -> bool:

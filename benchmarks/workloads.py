@@ -330,12 +330,14 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int,
             "simulator_busy": sim_cpu / elapsed, "executor_busy": own_cpu / elapsed}
 
 
-def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 3) -> Metrics:
+def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 7) -> Metrics:
     """fiberexec only: no-op dispatch while another task prints 10 MiB, its output forwarded
-    (``output="forward"``, written to /dev/null here) against discarded (``"off"``); the
-    modes alternate, each keeps its median. ``slowdown`` compares the executor process's
-    CPU time per task (what dispatch costs it, and what receiving and writing the output
-    adds), which a busy machine disturbs less than the wall time (also reported)."""
+    (``output="forward"``, written to /dev/null here) against discarded (``"off"``), in
+    ``rounds`` pairs run back to back. ``slowdown`` compares the executor process's CPU time
+    per task (what dispatch costs it, and what receiving and writing the output adds), which
+    a busy machine disturbs less than the wall time (also reported): the median of the
+    pairs' ratios, so a drift of the machine's speed between rounds cancels out (dispatch
+    alone varies by 10-20% from one executor to the next, the signal is a few per cent)."""
     import contextlib
     import os
     from concurrent.futures import wait as wait_futures
@@ -360,11 +362,17 @@ def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 3) -> Metr
                 cpu[mode].append((time.process_time() - cpu_begin) / n)
                 if pending:
                     raise TimeoutError(f"{len(pending)} of {n} tasks unfinished")
-    off, forward = (sorted(r)[len(r) // 2] for r in rates.values())
-    cpu_off, cpu_forward = (sorted(c)[len(c) // 2] for c in cpu.values())
-    return {"off_tasks_per_s": off, "forward_tasks_per_s": forward, "n": n,
-            "off_cpu_us": 1e6 * cpu_off, "forward_cpu_us": 1e6 * cpu_forward,
-            "slowdown": cpu_forward / cpu_off - 1, "wall_slowdown": 1 - forward / off}
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    slowdowns = [f / o - 1 for o, f in zip(cpu["off"], cpu["forward"], strict=True)]
+    return {"off_tasks_per_s": median(rates["off"]),
+            "forward_tasks_per_s": median(rates["forward"]), "n": n,
+            "off_cpu_us": 1e6 * median(cpu["off"]),
+            "forward_cpu_us": 1e6 * median(cpu["forward"]),
+            "slowdown": median(slowdowns), "slowdowns": slowdowns,
+            "wall_slowdown": median([1 - f / o for o, f in zip(rates["off"], rates["forward"],
+                                                                strict=True)])}
 
 
 def _snapshot_ms(ex: Any, workers: int, times: int = 5) -> float:
