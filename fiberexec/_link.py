@@ -29,10 +29,11 @@ from __future__ import annotations
 import select
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe
+from fiberexec._record import Record
 
 if TYPE_CHECKING:  # pynng loads only where a worker dials across hosts (tens of ms)
     from fiberexec._link_nng import Channel, NngLink
@@ -68,9 +69,12 @@ class WorkerLink(Protocol):
     def close(self) -> None: ...
 
 
-class Received(NamedTuple):
-    bytes: bytes
-    pipe: Any  # ``.id`` names the peer, ``.close()`` hangs up on it
+class Received(Record):
+    __slots__ = ("bytes", "pipe")
+
+    def __init__(self, data: bytes, pipe: Any) -> None:
+        self.bytes = data
+        self.pipe = pipe  # ``.id`` names the peer, ``.close()`` hangs up on it
 
 
 class Endpoint:

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 from fiberexec import _argcache, _shm
 from fiberexec._argcache import Mirror, Store
 from fiberexec._errors import ProtocolError
+from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
@@ -114,10 +115,13 @@ class Setup(NamedTuple):
     arg_cache: int = 0  # bytes of large arguments to keep (fiberexec._argcache); 0: none
 
 
-class Task(NamedTuple):
-    task_id: int
-    function: int  # index into Tasks.functions
-    args: Payload  # pickled (args, kwargs)
+class Task(Record):
+    __slots__ = ("args", "function", "task_id")
+
+    def __init__(self, task_id: int, function: int, args: Payload) -> None:
+        self.task_id = task_id
+        self.function = function  # index into Tasks.functions
+        self.args = args  # pickled (args, kwargs)
 
 
 class Tasks(NamedTuple):
@@ -125,11 +129,15 @@ class Tasks(NamedTuple):
     tasks: Sequence[Task]
 
 
-class Result(NamedTuple):
-    task_id: int
-    status: Status
-    payload: Payload
-    runtime: float = 0.0  # seconds the task ran
+class Result(Record):
+    __slots__ = ("payload", "runtime", "status", "task_id")
+
+    def __init__(self, task_id: int, status: Status, payload: Payload,
+                 runtime: float = 0.0) -> None:
+        self.task_id = task_id
+        self.status = status
+        self.payload = payload
+        self.runtime = runtime  # seconds the task ran
 
 
 class Results(NamedTuple):

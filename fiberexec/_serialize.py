@@ -19,10 +19,11 @@ import pickle
 import traceback
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from fiberexec import _byvalue, _errors
 from fiberexec._errors import PicklingError, SerializationError
+from fiberexec._record import Record
 
 if TYPE_CHECKING:
     # the standard library's class (``type(exc.__cause__)`` is what stdlib code expects),
@@ -42,11 +43,14 @@ PROTOCOL = 5
 NEEDS_STDLIB = b"multiprocessing.connection"
 
 
-class Payload(NamedTuple):
+class Payload(Record):
     """A pickle stream and its out-of-band buffers (sent apart, never copied into it)."""
 
-    data: bytes
-    buffers: Sequence[memoryview] = ()  # no list for the many payloads without buffers
+    __slots__ = ("buffers", "data")
+
+    def __init__(self, data: bytes, buffers: Sequence[memoryview] = ()) -> None:
+        self.data = data
+        self.buffers = buffers  # no list for the many payloads without buffers
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from fiberexec import ProtocolError
 from fiberexec import _protocol as p
+from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 payloads = st.builds(
@@ -55,6 +56,8 @@ def _normal(message: p.Message) -> object:
     `Result` with the same fields)."""
     if isinstance(message, Payload):
         return (message.data, [bytes(b) for b in message.buffers])
+    if isinstance(message, Record):
+        return (type(message), [_normal(value) for value in message.fields()])
     if isinstance(message, list | tuple):
         return (type(message), [_normal(m) for m in message])
     return message
