@@ -199,7 +199,11 @@ def remove_all(executor_id: str) -> int:
     """Remove every file this executor's processes left behind; return how many."""
     count = 0
     ours = f"{PREFIX}{executor_id}-"
-    for name in os.listdir(SHM_DIR):
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:  # no /dev/shm here (nothing was written there, then)
+        return 0
+    for name in names:
         if name.startswith(ours):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))

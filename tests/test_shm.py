@@ -6,6 +6,7 @@ import gc
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,17 @@ def test_discard_leaves_a_pooled_file_and_removes_a_file_of_its_own(executor_id:
     _shm.discard(pooled)
     _shm.discard(own)
     assert _files(executor_id) == {pooled}
+
+
+def test_remove_all_removes_only_this_executors_files_and_copes_without_dev_shm(
+        executor_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = _shm.write(executor_id, memoryview(b"x" * 10), keep=True)
+    other = _shm.write(f"{executor_id}x", memoryview(b"y" * 10), keep=True)
+    try:
+        assert _shm.remove_all(executor_id) == 1
+        assert not os.path.exists(os.path.join(_shm.SHM_DIR, mine))
+        assert os.path.exists(os.path.join(_shm.SHM_DIR, other))
+    finally:
+        _shm.remove_all(f"{executor_id}x")
+    monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path / "absent"))
+    assert _shm.remove_all(executor_id) == 0
