@@ -75,12 +75,12 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+_NO_HEAD = pickle.dumps(None, protocol=5)  # most answers' head: pickled once
+
+
 def _frame(tag: bytes, head: Any, body: bytes | memoryview) -> list[bytes | memoryview]:
     data = _NO_HEAD if head is None else pickle.dumps(head, protocol=5)
     return [tag, _LEN.pack(len(data)), data, body]
-
-
-_NO_HEAD = pickle.dumps(None, protocol=5)  # most answers' head: pickled once
 
 
 def _split(frame: bytes) -> tuple[Any, memoryview]:
