@@ -310,7 +310,9 @@ class Worker:
             # While it runs, the executor may send more to wait behind it, and ask for
             # some back: the watcher reads for this thread.
             watcher.watch()
+            cpu = time.thread_time()
             result = self._run(*task)
+            cpu = time.thread_time() - cpu
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
@@ -322,7 +324,20 @@ class Worker:
             if not self.tasks:
                 self._take_buffered()
             slow = result.runtime >= SLOW_TASK
-            outbox.add(result, alone=not self.tasks, slow=slow)
+            # A slow task that kept this thread on the CPU (it held the GIL): the next one
+            # likely does too, and the outbox thread could send this result only by taking
+            # the GIL from it (a forced switch, a wait of up to the switch interval): send
+            # it here. One that waited (sleep, I/O, released the GIL) leaves the sending to
+            # the outbox thread, beside the next task.
+            busy = slow and cpu >= result.runtime / 2
+            outbox.add(result, alone=busy or not self.tasks, slow=slow)
+            if busy:
+                # Likewise the watcher: it would wake for each message only to wait for
+                # the GIL. Between such tasks this thread takes in what arrived itself
+                # (with none left, the loop's top does).
+                watcher.unwatch()
+                if self.tasks:
+                    self.receive(block=False)
         watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
@@ -353,7 +368,9 @@ class Outbox:
     The main thread adds each result as its task ends; a result is sent at once, or held to
     share a message with the next ones for at most `FLUSH_AGE`. The timer thread sends what
     is held when the main thread is busy with a longer task, and sends heartbeats while it
-    runs one, so a finished result never waits behind the next task.
+    runs one, so a finished result never waits behind the next task. (After a task that
+    kept its thread on the CPU at least half its time, the main thread sends its result
+    itself: the timer thread could send it only by taking the GIL from the next such task.)
     """
 
     def __init__(
@@ -511,7 +528,9 @@ class Watcher:
     a kernel timer when a task starts and disarms it when it goes back to reading the link
     itself. A task shorter than that costs those two system calls and wakes no thread (waking
     the watcher and putting it back to sleep for every task cost a quarter of a round trip,
-    in a fight for the GIL with the task and its result)."""
+    in a fight for the GIL with the task and its result). After a task that kept its
+    thread on the CPU at least half its time, the stretch ends: the main thread reads
+    between such tasks, since the watcher could read only by taking the GIL from the next."""
 
     def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
         self._fd = fd

@@ -230,3 +230,27 @@ def chatter(lines: int, value: Any = None) -> Any:
 def imported(module: str) -> bool:
     """Whether ``module`` is imported in this worker already."""
     return module in sys.modules
+
+
+def spin(seconds: float, value: Any = None) -> Any:
+    """Keep this thread on the CPU, holding the GIL, for ``seconds`` of its own CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    return value
+
+
+def thread_switches(_: object = None) -> int:
+    """Times this process's threads other than the main one gave up the CPU (woke and slept)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return total

@@ -148,3 +148,25 @@ def test_without_timerfd_the_watcher_reads_at_once(link: Link,
     link.taken.clear()
     link.executor.sendall(b"next task")
     assert not link.taken.wait(0.2)
+
+
+def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread() -> None:
+    """A worker running tasks that keep it on the CPU sends each result and reads the next
+    task from its main thread: its outbox and watcher threads, which could act only by taking
+    the GIL from the running task (a forced switch, a wait of up to the switch interval),
+    stay asleep. (They used to wake two to three times a task.)"""
+    from fiberexec import FiberExecutor
+    from tests import tasks
+
+    count = 40
+    with FiberExecutor(1, heartbeat=30) as ex:
+        # Started, the task module imported, and the machine quiet again (the local
+        # backend's launcher starts beside the first worker: a task preempted by it waits
+        # more than it runs, and is treated as one that waits).
+        for future in [ex.submit(tasks.spin, 0.001) for _ in range(5 * count)]:
+            future.result(timeout=60)
+        before = ex.submit(tasks.thread_switches).result(timeout=60)
+        futures = [ex.submit(tasks.spin, 0.001, i) for i in range(count)]
+        assert [f.result(timeout=60) for f in futures] == list(range(count))
+        woken = ex.submit(tasks.thread_switches).result(timeout=60) - before
+    assert woken < count // 4, f"the worker's other threads woke {woken} times in {count} tasks"
