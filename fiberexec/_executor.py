@@ -11,9 +11,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fiberexec import _observe
 from fiberexec._backend import Backend
@@ -244,13 +244,17 @@ class FiberExecutor(Executor):
             raise ValueError("chunksize must be >= 1.")
         if chunksize == 1:
             return _map(self, fn, zip(*iterables, strict=False), timeout, buffersize)
+        chunks: Iterator[Sequence[Any]]
         if len(iterables) == 1:  # chunks of plain items, run by the builtin map (C speed)
-            runner, items = map_chunk, iter(iterables[0])
+            runner, items = map_chunk, iterables[0]
+            if type(items) in (list, tuple, range) and buffersize is None:  # (not subclasses)
+                chunks = _slices(cast(Sequence[Any], items), chunksize)
+            else:
+                chunks = _chunks(iter(items), chunksize)
         else:
-            runner, items = starmap_chunk, zip(*iterables, strict=False)
-        chunks = _map(self, runner, zip(itertools.repeat(fn), _chunks(items, chunksize)),
-                      timeout, buffersize)
-        return itertools.chain.from_iterable(chunks)
+            runner, chunks = starmap_chunk, _chunks(zip(*iterables, strict=False), chunksize)
+        results = _map(self, runner, zip(itertools.repeat(fn), chunks), timeout, buffersize)
+        return itertools.chain.from_iterable(results)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop accepting tasks; with ``wait``, return once workers are gone."""
@@ -408,6 +412,13 @@ def _check_mp_context(
 def _chunks(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
     while chunk := tuple(itertools.islice(items, size)):
         yield chunk
+
+
+def _slices(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Chunks of a list, tuple or range, taken as slices: a list's or tuple's copies its
+    pointers, a range's is a range (no item made here, a few bytes to pickle; the worker
+    makes them)."""
+    return (items[i:i + size] for i in range(0, len(items), size))
 
 
 def _map(

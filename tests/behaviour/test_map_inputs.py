@@ -1,0 +1,48 @@
+"""`map` over the kinds of input users pass, chunked or not: results in order, the inputs
+read during the call. Over `ProcessPoolExecutor` and ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import pytest
+
+from tests import tasks
+from tests.behaviour.both import Make, make
+
+__all__ = ["make"]
+
+
+class Items(list[int]):
+    """A list subclass that iterates backwards: its own iteration must be honoured."""
+
+    def __iter__(self) -> Iterator[int]:
+        return list.__reversed__(self)
+
+
+INPUTS: dict[str, Callable[[], Iterable[int]]] = {
+    "range": lambda: range(0, 95, 3),
+    "empty range": lambda: range(0),
+    "tuple": lambda: tuple(range(50)),
+    "list": lambda: list(range(50)),
+    "list subclass": lambda: Items(range(50)),
+    "generator": lambda: (i for i in range(50)),
+}
+
+
+@pytest.mark.parametrize("chunksize", [1, 7, 100])
+@pytest.mark.parametrize("kind", sorted(INPUTS))
+def test_map_takes_every_kind_of_input(make: Make, kind: str, chunksize: int) -> None:
+    expected = [tasks.square(i) for i in INPUTS[kind]()]
+    with make(2) as ex:
+        assert list(ex.map(tasks.square, INPUTS[kind](), chunksize=chunksize,
+                           timeout=60)) == expected
+
+
+@pytest.mark.parametrize("chunksize", [1, 3])
+def test_map_reads_a_list_during_the_call(make: Make, chunksize: int) -> None:
+    items = list(range(20))
+    with make(2) as ex:
+        results = ex.map(tasks.square, items, chunksize=chunksize, timeout=60)
+        items[:] = [0] * 20  # changed once map returned: its tasks have their items
+        assert list(results) == [i * i for i in range(20)]
