@@ -128,8 +128,9 @@ ROWS: list[Row] = [
     _sim_row(1),
     _sim_row(4),
     _sim_row(1, 4096, "simulated_4096"),
-    Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs off: executor "
-        "CPU us/task (tasks/s)", lambda m: m["forward_tasks_per_s"],
+    Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs printed to "
+        "/dev/null, one executor: executor CPU us/task (tasks/s)",
+        lambda m: m["forward_tasks_per_s"],
         lambda m: f"{m['forward_cpu_us']:.0f} vs {m['off_cpu_us']:.0f} "
                   f"({100 * m['slowdown']:+.1f}%{_spread(m.get('slowdowns'))}; "
                   f"{_num(m['forward_tasks_per_s'])} vs {_num(m['off_tasks_per_s'])})",

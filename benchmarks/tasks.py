@@ -3,6 +3,9 @@ library's pickler sends them by reference to all three kinds of worker."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from typing import Any
 
@@ -20,11 +23,13 @@ def noop(*_args: object) -> None:
     """Does nothing; what a no-op task costs is the executor's own overhead."""
 
 
-def print_mib(mib: int) -> int:
-    """Print ``mib`` MiB to stdout in 100-byte lines."""
+def print_mib(mib: int, discard: bool = False) -> int:
+    """Print ``mib`` MiB to stdout in 100-byte lines; with ``discard``, the same prints to
+    /dev/null (the same work in the worker, nothing for the executor to forward)."""
     line = "x" * 99
-    for _ in range(mib * (1 << 20) // 100):
-        print(line)
+    with open(os.devnull, "w") if discard else contextlib.nullcontext(sys.stdout) as out:
+        for _ in range(mib * (1 << 20) // 100):
+            print(line, file=out)
     return mib
 
 

@@ -331,13 +331,15 @@ def simulated_dispatch(name: str, sizes: dict[str, int], shards: int,
 
 
 def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 7) -> Metrics:
-    """fiberexec only: no-op dispatch while another task prints 10 MiB, its output forwarded
-    (``output="forward"``, written to /dev/null here) against discarded (``"off"``), in
-    ``rounds`` pairs run back to back. ``slowdown`` compares the executor process's CPU time
-    per task (what dispatch costs it, and what receiving and writing the output adds), which
-    a busy machine disturbs less than the wall time (also reported): the median of the
-    pairs' ratios, so a drift of the machine's speed between rounds cancels out (dispatch
-    alone varies by 10-20% from one executor to the next, the signal is a few per cent)."""
+    """fiberexec only: no-op dispatch while another task prints 10 MiB to its stdout,
+    forwarded (``output="forward"``, written to /dev/null here), against the same while
+    that task prints the same lines to /dev/null itself (the worker does the same work,
+    nothing is forwarded). Both in one executor, ``rounds`` times, which goes first
+    alternating. ``slowdown`` compares the executor process's CPU time per task (what
+    dispatch costs it, and what receiving and writing the output adds), which a busy
+    machine disturbs less than the wall time (also reported): the median of the rounds'
+    ratios. Within one executor, because dispatch alone costs up to a third more in one
+    executor than in the next, and the signal is a few per cent."""
     import contextlib
     import os
     from concurrent.futures import wait as wait_futures
@@ -347,31 +349,34 @@ def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 7) -> Metr
     if name != "fiberexec":
         raise ValueError("the output workload runs on fiberexec only")
     n = sizes["submit_n"]
-    rates: dict[str, list[float]] = {"off": [], "forward": []}
-    cpu: dict[str, list[float]] = {"off": [], "forward": []}
+    rates: dict[bool, list[float]] = {True: [], False: []}  # by: is the output forwarded
+    cpu: dict[bool, list[float]] = {True: [], False: []}
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-        for mode in [*rates] * rounds:
-            with FiberExecutor(max_workers=WORKERS, output=mode) as ex:
+        for round_ in range(rounds):
+            with FiberExecutor(max_workers=WORKERS, output="forward") as ex:
                 wait_futures([ex.submit(tasks.noop) for _ in range(8 * WORKERS)], TIMEOUT)
-                begin, cpu_begin = time.perf_counter(), time.process_time()
-                printer = ex.submit(tasks.print_mib, 10)
-                _, pending = wait_futures([ex.submit(tasks.noop) for _ in range(n)], TIMEOUT)
-                rates[mode].append(n / (time.perf_counter() - begin))
-                printer.result(timeout=TIMEOUT)
-                ex.submit(tasks.noop).result(timeout=TIMEOUT)  # the output has been received
-                cpu[mode].append((time.process_time() - cpu_begin) / n)
-                if pending:
-                    raise TimeoutError(f"{len(pending)} of {n} tasks unfinished")
+                for forwarded in (round_ % 2 == 0, round_ % 2 == 1):
+                    begin, cpu_begin = time.perf_counter(), time.process_time()
+                    printer = ex.submit(tasks.print_mib, 10, not forwarded)
+                    _, pending = wait_futures([ex.submit(tasks.noop) for _ in range(n)],
+                                              TIMEOUT)
+                    rates[forwarded].append(n / (time.perf_counter() - begin))
+                    printer.result(timeout=TIMEOUT)
+                    ex.submit(tasks.noop).result(timeout=TIMEOUT)  # the output has arrived
+                    cpu[forwarded].append((time.process_time() - cpu_begin) / n)
+                    if pending:
+                        raise TimeoutError(f"{len(pending)} of {n} tasks unfinished")
+
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
 
-    slowdowns = [f / o - 1 for o, f in zip(cpu["off"], cpu["forward"], strict=True)]
-    return {"off_tasks_per_s": median(rates["off"]),
-            "forward_tasks_per_s": median(rates["forward"]), "n": n,
-            "off_cpu_us": 1e6 * median(cpu["off"]),
-            "forward_cpu_us": 1e6 * median(cpu["forward"]),
+    slowdowns = [f / o - 1 for o, f in zip(cpu[False], cpu[True], strict=True)]
+    return {"off_tasks_per_s": median(rates[False]),
+            "forward_tasks_per_s": median(rates[True]), "n": n,
+            "off_cpu_us": 1e6 * median(cpu[False]),
+            "forward_cpu_us": 1e6 * median(cpu[True]),
             "slowdown": median(slowdowns), "slowdowns": slowdowns,
-            "wall_slowdown": median([1 - f / o for o, f in zip(rates["off"], rates["forward"],
+            "wall_slowdown": median([1 - f / o for o, f in zip(rates[False], rates[True],
                                                                 strict=True)])}
 
 
