@@ -131,9 +131,9 @@ ROWS: list[Row] = [
     Row("output", "no-op `submit` while a task prints 10 MiB, forwarded vs printed to "
         "/dev/null, one executor: executor CPU us/task (tasks/s)",
         lambda m: m["forward_tasks_per_s"],
-        lambda m: f"{m['forward_cpu_us']:.0f} vs {m['off_cpu_us']:.0f} "
+        lambda m: f"{m['forward_cpu_us']:.0f} vs {m['silent_cpu_us']:.0f} "
                   f"({100 * m['slowdown']:+.1f}%{_spread(m.get('slowdowns'))}; "
-                  f"{_num(m['forward_tasks_per_s'])} vs {_num(m['off_tasks_per_s'])})",
+                  f"{_num(m['forward_tasks_per_s'])} vs {_num(m['silent_tasks_per_s'])})",
         "CPU per task within +5%", lambda by: _fx(by)["slowdown"] <= 0.05),
 ]
 

@@ -371,9 +371,9 @@ def output_forwarding(name: str, sizes: dict[str, int], rounds: int = 7) -> Metr
         return sorted(values)[len(values) // 2]
 
     slowdowns = [f / o - 1 for o, f in zip(cpu[False], cpu[True], strict=True)]
-    return {"off_tasks_per_s": median(rates[False]),
+    return {"silent_tasks_per_s": median(rates[False]),
             "forward_tasks_per_s": median(rates[True]), "n": n,
-            "off_cpu_us": 1e6 * median(cpu[False]),
+            "silent_cpu_us": 1e6 * median(cpu[False]),
             "forward_cpu_us": 1e6 * median(cpu[True]),
             "slowdown": median(slowdowns), "slowdowns": slowdowns,
             "wall_slowdown": median([1 - f / o for o, f in zip(rates[False], rates[True],

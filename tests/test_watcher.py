@@ -3,7 +3,7 @@
 A task shorter than `WATCH_AFTER` wakes no second thread (that cost a quarter of a round
 trip); a longer one has the link read for it, so a ``Revoke`` or a stack request is answered
 while it runs. Tested on `Watcher` itself, over a real socket pair, and on `OneShot`, the
-kernel timer it arms.
+kernel timer it arms; and on a real worker, whose tasks that hold the GIL end the stretch.
 """
 
 from __future__ import annotations
@@ -160,9 +160,8 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread() -> None:
 
     count = 40
     with FiberExecutor(1, heartbeat=30) as ex:
-        # Started, the task module imported, and the machine quiet again (the local
-        # backend's launcher starts beside the first worker: a task preempted by it waits
-        # more than it runs, and is treated as one that waits).
+        # Started, the task module imported, and the start-up's work done (a task
+        # preempted by it waits more than it runs, and is treated as one that waits).
         for future in [ex.submit(tasks.spin, 0.001) for _ in range(5 * count)]:
             future.result(timeout=60)
         before = ex.submit(tasks.thread_switches).result(timeout=60)
