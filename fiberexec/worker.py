@@ -310,9 +310,11 @@ class Worker:
             # While it runs, the executor may send more to wait behind it, and ask for
             # some back: the watcher reads for this thread.
             watcher.watch()
-            cpu = time.thread_time()
+            # After a slow task, this one's CPU time is taken too (two system calls, which a
+            # quick task does without: the first slow one after quick ones counts as waiting).
+            timed = slow
+            cpu = time.thread_time() if timed else 0.0
             result = self._run(*task)
-            cpu = time.thread_time() - cpu
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
@@ -329,7 +331,7 @@ class Worker:
             # the GIL from it (a forced switch, a wait of up to the switch interval): send
             # it here. One that waited (sleep, I/O, released the GIL) leaves the sending to
             # the outbox thread, beside the next task.
-            busy = slow and cpu >= result.runtime / 2
+            busy = slow and timed and time.thread_time() - cpu >= result.runtime / 2
             outbox.add(result, alone=busy or not self.tasks, slow=slow)
             if busy:
                 # Likewise the watcher: it would wake for each message only to wait for
