@@ -6,7 +6,7 @@ from other network namespaces, so a worker elsewhere fails to connect at once an
 to the network link. Each frame travels as ``length:u32 | frame``.
 
     executor (shard thread)                          worker
-    UnixListener --accept, SO_PEERCRED--> UnixPeer <==== UnixLink (main thread blocks in recv)
+    UnixListener --accept, SO_PEERCRED--> UnixPeer <==== UnixLink (main thread waits in poll)
        sends never block: what the socket       sends block, with a timeout
        does not take waits in a write queue
        flushed when the socket is writable
@@ -17,9 +17,12 @@ results), so a frame usually costs one system call on each side.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import math
 import os
+import select
 import socket
 import struct
 import time
@@ -186,8 +189,14 @@ class UnixLink:
         self.sock = sock
         self.reader = FrameBuffer(max_frame, HEADER)
         self.ready: deque[bytes] = deque()
-        self._timeouts = {socket.SO_RCVTIMEO: -1.0, socket.SO_SNDTIMEO: -1.0}
+        self._send_timeout = -1.0
         self.closed = False
+        # A wait for a frame is a poll for input, not a blocking recv: the kernel signals
+        # room to write (the executor read what this end sent) on the wait queue a blocked
+        # recv sleeps on, which would wake it for nothing once a round trip; poll's wait
+        # wakes for input only.
+        self._input = select.poll()
+        self._input.register(sock.fileno(), select.POLLIN)
 
     @classmethod
     def connect(cls, name: str, max_frame: int) -> UnixLink | None:
@@ -214,11 +223,10 @@ class UnixLink:
         while not self.ready:  # a long frame takes several reads
             if left <= 0:
                 return None
-            self._set_timeout(socket.SO_RCVTIMEO, left)
-            try:
-                self._read(0)
-            except (BlockingIOError, TimeoutError):
+            if not self._input.poll(math.ceil(left * 1000)):
                 return None
+            with contextlib.suppress(BlockingIOError):
+                self._read(socket.MSG_DONTWAIT)
             left = deadline - time.monotonic()
         return self.ready.popleft()
 
@@ -226,7 +234,7 @@ class UnixLink:
         if not self.ready:
             try:
                 self._read(socket.MSG_DONTWAIT)
-            except (BlockingIOError, TimeoutError):
+            except BlockingIOError:
                 return None
         return self.ready.popleft() if self.ready else None
 
@@ -240,7 +248,7 @@ class UnixLink:
     def _read(self, flags: int) -> None:
         try:
             frames = self.reader.read(self.sock, flags)
-        except (BlockingIOError, TimeoutError):
+        except BlockingIOError:
             raise
         except OSError as exc:
             raise LinkClosed(f"the connection to the executor failed: {exc}") from None
@@ -248,17 +256,17 @@ class UnixLink:
             raise LinkClosed("the connection to the executor closed")
         self.ready.extend(frames)
 
-    def _set_timeout(self, option: int, seconds: float) -> None:
-        """A kernel timeout on a blocking socket: one system call per recv, no poll first."""
-        if seconds != self._timeouts[option]:
-            self._timeouts[option] = seconds
+    def _set_send_timeout(self, seconds: float) -> None:
+        """A kernel timeout on blocking sends: one system call per send, no poll first."""
+        if seconds != self._send_timeout:
+            self._send_timeout = seconds
             sec = max(seconds, 0.001)
             value = struct.pack("ll", int(sec), int((sec % 1) * 1e6))
-            self.sock.setsockopt(socket.SOL_SOCKET, option, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
     def send(self, frame: bytes, timeout: float) -> None:
         """Send ``frame`` whole, waiting at most ``timeout`` seconds for room."""
-        self._set_timeout(socket.SO_SNDTIMEO, timeout)
+        self._set_send_timeout(timeout)
         head, _ = parts = framed(frame)
         try:
             sent = self.sock.sendmsg(parts)

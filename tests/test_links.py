@@ -304,6 +304,59 @@ def test_a_local_peer_of_another_user_is_refused() -> None:
         pair.endpoint.close()
 
 
+def _voluntary_switches() -> int:
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as status:
+        return next(int(line.split()[1]) for line in status
+                    if line.startswith("voluntary_ctxt_switches:"))
+
+
+def test_a_worker_waiting_for_a_frame_sleeps_once_per_frame() -> None:
+    """A worker sends a result, then waits for its next task: the executor's reading of
+    that result frees the worker's send buffer, and must not wake the waiting worker. (A
+    wait inside ``recv`` did wake: the kernel signals room to write on the same wait queue,
+    so every round trip cost the worker a second, empty wake-up.) A forked child plays the
+    worker, single-threaded, and counts the times it went to sleep."""
+    rounds = 200
+    pair = _real("unix")
+    pair.worker.close()  # the child is the worker
+    report_r, report_w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the worker: a round trip at a time, then its count of sleeps
+            code = 1
+            try:
+                link = connect(pair.endpoint.local_name, "", max_frame=MAX,
+                               on_remove=lambda pipe: None)
+                link.send(b"hello", 10)
+                link.recv(10)
+                before = _voluntary_switches()
+                for i in range(rounds):
+                    link.send(b"result %d" % i, 10)
+                    assert link.recv(10) == b"task %d" % (i + 1)
+                os.write(report_w, b"%d" % (_voluntary_switches() - before))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(report_w)
+        (hello,) = pair.recv_all(1)
+        assert hello.bytes == b"hello"
+        pair.endpoint.bind(hello.pipe)
+        pair.endpoint.send_nowait(b"task 0")
+        for i in range(rounds):
+            (msg,) = pair.recv_all(1)
+            assert msg.bytes == b"result %d" % i
+            time.sleep(0.0005)  # the worker is asleep by now, before the task goes out
+            pair.endpoint.send_nowait(b"task %d" % (i + 1))
+        with os.fdopen(report_r, "rb") as report:
+            slept = int(report.read() or b"-1")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert 0 <= slept < rounds * 1.25, f"the worker slept {slept} times in {rounds} waits"
+    finally:
+        pair.worker.close()
+        pair.endpoint.close()
+
+
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.sampled_from([0, 1, 3, 4, 5, 100, 65_531, 65_536, 70_000,
                                        300_000, 700_000]), min_size=1, max_size=8),
