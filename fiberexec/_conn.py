@@ -110,6 +110,11 @@ class Conn:
 
 
 
+    def holds_alone(self) -> bool:
+        """Whether `admits` refuses every task until a result comes back: it holds one
+        task, of unknown length or a long one (the worker need not watch for more)."""
+        return len(self.inflight) == 1 and (self.unknown > 0 or self.load >= LONG_TASK)
+
     def measured_rtt(self, seconds: float) -> None:
         """The handshake's round trip: a far worker holds more, so it never waits for work."""
         self.window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)

@@ -10,7 +10,9 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | -- Auth(proof, shm_token) ---->  |   proof = HMAC(secret, "worker" | both nonces)
       | <-- Setup(initializer, ...) --  |   from here on both sides are authenticated
       | -- Initialized / InitFailed -->  |   after the initializer, if there is one
-      | <-- Tasks(functions, tasks) --  |   as many tasks as the worker has credit for
+      | <-- Tasks(functions, tasks,     |   as many tasks as the worker has credit for;
+      |           alone) -------------  |   alone: nothing more comes while they run
+      |                                 |   but control messages (the executor's word)
       | -- Results(results) ---------->  |   completions return credit
       | <-> Heartbeat                   |   sent when nothing else is; `Setup.silence` of
       |                                 |   silence means the peer is gone; a worker's
@@ -42,7 +44,7 @@ from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 3
+VERSION = 4
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -127,6 +129,9 @@ class Task(Record):
 class Tasks(NamedTuple):
     functions: Sequence[Payload]
     tasks: Sequence[Task]
+    # The executor sends no task to wait behind these while they run (their length is
+    # unknown, or long): the worker need not watch for any soon (see `worker.Watcher`).
+    alone: bool = False
 
 
 class Result(Record):
@@ -304,6 +309,7 @@ def _enc_setup(w: _Writer, m: Setup) -> None:
 
 
 def _enc_tasks(w: _Writer, m: Tasks) -> None:
+    w.pack("!B", m.alone)
     w.pack("!I", len(m.functions))
     for fn in m.functions:
         w.payload(fn)
@@ -533,6 +539,9 @@ def _dec_setup(r: _Reader) -> Setup:
 
 
 def _dec_tasks(r: _Reader) -> Tasks:
+    alone = r.uint("!B")
+    if alone > 1:
+        raise ProtocolError(f"a Tasks message's flag is {alone}, not 0 or 1")
     functions = [r.payload() for _ in range(r.count(_PAYLOAD.size))]
     tasks = []
     store = r.store
@@ -543,7 +552,7 @@ def _dec_tasks(r: _Reader) -> Tasks:
         if function >= len(functions):
             raise ProtocolError(f"task refers to function {function} of {len(functions)}")
         tasks.append(Task(task_id, function, r.payload_body(size, nbuffers)))
-    return Tasks(functions, tasks)
+    return Tasks(functions, tasks, bool(alone))
 
 
 def _dec_results(r: _Reader) -> Results:

@@ -736,7 +736,7 @@ class Shard:
             if len(conn.inflight) > 1:
                 self.holders[conn.worker_id] = conn
             self.idle.pop(conn.worker_id, None)
-            self._send_frame(conn, p.Tasks(functions, tasks), items)
+            self._send_frame(conn, p.Tasks(functions, tasks, conn.holds_alone()), items)
 
     def _hold(self, conn: Conn, item: WorkItem) -> bool:
         """``item`` goes to wait at ``conn`` behind its task: it stays pending, cancellable

@@ -54,6 +54,8 @@ LEAVE_TIMEOUT = 10.0  # seconds a leaving worker waits for the executor to hang 
 SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
 OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
 WATCH_AFTER = 0.005  # seconds a stretch of tasks runs before a second thread reads the link
+WATCH_ALONE = 0.5  # the same for a task nothing is sent to wait behind (`Tasks.alone`): only
+# a stack request can come, and it is answered within this
 M = TypeVar("M")
 
 
@@ -89,7 +91,7 @@ class Worker:
         self.heartbeat = 1.0
         self.silence = 30.0  # seconds of the executor's silence after which this worker leaves
         self.max_tasks = 0
-        self.tasks: deque[tuple[p.Task, _Functions]] = deque()
+        self.tasks: deque[tuple[p.Task, _Functions, bool]] = deque()  # and `Tasks.alone`
         self.stopping = False
         self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
         self.last_heard = time.monotonic()
@@ -242,7 +244,7 @@ class Worker:
     def _on_message(self, message: p.Message) -> None:
         if isinstance(message, p.Tasks):
             functions = _Functions(message.functions)
-            self.tasks.extend((t, functions) for t in message.tasks)
+            self.tasks.extend((t, functions, message.alone) for t in message.tasks)
         elif isinstance(message, p.Revoke):
             self._give_back(set(message.task_ids))
         elif isinstance(message, p.Bye):
@@ -308,13 +310,14 @@ class Worker:
                     continue
                 task = self.tasks.popleft()
             # While it runs, the executor may send more to wait behind it, and ask for
-            # some back: the watcher reads for this thread.
-            watcher.watch()
+            # some back: the watcher reads for this thread. (If the executor sends nothing
+            # to wait behind it, only a stack request can come: the watcher starts late.)
+            watcher.watch(WATCH_ALONE if task[2] else WATCH_AFTER)
             # After a slow task, this one's CPU time is taken too (two system calls, which a
             # quick task does without: the first slow one after quick ones counts as waiting).
             timed = slow
             cpu = time.thread_time() if timed else 0.0
-            result = self._run(*task)
+            result = self._run(task[0], task[1])
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
@@ -532,7 +535,10 @@ class Watcher:
     the watcher and putting it back to sleep for every task cost a quarter of a round trip,
     in a fight for the GIL with the task and its result). After a task that kept its
     thread on the CPU at least half its time, the stretch ends: the main thread reads
-    between such tasks, since the watcher could read only by taking the GIL from the next."""
+    between such tasks, since the watcher could read only by taking the GIL from the next.
+    A task the executor sends nothing to wait behind (`Tasks.alone`: its length is unknown
+    or long) can only be asked for its stack: the watcher starts after `WATCH_ALONE`, so a
+    task of tens of milliseconds wakes no second thread either."""
 
     def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
         self._fd = fd
@@ -545,12 +551,12 @@ class Watcher:
         threading.Thread(target=_guard(self._run), name="fiberexec-watcher",
                          daemon=True).start()
 
-    def watch(self) -> None:
-        """(Main thread) A task starts: read from `WATCH_AFTER` on, unless that began."""
+    def watch(self, after: float = WATCH_AFTER) -> None:
+        """(Main thread) A task starts: read from ``after`` seconds on, unless that began."""
         if not self._armed and not self._on:  # only this thread sets them from False
             with self._lock:
                 self._armed = True
-                self._timer.arm(WATCH_AFTER)
+                self._timer.arm(after)
 
     def unwatch(self) -> None:
         """(Main thread) About to read the link itself."""

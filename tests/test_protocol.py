@@ -31,6 +31,7 @@ messages = st.one_of(
             p.Tasks,
             st.just([fn]),
             st.lists(st.builds(p.Task, ids, st.just(0), payloads), max_size=4),
+            st.booleans(),
         )
     ),
     st.builds(

@@ -169,3 +169,22 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread() -> None:
         assert [f.result(timeout=60) for f in futures] == list(range(count))
         woken = ex.submit(tasks.thread_switches).result(timeout=60) - before
     assert woken < count // 4, f"the worker's other threads woke {woken} times in {count} tasks"
+
+
+def test_tasks_nothing_is_sent_behind_wake_no_second_thread() -> None:
+    """Tasks of tens of milliseconds go to a worker one at a time (nothing is queued behind
+    a task that long, or of unknown length): the executor says so with each, and the
+    worker's watcher, which could only hear a stack request then, starts after
+    `WATCH_ALONE` instead of after `WATCH_AFTER`. (It used to wake twice a task: when
+    its timer fired, and to be put back to sleep.)"""
+    from fiberexec import FiberExecutor
+    from tests import tasks
+
+    count = 20
+    with FiberExecutor(1, heartbeat=30) as ex:
+        ex.submit(tasks.sleep_return, 0.03).result(timeout=60)  # its length is known now
+        before = ex.submit(tasks.thread_switches).result(timeout=60)
+        futures = [ex.submit(tasks.sleep_return, 0.03, i) for i in range(count)]
+        assert [f.result(timeout=60) for f in futures] == list(range(count))
+        woken = ex.submit(tasks.thread_switches).result(timeout=60) - before
+    assert woken < count // 4, f"the worker's other threads woke {woken} times in {count} tasks"
