@@ -293,12 +293,13 @@ class Worker:
         outbox = self.outbox
         watcher = Watcher(self.link.fileno(), self.take_in)
         slow = False  # the last task ran long enough for more to be sent meanwhile
+        alone = False  # and none were: it came as `Tasks.alone`
         while not self.stopping or self.tasks:
             if not self.tasks:
                 # Tasks sent meanwhile keep the stretch going: past `WATCH_AFTER` the
                 # watcher takes them in while a task runs, and results go out beside it.
                 # (After a quick task, the system call would only delay a round trip.)
-                if slow:
+                if slow and not alone:
                     self.receive(block=False)
                 if not self.tasks:
                     watcher.unwatch()  # this thread waits on the link itself now
@@ -312,10 +313,12 @@ class Worker:
             # While it runs, the executor may send more to wait behind it, and ask for
             # some back: the watcher reads for this thread. (If the executor sends nothing
             # to wait behind it, only a stack request can come: the watcher starts late.)
-            watcher.watch(WATCH_ALONE if task[2] else WATCH_AFTER)
+            alone = task[2]
+            watcher.watch(WATCH_ALONE if alone else WATCH_AFTER)
             # After a slow task, this one's CPU time is taken too (two system calls, which a
             # quick task does without: the first slow one after quick ones counts as waiting).
-            timed = slow
+            # Not for one sent alone: its result goes out from here in any case.
+            timed = slow and not alone
             cpu = time.thread_time() if timed else 0.0
             result = self._run(task[0], task[1])
             del task  # its arguments' shared memory is free for the executor to fill again
