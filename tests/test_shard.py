@@ -321,6 +321,34 @@ def test_nothing_is_queued_behind_a_known_long_task(bench: Any) -> None:
     assert len(b.shard.queue) == 8  # for whichever worker finishes first
 
 
+def test_a_task_nothing_will_wait_behind_is_sent_alone(bench: Any) -> None:
+    """`Tasks.alone` tells the worker that only a stack request can come while the task
+    runs (its watcher starts late): true for a task of unknown length or a long one, sent
+    to a worker holding nothing; false once short tasks may be sent to wait behind."""
+    b = bench()
+    b.connect("w0")
+    b.submit(job, 1)
+    b.step()
+    (first,) = [m for m in b.links["w0"].take() if isinstance(m, p.Tasks)]
+    assert first.alone  # its length is unknown
+    b.answer("w0", [t.task_id for t in first.tasks], runtime=0.5)
+    b.step()
+    b.submit(job, 3)
+    b.step()
+    (long,) = [m for m in b.links["w0"].take() if isinstance(m, p.Tasks)]
+    assert long.alone and len(long.tasks) == 1  # known long: one at a time
+
+    short = bench()
+    short.connect("w0")
+    short.submit(job, 100)
+    short.step()
+    (first,) = [m for m in short.links["w0"].take() if isinstance(m, p.Tasks)]
+    short.answer("w0", [t.task_id for t in first.tasks], runtime=SHORT)
+    short.step()
+    (ahead,) = [m for m in short.links["w0"].take() if isinstance(m, p.Tasks)]
+    assert len(ahead.tasks) == 2 and not ahead.alone  # known short: one waits behind
+
+
 def test_estimates_are_kept_per_function(bench: Any) -> None:
     b = bench()
     b.connect("w0")
