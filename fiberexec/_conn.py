@@ -108,8 +108,6 @@ class Conn:
             return self.load < LONG_TASK and estimate < LONG_TASK
         return held < MAX_WINDOW and estimate < LONG_TASK and self.load + estimate <= self.window
 
-
-
     def holds_alone(self) -> bool:
         """Whether `admits` refuses every task until a result comes back: it holds one
         task, of unknown length or a long one (the worker need not watch for more)."""
