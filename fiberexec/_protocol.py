@@ -52,6 +52,7 @@ HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected 
 
 _HEADER = struct.Struct("!2sBB")
 _U32 = struct.Struct("!I")
+_U8 = struct.Struct("!B")
 _PAYLOAD = struct.Struct("!IH")  # pickle length, number of out-of-band buffers
 _BUFFER = struct.Struct("!BQ")  # mode (bits below), size
 _SHM = 1  # the buffer is in a shared-memory file, named next (else inline, after the header)
@@ -539,7 +540,7 @@ def _dec_setup(r: _Reader) -> Setup:
 
 
 def _dec_tasks(r: _Reader) -> Tasks:
-    alone = r.uint("!B")
+    (alone,) = r.unpack_struct(_U8)
     if alone > 1:
         raise ProtocolError(f"a Tasks message's flag is {alone}, not 0 or 1")
     functions = [r.payload() for _ in range(r.count(_PAYLOAD.size))]
