@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiberexec._conn import Conn, State
 from fiberexec._serialize import RemoteTraceback
+from fiberexec._stats import rounded_repr
 from fiberexec._task import WorkItem, describe_call
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ FailureRecord = tuple[WorkItem, "str | None", BaseException, float]
 V = TypeVar("V")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class TaskInfo:
     """A task running on a worker.
 
@@ -68,8 +69,10 @@ class TaskInfo:
     arguments: str
     started: float
 
+    __repr__ = rounded_repr
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, repr=False)
 class WorkerInfo:
     """One worker, as `FiberExecutor.workers` sees it.
 
@@ -101,8 +104,10 @@ class WorkerInfo:
     rss_bytes: int | None
     last_heard: float | None
 
+    __repr__ = rounded_repr
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, repr=False)
 class TaskSpan:
     """A finished task, for a task-stream view: where it ran, from when to when.
 
@@ -117,8 +122,10 @@ class TaskSpan:
     ended: float
     ok: bool
 
+    __repr__ = rounded_repr
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, repr=False)
 class Durations:
     """How long the tasks finished so far ran on their workers, every one of them counted
     once, as a histogram (the shape of Prometheus' ``fiberexec_task_duration_seconds``).
@@ -134,6 +141,8 @@ class Durations:
     counts: tuple[int, ...]
     total: float
 
+    __repr__ = rounded_repr
+
     @property
     def count(self) -> int:
         """Tasks counted: each whose worker sent back its outcome (a result or an
@@ -141,7 +150,7 @@ class Durations:
         return sum(self.counts)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class FailureInfo:
     """A task that failed: what it was, where it ran, and the error.
 
@@ -163,6 +172,8 @@ class FailureInfo:
     error: str
     traceback: str
     when: float
+
+    __repr__ = rounded_repr
 
 
 # ---------------------------------------------------------------------------- snapshots

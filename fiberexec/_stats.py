@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 
-@dataclass(frozen=True, repr=False)  # __repr__ below rounds the rate
+def rounded_repr(record: Any) -> str:
+    """A dataclass record as ``Name(field=value, ...)``, each float rounded (`_short`):
+    what a user prints reads at a glance; the attributes keep every digit."""
+    shown = ", ".join(f"{f.name}={_short(getattr(record, f.name))}" for f in fields(record))
+    return f"{type(record).__name__}({shown})"
+
+
+@dataclass(frozen=True, repr=False)  # rounded_repr rounds the rate
 class Stats:
     """A snapshot of an executor's workers and tasks.
 
@@ -29,13 +37,12 @@ class Stats:
     bytes_sent: int = 0  # to workers, over their links (shared-memory payloads not counted)
     bytes_received: int = 0  # from workers, likewise
 
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in fields(self))
-        return f"{type(self).__name__}({shown})"
+    __repr__ = rounded_repr
 
 
 def _short(value: object) -> str:
-    """A count as it is; a rate to one decimal, or three significant digits below 10."""
+    """A count as it is; a float (a rate, a time) to one decimal, or three significant
+    digits below 10."""
     if not isinstance(value, float):
         return repr(value)
     return repr(round(value, 1) if abs(value) >= 10 else float(f"{value:.3g}"))

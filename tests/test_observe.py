@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 import fiberexec
-from fiberexec import FailureInfo, FiberExecutor, TaskInfo, TaskSpan, WorkerInfo, WorkerLostError
+from fiberexec import (
+    Durations,
+    FailureInfo,
+    FiberExecutor,
+    TaskInfo,
+    TaskSpan,
+    WorkerInfo,
+    WorkerLostError,
+)
 from tests import tasks
 from tests.conftest import ExecutorFactory
 
@@ -213,6 +221,22 @@ def test_the_info_values_are_frozen_and_exported() -> None:
         info.task_id = 2  # type: ignore[misc]
     for name in ("WorkerInfo", "TaskInfo", "TaskSpan", "FailureInfo", "Durations"):
         assert name in fiberexec.__all__
+
+
+def test_the_info_values_print_rounded_and_keep_every_digit() -> None:
+    task = TaskInfo(3, "m.f", "1", 1795923217.1384485)
+    info = WorkerInfo("w1", "local", "10", "vm", "running", task, 2, 0, 35.72123379705076,
+                      17264640, 1795923217.1384485)
+    assert repr(info) == (
+        "WorkerInfo(worker_id='w1', backend='local', reference='10', host='vm', "
+        "state='running', task=TaskInfo(task_id=3, function='m.f', arguments='1', "
+        "started=1795923217.1), tasks_done=2, tasks_failed=0, cpu_percent=35.7, "
+        "rss_bytes=17264640, last_heard=1795923217.1)")
+    assert info.cpu_percent == 35.72123379705076 and task.started == 1795923217.1384485
+    assert repr(Durations((0.001, math.inf), (1, 2), 0.0123456)) == (
+        "Durations(bounds=(0.001, inf), counts=(1, 2), total=0.0123)")
+    assert repr(WorkerInfo("w2", "local", "", "", "starting", None, 0, 0, None, None, None)
+                ).endswith("cpu_percent=None, rss_bytes=None, last_heard=None)")
 
 
 def test_multiprocessing_pool_shows_its_workers() -> None:
