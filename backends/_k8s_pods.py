@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from fiberexec.backend import (
-    LABEL_KEY,
     ConfigurationError,
     WorkerSpec,
     WorkerState,
@@ -151,10 +150,6 @@ def _resources(spec: WorkerSpec) -> dict[str, str]:
     if res.gpu:
         amounts[GPU_RESOURCE] = str(res.gpu)
     return amounts
-
-
-def is_ours(pod: Mapping[str, Any]) -> bool:
-    return LABEL_KEY in (pod.get("metadata", {}).get("labels") or {})
 
 
 def worker_status(pod: Mapping[str, Any], *, pending_for: float, pending_deadline: float,

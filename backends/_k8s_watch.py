@@ -46,7 +46,6 @@ class PodWatcher:
         self._resp: Any = None
         self._thread = threading.Thread(target=self._run, name="fiberexec-kubernetes-watch",
                                         daemon=True)
-        self.relists = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -127,7 +126,6 @@ class PodWatcher:
             self._pods = {**kept, **fresh}
             for name, pod in vanished.items():
                 self._bury(name, pod)
-            self.relists += 1
             self._cond.notify_all()
         self._on_change(sorted({*fresh, *vanished}))
         return version

@@ -127,7 +127,6 @@ class Shard:
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.bytes_sent = self.bytes_received = 0  # frames over the workers' links
         self.arg_tally = Tally()  # large arguments kept by workers, and bytes that saved
-        self.moved = 0  # tasks given back unstarted by a worker, for a free one
         self.left_open: dict[str, ev.Link] = {}  # endpoints of workers starting at close
         self.items_done = self.items_failed = 0  # what done/failed carried: map items count
         self.losses = LossLog()
@@ -395,7 +394,6 @@ class Shard:
             if (item := conn.inflight.get(task_id)) is not None:
                 item.start()
         self.queue.extendleft(reversed(back))
-        self.moved += len(back)
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
             if not conn.inflight:
