@@ -10,6 +10,12 @@ with the one line that picks fiberexec instead (``import fiberexec.multiprocessi
 and which goes first swaps from one repeat to the next. The time is the wall time from just
 before the pool's constructor to the library's result, so start-up counts.
 
+A third system, for reference, is the standard library with the ``forkserver`` start method
+(``mp.get_context("forkserver").Pool`` or ``ProcessPoolExecutor(mp_context=...)``), its
+default on Linux from Python 3.14: like fiberexec it forks nothing from the user's process,
+so its workers import the program's libraries themselves, where the default ``fork``'s
+inherit them. The target is against the default (``fork`` on Python 3.11).
+
     python -m benchmarks.libraries              # median of 3, a few minutes
     python -m benchmarks.libraries --quick      # 1 repeat, smaller runs, about a minute
     python -m benchmarks.libraries --libraries emcee,scipy --repeat 5
@@ -31,12 +37,13 @@ import statistics
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("stdlib", "fiberexec")
-TARGET = 1.1  # fiberexec's time / the stdlib's
+SYSTEMS = ("stdlib", "fiberexec", "forkserver")
+TARGET = 1.1  # fiberexec's time / the stdlib's (its default start method, fork)
 #: library -> (the program's module in benchmarks.programs, the import name it needs)
 LIBRARIES: dict[str, tuple[str, str]] = {
     "emcee": ("emcee_fit", "emcee"),
@@ -62,17 +69,23 @@ Metrics = dict[str, Any]
 
 def pool_for(kind: str, system: str) -> Any:
     """What the program builds its pool with: the one line that differs between the runs."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if system == "forkserver":
+        context = multiprocessing.get_context("forkserver")
+        return context if kind == "pool" else partial(ProcessPoolExecutor, mp_context=context)
     if kind == "pool":
         if system == "stdlib":
-            import multiprocessing as mp
-        else:
-            import fiberexec.multiprocessing as mp
+            return multiprocessing
+        import fiberexec.multiprocessing as mp
+
         return mp
     if system == "stdlib":
-        from concurrent.futures import ProcessPoolExecutor as Executor
-    else:
-        from fiberexec import FiberExecutor as Executor
-    return Executor
+        return ProcessPoolExecutor
+    from fiberexec import FiberExecutor
+
+    return FiberExecutor
 
 
 def measure_one(library: str, system: str, size: str) -> Metrics:
@@ -122,7 +135,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     started, load_before = time.monotonic(), os.getloadavg()
     samples: dict[tuple[str, str], list[Metrics]] = {}
     for r in range(repeat):
-        order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
+        order = SYSTEMS[r % 3:] + SYSTEMS[:r % 3]  # each goes first in turn
         for library in runnable:
             for system in order:
                 began = time.monotonic()
@@ -146,9 +159,10 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def summarize(runs: list[list[Metrics]]) -> dict[str, Any]:
-    """Medians per system, the ratio of the medians, and the ratio of each repeat's pair."""
-    stdlib, ours = runs
-    entry: dict[str, Any] = {"runs": {"stdlib": stdlib, "fiberexec": ours}}
+    """Medians per system, the ratio of the medians, and the ratio of each repeat's pair
+    (fiberexec's time over the stdlib's; also over the forkserver's, for reference)."""
+    stdlib, ours, forkserver = runs
+    entry: dict[str, Any] = {"runs": dict(zip(SYSTEMS, runs, strict=True))}
     good = {name: [m for m in ms if "error" not in m] for name, ms in zip(SYSTEMS, runs,
                                                                          strict=True)}
     for name in SYSTEMS:
@@ -163,6 +177,10 @@ def summarize(runs: list[list[Metrics]]) -> dict[str, Any]:
     entry["ratio"] = ratio
     entry["ratios"] = [b["seconds"] / a["seconds"] for a, b in zip(stdlib, ours, strict=True)
                        if "error" not in a and "error" not in b]
+    entry["ratio_forkserver"] = ratio * entry["stdlib"]["seconds"] / entry["forkserver"]["seconds"]
+    entry["ratios_forkserver"] = [b["seconds"] / a["seconds"]
+                                  for a, b in zip(forkserver, ours, strict=True)
+                                  if "error" not in a and "error" not in b]
     entry["verdict"] = "holds" if ratio <= TARGET else "falls short"
     return entry
 
@@ -170,25 +188,27 @@ def summarize(runs: list[list[Metrics]]) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| library | pool handed over as | evaluations (ms each) | stdlib, s (efficiency) "
-        "| fiberexec, s (efficiency) | fiberexec/stdlib | all ratios | target | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| fiberexec, s (efficiency) | fiberexec/stdlib | all ratios | target | verdict "
+        "| stdlib forkserver, s | fiberexec/forkserver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for library, entry in results.items():
         if "skipped" in entry:
             lines.append(f"| {library} | {HOW[library]} | skipped: {entry['skipped']} "
-                         "| - | - | - | - | - | not measured |")
+                         "| - | - | - | - | - | not measured | - | - |")
             continue
         if "error" in entry:
             lines.append(f"| {library} | {HOW[library]} | error: {entry['error'][:80]} "
-                         f"| - | - | - | - | <= {TARGET} | not measured |")
+                         f"| - | - | - | - | <= {TARGET} | not measured | - | - |")
             continue
-        std, ours = entry["stdlib"], entry["fiberexec"]
+        std, ours, server = entry["stdlib"], entry["fiberexec"], entry["forkserver"]
         lines.append(
             f"| {library} | {HOW[library]} | {ours['evaluations']:.0f} ({ours['eval_ms']:.2f}) "
             f"| {std['seconds']:.2f} ({std['efficiency']:.2f}) "
             f"| {ours['seconds']:.2f} ({ours['efficiency']:.2f}) | {entry['ratio']:.2f}x "
             f"| {', '.join(f'{r:.2f}' for r in entry['ratios'])} | <= {TARGET}x "
-            f"| {entry['verdict']} |")
+            f"| {entry['verdict']} | {server['seconds']:.2f} ({server['efficiency']:.2f}) "
+            f"| {entry['ratio_forkserver']:.2f}x |")
     return "\n".join(lines)
 
 
