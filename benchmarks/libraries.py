@@ -6,8 +6,8 @@ Nevergrad's `optimizer.minimize(executor=ex)`, pymoo's `StarmapParallelization(p
 and DEAP's ``toolbox.register("map", pool.map)``. Each runs once on the standard library
 (`multiprocessing.Pool(2)` or `ProcessPoolExecutor(2)`, whichever the library takes) and once
 with the one line that picks fiberexec instead (``import fiberexec.multiprocessing as mp`` or
-`FiberExecutor(2)`). Every run is a fresh process; the two systems alternate within a repeat,
-and which goes first swaps from one repeat to the next. The time is the wall time from just
+`FiberExecutor(2)`). Every run is a fresh process; the systems alternate within a repeat,
+and each goes first in turn from one repeat to the next. The time is the wall time from just
 before the pool's constructor to the library's result, so start-up counts.
 
 A third system, for reference, is the standard library with the ``forkserver`` start method
@@ -177,7 +177,7 @@ def summarize(runs: list[list[Metrics]]) -> dict[str, Any]:
     entry["ratio"] = ratio
     entry["ratios"] = [b["seconds"] / a["seconds"] for a, b in zip(stdlib, ours, strict=True)
                        if "error" not in a and "error" not in b]
-    entry["ratio_forkserver"] = ratio * entry["stdlib"]["seconds"] / entry["forkserver"]["seconds"]
+    entry["ratio_forkserver"] = entry["fiberexec"]["seconds"] / entry["forkserver"]["seconds"]
     entry["ratios_forkserver"] = [b["seconds"] / a["seconds"]
                                   for a, b in zip(forkserver, ours, strict=True)
                                   if "error" not in a and "error" not in b]
