@@ -77,6 +77,9 @@ _ARENAS = "MALLOC_ARENA_MAX"
 
 FRESH_FIRST = 2  # workers started as new processes before the launcher takes over (as many
 # as a small machine's cores: a pool of that size never needs the launcher)
+LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) are replaced up
+# to this many times; after that, or if one fails before it forks, workers start afresh
+LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher that failed a fork is given to have exited
 
 
 def _executor_pid() -> str:
@@ -141,6 +144,7 @@ class LocalBackend(Backend):
         self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._closes = 0  # calls of close(): a start it overtook is not a launcher failure
+        self._restarts = 0  # launchers replaced after they died (`LAUNCHER_RESTARTS`)
         self._lock = threading.Lock()
         self._logdir: Path | None = None
         self._exit_watch = ExitWatch()
@@ -159,10 +163,11 @@ class LocalBackend(Backend):
                     raise PermanentBackendError(
                         f"cannot start worker {spec.worker_id}: the backend was closed while "
                         "it started") from None
-                # the launcher cannot run: start workers afresh
-                self.use_launcher = False
-                log.warning("the worker launcher failed (%s); starting each worker as a new "
-                            "process instead", exc)
+                with self._lock:  # the launcher cannot run: start workers afresh
+                    first, self.use_launcher = self.use_launcher, False
+                if first:  # said once, though several starts failed with it
+                    log.warning("the worker launcher failed (%s); starting each worker as a "
+                                "new process instead", exc)
         return self._spawn_worker(spec, env)
 
     def _spawn_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
@@ -244,6 +249,8 @@ class LocalBackend(Backend):
         except LauncherError:
             with self._lock:
                 self._spawning -= 1
+            if self._replaced(launcher):
+                return self._fork_worker(spec, env, program)
             self._close_idle_launcher()
             raise
         with self._lock:
@@ -268,6 +275,29 @@ class LocalBackend(Backend):
                         "pass python= to LocalBackend") from exc
             self._spawning += 1
             return self._launcher
+
+    def _replaced(self, launcher: Launcher) -> bool:
+        """Whether a fork that ``launcher`` failed may be asked of a new one: it forked
+        workers, then its process ended (killed, say), and fewer than `LAUNCHER_RESTARTS`
+        were replaced; or another start has replaced it already. Its children live on."""
+        try:  # its socket closes as it exits, a moment before its status can be read
+            code = launcher.proc.wait(timeout=LAUNCHER_EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            code = None  # alive: it failed this fork (or never answered), no replacement
+        with self._lock:
+            if self._launcher is not launcher:
+                return self._launcher is not None
+            if code is None or not launcher.forked or self._restarts >= LAUNCHER_RESTARTS:
+                return False
+            self._launcher = None
+            self._restarts += 1
+            restarts = self._restarts
+        launcher.close()
+        ended = WorkerStatus(WorkerState.EXITED, exit_code=code).describe()
+        log.warning("the worker launcher (pid %d) %s after it forked %d process(es); a new "
+                    "one forks the next (replacement %d of %d)", launcher.proc.pid, ended,
+                    launcher.forked, restarts, LAUNCHER_RESTARTS)
+        return True
 
     def _fork_exited(self, proc: ForkedProcess) -> None:
         with self._lock:

@@ -110,6 +110,7 @@ class Launcher:
             theirs.close()
         self._waiting: deque[queue.SimpleQueue[tuple[Any, ...]]] = deque()  # in request order
         self._children: dict[int, ForkedProcess] = {}
+        self.forked = 0  # processes it forked: a launcher that did, then went, was killed
         self._lock = threading.Lock()  # a request's send and its place in `_waiting` together
         self._reader = threading.Thread(target=self._read, name="fiberexec-local-launcher",
                                         daemon=True)
@@ -166,6 +167,7 @@ class Launcher:
             case ("spawned", pid):
                 child = ForkedProcess(pid, fds[0])
                 self._children[pid] = child
+                self.forked += 1
                 self._reply(("spawned", child))
             case ("failed", why):
                 self._reply(("failed", why))

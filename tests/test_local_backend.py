@@ -306,3 +306,40 @@ def test_a_start_that_shutdown_overtakes_is_dropped_quietly(
     assert all("SIGSEGV" in message for message in warnings), warnings
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
     assert len(started) <= 4, started
+
+
+def _pids_of_all(ex: Any, count: int, seen: set[int] | None = None) -> set[int]:
+    """Run short tasks until ``count`` worker processes not in ``seen`` ran one (each round
+    waits for its tasks: no sleeping between rounds); bounded by 100 rounds."""
+    found: set[int] = set()
+    for _ in range(100):
+        found |= {f.result(timeout=60) for f in [ex.submit(tasks.sleep_pid, 0.1)
+                                                  for _ in range(8)]} - (seen or set())
+        if len(found) >= count:
+            return found
+    raise AssertionError(f"only {len(found)} of {count} workers ran a task: {found}")
+
+
+def test_a_killed_launcher_is_replaced_and_forks_the_next_worker(
+        make_executor: ExecutorFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """The launcher killed from outside (its children live on), then a forked worker killed:
+    the replacement is forked by a new launcher, not started as a fresh interpreter, and the
+    replacement of the launcher is said once, with how the old one ended."""
+    import psutil
+
+    caplog.set_level("WARNING", logger="fiberexec")
+    ex = make_executor(4)
+    pids = _pids_of_all(ex, 4)
+    old = [p for p in psutil.Process().children() if "--launcher" in p.cmdline()]
+    assert len(old) == 1
+    forked = [pid for pid in pids if _parent(pid) == old[0].pid]
+    assert len(forked) == 2  # the first two start afresh
+    old[0].kill()  # (not waited for here: its status is the backend's to read)
+    os.kill(forked[0], signal.SIGKILL)
+    (new_pid,) = _pids_of_all(ex, 1, seen=pids)
+    launcher = psutil.Process(_parent(new_pid))
+    assert launcher.pid != old[0].pid and "--launcher" in launcher.cmdline()
+    assert launcher.ppid() == os.getpid()
+    said = [r.getMessage() for r in caplog.records if "launcher" in r.getMessage()]
+    assert len(said) == 1 and "killed by signal 9 (SIGKILL)" in said[0], said
+    assert "a new one forks the next (replacement 1 of 3)" in said[0]
