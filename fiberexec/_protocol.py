@@ -254,14 +254,15 @@ class _Writer:
         shm = self.shm
         if shm is not None and shm.executor_id is not None and view.nbytes >= shm.threshold:
             name = _shm.write(shm.executor_id, view, keep=bool(keep))
-            shm.created.append(name)
-            self.pack("!BQ", _SHM | keep, view.nbytes)
-            self.parts.append(key)
-            self.text(name)
-        else:
-            self.pack("!BQ", keep, view.nbytes)
-            self.parts.append(key)
-            self.parts.append(view)
+            if name is not None:  # (None: no room there; it goes inline)
+                shm.created.append(name)
+                self.pack("!BQ", _SHM | keep, view.nbytes)
+                self.parts.append(key)
+                self.text(name)
+                return
+        self.pack("!BQ", keep, view.nbytes)
+        self.parts.append(key)
+        self.parts.append(view)
 
     def _key(self, view: memoryview) -> bytes:
         # One digest per buffer owner per frame: a map's tasks share one parameter vector.

@@ -18,11 +18,15 @@ receiver unlinks as it maps it (as does a buffer the receiver keeps for good: `w
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import mmap
 import os
 import threading
 import weakref
 from typing import NamedTuple
+
+log = logging.getLogger("fiberexec")
 
 SHM_DIR = "/dev/shm"
 PREFIX = "fiberexec-"
@@ -42,22 +46,70 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
-def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str:
+def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str | None:
     """Copy ``buffer`` into shared memory and return the file's name: a free file of this
-    process's pool, else (or when the receiver will ``keep`` it) a new file of its own."""
+    process's pool, else (or when the receiver will ``keep`` it) a new file of its own.
+    None when shared memory has no room for it (nothing of it is left there): the caller
+    sends the bytes another way."""
     view = buffer.cast("B")
-    if not keep:
-        segment = _pools.get(executor_id).claim(len(view))
-        if segment is not None:
-            _write_all(segment.fd, view, FLAG)
-            return segment.name
-    name = f"{PREFIX}{executor_id}-{os.urandom(8).hex()}"
-    fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        _write_all(fd, view, 0)
-    finally:
-        os.close(fd)
+        if not keep:
+            pool = _pools.get(executor_id)
+            segment = pool.claim(len(view))
+            if segment is not None:
+                try:
+                    _write_all(segment.fd, view, FLAG)
+                except OSError:
+                    pool.remove(segment)  # its pages go back: a later buffer may fit
+                    raise
+                return segment.name
+        if not _room_for(len(view)):
+            return None
+        name = f"{PREFIX}{executor_id}-{os.urandom(8).hex()}"
+        fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            _write_all(fd, view, 0)
+        except OSError:
+            os.unlink(_path(name))
+            raise
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        _no_room(len(view))
+        return None
     return name
+
+
+_NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EFBIG)
+_said_no_room = False  # the warning is given once per process
+
+
+def _room_for(size: int) -> bool:
+    """Whether /dev/shm has ``size`` bytes free (`_no_room` says so when it has not)."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return True  # no figures: the write will tell
+    if stat.f_bavail * stat.f_frsize >= size:
+        return True
+    _no_room(size, stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
+    return False
+
+
+def _no_room(size: int, free: int | None = None, total: int | None = None) -> None:
+    global _said_no_room
+    if _said_no_room:
+        return
+    _said_no_room = True
+    room = "" if free is None or total is None else (
+        f" ({free / 2**20:.1f} MiB free of {total / 2**20:.1f} MiB)")
+    log.warning(
+        "shared memory (%s) has no room for a %.1f MiB buffer%s: large arguments and results "
+        "that do not fit go through the connection instead, which is slower. Give %s more "
+        "room: in Docker, `docker run --shm-size=2g`; in Kubernetes, an emptyDir volume with "
+        "medium: Memory mounted there", SHM_DIR, size / 2**20, room, SHM_DIR)
 
 
 def _write_all(fd: int, view: memoryview, offset: int) -> None:
@@ -138,7 +190,7 @@ class _Pool:
 
     def claim(self, size: int) -> Segment | None:
         """A free file of at least ``size`` bytes, marked busy; None when there is none and
-        no room for another."""
+        the pool may not grow (OSError when shared memory has no room for another)."""
         with self.lock:
             for segment in self.segments:
                 if segment.capacity >= size and os.pread(segment.fd, 1, 0) == b"\0":
@@ -152,11 +204,24 @@ class _Pool:
                     f"{os.urandom(4).hex()}")
             fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
                          0o600)
-            os.ftruncate(fd, FLAG + capacity)
-            os.pwrite(fd, b"\1", 0)
+            try:
+                os.ftruncate(fd, FLAG + capacity)
+                os.pwrite(fd, b"\1", 0)
+            except OSError:  # no room (`write` says so)
+                os.close(fd)
+                os.unlink(_path(name))
+                raise
             segment = Segment(name, fd, capacity)
             self.segments.append(segment)
             return segment
+
+    def remove(self, segment: Segment) -> None:
+        """Unlink a file whose write failed (it was marked busy: no one maps it)."""
+        with self.lock:
+            self.segments.remove(segment)
+        os.close(segment.fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_path(segment.name))
 
     def drop(self) -> None:
         with self.lock:
@@ -212,8 +277,9 @@ def remove_all(executor_id: str) -> int:
 
 
 def write_probe(executor_id: str, token: bytes) -> str:
-    """A file whose content proves a peer shares our /dev/shm (see `check_probe`)."""
-    return write(executor_id, memoryview(token), keep=True)  # a file of its own
+    """A file whose content proves a peer shares our /dev/shm (see `check_probe`); "" when
+    there is no room for it (then nothing goes through shared memory)."""
+    return write(executor_id, memoryview(token), keep=True) or ""  # a file of its own
 
 
 def check_probe(name: str, token_size: int) -> bytes | None:

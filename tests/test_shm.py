@@ -107,3 +107,59 @@ def test_remove_all_removes_only_this_executors_files_and_copes_without_dev_shm(
         _shm.remove_all(f"{executor_id}x")
     monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path / "absent"))
     assert _shm.remove_all(executor_id) == 0
+
+
+# A process whose files may not grow past 2 MiB (RLIMIT_FSIZE; SIGXFSZ ignored, so a write
+# past it fails with EFBIG): shared memory has no room for a 4 MiB buffer, as a container's
+# small /dev/shm has none, with no privilege needed to set it up.
+_NO_ROOM_PRELUDE = """
+import logging, os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+"""
+
+
+def _run_without_room(program: str) -> list[str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NO_ROOM_PRELUDE + program], text=True,
+                          capture_output=True, timeout=120, check=False,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_buffer_shared_memory_has_no_room_for_is_refused_and_leaves_nothing(
+        executor_id: str) -> None:
+    lines = _run_without_room(f"""
+from fiberexec import _shm
+big, small = memoryview(b"x" * (4 << 20)), memoryview(b"y" * (512 << 10))
+print(_shm.write("{executor_id}", big))  # a pooled file: refused as it is sized
+print(_shm.write("{executor_id}", big, keep=True))  # a file of its own: refused mid-write
+kept = _shm.write("{executor_id}", small, keep=True)
+print(kept is not None and bytes(_shm.take(kept, 512 << 10)[:2]).decode())
+print(_shm.write("{executor_id}", small) is not None)  # the pool still serves what fits
+""")
+    assert lines[-4:] == ["None", "None", "yy", "True"], lines
+    warnings = [line for line in lines if line.startswith("LOG")]
+    assert len(warnings) == 1 and "no room for a 4.0 MiB buffer" in warnings[0]
+    assert "--shm-size" in warnings[0]
+    assert all(_shm.POOL_TAG in name for name in _files(executor_id))  # no partial file
+
+
+def test_arguments_and_results_shared_memory_has_no_room_for_go_inline() -> None:
+    lines = _run_without_room("""
+import numpy as np
+from fiberexec import FiberExecutor, _shm
+from tests import tasks
+data = np.arange(1 << 19, dtype=np.float64)  # 4 MiB
+with FiberExecutor(2) as ex:
+    back = ex.submit(tasks.identity, data).result(timeout=60)
+    eid = ex._pool.session.executor_id
+    print(bool((back == data).all()), back.nbytes)
+print([name for name in os.listdir(_shm.SHM_DIR) if eid in name])
+""")
+    assert lines[-2:] == ["True 4194304", "[]"], lines
+    assert sum("no room" in line for line in lines) == 1, lines  # said once, by the executor
