@@ -1,7 +1,8 @@
 """`Value`, `Array`, `RawValue`, `RawArray`: ctypes objects in memory shared by processes.
 
     RawArray("d", 8)   -> a file in /dev/shm (16-byte token, then the data), mapped here;
-                          the ctypes object is a view of the mapping (zero copy)
+                          the ctypes object is a view of the mapping (zero copy); where
+                          /dev/shm has no room for it, a file in the temporary directory
     pickle(it)         -> (type, file name, token, the creator's broker address and secret)
     unpickle elsewhere -> the file is there with the same token: map it (same host: zero
                           copy, exactly like the standard library);
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import multiprocessing.sharedctypes as _std_sharedctypes
 import os
 import secrets
+import tempfile
 import weakref
 from typing import Any
 
@@ -49,23 +52,53 @@ def _shared_type(base: Any) -> Any:
 
 
 def _new(type_: Any) -> Any:
-    size = ctypes.sizeof(type_)
+    size = HEADER + ctypes.sizeof(type_)
     token = secrets.token_bytes(HEADER)
     name = f"{_shm.PREFIX}mp{os.getpid()}-{secrets.token_hex(8)}"
-    if _shm.available():
-        path = os.path.join(_shm.SHM_DIR, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, HEADER + size)
-            mapping = mmap.mmap(fd, HEADER + size)
-        finally:
-            os.close(fd)
-        weakref.finalize(mapping, _unlink, path)
-    else:  # no /dev/shm: private memory, other processes reach it through the broker
-        mapping = mmap.mmap(-1, HEADER + size)
+    mapping = None
+    for directory in _directories():
+        mapping = _file_mapping(os.path.join(directory, name), size)
+        if mapping is not None:
+            if directory != _shm.SHM_DIR:
+                name = os.path.join(directory, name)  # a path: `_attach` finds it there
+            break
+    else:  # no room in a file: private memory, other processes reach it through the broker
+        mapping = mmap.mmap(-1, size)
     mapping[:HEADER] = token
     _mapped[name] = mapping
     return _view(type_, mapping, name, token)
+
+
+def _directories() -> list[str]:
+    """Where a shared object's file may go: /dev/shm, then (as the standard library's heap
+    does when /dev/shm is too small, a container's 64 MiB, say) the temporary directory."""
+    return [_shm.SHM_DIR] * _shm.available() + [tempfile.gettempdir()]
+
+
+def _file_mapping(path: str, size: int) -> mmap.mmap | None:
+    """A new file of ``size`` bytes at ``path``, its pages allocated now, mapped (removed
+    when the mapping is collected); None when its file system has no room for it. A file
+    mapped with pages it cannot get would kill the process (SIGBUS) at its first write."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                _unlink(path)
+                return None
+            os.ftruncate(fd, size)  # a file system without fallocate: pages on first use
+        mapping = mmap.mmap(fd, size)
+    except OSError:
+        _unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    weakref.finalize(mapping, _unlink, path)
+    return mapping
 
 
 def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
@@ -112,7 +145,7 @@ def _rebuild(  # noqa: PLR0917  # a pickle's reconstructor takes its arguments p
 
 def _attach(name: str, token: bytes) -> mmap.mmap | None:
     """Map the creator's file if this host sees it (and it is the same file)."""
-    try:
+    try:  # a name in /dev/shm, or a path (`_new`)
         fd = os.open(os.path.join(_shm.SHM_DIR, name), os.O_RDWR)
     except (OSError, ValueError):
         return None

@@ -45,6 +45,12 @@ def fill_array(arr: Any, value: Any) -> None:
         arr[i] = value * i
 
 
+def double_ends(arr: Any) -> None:
+    """Double the first and last items (two reads and two writes, wherever ``arr`` is)."""
+    arr[0] *= 2
+    arr[len(arr) - 1] *= 2
+
+
 def write_values(v: Any, raw: Any, s: Any) -> None:
     v.value = 2.5
     raw[1] = 7

@@ -296,3 +296,51 @@ def test_children_run_with_the_stdlib_authkey_for_stdlib_managers(
         p.start()
         p.join(60)
         assert p.exitcode == 0 and d["from child"] == 1
+
+
+def test_an_array_dev_shm_cannot_hold_is_shared_from_the_temporary_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    """As the standard library's heap does when /dev/shm is too small (a container's 64 MiB):
+    the file goes to the temporary directory, and children map it there."""
+    import tempfile
+
+    from fiberexec import _shm
+
+    monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path) + "/none")  # here: no /dev/shm
+    arr = fmp.RawArray("i", 1000)
+    mine = [n for n in os.listdir(tempfile.gettempdir())
+            if n.startswith(f"fiberexec-mp{os.getpid()}-")]
+    assert len(mine) == 1
+    p = _start(fmp, t.fill_array, arr, 3)
+    p.join(60)
+    assert p.exitcode == 0
+    assert arr[:4] == [0, 3, 6, 9] and arr[999] == 2997
+    del arr
+    gc.collect()
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), mine[0]))
+
+
+def test_an_array_no_file_system_has_room_for_lives_in_this_process() -> None:
+    """No room for its file anywhere (writes past 2 MiB refused): the array is this process's
+    memory, which children reach through its broker (the stdlib's raises OSError), where a
+    file whose pages cannot be had would kill the process (SIGBUS) at its first write."""
+    import subprocess
+    import sys
+
+    program = """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+import fiberexec.multiprocessing as mp
+from tests.mp import compat_tasks as t
+if __name__ == "__main__":
+    arr = mp.RawArray("d", 1 << 19)  # 4 MiB
+    arr[0], arr[-1] = 0.25, 1.5
+    p = mp.Process(target=t.double_ends, args=(arr,)); p.start(); p.join(120)
+    print(p.exitcode, arr[:2], arr[-1])
+"""
+    done = subprocess.run([sys.executable, "-c", program], text=True, capture_output=True,
+                          timeout=180, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "0 [0.5, 0.0] 3.0"
