@@ -24,6 +24,7 @@ from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._errors import ConfigurationError
+from fiberexec._protocol import MAX_MESSAGE
 from fiberexec._registry import check_backend_name
 from fiberexec._retry import RetryPolicy
 from fiberexec._tls import TLSOptions
@@ -32,7 +33,7 @@ ENV_PREFIX = "FIBEREXEC_"
 ENV_BACKEND = "FIBEREXEC_BACKEND"
 ENV_CONFIG = "FIBEREXEC_CONFIG"
 FILE_NAME = ".fiberexec.toml"
-DEFAULT_MAX_MESSAGE = 1 << 31
+DEFAULT_MAX_MESSAGE = MAX_MESSAGE
 ARGUMENT, DEFAULT = "argument", "default"
 CURRENT_DIRECTORY = "the current directory"
 

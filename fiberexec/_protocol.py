@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from fiberexec import _argcache, _shm
 from fiberexec._argcache import Mirror, Store
-from fiberexec._errors import ProtocolError
+from fiberexec._errors import ProtocolError, SerializationError
 from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
@@ -48,6 +48,9 @@ VERSION = 4
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
+MAX_MESSAGE = 1 << 31  # the longest message a link carries
+BATCH_ROOM = 64 << 20  # a message's other tasks (or results) take less than this beside one
+MAX_PAYLOAD = MAX_MESSAGE - BATCH_ROOM  # what one task's arguments or result may put in one
 HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected unread
 
 _HEADER = struct.Struct("!2sBB")
@@ -198,6 +201,28 @@ class Stack(NamedTuple):
 
 Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
            | Initialized | Revoke | Revoked | DumpStack | Stack)
+
+
+def check_fits(payload: Payload, shared: bool, what: str) -> int:
+    """The bytes ``payload`` puts in a message: all of them, or, where the peer shares this
+    host's shared memory, all but its large buffers (those go there). Raises
+    `SerializationError` naming ``what`` when that is more than `MAX_PAYLOAD`."""
+    nbytes = payload.nbytes if not shared else len(payload.data) + sum(
+        b.nbytes for b in payload.buffers if b.nbytes < SHM_THRESHOLD)
+    if nbytes > MAX_PAYLOAD:
+        raise SerializationError(
+            f"{what} pickle to {_size(nbytes)}, more than the {_size(MAX_PAYLOAD)} one "
+            "message may carry between an executor and a worker that do not share shared "
+            "memory (another host, a container without the host's /dev/shm); send the data "
+            "in pieces, or put it where the other side can read it (a file, an object store) "
+            "and send its name")
+    return nbytes
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 1 << 30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes} bytes"
 
 
 class ShmPolicy:

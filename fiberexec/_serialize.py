@@ -67,7 +67,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
         if b"__main__" not in data and NEEDS_STDLIB not in data:
-            return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
+            return _payload(data, buffers)
     except Exception:
         pass
     buffers.clear()
@@ -80,7 +80,39 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
             "tasks need picklable functions, arguments and results"
         ) from exc
+    return _payload(data, buffers)
+
+
+STREAM_APART = 1 << 20  # a pickle stream this long travels as a buffer of its own
+
+
+def _payload(data: bytes, buffers: list[pickle.PickleBuffer]) -> Payload:
+    """The stream and its buffers; a stream of `STREAM_APART` bytes or more (a long list of
+    Python objects) becomes an out-of-band buffer itself, behind a few bytes that unpickle
+    it (`_loads_apart`), so it moves as a numpy array does: through shared memory where the
+    peer shares it, with no copy into a message, and no limit on a message's size."""
+    if len(data) >= STREAM_APART:
+        inner = [memoryview(data), *(b.raw() for b in buffers)]
+        outer: list[pickle.PickleBuffer] = []
+        stub = pickle.dumps(_Apart(inner), protocol=PROTOCOL, buffer_callback=outer.append)
+        return Payload(stub, [b.raw() for b in outer])
     return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
+
+
+class _Apart:
+    """Pickles to ``_loads_apart(stream, *buffers)``, each one out of band."""
+
+    __slots__ = ("views",)
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+
+    def __reduce__(self) -> tuple[Any, tuple[pickle.PickleBuffer, ...]]:
+        return _loads_apart, tuple(pickle.PickleBuffer(v) for v in self.views)
+
+
+def _loads_apart(stream: memoryview, *buffers: memoryview) -> Any:
+    return pickle.loads(stream, buffers=buffers)
 
 
 def dumps_for_workers(obj: Any, *, what: str) -> Payload:

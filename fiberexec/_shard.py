@@ -698,6 +698,7 @@ class Shard:
         keys: dict[int, tuple[str, int]] = {}  # id(fn) -> its key and allowance
         tasks: list[p.Task] = []
         items: list[WorkItem] = []
+        batched = 0  # bytes the tasks so far put in the message
         queue, estimates = self.queue, self.estimates
         while len(items) < n and queue:
             item = queue[0]
@@ -721,6 +722,7 @@ class Shard:
                     functions.append(dumps_function(item.fn))
                     index[fn_id] = len(functions) - 1
                 args = dumps((item.args, item.kwargs), what="arguments")
+                size = p.check_fits(args, conn.shm, "the arguments and their buffers")
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)
                 continue
@@ -728,6 +730,9 @@ class Shard:
             conn.inflight[item.task_id] = item
             tasks.append(p.Task(item.task_id, index[fn_id], args))
             items.append(item)
+            batched += size
+            if batched >= p.BATCH_ROOM:  # so one more task of any size fits beside these
+                break
         if tasks:
             if len(conn.inflight) == len(tasks):  # it held nothing: the first starts now
                 conn.head_since = self.clock()

@@ -44,7 +44,6 @@ from fiberexec._timer import OneShot
 EXIT_AUTH_FAILED = 3
 EXIT_NO_EXECUTOR = 4
 EXIT_INIT_FAILED = 5
-MAX_MESSAGE = 1 << 31
 FLUSH_COUNT = 512
 FLUSH_BYTES = 8 << 20
 FLUSH_AGE = 0.0008  # seconds a finished result may wait for others to share its message
@@ -82,7 +81,7 @@ class Worker:
 
             self.tls = client_config(config.tls_cert, config.tls_server_name)
         self.link: WorkerLink = connect(
-            config.local_address, config.address, max_frame=MAX_MESSAGE,
+            config.local_address, config.address, max_frame=p.MAX_MESSAGE,
             on_remove=self._on_disconnect, tls=self.tls,
         )
         self.shm = p.ShmPolicy()
@@ -110,7 +109,7 @@ class Worker:
             if self.link.kind != "unix" or not self.config.address:
                 _die(EXIT_NO_EXECUTOR, "the executor hung up during the handshake")
         self.link.close()
-        self.link = dial(self.config.address, max_frame=MAX_MESSAGE,
+        self.link = dial(self.config.address, max_frame=p.MAX_MESSAGE,
                          on_remove=self._on_disconnect, tls=self.tls)
         try:
             return self._handshake()
@@ -357,6 +356,7 @@ class Worker:
             args, kwargs = loads(task.args, what="arguments")
             value = fn(*args, **kwargs)
             payload, status = dumps(value, what="result"), p.Status.OK
+            p.check_fits(payload, self.shm.executor_id is not None, "the result and its buffers")
         except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
             if isinstance(exc, MemoryError):
                 _note_memory_limit(exc)

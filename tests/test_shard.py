@@ -843,3 +843,53 @@ def test_cancelling_a_held_task_that_already_failed_asks_nobody(bench: Any) -> N
     assert items[2].future.exception(timeout=0) is not None
     assert not items[2].future.cancel()  # from this thread, with no shard thread to answer
     assert not b.shard.events  # no question was posted to the shard
+
+
+# ---------------------------------------------------------------- message sizes
+
+def _submit_args(b: Bench, args: tuple[Any, ...], n: int) -> list[WorkItem]:
+    items = []
+    for _ in range(n):
+        b._task_ids += 1
+        item = WorkItem(b._task_ids, TaskFuture(), job, args, {})
+        b.shard.put(item)
+        items.append(item)
+    return items
+
+
+def test_arguments_no_message_can_carry_fail_their_task_and_not_the_worker(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The limit made small here: a real one is 1.94 GiB, for a worker that does not share
+    this host's shared memory.)"""
+    from fiberexec._errors import SerializationError
+
+    monkeypatch.setattr(p, "MAX_PAYLOAD", 4000)
+    b = bench()
+    link = b.connect("w0")
+    [big] = _submit_args(b, (b"x" * 5000,), 1)
+    [small] = _submit_args(b, (b"y" * 100,), 1)
+    b.step()
+    with pytest.raises(SerializationError, match="pickle to 5.* bytes, more than the 4000 "
+                       "bytes one message may carry") as info:
+        big.future.result(timeout=0)
+    assert "(the task: tests.test_shard.job(b'xxxxxxxx...xxxxxxxxxx'))" in str(info.value)
+    assert b.tasks_sent("w0") == [small.task_id] and not link.closed
+
+
+def test_a_message_of_tasks_stops_growing_at_the_batch_room(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside the tasks already in a message there is always room for one more of any size
+    a message may carry (so no message is over the limit): once they take `BATCH_ROOM`, the
+    next task goes in the next message."""
+    monkeypatch.setattr(p, "BATCH_ROOM", 5000)
+    b = bench()
+    link = b.connect("w0")
+    _submit_args(b, (b"z" * 2000,), 60)
+    b.step()
+    counts = []
+    for _ in range(5):
+        messages = [m for m in link.take() if isinstance(m, p.Tasks)]
+        counts += [len(m.tasks) for m in messages]
+        b.answer("w0", [t.task_id for m in messages for t in m.tasks], runtime=SHORT)
+        b.step()
+    assert max(counts) == 3 and sum(counts) > 5 * 3  # a round's tasks span messages

@@ -163,3 +163,36 @@ print([name for name in os.listdir(_shm.SHM_DIR) if eid in name])
 """)
     assert lines[-2:] == ["True 4194304", "[]"], lines
     assert sum("no room" in line for line in lines) == 1, lines  # said once, by the executor
+
+
+def test_a_long_pickle_stream_travels_through_shared_memory_both_ways() -> None:
+    """A long list of Python objects (no buffers of its own) moves as a numpy array does:
+    its pickle stream goes through /dev/shm as an out-of-band buffer, not in a message (so
+    no message's size limits it)."""
+    from fiberexec import FiberExecutor
+    from tests import tasks
+
+    rows = [f"row {i:07d}" for i in range(200_000)]  # a pickle stream of about 3 MiB
+    with FiberExecutor(1, backend="local") as ex:
+        ex.submit(tasks.identity, 0).result(timeout=60)
+        before = ex.stats()
+        assert ex.submit(tasks.identity, rows).result(timeout=60) == rows
+        after = ex.stats()
+    assert after.bytes_sent - before.bytes_sent < 64 << 10
+    assert after.bytes_received - before.bytes_received < 64 << 10
+
+
+def test_what_a_message_carries_is_checked_against_its_limit() -> None:
+    from fiberexec import _protocol as p
+    from fiberexec._errors import SerializationError
+    from fiberexec._serialize import Payload
+
+    big = memoryview(bytearray(2 * MIB))
+    payload = Payload(b"x" * 1000, [big, memoryview(bytearray(100))])
+    assert p.check_fits(payload, True, "it") == 1100  # the large buffer goes to /dev/shm
+    assert p.check_fits(payload, False, "it") == 1100 + 2 * MIB
+    over = Payload(b"", [big] * (p.MAX_PAYLOAD // (2 * MIB) + 1))  # one buffer, many times
+    assert p.check_fits(over, True, "it") == 0
+    with pytest.raises(SerializationError, match=r"^it pickle to 1\.94 GiB, more than the "
+                       r"1\.94 GiB one message may carry between an executor and a worker"):
+        p.check_fits(over, False, "it")
