@@ -207,8 +207,9 @@ def check_fits(payload: Payload, shared: bool, what: str) -> int:
     """The bytes ``payload`` puts in a message: all of them, or, where the peer shares this
     host's shared memory, all but its large buffers (those go there). Raises
     `SerializationError` naming ``what`` when that is more than `MAX_PAYLOAD`."""
-    nbytes = payload.nbytes if not shared else len(payload.data) + sum(
-        b.nbytes for b in payload.buffers if b.nbytes < SHM_THRESHOLD)
+    nbytes, buffers = len(payload.data), payload.buffers
+    if buffers:  # (most payloads have none: this runs for every task and result)
+        nbytes += sum(b.nbytes for b in buffers if not shared or b.nbytes < SHM_THRESHOLD)
     if nbytes > MAX_PAYLOAD:
         raise SerializationError(
             f"{what} pickle to {_size(nbytes)}, more than the {_size(MAX_PAYLOAD)} one "

@@ -67,6 +67,8 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
         if b"__main__" not in data and NEEDS_STDLIB not in data:
+            if not buffers and len(data) < STREAM_APART:  # nearly every task's arguments
+                return Payload(data)
             return _payload(data, buffers)
     except Exception:
         pass
