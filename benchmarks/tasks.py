@@ -15,7 +15,10 @@ ARRAY_BYTES = 10 * 1024 * 1024
 ES_DIM = 1000
 ES_ROWS = 64
 
+OBJECT_ROWS = 1_000_000  # strings in `object_rows`: an 18 MiB pickle stream of Python objects
+
 _cached_array: np.ndarray[Any, Any] | None = None
+_cached_rows: list[str] | None = None
 _es_matrix: np.ndarray[Any, Any] | None = None
 
 
@@ -47,6 +50,23 @@ def cached_array() -> np.ndarray[Any, Any]:
     if _cached_array is None:
         _cached_array = np.ones(ARRAY_BYTES, dtype=np.uint8)
     return _cached_array
+
+
+def object_rows() -> list[str]:
+    """Many small Python objects: what a rollout's records or a parsed file look like."""
+    return [f"row {i:012d}" for i in range(OBJECT_ROWS)]
+
+
+def count_rows(rows: list[str]) -> int:
+    return len(rows)
+
+
+def cached_rows() -> list[str]:
+    """`object_rows`, made once per worker, so only its transfer is measured."""
+    global _cached_rows
+    if _cached_rows is None:
+        _cached_rows = object_rows()
+    return _cached_rows
 
 
 def _matrix() -> np.ndarray[Any, Any]:

@@ -29,6 +29,7 @@ FULL: dict[str, int] = {
     "latency_n": 2000,
     "latency_warmup": 200,
     "array_n": 20,
+    "objects_n": 8,
     "es_population": 256,
     "es_generations": 5,
     "sim_workers": 1024,
@@ -44,6 +45,7 @@ QUICK: dict[str, int] = {
     "latency_n": 500,
     "latency_warmup": 50,
     "array_n": 5,
+    "objects_n": 3,
     "es_population": 64,
     "es_generations": 2,
     "sim_tasks": 50_000,
@@ -189,6 +191,36 @@ def array_transfer(name: str, sizes: dict[str, int]) -> Metrics:
     return _with_warm_system(name, body)
 
 
+def object_transfer(name: str, sizes: dict[str, int]) -> Metrics:
+    """A list of 1,000,000 short strings (an 18 MiB pickle stream, no buffers) to a task and
+    back: what a rollout's records cost to move, where an array costs one copy."""
+    import pickle
+
+    n = sizes["objects_n"]
+    rows = tasks.object_rows()
+    mib = len(pickle.dumps(rows, protocol=5)) / 2**20
+
+    def body(system: System) -> Metrics:
+        for _ in range(2):  # warm-up: each worker has made its own rows, paths are hot
+            system.result(system.submit(tasks.count_rows, rows), TIMEOUT)
+            system.wait_all([system.submit(tasks.cached_rows) for _ in range(WORKERS)], TIMEOUT)
+
+        def send(s: System) -> None:
+            for _ in range(n):
+                if s.result(s.submit(tasks.count_rows, rows), TIMEOUT) != len(rows):
+                    raise RuntimeError("the task saw a different list")
+
+        def fetch(s: System) -> None:
+            for _ in range(n):
+                if len(s.result(s.submit(tasks.cached_rows), TIMEOUT)) != len(rows):
+                    raise RuntimeError("the task returned a different list")
+
+        to_s, from_s = _timed(system, send), _timed(system, fetch)
+        return {"to_mib_s": n * mib / to_s, "from_mib_s": n * mib / from_s, "n": n}
+
+    return _with_warm_system(name, body)
+
+
 def first_result(name: str, sizes: dict[str, int]) -> Metrics:
     systems.preload(name)
     start = time.perf_counter()
@@ -277,6 +309,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "burst": burst,
     "latency": latency,
     "array": array_transfer,
+    "objects": object_transfer,
     "first_result": first_result,
     "shutdown": shutdown_time,
     "es": es_generation,
