@@ -47,3 +47,13 @@ def test_a_main_script_task_shows_its_file_line_and_source(tmp_path: Path, which
     assert (f'{script}:10: RuntimeWarning: look here\n'
             f'  warnings.warn("look here", RuntimeWarning)') in done.stderr, done.stderr
     assert "<dynamic-code>" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
+def test_a_task_of_a_script_read_from_stdin_names_stdin(tmp_path: Path, which: str) -> None:
+    """``python - < script``: no file, and the traceback says ``<stdin>`` and the line."""
+    done = subprocess.run([sys.executable, "-", which], cwd=tmp_path, input=SCRIPT,
+                          capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr
+    assert 'File "<stdin>", line 11, in task\n' in done.stdout, done.stdout
+    assert "<dynamic-code>" not in done.stdout + done.stderr
