@@ -166,29 +166,9 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
 
 
 def array_transfer(name: str, sizes: dict[str, int]) -> Metrics:
-    n = sizes["array_n"]
     arr = np.ones(tasks.ARRAY_BYTES, dtype=np.uint8)
-    mib = tasks.ARRAY_BYTES / 2**20
-
-    def body(system: System) -> Metrics:
-        for _ in range(2):  # warm-up: each worker has built its cached array, paths are hot
-            system.result(system.submit(tasks.array_nbytes, arr), TIMEOUT)
-            system.wait_all([system.submit(tasks.cached_array) for _ in range(WORKERS)], TIMEOUT)
-
-        def send(s: System) -> None:
-            for _ in range(n):
-                if s.result(s.submit(tasks.array_nbytes, arr), TIMEOUT) != arr.nbytes:
-                    raise RuntimeError("the task saw a different array size")
-
-        def fetch(s: System) -> None:
-            for _ in range(n):
-                if s.result(s.submit(tasks.cached_array), TIMEOUT).nbytes != arr.nbytes:
-                    raise RuntimeError("the task returned a different array size")
-
-        to_s, from_s = _timed(system, send), _timed(system, fetch)
-        return {"to_mib_s": n * mib / to_s, "from_mib_s": n * mib / from_s, "n": n}
-
-    return _with_warm_system(name, body)
+    return _both_ways(name, sizes["array_n"], arr, tasks.ARRAY_BYTES / 2**20,
+                      tasks.array_nbytes, tasks.cached_array, lambda a: a.nbytes)
 
 
 def object_transfer(name: str, sizes: dict[str, int]) -> Metrics:
@@ -196,24 +176,33 @@ def object_transfer(name: str, sizes: dict[str, int]) -> Metrics:
     back: what a rollout's records cost to move, where an array costs one copy."""
     import pickle
 
-    n = sizes["objects_n"]
     rows = tasks.object_rows()
-    mib = len(pickle.dumps(rows, protocol=5)) / 2**20
+    return _both_ways(name, sizes["objects_n"], rows, len(pickle.dumps(rows, protocol=5)) / 2**20,
+                      tasks.count_rows, tasks.cached_rows, len)
+
+
+def _both_ways(  # noqa: PLR0917  # one transfer, described
+        name: str, n: int, data: Any, mib: float, size_in_task: Callable[[Any], int],
+        cached: Callable[[], Any], size: Callable[[Any], int]) -> Metrics:
+    """MiB/s of ``data`` (``mib`` of it) sent to a task ``n`` times (which returns its
+    ``size``), and of a copy each worker builds once and keeps (``cached``) returned ``n``
+    times, one transfer at a time, after a warm-up."""
+    expected = size(data)
 
     def body(system: System) -> Metrics:
-        for _ in range(2):  # warm-up: each worker has made its own rows, paths are hot
-            system.result(system.submit(tasks.count_rows, rows), TIMEOUT)
-            system.wait_all([system.submit(tasks.cached_rows) for _ in range(WORKERS)], TIMEOUT)
+        for _ in range(2):  # warm-up: each worker has built its copy, paths are hot
+            system.result(system.submit(size_in_task, data), TIMEOUT)
+            system.wait_all([system.submit(cached) for _ in range(WORKERS)], TIMEOUT)
 
         def send(s: System) -> None:
             for _ in range(n):
-                if s.result(s.submit(tasks.count_rows, rows), TIMEOUT) != len(rows):
-                    raise RuntimeError("the task saw a different list")
+                if s.result(s.submit(size_in_task, data), TIMEOUT) != expected:
+                    raise RuntimeError("the task saw data of another size")
 
         def fetch(s: System) -> None:
             for _ in range(n):
-                if len(s.result(s.submit(tasks.cached_rows), TIMEOUT)) != len(rows):
-                    raise RuntimeError("the task returned a different list")
+                if size(s.result(s.submit(cached), TIMEOUT)) != expected:
+                    raise RuntimeError("the task returned data of another size")
 
         to_s, from_s = _timed(system, send), _timed(system, fetch)
         return {"to_mib_s": n * mib / to_s, "from_mib_s": n * mib / from_s, "n": n}
