@@ -190,7 +190,8 @@ class _Pool:
 
     def claim(self, size: int) -> Segment | None:
         """A free file of at least ``size`` bytes, marked busy; None when there is none and
-        the pool may not grow (OSError when shared memory has no room for another)."""
+        the pool may not grow, or shared memory has no room for another (OSError when that
+        is found only as the file is made)."""
         with self.lock:
             for segment in self.segments:
                 if segment.capacity >= size and os.pread(segment.fd, 1, 0) == b"\0":
@@ -198,7 +199,8 @@ class _Pool:
                     return segment
             capacity = -(-size // (1 << 20)) << 20  # whole MiB: near sizes share a file
             held = sum(s.capacity for s in self.segments)
-            if len(self.segments) >= POOL_SEGMENTS or held + capacity > POOL_BYTES:
+            if (len(self.segments) >= POOL_SEGMENTS or held + capacity > POOL_BYTES
+                    or not _room_for(FLAG + capacity)):  # (its pages come as it is written)
                 return None
             name = (f"{PREFIX}{self.executor_id}{POOL_TAG}{os.getpid()}-"
                     f"{os.urandom(4).hex()}")
