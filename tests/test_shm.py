@@ -196,3 +196,18 @@ def test_what_a_message_carries_is_checked_against_its_limit() -> None:
     with pytest.raises(SerializationError, match=r"^it pickle to 1\.94 GiB, more than the "
                        r"1\.94 GiB one message may carry between an executor and a worker"):
         p.check_fits(over, False, "it")
+
+
+def test_a_long_pickle_stream_goes_inline_to_a_worker_without_shared_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same list to a worker that shares no shared memory with the executor (here: the
+    executor finds none) travels inside the messages, both ways, and arrives whole."""
+    from fiberexec import FiberExecutor
+    from tests import tasks
+
+    monkeypatch.setattr(_shm, "SHM_DIR", "/nonexistent-shm")
+    rows = [f"row {i:07d}" for i in range(200_000)]
+    with FiberExecutor(1, backend="local") as ex:
+        assert ex.submit(tasks.identity, rows).result(timeout=60) == rows
+        stats = ex.stats()
+    assert stats.bytes_sent > 2 * MIB and stats.bytes_received > 2 * MIB
