@@ -79,7 +79,7 @@ FRESH_FIRST = 2  # workers started as new processes before the launcher takes ov
 # as a small machine's cores: a pool of that size never needs the launcher)
 LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) are replaced up
 # to this many times; after that, or if one fails before it forks, workers start afresh
-LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher that failed a fork is given to have exited
+LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to have exited
 
 
 def _executor_pid() -> str:
@@ -280,10 +280,12 @@ class LocalBackend(Backend):
         """Whether a fork that ``launcher`` failed may be asked of a new one: it forked
         workers, then its process ended (killed, say), and fewer than `LAUNCHER_RESTARTS`
         were replaced; or another start has replaced it already. Its children live on."""
+        if not launcher.gone:
+            return False  # alive: it failed this fork (or never answered), no replacement
         try:  # its socket closes as it exits, a moment before its status can be read
             code = launcher.proc.wait(timeout=LAUNCHER_EXIT_WAIT)
         except subprocess.TimeoutExpired:
-            code = None  # alive: it failed this fork (or never answered), no replacement
+            code = None  # its socket closed, yet it runs on: not replaced
         with self._lock:
             if self._launcher is not launcher:
                 return self._launcher is not None

@@ -111,6 +111,7 @@ class Launcher:
         self._waiting: deque[queue.SimpleQueue[tuple[Any, ...]]] = deque()  # in request order
         self._children: dict[int, ForkedProcess] = {}
         self.forked = 0  # processes it forked: a launcher that did, then went, was killed
+        self.gone = False  # its end of the socket closed: it exited (or is exiting)
         self._lock = threading.Lock()  # a request's send and its place in `_waiting` together
         self._reader = threading.Thread(target=self._read, name="fiberexec-local-launcher",
                                         daemon=True)
@@ -130,6 +131,7 @@ class Launcher:
             try:
                 socket.send_fds(self._sock, [request], fds)
             except OSError as exc:
+                self.gone = True
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
             self._waiting.append(slot)
         try:
@@ -154,6 +156,7 @@ class Launcher:
             except OSError:
                 data, fds = b"", []
             if not data:
+                self.gone = True
                 with self._lock:
                     waiting, self._waiting = list(self._waiting), deque()
                 for slot in waiting:

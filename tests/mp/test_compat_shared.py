@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -299,14 +300,14 @@ def test_children_run_with_the_stdlib_authkey_for_stdlib_managers(
 
 
 def test_an_array_dev_shm_cannot_hold_is_shared_from_the_temporary_directory(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """As the standard library's heap does when /dev/shm is too small (a container's 64 MiB):
     the file goes to the temporary directory, and children map it there."""
     import tempfile
 
     from fiberexec import _shm
 
-    monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path) + "/none")  # here: no /dev/shm
+    monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path / "none"))  # here: no /dev/shm
     arr = fmp.RawArray("i", 1000)
     mine = [n for n in os.listdir(tempfile.gettempdir())
             if n.startswith(f"fiberexec-mp{os.getpid()}-")]
