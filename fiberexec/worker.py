@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from fiberexec import _auth, _capture, _contract, _shm, _syspath
+from fiberexec import _auth, _capture, _contract, _mainspace, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
 from fiberexec._errors import LinkClosed, ProtocolError
@@ -169,6 +169,8 @@ class Worker:
             return
         try:
             fn, args = loads(setup.initializer, what="initializer")
+            if MAIN_MARK in setup.initializer.data:
+                _mainspace.adopt((fn, args))
             fn(*args)
         except BaseException as exc:
             # What the standard library's workers log, so handlers users attach still see it.
@@ -354,6 +356,8 @@ class Worker:
         try:
             fn = functions.get(task.function)
             args, kwargs = loads(task.args, what="arguments")
+            if MAIN_MARK in task.args.data:  # an object of the caller's script, by value
+                args, kwargs = _mainspace.settle(args, kwargs)
             value = fn(*args, **kwargs)
             payload, status = dumps(value, what="result"), p.Status.OK
             p.check_fits(payload, self.shm.executor_id is not None, "the result and its buffers")
@@ -620,16 +624,28 @@ class _Functions:
     @classmethod
     def _load(cls, payload: Payload) -> Any:
         if payload.buffers:  # large captured data: not worth keeping
-            return loads(payload, what="function")
+            return _adopted(loads(payload, what="function"), payload)
         fn = cls.recent.get(payload.data)
         if fn is None:
-            fn = loads(payload, what="function")
+            fn = _adopted(loads(payload, what="function"), payload)
             cls.recent[payload.data] = fn
             if len(cls.recent) > cls.RECENT_MAX:
                 cls.recent.popitem(last=False)
         else:
             cls.recent.move_to_end(payload.data)
+            if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
+                _mainspace.adopt(fn)
         return fn
+
+
+MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's script by value
+
+
+def _adopted(fn: Any, payload: Payload) -> Any:
+    """``fn``, its main-script functions and classes now ``__main__``'s (`_mainspace`)."""
+    if MAIN_MARK in payload.data:
+        _mainspace.adopt(fn)
+    return fn
 
 
 def _note_memory_limit(exc: MemoryError) -> None:
@@ -712,6 +728,7 @@ def run() -> None:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
     _adopt_authkey()
     _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
+    _mainspace.install()  # the caller's script's names, not this program's (see there)
     try:
         worker = Worker(config)
     except LinkClosed as exc:

@@ -5,7 +5,7 @@ This module's own pickling sends such objects by value, but the standard library
 them by reference: a stdlib `queues.Queue` or `Connection` made with this module's context
 (as `concurrent.futures.ProcessPoolExecutor` makes its call queue) carries ``__main__.f``.
 A spawned stdlib child imports the parent's main script as ``__mp_main__`` to find it, and
-so does a child here, on the first such lookup only (see `_process_main.__getattr__`): a
+so does a child here, on the first such lookup only (`_mainspace.install`'s fallback): a
 child that never needs it never runs the script.
 
 As in the stdlib, the script's module-level code then runs in the child, with a name that

@@ -62,9 +62,12 @@ def main() -> None:
     from fiberexec import _syspath
 
     _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before the process is unpickled
+    from fiberexec import _mainspace
     from fiberexec.multiprocessing import _main
 
     _main.adopt(os.environ.get(_main.ENV_MAIN))
+    # ``__main__.<name>``: the copy the process brought, else the parent's main module
+    _mainspace.install(fallback=_main.lookup)
     _, payload = client.call(calls.Fetch(proc_id, os.getpid()))
     try:
         process = loads_bytes(payload, what="process")
@@ -72,18 +75,9 @@ def main() -> None:
         _leaving.set()
         traceback.print_exc()
         _exit(1)
+    _mainspace.adopt((process, vars(process)))  # its target's script names (see there)
     _become(process, authkey)
     _exit(_run(process))
-
-
-def __getattr__(name: str) -> Any:
-    """``__main__.<name>``: this module is ``__main__`` here; what pickles from the parent
-    ask of its ``__main__`` comes from the parent's main module (see `_main`)."""
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from fiberexec.multiprocessing import _main
-
-    return _main.lookup(name)
 
 
 def _set_parent(lost: threading.Event) -> None:

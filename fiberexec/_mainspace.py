@@ -1,0 +1,159 @@
+"""``__main__`` in a worker: where the pickles a task makes find the caller's script.
+
+A function or class defined in the caller's main script reaches a worker by value
+(cloudpickle), with ``__module__ == "__main__"``. The standard library's pickler, used by the
+task's own code (``pickle.dumps``, ``torch.save``, a ``multiprocessing.Pool`` inside the
+task), pickles such an object by reference, as ``__main__.<name>``, and checks that this
+name gives back the very same object. In a stdlib worker it does: the worker is a fork of the
+script (or imports it, under spawn). Here the worker's ``__main__`` was the worker program
+itself, so those pickles failed with "attribute lookup Point on __main__ failed".
+
+So a worker's ``__main__`` is a module of its own (`install`), and each function and class of
+the caller's main script that a task's function or arguments bring is put there under its
+name as it is unpickled (`adopt`), the newest copy winning. A class reached only deep inside
+a task's data is found on demand among the classes cloudpickle rebuilt (`find`).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from itertools import islice
+from typing import Any
+
+MAIN = "__main__"
+BUDGET = 256  # objects one `adopt` looks at: the walk costs a few microseconds, never more
+_CONTAINERS = (list, tuple, set, frozenset)
+adopted: dict[str, Any] = {}  # name -> the newest function or class of that name
+
+
+def install(fallback: Callable[[str], Any] | None = None) -> types.ModuleType:
+    """Make ``sys.modules["__main__"]`` a module of the caller's script's names (empty until
+    `adopt` fills it); the program that was ``__main__`` stays importable by its own name.
+    A name not found is asked of ``fallback`` (which raises `AttributeError`), if given."""
+    global _installed
+    current = sys.modules.get(MAIN)
+    spec = getattr(current, "__spec__", None)
+    if current is not None and spec is not None and spec.name != MAIN:
+        sys.modules.setdefault(spec.name, current)
+    module = types.ModuleType(MAIN, "The caller's main script, as far as its tasks bring it.")
+
+    def lookup(name: str) -> Any:  # PEP 562: asked for what the module does not hold
+        found = find(name)
+        if found is not None:
+            return found
+        if fallback is None or name.startswith("__"):
+            raise AttributeError(f"module '__main__' has no attribute {name!r}")
+        return fallback(name)
+
+    module.__getattr__ = lookup  # type: ignore[method-assign]
+    module.__dict__.update(adopted)
+    sys.modules[MAIN] = _installed = module
+    return module
+
+
+_installed: types.ModuleType | None = None
+
+
+def find(name: str) -> Any:
+    """The caller's ``__main__.<name>`` as far as it has reached this process, else None:
+    an adopted function or class, or a class cloudpickle rebuilt here."""
+    found = adopted.get(name)
+    if found is not None or name.startswith("__"):
+        return found
+    cloudpickle = sys.modules.get("cloudpickle.cloudpickle")
+    tracker = getattr(cloudpickle, "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None)
+    if tracker is None:
+        return None
+    for cls in reversed(list(tracker.keys())):  # newest first: the script may have changed
+        if getattr(cls, "__module__", None) == MAIN and getattr(cls, "__qualname__", "") == name:
+            _put(name, cls)
+            return cls
+    return None
+
+
+def current(obj: Any) -> bool:
+    """Whether ``obj`` (a function a task runs) is already what its name gives: then there is
+    nothing to adopt (the same function again, the common case)."""
+    name = getattr(obj, "__qualname__", None)
+    return name is None or getattr(obj, "__module__", None) != MAIN or adopted.get(name) is obj
+
+
+def settle(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
+                                                                   dict[str, Any]]:
+    """A task's arguments, where a function of the script that its function brought too is
+    that very object (one pickle each: two copies of ``f``, where the script has one), and
+    what else of the script they bring adopted, without taking a name from the function's."""
+    args = tuple(_same(a) for a in args)
+    kwargs = {k: _same(v) for k, v in kwargs.items()}
+    adopt((args, kwargs), replace=False)
+    return args, kwargs
+
+
+def _same(obj: Any) -> Any:
+    if type(obj) is not types.FunctionType or obj.__module__ != MAIN:
+        return obj
+    known = adopted.get(obj.__qualname__)
+    return known if _twin(known, obj) else obj
+
+
+def _twin(known: Any, obj: Any) -> bool:
+    """Whether ``known`` and ``obj`` are copies of one function of the script."""
+    return (type(known) is types.FunctionType and known.__code__ == obj.__code__
+            and known.__defaults__ == obj.__defaults__)
+
+
+def adopt(obj: Any, replace: bool = True) -> None:
+    """Put the caller's main-script functions and classes that ``obj`` holds (itself, the
+    globals, closure and defaults of its functions, the items of its containers, the classes
+    of its instances) under their names in ``__main__``; at most `BUDGET` objects are looked
+    at. Without ``replace``, a copy of a function adopted already leaves the name to it."""
+    stack, seen, budget = [obj], set(), BUDGET
+    while stack and budget:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        budget -= 1
+        kind = type(item)
+        if kind is types.FunctionType:
+            if item.__module__ != MAIN:
+                continue  # importable: pickled by reference, its module is the real one
+            if not replace and _twin(adopted.get(item.__qualname__), item):
+                continue
+            _put(item.__qualname__, item)
+            stack.extend(islice(item.__globals__.values(), BUDGET))
+            stack.extend(c.cell_contents for c in item.__closure__ or () if _filled(c))
+            stack.extend(item.__defaults__ or ())
+        elif isinstance(item, type):
+            if item.__module__ == MAIN:
+                _put(item.__qualname__, item)
+                stack.extend(islice(vars(item).values(), BUDGET))  # methods: what they call
+        elif kind in _CONTAINERS:
+            stack.extend(islice(item, BUDGET))
+        elif kind is dict:
+            stack.extend(islice(item.values(), BUDGET))
+        elif kind.__module__ == MAIN:
+            stack.append(kind)
+            state = getattr(item, "__dict__", None)
+            if type(state) is dict:
+                stack.extend(islice(state.values(), BUDGET))
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  # an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _put(name: str, obj: Any) -> None:
+    """Names with a dot (methods, nested functions) and ``<lambda>`` have no place at the top
+    of a module: the stdlib's pickler cannot find them in a script either."""
+    if "." in name or "<" in name:
+        return
+    adopted[name] = obj
+    if _installed is not None and sys.modules.get(MAIN) is _installed:
+        setattr(_installed, name, obj)

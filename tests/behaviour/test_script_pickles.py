@@ -1,0 +1,108 @@
+"""A task from the main script pickles the script's own functions and classes with the
+standard library's pickler (``pickle.dumps``, a checkpoint, ``torch.save``, a
+``multiprocessing.Pool`` inside the task), by reference as ``__main__.<name>``: in a stdlib
+worker the names are there (it is a fork of the script); in a fiberexec worker they are the
+copies the task brought by value (`fiberexec._mainspace`). Same script, same output, for
+the executors, for ``Process`` and for ``Pool``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+SCRIPT = """
+import multiprocessing
+import pickle
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is Point and other.x == self.x
+
+
+class Hidden:  # named by no task's code: reached only inside an argument
+    def __init__(self, x):
+        self.x = x
+
+
+def double(x):
+    return 2 * x
+
+
+def main(x):  # a name the worker program itself uses
+    return x
+
+
+def round_trip(obj):
+    return pickle.loads(pickle.dumps(obj))
+
+
+def checks(arg, fn):
+    return [
+        round_trip(Point(3)) == Point(3),
+        round_trip(double) is double,
+        round_trip(main) is main,
+        [h.x for h in round_trip(arg["deep"])],
+        round_trip(fn)(21),
+        type(round_trip(arg["deep"][0])).__name__,
+    ]
+
+
+def pooled():
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return pool.map(double, range(4))
+
+
+def in_process(queue, arg, fn):
+    queue.put(checks(arg, fn) + [pooled()])
+
+
+if __name__ == "__main__":
+    which, arg = sys.argv[1], {"deep": [Hidden(1), Hidden(2)]}
+    if which in ("stdlib", "fiberexec"):
+        if which == "fiberexec":
+            from fiberexec import FiberExecutor as Executor
+        else:
+            Executor = ProcessPoolExecutor
+        with Executor(2) as ex:
+            print(ex.submit(checks, arg, double).result(timeout=120) +
+                  [ex.submit(pooled).result(timeout=120)])
+    else:
+        if which == "fiberexec.multiprocessing":
+            import fiberexec.multiprocessing as mp
+        else:
+            import multiprocessing as mp
+        queue = mp.Queue()
+        proc = mp.Process(target=in_process, args=(queue, arg, double))
+        proc.start()
+        print(queue.get(timeout=120))
+        proc.join(60)
+        with mp.Pool(2) as pool:
+            print(pool.apply(checks, (arg, double)))
+"""
+
+EXPECTED = "[True, True, True, [1, 2], 42, 'Hidden', [0, 2, 4, 6]]"
+
+
+@pytest.mark.parametrize("which", ["stdlib", "fiberexec", "multiprocessing",
+                                   "fiberexec.multiprocessing"])
+def test_a_task_pickles_the_scripts_objects_by_reference(tmp_path: Path, which: str) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), which], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=200, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == EXPECTED, done.stdout + done.stderr
+    if "multiprocessing" in which:  # then the pool's worker, without the nested pool
+        assert lines[1] == EXPECTED.removesuffix(", [0, 2, 4, 6]]") + "]", done.stdout

@@ -1,0 +1,125 @@
+"""`fiberexec._mainspace`: a worker's ``__main__`` holds the script's functions and classes
+that tasks brought by value, so the stdlib's pickler finds them by reference. (End to end,
+with real scripts and workers: tests/behaviour/test_script_pickles.py.)"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from fiberexec import _mainspace
+
+SCRIPT = """
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+def double(x):
+    return 2 * x
+
+def uses(x):
+    return double(Point(x).x)
+
+square = lambda x: x * x
+"""
+
+
+@pytest.fixture
+def main() -> Iterator[types.ModuleType]:
+    """A fresh worker ``__main__``; the test process's own is put back afterwards."""
+    before, adopted = sys.modules["__main__"], dict(_mainspace.adopted)
+    _mainspace.adopted.clear()
+    try:
+        yield _mainspace.install()
+    finally:
+        sys.modules["__main__"] = before
+        _mainspace.adopted.clear()
+        _mainspace.adopted.update(adopted)
+
+
+def by_value(obj: Any) -> Any:
+    """What a worker gets: a copy of ``obj`` rebuilt by cloudpickle (never the original)."""
+    return pickle.loads(cloudpickle.dumps(obj))
+
+
+def script() -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(SCRIPT, namespace)  # a script's functions: __module__ == "__main__"
+    return namespace
+
+
+def test_a_function_and_what_it_calls_become_main_names(main: types.ModuleType) -> None:
+    uses = by_value(script()["uses"])
+    _mainspace.adopt(uses)
+    assert main.uses is uses
+    assert main.double is uses.__globals__["double"]
+    assert main.Point is uses.__globals__["Point"]
+    assert pickle.loads(pickle.dumps(main.double)) is main.double  # by reference, found
+    assert uses(4) == 8
+
+
+def test_lambdas_and_methods_have_no_top_level_name(main: types.ModuleType) -> None:
+    namespace = script()
+    _mainspace.adopt([by_value(namespace["square"]), by_value(namespace["Point"])])
+    assert sorted(_mainspace.adopted) == ["Point"]
+    assert not hasattr(main, "<lambda>")
+    with pytest.raises(AttributeError, match="has no attribute 'square'"):
+        main.square  # noqa: B018
+
+
+def test_a_class_deep_in_data_is_found_when_asked(main: types.ModuleType) -> None:
+    """Past the walk's budget, the class is still found: cloudpickle rebuilt it here."""
+    point = by_value(script()["Point"])
+    deep = [list(range(_mainspace.BUDGET))] * 2 + [point(1)]
+    _mainspace.adopt(deep[:2])
+    assert "Point" not in _mainspace.adopted
+    assert pickle.loads(pickle.dumps(deep[2])).x == 1  # asks __main__ for Point: found
+    assert main.Point is point
+
+
+def test_an_argument_copy_of_the_functions_global_is_that_global(
+        main: types.ModuleType) -> None:
+    namespace = script()
+    uses, double = by_value(namespace["uses"]), by_value(namespace["double"])
+    _mainspace.adopt(uses)
+    args, kwargs = _mainspace.settle((double, 3), {"fn": by_value(namespace["double"])})
+    assert args[0] is kwargs["fn"] is main.double is uses.__globals__["double"]
+    assert args[1] == 3
+
+
+def test_a_changed_function_takes_its_name(main: types.ModuleType) -> None:
+    first = by_value(script()["double"])
+    _mainspace.adopt(first)
+    changed = script()
+    exec("def double(x):\n    return 3 * x", changed)  # the script edited
+    second = by_value(changed["double"])
+    args, _ = _mainspace.settle((second,), {})
+    assert args[0] is second is main.double
+    assert not _mainspace.current(first)
+
+
+def test_the_program_that_was_main_stays_importable() -> None:
+    program = types.ModuleType("__main__")
+    program.__spec__ = types.SimpleNamespace(name="some_program_for_this_test")  # type: ignore
+    before = sys.modules["__main__"]
+    sys.modules["__main__"] = program
+    try:
+        _mainspace.install()
+        assert sys.modules["some_program_for_this_test"] is program
+        assert sys.modules["__main__"] is not program
+    finally:
+        sys.modules["__main__"] = before
+        sys.modules.pop("some_program_for_this_test", None)
+
+
+def test_a_fallback_answers_what_was_not_brought(main: types.ModuleType) -> None:
+    _mainspace.install(fallback=lambda name: f"from the script: {name}")
+    assert sys.modules["__main__"].anything == "from the script: anything"
+    with pytest.raises(AttributeError):
+        sys.modules["__main__"].__wrapped__  # noqa: B018  # dunders never reach it
