@@ -1,4 +1,4 @@
-"""The parent's import path, handed to the processes it starts.
+"""The parent's import path (and ``sys.argv``), handed to the processes it starts.
 
 The standard library's ``spawn`` start method gives a child its parent's ``sys.path``, and a
 forked child has it anyway; so a script that imports a module beside it, run from another
@@ -12,6 +12,8 @@ entry made absolute against the parent's working directory, with the parent's
 - by another (a container's, another host's): after its own, so its own packages win over
   same-named ones of the parent's installation (built for another Python, perhaps) that a
   shared directory makes visible.
+
+``sys.argv`` travels with it: a child gets its parent's, as a forked or spawned one does.
 """
 
 from __future__ import annotations
@@ -26,21 +28,27 @@ __all__ = ["ENV_SYS_PATH", "adopt", "export"]
 
 
 def export() -> str:
-    """This process's ``sys.path`` and ``sys.prefix``, for `adopt` in a child."""
+    """This process's ``sys.path``, ``sys.prefix`` and ``sys.argv``, for `adopt` in a child."""
     cwd = os.getcwd()
     path = [os.path.join(cwd, p) if p else cwd for p in sys.path if isinstance(p, str)]
-    return json.dumps({"prefix": sys.prefix, "path": path})
+    return json.dumps({"prefix": sys.prefix, "path": path, "argv": sys.argv})
 
 
 def adopt(value: str | None) -> None:
-    """Add the parent's path entries (`export`) that exist here to ``sys.path``."""
+    """Add the parent's path entries (`export`) that exist here to ``sys.path``; take its
+    ``sys.argv``."""
     if not value:
         return
     try:
         sent = json.loads(value)
     except ValueError:
         return
-    entries = sent.get("path") if isinstance(sent, dict) else None
+    if not isinstance(sent, dict):
+        return
+    argv = sent.get("argv")
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+        sys.argv[:] = argv
+    entries = sent.get("path")
     if not isinstance(entries, list):
         return
     parent = [p for p in entries if isinstance(p, str) and os.path.exists(p)]

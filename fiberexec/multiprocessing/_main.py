@@ -1,4 +1,5 @@
-"""The parent's main module and ``sys.argv`` in a child process, as the stdlib's spawn gives.
+"""The parent's main module in a child process, as the stdlib's spawn gives (``sys.argv``
+travels with the import path: `fiberexec._syspath`).
 
 A function or class defined in the parent's main script is ``__main__.<name>`` to a pickle.
 This module's own pickling sends such objects by value, but the standard library pickles
@@ -35,11 +36,11 @@ importing = False  # the parent's main module is being run here
 
 
 def describe() -> str:
-    """The main module and ``sys.argv`` of this program, for `adopt` in a child."""
+    """The main module of this program, for `adopt` in a child."""
     if _inherited is not None:
         return _inherited
     main = sys.modules.get("__main__")
-    info: dict[str, Any] = {"argv": list(sys.argv)}
+    info: dict[str, Any] = {}
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
         info["name"] = name
@@ -54,7 +55,7 @@ def describe() -> str:
 
 
 def adopt(value: str | None) -> None:
-    """In a child: take the parent's ``sys.argv``, and remember where its main module is."""
+    """In a child: remember where the parent's main module is."""
     global _inherited, _info
     if not value:
         return
@@ -65,9 +66,6 @@ def adopt(value: str | None) -> None:
     if not isinstance(info, dict):
         return
     _inherited, _info = value, info
-    argv = info.get("argv")
-    if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
-        sys.argv[:] = argv
 
 
 def lookup(name: str) -> Any:

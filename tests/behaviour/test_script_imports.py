@@ -1,6 +1,7 @@
 """A script run from another directory submits functions of a module beside it: workers
 import that module, as the stdlib's worker processes do (they get the parent's
-``sys.path``). Compared with `ProcessPoolExecutor` in the same test."""
+``sys.path``), and see the script's ``sys.argv``. Compared with `ProcessPoolExecutor` in the
+same test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ import pytest
 
 pytestmark = pytest.mark.timeout(180)
 
-HELPER = "def triple(x):\n    return ('helper', 3 * x)\n"
+HELPER = """
+import sys
+
+
+def triple(x):
+    return ('helper', 3 * x)
+
+
+def argv():
+    return sys.argv
+"""
 
 SCRIPT = """
 import sys
@@ -26,10 +37,11 @@ if __name__ == "__main__":
     Executor = FiberExecutor if sys.argv[1] == "fiberexec" else ProcessPoolExecutor
     with Executor(2) as ex:
         print(list(ex.map(helper.triple, range(4))))
+        print("argv is the script's:", ex.submit(helper.argv).result(timeout=120) == sys.argv)
 """
 
 
-def test_workers_import_the_modules_beside_the_script(tmp_path: Path) -> None:
+def test_workers_import_the_modules_beside_the_script_and_see_its_argv(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
     (project / "helper.py").write_text(HELPER)
@@ -43,4 +55,5 @@ def test_workers_import_the_modules_beside_the_script(tmp_path: Path) -> None:
         return done.stdout
 
     assert run("fiberexec") == run("stdlib") == (
-        "[('helper', 0), ('helper', 3), ('helper', 6), ('helper', 9)]\n")
+        "[('helper', 0), ('helper', 3), ('helper', 6), ('helper', 9)]\n"
+        "argv is the script's: True\n")
