@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
-from fiberexec._errors import ConfigurationError
+from fiberexec._errors import ConfigurationError, ConfigurationTypeError
 from fiberexec._protocol import MAX_MESSAGE
 from fiberexec._registry import check_backend_name
 from fiberexec._retry import RetryPolicy
@@ -532,7 +532,8 @@ def _check_rest(
 ) -> None:
     init = options.get("initializer")
     if init is not None and not callable(init):
-        raise ConfigurationError(f"initializer must be callable, got {init!r}")
+        raise ConfigurationTypeError(
+            f"initializer must be a callable, got {init!r}; pass a function (or None)")
 
 
 def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:

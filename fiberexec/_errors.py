@@ -56,6 +56,11 @@ class ConfigurationError(FiberExecError, ValueError):
     """An argument or setting breaks a rule; the message names the rule, the value and the fix."""
 
 
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """An argument of the wrong kind: a `TypeError` where the standard library raises one
+    (``initializer=5``), and a `ConfigurationError` like every other bad setting."""
+
+
 class BackendError(FiberExecError):
     """A backend could not start, inspect or stop a worker."""
 

@@ -116,6 +116,12 @@ def test_max_workers_must_be_positive(cls: type[cf.Executor], bad: int) -> None:
         cls(bad)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("cls", [cf.ProcessPoolExecutor, FiberExecutor])
+def test_initializer_must_be_callable(cls: type[cf.Executor]) -> None:
+    with pytest.raises(TypeError, match="^initializer must be a callable"):
+        cls(1, initializer=5)  # type: ignore[call-arg]
+
+
 def test_bad_options_name_rule_and_value() -> None:
     with pytest.raises(ConfigurationError, match="min_workers must be between 0 and max_workers=2"):
         FiberExecutor(2, min_workers=5)
