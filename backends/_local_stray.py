@@ -1,13 +1,13 @@
 """Stray local workers: worker processes whose executor is gone, found and stopped safely.
 
-A process is a stray worker when it runs ``python -m fiberexec.worker`` (or is forked from the
-worker launcher, ``python -m fiberexec.worker --launcher FD``, whose command line it keeps) in
-this PID namespace and its executor is gone: the executor process its environment names
-(``FIBEREXEC_EXECUTOR_PID``, pid and start time, so a recycled pid is not taken for it) no
-longer runs, or, for a worker that names none, nothing in this network namespace listens on
-the loopback address it dials any more. Only such processes are
-signalled, through a pidfd so a recycled pid is never hit: SIGTERM, then SIGKILL if it has not
-exited within a grace period.
+A process is a stray worker when it runs ``python -m fiberexec.worker`` (after the
+interpreter's options, if any; or is forked from the worker launcher, ``python -m
+fiberexec.worker --launcher FD``, whose command line it keeps) in this PID namespace and its
+executor is gone: the executor process its environment names (``FIBEREXEC_EXECUTOR_PID``,
+pid and start time, so a recycled pid is not taken for it) no longer runs, or, for a worker
+that names none, nothing in this network namespace listens on the loopback address it dials
+any more. Only such processes are signalled, through a pidfd so a recycled pid is never hit:
+SIGTERM, then SIGKILL if it has not exited within a grace period.
 """
 
 from __future__ import annotations
@@ -50,11 +50,21 @@ def _read(path: Path) -> bytes | None:
 
 
 def is_worker_cmdline(argv: list[str]) -> bool:
-    """``<python> -m fiberexec.worker``, maybe with ``--launcher FD``, and nothing else."""
-    if len(argv) == 5 and argv[3] == "--launcher" and argv[4].isdigit():
-        argv = argv[:3]
-    return (len(argv) == 3 and "python" in Path(argv[0]).name
-            and argv[1:] == ["-m", "fiberexec.worker"])
+    """``<python> [options] -m fiberexec.worker``, maybe with ``--launcher FD``, and nothing
+    else (the options are the interpreter's own, as the local backend passes them on: ``-O``,
+    ``-Werror``, ``-X dev``)."""
+    if len(argv) >= 5 and argv[-2] == "--launcher" and argv[-1].isdigit():
+        argv = argv[:-2]
+    if len(argv) < 3 or "python" not in Path(argv[0]).name or argv[-2:] != [
+            "-m", "fiberexec.worker"]:
+        return False
+    options = iter(argv[1:-2])
+    for option in options:
+        if not option.startswith("-") or option == "-m":
+            return False
+        if option == "-X" and next(options, "-").startswith("-"):  # -X takes a value
+            return False
+    return True
 
 
 def executor_pid(pid: int) -> str:

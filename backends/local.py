@@ -135,6 +135,10 @@ class LocalBackend(Backend):
                  launcher: bool = True) -> None:
         self.capture_output = capture_output
         self.python = python or sys.executable
+        # This interpreter's options (-O, -W, -X dev...) for its workers, as the stdlib's
+        # spawn and forkserver give their children; another interpreter gets none.
+        self.flags = (subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+                      if self.python == sys.executable else [])
         self.use_launcher = launcher
         self._launcher: Launcher | None = None
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
@@ -173,7 +177,7 @@ class LocalBackend(Backend):
     def _spawn_worker(self, spec: WorkerSpec, env: dict[str, str]) -> WorkerHandle:
         command = list(spec.command)
         if command[:1] == ["python"]:
-            command[0] = self.python
+            command[:1] = [self.python, *self.flags]
         command = _address_space_limited(command, spec.resources.memory)
         if spec.resources.memory is not None:
             env.setdefault(_ARENAS, "1")
@@ -268,7 +272,8 @@ class LocalBackend(Backend):
                 env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(),
                        ENV_EXECUTOR_ID: executor_id}
                 try:
-                    self._launcher = Launcher(self.python, env, self._fork_exited)
+                    self._launcher = Launcher(self.python, env, self._fork_exited,
+                                              self.flags)
                 except FileNotFoundError as exc:
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "

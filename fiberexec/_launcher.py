@@ -44,7 +44,7 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
@@ -97,13 +97,15 @@ class Launcher:
     """The executor's side: starts the launcher process, asks it for workers, hears exits."""
 
     def __init__(self, python: str, env: Mapping[str, str],
-                 on_exit: Callable[[ForkedProcess], None]) -> None:
+                 on_exit: Callable[[ForkedProcess], None], flags: Sequence[str] = ()) -> None:
+        """``flags``: the interpreter's options (``-O``, ``-W error``...), which every child
+        forked from it then has."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         self._on_exit = on_exit
         try:
             self.proc = subprocess.Popen(
-                [python, "-m", "fiberexec.worker", LAUNCHER_FLAG, str(theirs.fileno())],
+                [python, *flags, "-m", "fiberexec.worker", LAUNCHER_FLAG, str(theirs.fileno())],
                 env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True)
         finally:

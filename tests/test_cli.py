@@ -280,6 +280,12 @@ def test_worker_command_line_is_recognised_exactly() -> None:
     assert not _local_stray.is_worker_cmdline(["python", "-m", "fiberexec.worker", "x"])
     assert not _local_stray.is_worker_cmdline(["vim", "-m", "fiberexec.worker"])
     assert not _local_stray.is_worker_cmdline(["python", "-c", "fiberexec.worker"])
+    # the interpreter's own options, as the local backend passes them on
+    assert _local_stray.is_worker_cmdline(["python", "-O", "-Werror", "-X", "dev", "-m",
+                                           "fiberexec.worker", "--launcher", "7"])
+    assert not _local_stray.is_worker_cmdline(["python", "-X", "-m", "fiberexec.worker"])
+    assert not _local_stray.is_worker_cmdline(["python", "x.py", "-m", "fiberexec.worker"])
+    assert not _local_stray.is_worker_cmdline(["python", "-m", "x", "-m", "fiberexec.worker"])
 
 
 def test_cleanup_unknown_backend_and_unreachable_ones() -> None:

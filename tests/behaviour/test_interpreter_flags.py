@@ -1,0 +1,54 @@
+"""A script run with interpreter options (``python -O -W error::UserWarning``): its workers
+run with them too, as the stdlib's spawned and forkserver workers do (a forked one has them
+anyway): asserts are skipped, warnings filtered the same. Workers started fresh and forked
+from the launcher alike (four workers: the first two are fresh)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = """
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+
+from fiberexec import FiberExecutor
+
+
+def flags(_):
+    time.sleep(0.2)  # long enough that every worker gets a task
+    try:
+        warnings.warn("careful", UserWarning)
+        warned = "warned"
+    except UserWarning:
+        warned = "raised"
+    try:
+        assert False
+        asserted = "skipped"
+    except AssertionError:
+        asserted = "checked"
+    return sys.flags.optimize, tuple(sys.warnoptions), warned, asserted
+
+
+if __name__ == "__main__":
+    Executor = FiberExecutor if sys.argv[1] == "fiberexec" else ProcessPoolExecutor
+    with Executor(4) as ex:
+        print(sorted(set(ex.map(flags, range(12), timeout=120))))
+"""
+
+
+@pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
+def test_workers_run_with_the_scripts_interpreter_options(tmp_path: Path, which: str) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "-O", "-W", "error::UserWarning", str(script), which],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[(1, ('error::UserWarning',), 'raised', 'skipped')]\n", done.stdout
