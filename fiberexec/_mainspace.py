@@ -16,6 +16,7 @@ a task's data is found on demand among the classes cloudpickle rebuilt (`find`).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from collections.abc import Callable
@@ -74,10 +75,11 @@ def find(name: str) -> Any:
 
 
 def current(obj: Any) -> bool:
-    """Whether ``obj`` (a function a task runs) is already what its name gives: then there is
-    nothing to adopt (the same function again, the common case)."""
+    """Whether ``obj`` (a function a task runs) is already what its name gives, or has no
+    name to give (a lambda, a method): then there is nothing to adopt again."""
     name = getattr(obj, "__qualname__", None)
-    return name is None or getattr(obj, "__module__", None) != MAIN or adopted.get(name) is obj
+    return (not isinstance(name, str) or getattr(obj, "__module__", None) != MAIN
+            or not _named(name) or adopted.get(name) is obj)
 
 
 def settle(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
@@ -108,7 +110,14 @@ def adopt(obj: Any, replace: bool = True) -> None:
     """Put the caller's main-script functions and classes that ``obj`` holds (itself, the
     globals, closure and defaults of its functions, the items of its containers, the classes
     of its instances) under their names in ``__main__``; at most `BUDGET` objects are looked
-    at. Without ``replace``, a copy of a function adopted already leaves the name to it."""
+    at. Without ``replace``, a copy of a function adopted already leaves the name to it.
+    Never raises: an object that cannot be looked into (a proxy, say) leaves the names as
+    they were, and the task runs as it would have."""
+    with contextlib.suppress(Exception):
+        _walk(obj, replace)
+
+
+def _walk(obj: Any, replace: bool) -> None:
     stack, seen, budget = [obj], set(), BUDGET
     while stack and budget:
         item = stack.pop()
@@ -149,10 +158,14 @@ def _filled(cell: types.CellType) -> bool:
     return True
 
 
+def _named(name: str) -> bool:
+    return "." not in name and "<" not in name
+
+
 def _put(name: str, obj: Any) -> None:
     """Names with a dot (methods, nested functions) and ``<lambda>`` have no place at the top
     of a module: the stdlib's pickler cannot find them in a script either."""
-    if "." in name or "<" in name:
+    if not _named(name):
         return
     adopted[name] = obj
     if _installed is not None and sys.modules.get(MAIN) is _installed:

@@ -69,6 +69,7 @@ def test_lambdas_and_methods_have_no_top_level_name(main: types.ModuleType) -> N
     _mainspace.adopt([by_value(namespace["square"]), by_value(namespace["Point"])])
     assert sorted(_mainspace.adopted) == ["Point"]
     assert not hasattr(main, "<lambda>")
+    assert _mainspace.current(namespace["square"])  # nothing to adopt again for it
     with pytest.raises(AttributeError, match="has no attribute 'square'"):
         main.square  # noqa: B018
 
