@@ -16,15 +16,15 @@ a task's data is found on demand among the classes cloudpickle rebuilt (`find`).
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
 MAIN = "__main__"
-BUDGET = 256  # objects one `adopt` looks at: the walk costs a few microseconds, never more
+BUDGET = 256  # objects one `adopt` of a function looks at (once per function sent)
+ARGS_BUDGET = 16  # and of a task's arguments (each task): a few microseconds at most
 _CONTAINERS = (list, tuple, set, frozenset)
 adopted: dict[str, Any] = {}  # name -> the newest function or class of that name
 
@@ -87,10 +87,28 @@ def settle(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ..
     """A task's arguments, where a function of the script that its function brought too is
     that very object (one pickle each: two copies of ``f``, where the script has one), and
     what else of the script they bring adopted, without taking a name from the function's."""
-    args = tuple(_same(a) for a in args)
-    kwargs = {k: _same(v) for k, v in kwargs.items()}
-    adopt((args, kwargs), replace=False)
+    if _FUNCTION in map(type, args):
+        args = tuple([_same(a) for a in args])
+    if kwargs:
+        kwargs = {k: _same(v) for k, v in kwargs.items()}
+    if not (_known(args) and _known(kwargs.values())):
+        adopt((args, kwargs), replace=False, budget=ARGS_BUDGET)
     return args, kwargs
+
+
+def _known(values: Iterable[Any]) -> bool:
+    """Whether nothing in ``values`` can bring a name not adopted yet (the usual task: the
+    same classes of the script again): then the walk is skipped."""
+    for value in values:
+        kind = type(value)
+        if kind is _FUNCTION or kind is dict or kind in _CONTAINERS:
+            return False
+        if kind.__module__ == MAIN and adopted.get(kind.__qualname__) is not kind:
+            return False
+    return True
+
+
+_FUNCTION = types.FunctionType
 
 
 def _same(obj: Any) -> Any:
@@ -106,19 +124,21 @@ def _twin(known: Any, obj: Any) -> bool:
             and known.__defaults__ == obj.__defaults__)
 
 
-def adopt(obj: Any, replace: bool = True) -> None:
+def adopt(obj: Any, replace: bool = True, budget: int = BUDGET) -> None:
     """Put the caller's main-script functions and classes that ``obj`` holds (itself, the
     globals, closure and defaults of its functions, the items of its containers, the classes
-    of its instances) under their names in ``__main__``; at most `BUDGET` objects are looked
-    at. Without ``replace``, a copy of a function adopted already leaves the name to it.
+    of its instances) under their names in ``__main__``; at most ``budget`` objects are
+    looked at. Without ``replace``, a copy of a function adopted already leaves the name to it.
     Never raises: an object that cannot be looked into (a proxy, say) leaves the names as
     they were, and the task runs as it would have."""
-    with contextlib.suppress(Exception):
-        _walk(obj, replace)
+    try:
+        _walk(obj, replace, budget)
+    except Exception:  # looked into as far as it could be
+        pass
 
 
-def _walk(obj: Any, replace: bool) -> None:
-    stack, seen, budget = [obj], set(), BUDGET
+def _walk(obj: Any, replace: bool, budget: int) -> None:
+    stack, seen = [obj], set()
     while stack and budget:
         item = stack.pop()
         if id(item) in seen:
@@ -129,25 +149,23 @@ def _walk(obj: Any, replace: bool) -> None:
         if kind is types.FunctionType:
             if item.__module__ != MAIN:
                 continue  # importable: pickled by reference, its module is the real one
-            if not replace and _twin(adopted.get(item.__qualname__), item):
-                continue
+            known = adopted.get(item.__qualname__)
+            if known is item or (not replace and _twin(known, item)):
+                continue  # walked when it was adopted
             _put(item.__qualname__, item)
-            stack.extend(islice(item.__globals__.values(), BUDGET))
+            stack.extend(islice(item.__globals__.values(), budget))
             stack.extend(c.cell_contents for c in item.__closure__ or () if _filled(c))
             stack.extend(item.__defaults__ or ())
         elif isinstance(item, type):
-            if item.__module__ == MAIN:
+            if item.__module__ == MAIN and adopted.get(item.__qualname__) is not item:
                 _put(item.__qualname__, item)
-                stack.extend(islice(vars(item).values(), BUDGET))  # methods: what they call
+                stack.extend(islice(vars(item).values(), budget))  # methods: what they call
         elif kind in _CONTAINERS:
-            stack.extend(islice(item, BUDGET))
+            stack.extend(islice(item, budget))
         elif kind is dict:
-            stack.extend(islice(item.values(), BUDGET))
-        elif kind.__module__ == MAIN:
-            stack.append(kind)
-            state = getattr(item, "__dict__", None)
-            if type(state) is dict:
-                stack.extend(islice(state.values(), BUDGET))
+            stack.extend(islice(item.values(), budget))
+        elif kind.__module__ == MAIN and adopted.get(kind.__qualname__) is not kind:
+            stack.append(kind)  # its class (its attributes are data: not looked into)
 
 
 def _filled(cell: types.CellType) -> bool:
