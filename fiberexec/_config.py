@@ -301,9 +301,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("min_workers", _int(0), None,
             "workers kept even when idle (default: ``max_workers``); more are started while "
             "tasks wait, up to ``max_workers``."),
-    Setting("shards", _int(1), None,
-            "scheduling threads, each serving its own share of the workers (default: one "
-            "per 256 workers, at most 16)."),
+    Setting("shards", _int(1), 1,
+            "scheduling threads, each serving its own share of the workers (default 1: they "
+            "share one interpreter lock, and more were slower at every size measured)."),
     Setting("max_task_retries", _int(0), 2,
             "how many times a task whose worker died is sent again (default 2)."),
     Setting("max_tasks_per_child", _optional(_int(1)), None,
@@ -508,8 +508,6 @@ def resolve(
     if values["min_workers"] is None:
         values["min_workers"] = top
     _between("min_workers", 0, top, values, sources)
-    if values["shards"] is None:
-        values["shards"] = max(1, min(16, -(-top // 256)))
     _between("shards", 1, top, values, sources)
     _check_rest(values, sources, options)
     _check_ports(values, sources)
