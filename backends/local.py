@@ -75,6 +75,7 @@ os.execvp(sys.argv[2], sys.argv[2:])
 _ARENAS = "MALLOC_ARENA_MAX"
 
 
+_PATH_FLAGS = frozenset({"-E", "-I", "-s", "-S", "-P"})
 FRESH_FIRST = 2  # workers started as new processes before the launcher takes over (as many
 # as a small machine's cores: a pool of that size never needs the launcher)
 LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) are replaced up
@@ -136,8 +137,12 @@ class LocalBackend(Backend):
         self.capture_output = capture_output
         self.python = python or sys.executable
         # This interpreter's options (-O, -W, -X dev...) for its workers, as the stdlib's
-        # spawn and forkserver give their children; another interpreter gets none.
-        self.flags = (subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+        # spawn and forkserver give their children; another interpreter gets none. Not those
+        # that hide where modules are (-E, -I, -s, -S, -P): a stdlib child needs only the
+        # stdlib, a worker needs fiberexec and its dependencies (the parent's sys.path
+        # reaches it after they are imported).
+        ours = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+        self.flags = ([flag for flag in ours if flag not in _PATH_FLAGS]
                       if self.python == sys.executable else [])
         self.use_launcher = launcher
         self._launcher: Launcher | None = None
