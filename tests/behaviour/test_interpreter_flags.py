@@ -5,11 +5,11 @@ from the launcher alike (four workers: the first two are fresh)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,9 +46,5 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
 def test_workers_run_with_the_scripts_interpreter_options(tmp_path: Path, which: str) -> None:
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, "-O", "-W", "error::UserWarning", str(script), which],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_script(tmp_path, SCRIPT, which, options=("-O", "-W", "error::UserWarning"))
     assert done.stdout == "[(1, ('error::UserWarning',), 'raised', 'skipped')]\n", done.stdout

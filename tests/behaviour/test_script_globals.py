@@ -7,11 +7,11 @@ were forked, so this is fiberexec's own contract, not a shared one.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,10 +44,6 @@ if __name__ == "__main__":
 
 
 def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Path) -> None:
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=150, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_script(tmp_path, SCRIPT)
     assert done.stdout.splitlines() == [
         "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6"], done.stdout

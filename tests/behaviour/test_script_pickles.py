@@ -7,11 +7,11 @@ the executors, for ``Process`` and for ``Pool``."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -97,11 +97,7 @@ EXPECTED = "[True, True, True, [1, 2], 42, 'Hidden', [0, 2, 4, 6]]"
 @pytest.mark.parametrize("which", ["stdlib", "fiberexec", "multiprocessing",
                                    "fiberexec.multiprocessing"])
 def test_a_task_pickles_the_scripts_objects_by_reference(tmp_path: Path, which: str) -> None:
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), which], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=200, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_script(tmp_path, SCRIPT, which, timeout=200)
     lines = done.stdout.splitlines()
     assert lines[0] == EXPECTED, done.stdout + done.stderr
     if "multiprocessing" in which:  # then the pool's worker, without the nested pool

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.scripts import run_script
+
 pytestmark = pytest.mark.timeout(180)
 
 SCRIPT = """
@@ -37,11 +39,8 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
 def test_a_main_script_task_shows_its_file_line_and_source(tmp_path: Path, which: str) -> None:
+    done = run_script(tmp_path, SCRIPT, which)
     script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), which], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=150, check=False)
-    assert done.returncode == 0, done.stderr
     assert f'File "{script}", line 11, in task\n    raise ValueError(f"refusing {{x}}")' in (
         done.stdout), done.stdout
     assert (f'{script}:10: RuntimeWarning: look here\n'
