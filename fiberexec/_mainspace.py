@@ -16,9 +16,11 @@ a task's data is found on demand among the classes cloudpickle rebuilt (`find`).
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import Any
 
@@ -29,16 +31,27 @@ _CONTAINERS = (list, tuple, set, frozenset)
 adopted: dict[str, Any] = {}  # name -> the newest function or class of that name
 
 
-def install(fallback: Callable[[str], Any] | None = None) -> types.ModuleType:
+def install(origin: Mapping[str, str] | None = None,
+            fallback: Callable[[str], Any] | None = None) -> types.ModuleType:
     """Make ``sys.modules["__main__"]`` a module of the caller's script's names (empty until
     `adopt` fills it); the program that was ``__main__`` stays importable by its own name.
-    A name not found is asked of ``fallback`` (which raises `AttributeError`), if given."""
+    A name not found is asked of ``fallback`` (which raises `AttributeError`), if given.
+
+    ``origin`` (`fiberexec._syspath.main_origin` of the caller) gives the module the
+    script's ``__file__``, where that file exists here, or the ``__spec__`` of the module
+    ``python -m`` ran: a stdlib ``spawn`` child of a task then imports the script as
+    ``__mp_main__``, as a spawned child of the script itself does."""
     global _installed
     current = sys.modules.get(MAIN)
     spec = getattr(current, "__spec__", None)
     if current is not None and spec is not None and spec.name != MAIN:
         sys.modules.setdefault(spec.name, current)
     module = types.ModuleType(MAIN, "The caller's main script, as far as its tasks bring it.")
+    origin = origin or {}
+    if origin.get("name"):
+        module.__spec__ = importlib.machinery.ModuleSpec(origin["name"], None)
+    elif origin.get("path") and os.path.exists(origin["path"]):
+        module.__file__ = origin["path"]
 
     def lookup(name: str) -> Any:  # PEP 562: asked for what the module does not hold
         found = find(name)

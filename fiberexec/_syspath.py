@@ -13,7 +13,10 @@ entry made absolute against the parent's working directory, with the parent's
   same-named ones of the parent's installation (built for another Python, perhaps) that a
   shared directory makes visible.
 
-``sys.argv`` travels with it: a child gets its parent's, as a forked or spawned one does.
+``sys.argv`` travels with it: a child gets its parent's, as a forked or spawned one does; and
+where the parent's main module came from (its file, or the module ``-m`` ran), which a
+worker's ``__main__`` names (`fiberexec._mainspace`) so that a stdlib ``spawn`` child of a
+task finds the script as a spawned child of the script would.
 """
 
 from __future__ import annotations
@@ -28,31 +31,51 @@ __all__ = ["ENV_SYS_PATH", "adopt", "export"]
 
 
 def export() -> str:
-    """This process's ``sys.path``, ``sys.prefix`` and ``sys.argv``, for `adopt` in a child."""
+    """This process's ``sys.path``, ``sys.prefix``, ``sys.argv`` and main module's origin,
+    for `adopt` in a child."""
     cwd = os.getcwd()
     path = [os.path.join(cwd, p) if p else cwd for p in sys.path if isinstance(p, str)]
-    return json.dumps({"prefix": sys.prefix, "path": path, "argv": sys.argv})
+    return json.dumps({"prefix": sys.prefix, "path": path, "argv": sys.argv,
+                       "main": main_origin()})
 
 
-def adopt(value: str | None) -> None:
+def main_origin() -> dict[str, str]:
+    """``{"name": module}`` for a program run with ``python -m module``, ``{"path": file}``
+    for a script, ``{}`` for neither (an interactive session)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if isinstance(name, str) and name and name != "__main__":
+        return {"name": name}
+    path = getattr(main, "__file__", None)
+    return {"path": os.path.abspath(path)} if isinstance(path, str) and path else {}
+
+
+def adopt(value: str | None) -> dict[str, str]:
     """Add the parent's path entries (`export`) that exist here to ``sys.path``; take its
-    ``sys.argv``."""
+    ``sys.argv``; return its main module's origin (`main_origin`)."""
     if not value:
-        return
+        return {}
     try:
         sent = json.loads(value)
     except ValueError:
-        return
+        return {}
     if not isinstance(sent, dict):
-        return
+        return {}
     argv = sent.get("argv")
     if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
         sys.argv[:] = argv
     entries = sent.get("path")
-    if not isinstance(entries, list):
-        return
+    if isinstance(entries, list):
+        _extend(entries, sent.get("prefix") == sys.prefix)
+    origin = sent.get("main")
+    if not isinstance(origin, dict):
+        return {}
+    return {k: v for k, v in origin.items() if k in ("name", "path") and isinstance(v, str)}
+
+
+def _extend(entries: list[object], same_python: bool) -> None:
     parent = [p for p in entries if isinstance(p, str) and os.path.exists(p)]
-    if sent.get("prefix") == sys.prefix:
+    if same_python:
         sys.path[:] = list(dict.fromkeys([*parent, *sys.path]))
     else:
         sys.path[:] = list(dict.fromkeys([*sys.path, *parent]))

@@ -727,8 +727,8 @@ def run() -> None:
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
     _adopt_authkey()
-    _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any function is unpickled
-    _mainspace.install()  # the caller's script's names, not this program's (see there)
+    origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
+    _mainspace.install(origin)  # the caller's script's names, not this program's (see there)
     try:
         worker = Worker(config)
     except LinkClosed as exc:

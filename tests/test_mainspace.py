@@ -124,3 +124,16 @@ def test_a_fallback_answers_what_was_not_brought(main: types.ModuleType) -> None
     assert sys.modules["__main__"].anything == "from the script: anything"
     with pytest.raises(AttributeError):
         sys.modules["__main__"].__wrapped__  # noqa: B018  # dunders never reach it
+
+
+def test_the_scripts_origin_names_it_for_a_spawned_child(main: types.ModuleType,
+                                                         tmp_path: Any) -> None:
+    """A stdlib ``spawn`` child reads ``__main__.__spec__.name``, else ``__file__``."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    by_path = _mainspace.install({"path": str(script)})
+    assert by_path.__file__ == str(script) and by_path.__spec__ is None
+    elsewhere = _mainspace.install({"path": str(tmp_path / "not-on-this-host.py")})
+    assert not hasattr(elsewhere, "__file__")
+    by_name = _mainspace.install({"name": "pkg.train"})
+    assert by_name.__spec__ is not None and by_name.__spec__.name == "pkg.train"

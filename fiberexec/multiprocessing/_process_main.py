@@ -61,13 +61,13 @@ def main() -> None:
     _set_logging(os.environ.get(_process.ENV_LOG, ""))
     from fiberexec import _syspath
 
-    _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before the process is unpickled
+    origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
     from fiberexec import _mainspace
     from fiberexec.multiprocessing import _main
 
     _main.adopt(os.environ.get(_main.ENV_MAIN))
     # ``__main__.<name>``: the copy the process brought, else the parent's main module
-    _mainspace.install(fallback=_main.lookup)
+    _mainspace.install(origin, fallback=_main.lookup)
     _, payload = client.call(calls.Fetch(proc_id, os.getpid()))
     try:
         process = loads_bytes(payload, what="process")

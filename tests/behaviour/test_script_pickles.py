@@ -2,7 +2,8 @@
 standard library's pickler (``pickle.dumps``, a checkpoint, ``torch.save``, a
 ``multiprocessing.Pool`` inside the task), by reference as ``__main__.<name>``: in a stdlib
 worker the names are there (it is a fork of the script); in a fiberexec worker they are the
-copies the task brought by value (`fiberexec._mainspace`). Same script, same output, for
+copies the task brought by value (`fiberexec._mainspace`), and a spawned pool of the task
+imports the script, as one of the script's own would. Same script, same output, for
 the executors, for ``Process`` and for ``Pool``."""
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ def checks(arg, fn):
     ]
 
 
-def pooled():
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        return pool.map(double, range(4))
+def pooled():  # a forked pool finds the script's names in its parent; a spawned one imports
+    found = []  # the script (its __main__'s __file__) as __mp_main__
+    for method in ("fork", "spawn"):
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            found.append(pool.map(double, range(4)))
+    return found
 
 
 def in_process(queue, arg, fn):
@@ -91,7 +95,7 @@ if __name__ == "__main__":
             print(pool.apply(checks, (arg, double)))
 """
 
-EXPECTED = "[True, True, True, [1, 2], 42, 'Hidden', [0, 2, 4, 6]]"
+EXPECTED = "[True, True, True, [1, 2], 42, 'Hidden', [[0, 2, 4, 6], [0, 2, 4, 6]]]"
 
 
 @pytest.mark.parametrize("which", ["stdlib", "fiberexec", "multiprocessing",
@@ -101,4 +105,5 @@ def test_a_task_pickles_the_scripts_objects_by_reference(tmp_path: Path, which: 
     lines = done.stdout.splitlines()
     assert lines[0] == EXPECTED, done.stdout + done.stderr
     if "multiprocessing" in which:  # then the pool's worker, without the nested pool
-        assert lines[1] == EXPECTED.removesuffix(", [0, 2, 4, 6]]") + "]", done.stdout
+        assert lines[1] == EXPECTED.removesuffix(", [[0, 2, 4, 6], [0, 2, 4, 6]]]") + "]", (
+            done.stdout)
