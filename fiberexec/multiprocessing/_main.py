@@ -17,55 +17,26 @@ processes without end.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
 import threading
 import types
+from collections.abc import Mapping
 from typing import Any
 
-ENV_MAIN = "FIBEREXEC_MP_MAIN"
-
-_inherited: str | None = None  # in a child: what it was started with, for its own children
-_info: dict[str, Any] = {}
+_info: dict[str, str] = {}  # in a child: the parent's `fiberexec._syspath.main_origin`
 _lock = threading.RLock()
 _loaded: types.ModuleType | None = None
 _failed: str = ""
 importing = False  # the parent's main module is being run here
 
 
-def describe() -> str:
-    """The main module of this program, for `adopt` in a child."""
-    if _inherited is not None:
-        return _inherited
-    main = sys.modules.get("__main__")
-    info: dict[str, Any] = {}
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name is not None:
-        info["name"] = name
-    else:
-        path = getattr(main, "__file__", None)
-        if path:
-            import multiprocessing.process
-
-            base = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or os.getcwd()
-            info["path"] = os.path.normpath(os.path.join(base, path))
-    return json.dumps(info)
-
-
-def adopt(value: str | None) -> None:
-    """In a child: remember where the parent's main module is."""
-    global _inherited, _info
-    if not value:
-        return
-    try:
-        info = json.loads(value)
-    except ValueError:
-        return
-    if not isinstance(info, dict):
-        return
-    _inherited, _info = value, info
+def adopt(origin: Mapping[str, str]) -> None:
+    """In a child: remember where the parent's main module is (it travels with the import
+    path, `fiberexec._syspath`)."""
+    global _info
+    _info = dict(origin)
 
 
 def lookup(name: str) -> Any:

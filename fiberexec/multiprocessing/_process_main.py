@@ -65,7 +65,7 @@ def main() -> None:
     from fiberexec import _mainspace
     from fiberexec.multiprocessing import _main
 
-    _main.adopt(os.environ.get(_main.ENV_MAIN))
+    _main.adopt(origin)
     # ``__main__.<name>``: the copy the process brought, else the parent's main module
     _mainspace.install(origin, fallback=_main.lookup)
     _, payload = client.call(calls.Fetch(proc_id, os.getpid()))
