@@ -27,6 +27,8 @@ def test_defaults_without_environment_or_file(tmp_path: Path) -> None:
     assert config.heartbeat == 1.0 and config.max_task_retries == 2 and config.image is None
     assert config.config_file is None
     assert set(config.sources.values()) == {"default"}
+    # one shard at any size: shards share one interpreter lock (benchmarks/README.md)
+    assert config.shards == 1 == _resolve(tmp_path, max_workers=4096).shards
 
 
 def test_environment_sets_what_arguments_leave_open(tmp_path: Path) -> None:
