@@ -20,6 +20,11 @@ each N. Measured:
     (psutil ``memory_full_info().uss``; at most 128 workers, evenly picked, are read).
 (e) for fiberexec, ``stats().workers_lost`` and ``stats().tasks_retried`` at the end.
 
+The task is ``benchmarks.scale_tasks.sleep_pid``, from a module every worker imports, or with
+``--task script`` the same function defined in the program that runs the executor (here, this
+module run with ``-m``: its ``__main__``), as a researcher's script defines its own: fiberexec
+and loky send it by value, the stdlib's pool by reference to ``__main__``.
+
 Targets (read at N = 512, shown for every N): all N running, the time to all N running
 <= 2x the stdlib's (fork, its default on Linux), efficiency >= the stdlib's (fork), no
 worker lost and no task retried, and the first ``submit`` back within 10 ms.
@@ -41,12 +46,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("fiberexec", "stdlib-fork", "stdlib-spawn", "loky")
+TASKS = ("module", "script")
 SIZES = (64, 256, 512, 1024)
 TASK_S = 0.05
 REFERENCE = "stdlib-fork"
@@ -191,9 +198,28 @@ def raise_nofile_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def measure_one(system: str, n: int, rounds: int, limit: float) -> Metrics:
+def script_sleep_pid(seconds: float) -> int:
+    """`benchmarks.scale_tasks.sleep_pid`, defined in the running program (``--task script``)."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def task_function(kind: str) -> Callable[[float], int]:
+    if kind == "module":
+        from benchmarks.scale_tasks import sleep_pid
+
+        return sleep_pid
+    if kind == "script":
+        if __name__ != "__main__":  # then it would be sent by reference, as the module's is
+            raise RuntimeError("--task script needs this module to be the program run")
+        return script_sleep_pid
+    raise ValueError(f"task must be one of {', '.join(TASKS)}, got {kind!r}")
+
+
+def measure_one(system: str, n: int, rounds: int, limit: float, task: str = "module") -> Metrics:
     """Phases (a) to (e) for one system and ``n`` workers; ``limit`` bounds phases a and b."""
     raise_nofile_limit()
+    sleep_pid = task_function(task)
     preload(system)
     tracker = Tracker(n)
     sampler = AliveSampler(tracker)
@@ -203,9 +229,9 @@ def measure_one(system: str, n: int, rounds: int, limit: float) -> Metrics:
     ex = make(system, n)
     try:
         sampler.start()
-        metrics.update(_until_all_running(ex, tracker, start, deadline))
+        metrics.update(_until_all_running(ex, sleep_pid, tracker, start, deadline))
         if metrics["all_running"]:  # (b) only on a pool whose workers all run
-            metrics.update(_efficiency(ex, tracker, rounds, limit / 2))
+            metrics.update(_efficiency(ex, sleep_pid, tracker, rounds, limit / 2))
         sampler.stop.set()
         metrics.update(_at_end(ex, tracker, sampler.peak))
     finally:
@@ -216,10 +242,9 @@ def measure_one(system: str, n: int, rounds: int, limit: float) -> Metrics:
     return metrics
 
 
-def _until_all_running(ex: Any, tracker: Tracker, start: float, deadline: float) -> Metrics:
+def _until_all_running(ex: Any, sleep_pid: Callable[[float], int], tracker: Tracker,
+                       start: float, deadline: float) -> Metrics:
     """(a): submit 4N tasks, top up while some worker is unseen; wait for them all."""
-    from benchmarks.scale_tasks import sleep_pid
-
     n = tracker.n
     began = time.perf_counter()
     tracker.add(ex.submit(sleep_pid, TASK_S))  # the pool starts: this must not wait for it
@@ -238,10 +263,9 @@ def _until_all_running(ex: Any, tracker: Tracker, start: float, deadline: float)
             "distinct_at_start": seen, "first_submit_ms": first_submit * 1000}
 
 
-def _efficiency(ex: Any, tracker: Tracker, rounds: int, timeout: float) -> Metrics:
+def _efficiency(ex: Any, sleep_pid: Callable[[float], int], tracker: Tracker, rounds: int,
+                timeout: float) -> Metrics:
     """(b): ``rounds`` x N tasks of `TASK_S` on the warm pool, against the ideal time."""
-    from benchmarks.scale_tasks import sleep_pid
-
     before = set(tracker.seen())
     began = time.perf_counter()
     for _ in range(rounds * tracker.n):
@@ -353,7 +377,7 @@ def run(options: argparse.Namespace) -> tuple[dict[int, dict[str, Metrics]], dic
                     began = time.monotonic()
                     metrics = fresh.run("benchmarks.scale",
                                         ["--one", system, str(n), str(rounds),
-                                         str(timeout * 0.8)], timeout)
+                                         str(timeout * 0.8), "--task", options.task], timeout)
                     metrics["wall_s"] = time.monotonic() - began
                 samples.setdefault((n, system), []).append(metrics)
                 print(f"  [{r + 1}/{options.repeat}] N={n:<5} {system:<13} {_brief(metrics)}",
@@ -363,6 +387,7 @@ def run(options: argparse.Namespace) -> tuple[dict[int, dict[str, Metrics]], dic
         results.setdefault(n, {})[system] = _median(runs)
     meta = {
         "mode": "quick" if options.quick else "full", "repeat": options.repeat,
+        "task": options.task,
         "rounds": rounds, "task_s": TASK_S, "cpus": os.cpu_count(),
         "python": platform.python_version(), "machine": platform.platform(),
         "seconds": round(time.monotonic() - started, 1),
@@ -402,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds one configuration may take (900; quick 180)")
     parser.add_argument("--mib-per-worker", type=float, default=20.0,
                         help="skip N workers unless N x this much memory is available")
+    parser.add_argument("--task", choices=TASKS, default="module",
+                        help="the task's function: from a module (default), or defined in the "
+                             "program that runs the executor (sent by value)")
     parser.add_argument("--output", type=Path, default=HERE / "scale.json")
     parser.add_argument("--one", nargs=4, metavar=("SYSTEM", "N", "ROUNDS", "LIMIT"),
                         help=argparse.SUPPRESS)
@@ -411,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
         system, n, rounds, limit = options.one
         try:
-            metrics = measure_one(system, int(n), int(rounds), float(limit))
+            metrics = measure_one(system, int(n), int(rounds), float(limit), options.task)
         except Exception as exc:
             traceback.print_exc()
             metrics = {"error": f"{type(exc).__name__}: {exc}"}
@@ -419,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results, meta = run(options)
     print(table(results))
-    print(f"\n{meta['mode']} run, {meta['repeat']} repeat(s), {meta['seconds']}s, "
+    print(f"\n{meta['mode']} run, task from the {meta['task']}, {meta['repeat']} repeat(s), "
+          f"{meta['seconds']}s, "
           f"load average {meta['load_average_before'][0]:.2f} before, "
           f"{meta['load_average_after'][0]:.2f} after")
     verdicts = {str(n): verdict(by) for n, by in results.items()}

@@ -1,8 +1,9 @@
 """The forking launcher: workers start at fork's pace and share the launcher's pages.
 
 Backends that start several workers on one host use it through `fiberexec.backend` (the
-local backend does). One launcher process per backend imports the worker program once (and
-the modules named in ``FIBEREXEC_PRELOAD``), then forks each worker from itself, as the
+local backend does). One launcher process per backend imports the worker program once (with
+cloudpickle, which a function of the user's script needs to be rebuilt, and the modules
+named in ``FIBEREXEC_PRELOAD``), then forks each worker from itself, as the
 standard library's forkserver does: a worker starts in milliseconds, shares the launcher's
 memory pages, and nothing is forked from the user's own process (its threads and locks
 stay where they are).
@@ -236,6 +237,7 @@ def _preload() -> None:
     import importlib
 
     import fiberexec.worker  # noqa: F401  # what every worker runs: imported once, here
+    import fiberexec._codenames  # noqa: F401  # cloudpickle: what a script's function needs
 
     for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
         try:

@@ -184,6 +184,13 @@ def sleep_pid(seconds: float) -> int:
     return os.getpid()
 
 
+def sleep_loaded(seconds: float, module: str) -> tuple[int, int, bool]:
+    """Sleep, then say which worker ran the task, its parent, and whether ``module`` was
+    imported in it."""
+    time.sleep(seconds)
+    return os.getpid(), os.getppid(), module in sys.modules
+
+
 def sum_then_scribble(array: Any) -> float:
     """The argument's sum as it arrived, then change it in place (a task's own copy)."""
     total = float(array.sum())

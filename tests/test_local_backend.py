@@ -178,6 +178,27 @@ def test_workers_are_forked_from_one_launcher_and_go_with_a_killed_executor() ->
         executor.communicate(timeout=30)
 
 
+def test_a_forked_worker_has_what_a_scripts_function_needs_loaded(
+        make_executor: ExecutorFactory) -> None:
+    """A function of the script travels by value and needs cloudpickle to be rebuilt: the
+    launcher imports it once, so hundreds of forked workers do not each import it (about
+    12 ms of CPU each) before their first task. (A fresh worker imports it when a task needs
+    it: the task here comes from a module, and needs nothing of it.)"""
+    ex = make_executor(4)
+    seen: dict[int, tuple[int, bool]] = {}
+    for _ in range(20):  # rounds of sleeping tasks until each of the four has run one
+        for f in [ex.submit(tasks.sleep_loaded, 0.2, "cloudpickle") for _ in range(8)]:
+            pid, parent, loaded = f.result(timeout=60)
+            seen[pid] = (parent, loaded)
+        if len(seen) == 4:
+            break
+    assert len(seen) == 4
+    forked = [loaded for parent, loaded in seen.values() if parent != os.getpid()]
+    fresh = [loaded for parent, loaded in seen.values() if parent == os.getpid()]
+    assert len(forked) == 2 and all(forked)
+    assert fresh == [False, False]
+
+
 def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
     """A worker that could not notice its executor's end (stopped) is found by its executor
     pid, though its command line and environment are the launcher's."""
