@@ -73,8 +73,8 @@ class _Condition(RLock):  # type: ignore[misc]  # (final in typeshed, not at run
 class TaskFuture(Future[T]):
     """The future `FiberExecutor.submit` returns."""
 
-    _holder: Holder | None = None  # who holds it at a worker...
-    _hold_key: object = None  # ...and its key there
+    _holder: Holder | None  # who holds it at a worker...
+    _hold_key: object  # ...and its key there
 
     def __init__(self) -> None:
         # `Future.__init__`'s attributes, with the lighter condition (a test keeps the two
@@ -86,6 +86,7 @@ class TaskFuture(Future[T]):
         self._waiters = []
         # a list once a callback is added (`add_done_callback`): most futures never get one
         self._done_callbacks: list[Callable[[Future[T]], object]] | tuple[()] = ()
+        self._holder = self._hold_key = None  # here, not first set later: a shared-keys dict
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with self._condition:
