@@ -236,8 +236,8 @@ def serve(fd: int) -> None:
 def _preload() -> None:
     import importlib
 
+    import fiberexec._codenames  # cloudpickle: what a script's function needs
     import fiberexec.worker  # noqa: F401  # what every worker runs: imported once, here
-    import fiberexec._codenames  # noqa: F401  # cloudpickle: what a script's function needs
 
     for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
         try:
