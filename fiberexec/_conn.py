@@ -73,6 +73,7 @@ class Conn:
         self.lost = False  # died, was cut off, or never connected (else it left in order)
         self.ended: float | None = None  # when it left the shard's table (shard's clock)
         self.stack_requests: dict[int, Future[str]] = {}  # dump_stack calls awaiting it
+        self.collected = False  # a thread waiting for its answer reads it (Shard.collect)
 
     @property
     def pipe_id(self) -> int | None:

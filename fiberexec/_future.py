@@ -24,6 +24,7 @@ would.
 from __future__ import annotations
 
 import threading
+import time
 from _thread import RLock
 from collections import deque
 from collections.abc import Callable
@@ -40,11 +41,21 @@ from typing import Any, Protocol, TypeVar
 T = TypeVar("T")
 
 CANCEL_WAIT = 2.0  # seconds `cancel` waits for the worker holding a task to answer
+# Seconds a thread waiting for a task's result reads its worker's link itself (the shard's
+# thread meanwhile cannot act: see `fiberexec._shard.Shard.collect`); then it waits as usual.
+COLLECT_MAX = 0.005
 
 
 class Holder(Protocol):
     def ask_back(self, key: object, future: TaskFuture[Any]) -> bool:
         """Get the task back from its worker and cancel it; True if that was done."""
+
+
+class Collector(Protocol):
+    def collect(self, future: TaskFuture[Any], key: object, timeout: float) -> None:
+        """On the thread that waits for ``future``: wait for its worker's answer here, at
+        most ``timeout`` seconds, and take it in; return at once where that cannot be done
+        (the answer then comes the usual way, through the shard's thread)."""
 
 
 class _Condition(RLock):  # type: ignore[misc]  # (final in typeshed, not at run time)
@@ -75,6 +86,9 @@ class TaskFuture(Future[T]):
 
     _holder: Holder | None  # who holds it at a worker...
     _hold_key: object  # ...and its key there
+    # Where it was sent from a waiting-free shard, for the thread that will wait for it to
+    # read the answer itself (see `Collector`); None once that is tried or the answer came.
+    _sent: tuple[Collector, object] | None
 
     def __init__(self) -> None:
         # `Future.__init__`'s attributes, with the lighter condition (a test keeps the two
@@ -87,6 +101,7 @@ class TaskFuture(Future[T]):
         # a list once a callback is added (`add_done_callback`): most futures never get one
         self._done_callbacks: list[Callable[[Future[T]], object]] | tuple[()] = ()
         self._holder = self._hold_key = None  # here, not first set later: a shared-keys dict
+        self._sent = None
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with self._condition:
@@ -96,6 +111,28 @@ class TaskFuture(Future[T]):
                 self._done_callbacks.append(fn)
                 return
         super().add_done_callback(fn)  # done: the stdlib's calls it now, as it would
+
+    def result(self, timeout: float | None = None) -> T:
+        if self._sent is not None:
+            timeout = self._collect(timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._sent is not None:
+            timeout = self._collect(timeout)
+        return super().exception(timeout)
+
+    def _collect(self, timeout: float | None) -> float | None:
+        """Read the answer on this thread if it can be done; what is left of ``timeout``."""
+        sent, self._sent = self._sent, None
+        if sent is None or (timeout is not None and timeout <= 0):
+            return timeout
+        if timeout is None:
+            sent[0].collect(self, sent[1], COLLECT_MAX)
+            return None
+        start = time.monotonic()
+        sent[0].collect(self, sent[1], min(timeout, COLLECT_MAX))
+        return max(0.0, timeout - (time.monotonic() - start))
 
     def cancel(self) -> bool:
         with self._condition:

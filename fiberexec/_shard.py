@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import selectors
 import threading
 import time
@@ -174,6 +175,60 @@ class Shard:
 
     def _has_idle_worker(self) -> bool:
         return bool(self.idle)
+
+    def collect(self, future: TaskFuture[Any], key: object, timeout: float) -> None:
+        """On a thread about to wait for ``future``, which was sent to its worker (``key``)
+        while the shard's thread slept: if it still sleeps, wait for the worker's answer on
+        this thread and take it in here, for at most ``timeout`` seconds. That saves the
+        round trip's last thread hand-off (the shard's thread waking to read the answer,
+        then waking this one), as `_dispatch_here` saves the first.
+
+        Meanwhile the shard's thread cannot act (this thread holds `owner`), so this thread
+        lets go as soon as anything else wants it: a frame from another worker, a submit or
+        an event (whatever would wake the shard's thread: its selector becomes readable),
+        or the shard's next deadline."""
+        conn = cast("Conn", key)
+        if not self.owner.acquire(blocking=False):
+            return
+        self._owner_ident = threading.get_ident()
+        try:
+            if (not self._sleeping or self.events or self.incoming or future.done()
+                    or conn.state is not State.READY or conn.channel.closed
+                    or self.conns.get(conn.worker_id) is not conn):
+                return
+            fd = conn.channel.fileno()
+            self.selector.unregister(fd)  # the shard's thread sleeps on, not woken by it
+            conn.collected = True
+            try:
+                self._collect(conn, fd, future, min(timeout, self._next_deadline()))
+            finally:
+                if conn.collected:  # (else it was unregistered meanwhile, for good)
+                    conn.collected = False
+                    self.selector.register(fd, selectors.EVENT_READ, conn)
+            if self.queue:  # the answer freed the worker: send what waits, as the shard would
+                self._dispatch()
+            if self.queue or self.events or self.incoming:
+                self._wake()
+        finally:
+            self._owner_ident = None
+            self.owner.release()
+
+    def _collect(self, conn: Conn, fd: int, future: TaskFuture[Any], timeout: float) -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(self.selector.fileno(), select.POLLIN)  # the shard's thread is wanted
+        deadline = time.monotonic() + timeout
+        while not future.done() and conn.collected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready = poller.poll(math.ceil(left * 1000))
+            if not ready:
+                return
+            if any(ready_fd == fd for ready_fd, _ in ready):
+                self._receive(conn)
+            if len(ready) > 1 or ready[0][0] != fd or self.events:
+                return  # the rest is the shard's thread's to do
 
     def post(self, event: ev.Event) -> None:
         self.events.append(event)
@@ -343,6 +398,8 @@ class Shard:
                 _shm.discard(name)
             if not item.start():  # cancelled while it waited there: its outcome is dropped
                 continue
+            if getattr(item.future, "_sent", None) is not None:  # it keeps no shard alive
+                item.future._sent = None  # type: ignore[attr-defined]
             ok = settle(item, result)
             self._count(item, ok)
             runtime = result.runtime
@@ -700,6 +757,7 @@ class Shard:
         items: list[WorkItem] = []
         batched = 0  # bytes the tasks so far put in the message
         queue, estimates = self.queue, self.estimates
+        inline = self._owner_ident is not None  # sent by a submitting or waiting thread
         while len(items) < n and queue:
             item = queue[0]
             fn_id = id(item.fn)
@@ -728,6 +786,8 @@ class Shard:
                 continue
             item.key, item.cost = key, conn.hold(estimate)
             conn.inflight[item.task_id] = item
+            if inline and isinstance(item.future, TaskFuture):  # its waiter may read here
+                item.future._sent = (self, conn)
             tasks.append(p.Task(item.task_id, index[fn_id], args))
             items.append(item)
             batched += size
@@ -974,7 +1034,10 @@ class Shard:
             conn.counted = False
             self.ready_workers -= 1
         if not conn.channel.closed:
-            self.selector.unregister(conn.channel.fileno())
+            if conn.collected:  # a waiting thread reads it, unregistered: it leaves it so
+                conn.collected = False
+            else:
+                self.selector.unregister(conn.channel.fileno())
             if hang_up:
                 conn.channel.close()
 

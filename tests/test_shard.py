@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -893,3 +895,87 @@ def test_a_message_of_tasks_stops_growing_at_the_batch_room(
         b.answer("w0", [t.task_id for m in messages for t in m.tasks], runtime=SHORT)
         b.step()
     assert max(counts) == 3 and sum(counts) > 5 * 3  # a round's tasks span messages
+
+
+# ---------------------------------------------------------------- a waiting thread reads
+
+@contextmanager
+def shard_thread(b: Bench) -> Iterator[None]:
+    """The shard's own loop on its thread, as an executor runs it; asleep when this yields."""
+    thread = threading.Thread(target=b.shard.run, daemon=True)
+    thread.start()
+    with b.shard.owner:  # free only while the loop sleeps in select
+        pass
+    try:
+        yield
+    finally:
+        b.shard.post(ev.Shutdown(False))
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def _settled_on(future: Future[Any]) -> list[int]:
+    """The thread that settles ``future`` (its done-callbacks run there)."""
+    threads: list[int] = []
+    future.add_done_callback(lambda _: threads.append(threading.get_ident()))
+    return threads
+
+
+def _wait_in_a_thread(future: Future[Any], reading: threading.Event,
+                      monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Thread, list[Any]]:
+    """``future.result()`` on a new thread; ``reading`` is set once it reads its worker."""
+    collect = Shard._collect
+
+    def noted(self: Shard, *args: Any) -> None:
+        reading.set()
+        collect(self, *args)
+
+    monkeypatch.setattr(Shard, "_collect", noted)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(future.result(timeout=30)))
+    waiter.start()
+    return waiter, got
+
+
+def test_a_thread_waiting_for_a_task_it_sent_reads_the_answer_itself(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the shard's thread sleeps, a submitting thread sends the task itself, and the
+    thread that then waits for it takes in the answer: no hand-off through the shard's
+    thread on either way (its done-callbacks run on the waiting thread)."""
+    b = bench(heartbeat=60.0)
+    b.connect("w0")
+    with shard_thread(b):
+        [item] = b.submit(job, 1)
+        assert b.tasks_sent("w0") == [item.task_id]  # sent from this thread, at once
+        settled = _settled_on(item.future)
+        reading = threading.Event()
+        waiter, got = _wait_in_a_thread(item.future, reading, monkeypatch)
+        assert reading.wait(10)
+        b.answer("w0", [item.task_id], runtime=SHORT)
+        waiter.join(10)
+        assert got == [item.task_id] and settled == [waiter.ident]
+        assert b.shard.conns["w0"].idle_since and "w0" in b.shard.idle  # ready for more
+
+
+def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing waits for the reading thread: another worker's answer is taken in by the
+    shard's thread as it comes (here the reading thread could read for a minute)."""
+    monkeypatch.setattr("fiberexec._future.COLLECT_MAX", 60.0)
+    b = bench(heartbeat=600.0)
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b):
+        first, second = b.submit(job, 2)
+        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        settled = _settled_on(second.future)
+        reading = threading.Event()
+        waiter, got = _wait_in_a_thread(first.future, reading, monkeypatch)
+        assert reading.wait(10)
+        b.answer("w1", [second.task_id], runtime=SHORT)
+        assert second.future.result(timeout=10) == second.task_id
+        assert settled and settled[0] not in (waiter.ident, threading.get_ident())
+        assert not first.future.done() and waiter.is_alive()
+        b.answer("w0", [first.task_id], runtime=SHORT)
+        waiter.join(10)
+        assert got == [first.task_id]
