@@ -32,6 +32,7 @@ from typing import ClassVar
 from fiberexec.backend import (
     ENV_EXECUTOR_ID,
     ENV_LOCAL_ADDRESS,
+    ENV_PRELOAD,
     WORKER_COMMAND,
     WORKER_PROGRAM,
     Backend,
@@ -237,8 +238,9 @@ class LocalBackend(Backend):
         """The first `FRESH_FIRST` workers start as new processes (a small pool's first result
         comes as soon as a spawned worker's would, with no launcher to start beside it); the
         launcher starts for the next one and serves every worker after them. Other programs
-        (processes the user starts, often several at once) all fork."""
-        if program != WORKER_PROGRAM:
+        (processes the user starts, often several at once) all fork, and so does every
+        worker when modules are to be preloaded (`ENV_PRELOAD`): each then starts with them."""
+        if program != WORKER_PROGRAM or os.environ.get(ENV_PRELOAD, "").strip(" ,"):
             return False
         with self._lock:
             first = self._fresh < FRESH_FIRST

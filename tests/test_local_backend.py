@@ -199,6 +199,23 @@ def test_a_forked_worker_has_what_a_scripts_function_needs_loaded(
     assert fresh == [False, False]
 
 
+def test_with_modules_to_preload_every_worker_starts_with_them(
+        make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first workers of a pool are started fresh, unless modules are to be preloaded:
+    then every one is forked by the launcher that imported them, the first two too."""
+    monkeypatch.setenv("FIBEREXEC_PRELOAD", "colorsys")  # a module nothing else here imports
+    ex = make_executor(2)
+    seen: dict[int, tuple[int, bool]] = {}
+    for _ in range(20):  # rounds of sleeping tasks until each of the two has run one
+        for f in [ex.submit(tasks.sleep_loaded, 0.2, "colorsys") for _ in range(4)]:
+            pid, parent, loaded = f.result(timeout=60)
+            seen[pid] = (parent, loaded)
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2
+    assert all(parent != os.getpid() and loaded for parent, loaded in seen.values())
+
+
 def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
     """A worker that could not notice its executor's end (stopped) is found by its executor
     pid, though its command line and environment are the launcher's."""
