@@ -1,15 +1,21 @@
-"""Where the tasks' forwarded output goes in the executor's process: one writer thread.
+"""Where the tasks' forwarded output goes in the executor's process.
 
-    shard thread: Heartbeat(stdout, stderr) -> OutputSink.put   (appends; never blocks)
+    shard thread: Heartbeat(stdout, stderr) -> OutputSink.put
+        a few lines while nothing waits to be written: written here, at once
+        else: appended for the writer thread (never blocks)
     writer thread: the lines, as the worker prefixed them (``[w12 host] ``) ->
                    sys.stdout / sys.stderr (looked up at each write, so redirections
                    apply), or unprefixed to ``<dir>/w12.out`` / ``.err``
 
 Workers prefix their own lines: the executor does no work per line.
 
-A terminal or pipe that does not keep up holds up only the writer thread. What it has not
-written is bounded by `HELD_MAX`; past that, output is dropped and the drop is said in the
-output itself, once per stretch, so nothing disappears silently.
+A task's lines come in the message before its result's, and a few lines are written on the
+shard's thread before it reads on: so what a task printed is on the terminal before its
+future is done, and the program's own ``print(f.result())`` comes after it. More than
+`DIRECT_MAX` at once goes to the writer thread, so a terminal or pipe that does not keep up
+with much output holds up only that thread. What it has not written is bounded by
+`HELD_MAX`; past that, output is dropped and the drop is said in the output itself, once
+per stretch, so nothing disappears silently.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections import deque
 from typing import IO, BinaryIO
 
 HELD_MAX = 64 << 20  # bytes of output waiting for the writer thread
+DIRECT_MAX = 8 << 10  # bytes a shard's thread writes itself when the writer has nothing
 CLOSE_WAIT = 5.0  # seconds shutdown waits for the writer to finish writing
 
 
@@ -34,6 +41,7 @@ class OutputSink:
         self._queue: deque[tuple[str, str, bytes, bytes]] = deque()
         self._held = 0
         self._dropped = 0  # bytes dropped since the writer last caught up
+        self._writing = 0  # batches being written now, by the writer or directly
         self._thread: threading.Thread | None = None
         self._closed = False
         self._files: dict[str, BinaryIO] = {}
@@ -43,16 +51,33 @@ class OutputSink:
         with self._cond:
             if self._closed:
                 return
-            if self._held + size > HELD_MAX:
-                self._dropped += size
+            # Written on this thread if little, and nothing is queued or being written (so
+            # lines keep their order): before the result that follows them is handed over.
+            if size <= DIRECT_MAX and not self._queue and not self._writing:
+                self._writing += 1
+            else:
+                self._enqueue((worker_id, host, stdout, stderr), size)
                 return
-            self._held += size
-            self._queue.append((worker_id, host, stdout, stderr))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fiberexec-output",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        try:
+            with contextlib.suppress(Exception):  # as in the writer thread: a closed stream
+                self._write(worker_id, host, stdout, stderr)
+        finally:
+            with self._cond:
+                self._writing -= 1
+                self._cond.notify()
+
+    def _enqueue(self, batch: tuple[str, str, bytes, bytes], size: int) -> None:
+        """(With the lock held) for the writer thread."""
+        if self._held + size > HELD_MAX:
+            self._dropped += size
+            return
+        self._held += size
+        self._queue.append(batch)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fiberexec-output",
+                                            daemon=True)
+            self._thread.start()
+        self._cond.notify()
 
     def close(self) -> None:
         """Write what is queued (waiting at most `CLOSE_WAIT`), then close the files."""
@@ -69,20 +94,26 @@ class OutputSink:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                # (after a direct write still under way: its lines came first)
+                while not (self._queue and not self._writing) and not self._closed:
                     self._cond.wait()
                 if not self._queue:
                     return
                 batch = list(self._queue)
                 self._queue.clear()
                 self._held = 0
+                self._writing += 1
                 dropped, self._dropped = self._dropped, 0
-            if dropped:
-                self._note(f"[fiberexec] {dropped} bytes of worker output dropped: this "
-                           f"process's output did not keep up\n".encode())
-            for worker_id, host, stdout, stderr in batch:
-                with contextlib.suppress(Exception):  # a closed stream must not end the thread
-                    self._write(worker_id, host, stdout, stderr)
+            try:
+                if dropped:
+                    self._note(f"[fiberexec] {dropped} bytes of worker output dropped: "
+                               f"this process's output did not keep up\n".encode())
+                for worker_id, host, stdout, stderr in batch:
+                    with contextlib.suppress(Exception):  # a closed stream must not end it
+                        self._write(worker_id, host, stdout, stderr)
+            finally:
+                with self._cond:
+                    self._writing -= 1
 
     def _write(self, worker_id: str, host: str, stdout: bytes, stderr: bytes) -> None:
         if self.directory is not None:

@@ -26,6 +26,20 @@ def test_forwarded_lines_carry_worker_and_host_and_keep_their_order(
     assert f"{prefix}to stderr" in err.splitlines()
 
 
+def test_what_a_task_printed_is_written_before_the_program_has_its_result(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+    """The program's own line about a result comes after the task's lines, as when the
+    worker writes to the terminal itself."""
+    ex = make_executor(2, output="forward")
+    for i in range(30):
+        print(f"result {ex.submit(tasks.chatter, 1, i).result(timeout=60)}", flush=True)
+    ex.shutdown()
+    out, _ = capfd.readouterr()
+    order = [line.split("] ")[-1] for line in out.splitlines()]
+    assert [line for line in order if line.startswith(("line", "result"))] == [
+        line for i in range(30) for line in ("line 0", f"result {i}")]
+
+
 def test_local_workers_inherit_output_by_default(
         make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
     ex = make_executor(1)
