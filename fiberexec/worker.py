@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from fiberexec import _auth, _capture, _contract, _mainspace, _shm, _syspath
+from fiberexec import _auth, _capture, _contract, _joblib_hook, _mainspace, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
 from fiberexec._errors import LinkClosed, ProtocolError
@@ -729,6 +729,7 @@ def run() -> None:
     _adopt_authkey()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
     _mainspace.install(origin)  # the caller's script's names, not this program's (see there)
+    _joblib_hook.install()  # a task of the script may name joblib's "fiber" backend
     try:
         worker = Worker(config)
     except LinkClosed as exc:
