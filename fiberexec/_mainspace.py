@@ -12,10 +12,19 @@ So a worker's ``__main__`` is a module of its own (`install`), and each function
 the caller's main script that a task's function or arguments bring is put there under its
 name as it is unpickled (`adopt`), the newest copy winning. A class reached only deep inside
 a task's data is found on demand among the classes cloudpickle rebuilt (`find`).
+
+And the script's functions share that module's namespace, as in a stdlib worker (`home`):
+cloudpickle gives the functions of each pickle a globals dict of their own, so a global an
+initializer (or an earlier task) set was not there for the next task's function to read.
+Each script function a task or initializer brings is rebuilt on ``__main__``'s namespace,
+and the globals it brings are put there unless the caller's value is the one it sent before
+(a value the worker set itself then stays); a value the caller changed since wins.
 """
 
 from __future__ import annotations
 
+import builtins
+import copy
 import importlib.machinery
 import os
 import sys
@@ -29,6 +38,11 @@ BUDGET = 256  # objects one `adopt` of a function looks at (once per function se
 ARGS_BUDGET = 16  # and of a task's arguments (each task): a few microseconds at most
 _CONTAINERS = (list, tuple, set, frozenset)
 adopted: dict[str, Any] = {}  # name -> the newest function or class of that name
+# name -> the caller's value as last sent, as it was then (a copy), for the values `_kept`
+# can copy; a name not here was never sent, or its value cannot be compared (always placed)
+_sent: dict[str, tuple[Any]] = {}
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+KEPT_MAX = 64  # items of a container of plain values `_kept` copies; more: not compared
 
 
 def install(origin: Mapping[str, str] | None = None,
@@ -47,6 +61,7 @@ def install(origin: Mapping[str, str] | None = None,
     if current is not None and spec is not None and spec.name != MAIN:
         sys.modules.setdefault(spec.name, current)
     module = types.ModuleType(MAIN, "The caller's main script, as far as its tasks bring it.")
+    module.__dict__["__builtins__"] = builtins  # as an executed module has (imports ask)
     origin = origin or {}
     if origin.get("name"):
         module.__spec__ = importlib.machinery.ModuleSpec(origin["name"], None)
@@ -63,6 +78,7 @@ def install(origin: Mapping[str, str] | None = None,
 
     module.__getattr__ = lookup  # type: ignore[method-assign]
     module.__dict__.update(adopted)
+    _sent.clear()  # nothing of the caller's values is in the new namespace
     sys.modules[MAIN] = _installed = module
     return module
 
@@ -128,7 +144,7 @@ def _same(obj: Any) -> Any:
     if type(obj) is not types.FunctionType or obj.__module__ != MAIN:
         return obj
     known = adopted.get(obj.__qualname__)
-    return known if _twin(known, obj) else obj
+    return known if _twin(known, obj) else home(obj)
 
 
 def _twin(known: Any, obj: Any) -> bool:
@@ -201,3 +217,92 @@ def _put(name: str, obj: Any) -> None:
     adopted[name] = obj
     if _installed is not None and sys.modules.get(MAIN) is _installed:
         setattr(_installed, name, obj)
+
+
+def home(fn: Any) -> Any:
+    """``fn`` (a task's or initializer's function) on this ``__main__``'s namespace, if it is
+    a function of the caller's script, with the script's functions and globals it brought
+    (see the module's docstring); anything else as it is."""
+    main = _installed
+    if type(fn) is not types.FunctionType or fn.__module__ != MAIN or main is None:
+        return fn
+    space, brought = main.__dict__, fn.__globals__
+    if brought is space:
+        return fn
+    rebuilt: dict[int, types.FunctionType] = {}
+    for name, value in list(brought.items()):
+        if name.startswith("__") and name.endswith("__"):
+            continue  # the module's own (__name__, __builtins__): this module has its own
+        if type(value) is types.FunctionType and value.__globals__ is brought:
+            function = space[name] = _rebuild(value, space, brought, rebuilt)
+            _sent.pop(name, None)
+            if _named(function.__qualname__) and function.__name__ == name:
+                adopted[name] = function
+            continue
+        if isinstance(value, type) and value.__module__ == MAIN:
+            _rehome_methods(value, space, brought, rebuilt)
+        _place(space, name, value)
+    return _rebuild(fn, space, brought, rebuilt)
+
+
+def _place(space: dict[str, Any], name: str, value: Any) -> None:
+    """Put the caller's ``value`` of global ``name`` here, unless it is the value the caller
+    sent before, unchanged (what the worker made of it then stays)."""
+    kept = _kept(value)
+    if kept is not None and name in space and _sent.get(name) == kept:
+        return
+    space[name] = value
+    if kept is None:
+        _sent.pop(name, None)
+    else:
+        _sent[name] = kept
+
+
+def _kept(value: Any) -> tuple[Any] | None:
+    """A copy of ``value`` that later changes to it do not reach, for plain values and small
+    containers of them; None for anything else (compared as changed)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return (value,)
+    if kind in (tuple, frozenset, list, set) and len(value) <= KEPT_MAX and all(
+            type(item) in _PLAIN for item in value):
+        return (copy.copy(value),)
+    if kind is dict and len(value) <= KEPT_MAX and all(
+            type(k) in _PLAIN and type(v) in _PLAIN for k, v in value.items()):
+        return (dict(value),)
+    return None
+
+
+def _rebuild(fn: types.FunctionType, space: dict[str, Any], brought: dict[str, Any],
+             rebuilt: dict[int, types.FunctionType]) -> types.FunctionType:
+    """A copy of ``fn`` whose globals are ``space``; a script function it holds in a closure
+    cell (a decorator's wrapped function) is rebuilt too."""
+    done = rebuilt.get(id(fn))
+    if done is not None:
+        return done
+    new = types.FunctionType(fn.__code__, space, fn.__name__, fn.__defaults__, fn.__closure__)
+    rebuilt[id(fn)] = new
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    new.__annotations__ = fn.__annotations__
+    new.__dict__.update(fn.__dict__)
+    for cell in fn.__closure__ or ():
+        if _filled(cell):
+            inner = cell.cell_contents
+            if type(inner) is types.FunctionType and inner.__globals__ is brought:
+                cell.cell_contents = _rebuild(inner, space, brought, rebuilt)
+    return new
+
+
+def _rehome_methods(cls: type, space: dict[str, Any], brought: dict[str, Any],
+                    rebuilt: dict[int, types.FunctionType]) -> None:
+    """The methods of a script class the pickle rebuilt read ``space`` too."""
+    for name, value in list(vars(cls).items()):
+        inner = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+        if type(inner) is not types.FunctionType or inner.__globals__ is not brought:
+            continue
+        new = _rebuild(inner, space, brought, rebuilt)
+        try:
+            setattr(cls, name, type(value)(new) if inner is not value else new)
+        except (AttributeError, TypeError):  # a class that refuses: it reads its own copy
+            pass

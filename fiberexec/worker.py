@@ -170,6 +170,7 @@ class Worker:
         try:
             fn, args = loads(setup.initializer, what="initializer")
             if MAIN_MARK in setup.initializer.data:
+                fn = _mainspace.home(fn)
                 _mainspace.adopt((fn, args))
             fn(*args)
         except BaseException as exc:
@@ -642,8 +643,10 @@ MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's sc
 
 
 def _adopted(fn: Any, payload: Payload) -> Any:
-    """``fn``, its main-script functions and classes now ``__main__``'s (`_mainspace`)."""
+    """``fn``, its main-script functions and classes now ``__main__``'s (`_mainspace`), on
+    its namespace."""
     if MAIN_MARK in payload.data:
+        fn = _mainspace.home(fn)
         _mainspace.adopt(fn)
     return fn
 

@@ -101,8 +101,65 @@ def test_a_changed_function_takes_its_name(main: types.ModuleType) -> None:
     exec("def double(x):\n    return 3 * x", changed)  # the script edited
     second = by_value(changed["double"])
     args, _ = _mainspace.settle((second,), {})
-    assert args[0] is second is main.double
+    assert args[0] is main.double and args[0].__code__ is second.__code__
+    assert args[0](2) == 6
     assert not _mainspace.current(first)
+
+
+STATE = """
+MODEL = None
+SEEN = {}
+SCALE = 1
+
+def init(model):
+    global MODEL
+    MODEL = model
+    SEEN["init"] = model
+
+def predict(x):
+    return MODEL, dict(SEEN), x * SCALE
+"""
+
+
+def test_functions_share_main_and_keep_what_the_worker_set(main: types.ModuleType) -> None:
+    """As in a stdlib worker, an initializer's globals are there for the tasks after it,
+    though each function came in a pickle of its own, with the values the caller had."""
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE, caller)
+    _mainspace.home(by_value(caller["init"]))("net")
+    predict = _mainspace.home(by_value(caller["predict"]))
+    assert predict(2) == ("net", {"init": "net"}, 2)
+    assert main.MODEL == "net" and predict.__globals__ is vars(main)
+
+
+def test_a_global_the_caller_changed_since_it_was_sent_wins(main: types.ModuleType) -> None:
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE, caller)
+    _mainspace.home(by_value(caller["init"]))("net")
+    caller["SCALE"], caller["SEEN"] = 10, {"caller": 1}  # rebound in the script
+    assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"caller": 1}, 20)
+    caller["MODEL"] = "other"  # the caller's own value changed: it wins here too
+    assert _mainspace.home(by_value(caller["predict"]))(2)[0] == "other"
+
+
+def test_a_decorated_functions_wrapped_function_reads_main_too(
+        main: types.ModuleType) -> None:
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE + """
+import functools
+
+def logged(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+@logged
+def model():
+    return MODEL
+""", caller)
+    _mainspace.home(by_value(caller["init"]))("net")
+    assert _mainspace.home(by_value(caller["model"]))() == "net"
 
 
 def test_the_program_that_was_main_stays_importable() -> None:
