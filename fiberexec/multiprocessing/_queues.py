@@ -19,6 +19,8 @@ from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
 
+_CREATING = threading.Lock()  # held while a queue is made in its broker, on first use
+
 
 class Queue:
     """A FIFO shared by processes (`multiprocessing.Queue`).
@@ -36,11 +38,15 @@ class Queue:
         self._closed = False
 
     def _ep(self) -> Endpoint:
-        if self._endpoint is None:
-            broker = b.get_broker()
-            self._cid = broker.endpoint.call(calls.NewChan(self._maxsize, -1))[0]
-            self._endpoint = broker.endpoint
-        return self._endpoint
+        endpoint = self._endpoint
+        if endpoint is None:
+            with _CREATING:  # threads that first use it at once: one makes it, for all
+                if self._endpoint is None:
+                    broker = b.get_broker()
+                    self._cid = broker.endpoint.call(calls.NewChan(self._maxsize, -1))[0]
+                    self._endpoint = broker.endpoint  # after the id: read without the lock
+                endpoint = self._endpoint
+        return endpoint
 
     def _call(self, kind: Callable[..., calls.Call], *args: Any, body: bytes = b"",
               wait: float = 0.0) -> tuple[Any, bytes]:

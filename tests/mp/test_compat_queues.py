@@ -7,8 +7,10 @@ waits, to ``qsize()``, and to the queue once the consumer's process ends.
 
 from __future__ import annotations
 
+import threading
 import time
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -167,3 +169,33 @@ def test_items_taken_before_an_event_are_not_counted_after_it(mpm: ModuleType) -
     go.set()
     p.join(60)
     assert p.exitcode == 0
+
+
+def _first_used_at_once(q: Any) -> list[Any]:
+    """A reader waiting on a new queue and four writers, let go at the same moment: what
+    the reader got."""
+    start, got = threading.Barrier(5), []
+
+    def reader() -> None:
+        start.wait()
+        got.extend(q.get(timeout=30) for _ in range(4))
+
+    def writer(i: int) -> None:
+        start.wait()
+        q.put(i)
+
+    threads = [threading.Thread(target=reader)] + [
+        threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return got
+
+
+def test_threads_first_using_a_new_queue_at_once_all_use_the_one_queue(
+        mpm: ModuleType) -> None:
+    """A queue made in one thread and first used by several at the same moment (a reader
+    waiting before anything is put, writers starting together) is one queue for them all."""
+    for _ in range(10):
+        assert sorted(_first_used_at_once(mpm.Queue())) == [0, 1, 2, 3]
