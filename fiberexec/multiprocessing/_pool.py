@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import logging
 import pickle
 import threading
 import warnings
@@ -43,7 +42,6 @@ from fiberexec.multiprocessing._backends import (
 )
 from fiberexec.multiprocessing._errors import ProcessError, TimeoutError
 
-log = logging.getLogger("fiberexec.multiprocessing")
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
 Callback = Callable[[Any], object] | None
 
@@ -125,8 +123,9 @@ class ApplyResult:
         if callback is not None:
             try:
                 callback(value)
-            except Exception:
-                log.exception("a Pool callback raised")
+            except Exception as exc:  # on stderr, as the stdlib's result thread's end says it
+                threading.excepthook(threading.ExceptHookArgs(
+                    (type(exc), exc, exc.__traceback__, threading.current_thread())))
         self._event.set()
 
     def _on_done(self, future: Future[Any]) -> None:

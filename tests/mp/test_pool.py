@@ -45,6 +45,24 @@ def test_async_results_callbacks_and_errors() -> None:
             failing.get(60)
 
 
+def test_a_callback_that_raises_is_reported_as_a_threads_death_and_the_pool_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stdlib's result thread dies of it: `threading.excepthook` prints the traceback
+    on stderr (and that pool then hangs). Here it is reported the same way, and the pool
+    goes on."""
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+
+    def explode(_: object) -> None:
+        raise RuntimeError("callback exploded")
+
+    with mp.Pool(1) as pool:
+        result = pool.apply_async(tasks.square, (3,), callback=explode)
+        assert result.get(timeout=60) == 9 and result.successful()
+        assert pool.apply(tasks.square, (4,)) == 16
+    assert [str(exc) for exc in reported] == ["callback exploded"]
+
+
 def test_not_ready_and_timeout() -> None:
     with mp.Pool(1) as pool:
         slow = pool.apply_async(time.sleep, (5,))
