@@ -84,6 +84,13 @@ LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) ar
 LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to have exited
 
 
+def _group_of(program: str) -> int | None:
+    """The process group a forked ``program`` joins: a worker none (a session of its own,
+    out of the terminal's reach); a `fiberexec.multiprocessing.Process` this process's, so
+    the terminal's Ctrl-C reaches it as it reaches a stdlib child."""
+    return None if program == WORKER_PROGRAM else os.getpgrp()
+
+
 def _executor_pid() -> str:
     """This process, as its workers name it (for ``fiberexec cleanup``: see _local_stray)."""
     pid = os.getpid()
@@ -196,7 +203,8 @@ class LocalBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT if self.capture_output else None,
-                start_new_session=True,
+                # a worker: a session of its own; a Process: in ours, as a stdlib child
+                start_new_session=tuple(spec.command) == WORKER_COMMAND,
                 close_fds=True,
             )
         except FileNotFoundError as exc:
@@ -256,7 +264,7 @@ class LocalBackend(Backend):
             self._keep_launcher = True
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
-                                  log=log, program=program)
+                                  log=log, program=program, group=_group_of(program))
         except LauncherError:
             with self._lock:
                 self._spawning -= 1

@@ -108,7 +108,7 @@ class Launcher:
             self.proc = subprocess.Popen(
                 [python, *flags, "-m", "fiberexec.worker", LAUNCHER_FLAG, str(theirs.fileno())],
                 env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                start_new_session=True)
+                process_group=0)  # out of the terminal's reach, in the caller's session
         finally:
             theirs.close()
         self._waiting: deque[queue.SimpleQueue[tuple[Any, ...]]] = deque()  # in request order
@@ -122,12 +122,15 @@ class Launcher:
 
     def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
               log: str | None, program: str = WORKER_PROGRAM,
-              output: int | None = None) -> ForkedProcess:
+              output: int | None = None, group: int | None = None) -> ForkedProcess:
         """Fork a worker (or another of fiberexec's programs, by module name). Several
         threads may ask at once: their requests are pipelined (the launcher forks them back
         to back), and replies come back in order. The child writes to the file ``log``,
-        else to the descriptor ``output`` (standard output and error both), else to ours."""
-        request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program))
+        else to the descriptor ``output`` (standard output and error both), else to ours.
+        It starts a session of its own, or joins the process ``group`` given (of this
+        process's session: a `fiberexec.multiprocessing.Process` joins its parent's, so the
+        terminal's Ctrl-C reaches it as it reaches a stdlib child)."""
+        request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program, group))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
@@ -250,7 +253,7 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
     data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
     if not data:
         return False
-    _tag, env, cwd, memory, log, program = pickle.loads(data)
+    _tag, env, cwd, memory, log, program, group = pickle.loads(data)
     _load(program)
     try:
         pid = os.fork()
@@ -258,7 +261,7 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
         _close(output)
         return _answer(sock, ("failed", repr(exc)))
     if pid == 0:
-        _become_worker(sock, pipe, env, cwd, memory, log, program, output)
+        _become_worker(sock, pipe, env, cwd, memory, log, program, output, group)
     _close(output)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
@@ -312,7 +315,7 @@ def _reap(sock: socket.socket) -> None:
 
 def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, str],  # noqa: PLR0917
                    cwd: str, memory: int | None, log: str | None, program: str,
-                   output: list[int]) -> None:
+                   output: list[int], group: int | None) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
     code = 0
     try:
@@ -321,7 +324,7 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
         sock.close()
         for fd in pipe:
             os.close(fd)
-        os.setsid()
+        _detach(group)
         if log is not None:
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             output = [out, out]
@@ -345,6 +348,18 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _detach(group: int | None) -> None:
+    """A session of its own (a worker: the terminal's signals are not its), or the process
+    ``group`` asked for; a group that is gone or elsewhere gives a session of its own."""
+    if group is not None:
+        try:
+            os.setpgid(0, group)
+            return
+        except OSError:
+            pass
+    os.setsid()
 
 
 def _adopt_environment(env: dict[str, str]) -> None:

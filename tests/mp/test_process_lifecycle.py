@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import signal
+import subprocess
+import sys
 import weakref
 from multiprocessing import util
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -140,3 +144,36 @@ def test_a_process_name_becomes_a_label_every_backend_takes(name: str, label: st
     from fiberexec.multiprocessing._process import label_value
 
     assert label_value(name) == label
+
+
+CTRL_C = """
+import os, signal, sys, threading, time
+import {module} as mp
+
+
+def forever():
+    while True:
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    os.setpgid(0, 0)  # a terminal's foreground group: Ctrl-C signals all of it
+    p = mp.Process(target=forever)
+    p.start()
+    time.sleep(0.5)
+    threading.Timer(0.2, os.killpg, (os.getpgrp(), signal.SIGINT)).start()
+    p.join()
+"""
+
+
+@pytest.mark.parametrize("module", ["multiprocessing", "fiberexec.multiprocessing"])
+def test_the_terminals_ctrl_c_ends_a_child_as_it_ends_its_parent(
+        tmp_path: Path, module: str) -> None:
+    """A child is in its parent's process group: Ctrl-C (SIGINT to the group) interrupts it
+    too, so the parent's exit, which joins its children, does not wait forever."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C.format(module=module))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == -signal.SIGINT, done.stderr  # the parent ended by Ctrl-C
+    assert "in forever" in done.stderr  # and the child too, in its target
