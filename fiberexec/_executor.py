@@ -49,6 +49,9 @@ def _python_exit() -> None:
 
 
 threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
+# A fork of this process (a stdlib child) inherits the pools, not their threads or workers:
+# its exit leaves them to the parent (each pool also checks, for its finalizers' sake).
+os.register_at_fork(after_in_child=_live_pools.clear)
 
 
 class FiberExecutor(Executor):

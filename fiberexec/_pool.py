@@ -96,6 +96,7 @@ class TaskPool:
         self._last_progress = 0.0
         self.control: ControlServer | None = None  # with observe=True, once started
         self._on_close: list[Callable[[], None]] = []
+        self._pid = os.getpid()  # a fork of this process (a stdlib child) has none of it
 
     @property
     def executor_id(self) -> str:
@@ -156,13 +157,22 @@ class TaskPool:
 
     # ------------------------------------------------------------ stopping
 
+    def _inherited(self) -> bool:
+        """Whether this is a forked child's copy: the pool's threads, workers and files are
+        its parent's, which a child's exit (hooks, finalizers) must leave alone."""
+        return os.getpid() != self._pid
+
     def interpreter_exiting(self) -> None:
         """The interpreter is exiting: tasks still run, but no worker is awaited for long."""
+        if self._inherited():
+            return
         for shard in self.shards:
             shard.post(ev.Exiting())
 
     def force_stop(self, message: str, *, grace: float) -> None:
         """Cancel what has not started, fail what runs, stop every worker (no waiting)."""
+        if self._inherited():
+            return
         self.supervisor.stop_grace = grace
         self.shutdown(wait=False, cancel_futures=True)
         self.break_executor(message, None, level=logging.INFO)
@@ -172,6 +182,8 @@ class TaskPool:
         self._on_close.append(callback)
 
     def shutdown(self, *, wait: bool, cancel_futures: bool) -> None:
+        if self._inherited():
+            return
         with self._lock:
             already = self._closing
             self._closing = True

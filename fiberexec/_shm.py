@@ -145,12 +145,15 @@ def _take_pooled(name: str, size: int) -> memoryview:
         mapped = mmap.mmap(fd, size, offset=FLAG)
     finally:
         os.close(fd)
-    weakref.finalize(mapped, _free, path)
+    weakref.finalize(mapped, _free, path, os.getpid())
     return memoryview(mapped)[:size]
 
 
-def _free(path: str) -> None:
-    """The receiver's mapping of a pooled file is gone: its sender may write it again."""
+def _free(path: str, pid: int) -> None:
+    """The receiver's mapping of a pooled file is gone: its sender may write it again.
+    (Not by a forked child's copy, at its exit: the parent's mapping lives on.)"""
+    if os.getpid() != pid:
+        return
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_WRONLY)
         try:
