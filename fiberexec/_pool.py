@@ -192,6 +192,10 @@ class TaskPool:
                 shard.post(ev.Shutdown(cancel_futures))
             threading.Thread(target=self._finish, name="fiberexec-shutdown", daemon=True).start()
         if wait:
+            if any(shard.on_its_thread() for shard in self.shards):
+                # a done-callback: the shard's thread would wait for itself (as the stdlib's
+                # manager thread, joining itself, raises)
+                raise RuntimeError("cannot join current thread")
             self._closed.wait()
 
     def _finish(self) -> None:

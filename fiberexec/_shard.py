@@ -173,6 +173,12 @@ class Shard:
             self._owner_ident = None
             self.owner.release()
 
+    def on_its_thread(self) -> bool:
+        """Whether the calling thread runs the shard's loop, or holds it (a submitting or
+        waiting thread: see `_dispatch_here`, `collect`), as in a done-callback it calls."""
+        me = threading.get_ident()
+        return me in (self._thread_ident, self._owner_ident)
+
     def _has_idle_worker(self) -> bool:
         return bool(self.idle)
 

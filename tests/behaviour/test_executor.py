@@ -11,7 +11,10 @@ import pytest
 
 from fiberexec import BrokenFiberExecutor, ConfigurationError, FiberExecutor
 from tests import tasks
+from tests.behaviour.both import Make, make
 from tests.conftest import ExecutorFactory
+
+__all__ = ["make"]
 
 
 def test_submit_returns_stdlib_future(executor: FiberExecutor) -> None:
@@ -253,3 +256,26 @@ def test_terminate_kills_running_tasks_and_fails_the_rest(make_executor: Executo
         assert f.cancelled() or isinstance(f.exception(), BrokenFiberExecutor)
     with pytest.raises(BrokenFiberExecutor, match="terminated"):
         ex.submit(tasks.square, 1)
+
+
+def test_shutdown_waiting_from_a_done_callback_raises_and_shuts_down(make: Make) -> None:
+    """A callback runs on the executor's own thread: a `shutdown(wait=True)` there would
+    wait for itself. The stdlib raises `RuntimeError` ("cannot join current thread"), after
+    shutting down; so does ours."""
+    ex = make(1)
+    said: list[BaseException | None] = []
+    called = threading.Event()
+
+    def callback(_: object) -> None:
+        try:
+            ex.shutdown(wait=True)
+            said.append(None)
+        except BaseException as exc:  # what it raised, whatever it was
+            said.append(exc)
+        called.set()
+
+    ex.submit(tasks.square, 3).add_done_callback(callback)
+    assert called.wait(60)
+    assert isinstance(said[0], RuntimeError) and "cannot join current thread" in str(said[0])
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(tasks.square, 4)
