@@ -969,13 +969,16 @@ class Shard:
             item.requeued()
         self._unasked(conn)
         self._unregister(conn)
-        conn.charged = items[0] if items else None
-        if items:
-            items[0].losses += 1
-        doomed = [i for i in items[:1] if i.losses > self.config.max_task_retries]
+        # A worker lost in its initializer ran none of them: they go back uncharged (and
+        # the executor breaks: see _finalize).
+        ran = items if not conn.initializing else []
+        conn.charged = ran[0] if ran else None
+        if ran:
+            ran[0].losses += 1
+        doomed = [i for i in ran[:1] if i.losses > self.config.max_task_retries]
         for item in reversed(items[len(doomed):]):
             self.queue.appendleft(item)
-            self.retried += 1
+            self.retried += bool(ran)
         self.lost += 1
         conn.lost = True
         conn.doomed, conn.why = doomed, why
@@ -988,6 +991,13 @@ class Shard:
         """Say how the worker ended (to the task it ran, in the log); fail the task that
         exhausted its retries; replace the worker."""
         why = conn.why or conn.describe_exit()
+        if conn.initializing and conn.lost and self.broken is None:
+            # Its initializer ended the process: every worker's would (the stdlib's pool
+            # breaks too), so no task is charged or retried on a replacement.
+            conn.initializing = False
+            self.lifecycle.break_executor(
+                f"A worker ended while running the initializer ({phrase_of(why, conn.worker_id)}"
+                "), the executor is not usable anymore", None)
         charged, retries = conn.charged, self.config.max_task_retries
         if charged is not None:
             charged.causes += (Loss(conn.worker_id, phrase_of(why, conn.worker_id),

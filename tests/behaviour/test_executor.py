@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,20 @@ def test_failing_initializer_breaks_executor(make_executor: ExecutorFactory) -> 
     assert isinstance(info.value, cf.BrokenExecutor)
     assert "initializer refused" in repr(info.value.__cause__)
     with pytest.raises(BrokenFiberExecutor):
+        ex.submit(tasks.square, 3)
+
+
+def test_an_initializer_that_ends_its_process_breaks_the_executor(make: Make) -> None:
+    """Every worker's initializer would end it the same way: the executor breaks, naming
+    the initializer, and no task is retried on worker after worker."""
+    ex = make(1, initializer=tasks.exit_now, initargs=(4,))
+    future = ex.submit(tasks.square, 3)
+    with pytest.raises(BrokenProcessPool) as info:
+        future.result(timeout=60)
+    if isinstance(ex, FiberExecutor):
+        assert "initializer" in str(info.value) and "code 4" in str(info.value)
+        assert ex.stats().tasks_retried == 0
+    with pytest.raises(BrokenProcessPool):
         ex.submit(tasks.square, 3)
 
 
