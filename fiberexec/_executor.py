@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fiberexec import _observe
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
-from fiberexec._config import BY_KEY, NOT_SETTINGS, document, resolve
+from fiberexec._config import ARGUMENT, BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec._future import TaskFuture
 from fiberexec._observe import Durations, FailureInfo, TaskSpan, WorkerInfo
@@ -107,10 +107,6 @@ class FiberExecutor(Executor):
         dashboard: bool | str | None = None,
     ) -> None:
         instance = backend if isinstance(backend, Backend) else None
-        if backend is not None and instance is None and not isinstance(backend, str):
-            raise ConfigurationError(
-                f"backend must be a name or a Backend instance, got {backend!r}"
-            )
         given = {k: v for k, v in locals().items() if k in BY_KEY or k in NOT_SETTINGS}
         given["backend"] = backend  # a name is checked against the registry here, at once
         given["initargs"] = tuple(initargs)
@@ -184,7 +180,8 @@ class FiberExecutor(Executor):
         source: Source = self  # mypy checks here that the executor is what the page reads
         # The server holds the executor weakly: an executor dropped is still collected.
         self._dashboard = start(self._config.dashboard, weakref.proxy(source),
-                                self._config.tls)
+                                self._config.tls,
+                                announce=self._config.sources["dashboard"] != ARGUMENT)
         return self._dashboard
 
     @property

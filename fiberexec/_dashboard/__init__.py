@@ -2,6 +2,8 @@
 
     FiberExecutor(dashboard=...)  --validate--> check_installed()         (in __init__)
     first use (the pool is made) --> start() --> DashboardServer thread   (listens)
+                                                 its address: logged, and printed when the
+                                                 environment or a file turned it on
     the pool closes              --> Dashboard.stop()                     (nothing left)
 
 The server (``server.py``, aiohttp) reads the executor through the small `Source` protocol
@@ -13,9 +15,11 @@ starts.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import secrets
 import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,7 @@ from fiberexec._tls import TLSOptions
 if TYPE_CHECKING:
     from fiberexec._dashboard.server import DashboardServer
 
+log = logging.getLogger("fiberexec")
 NEEDS = ("aiohttp", "prometheus_client")
 INSTALL_HINT = "pip install 'fiberexec[dashboard]'"
 ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -57,8 +62,14 @@ class Dashboard:
         self.server.stop()
 
 
-def start(address: str, source: Source, tls: TLSOptions | None) -> Dashboard:
+def start(address: str, source: Source, tls: TLSOptions | None, *,
+          announce: bool = False) -> Dashboard:
     """Listen on ``address`` (``"host:port"``) and serve ``source``; HTTPS when ``tls``.
+
+    The address with its token is logged at INFO on the ``fiberexec`` logger; with
+    ``announce`` it is also printed to stderr, in one line: for a dashboard that the
+    environment or a config file turned on, in a program that does not know to print
+    `FiberExecutor.dashboard_url`.
 
     Raises:
         ConfigurationError: nothing can listen there (the port is taken, the host is not
@@ -79,7 +90,11 @@ def start(address: str, source: Source, tls: TLSOptions | None) -> Dashboard:
             f"dashboard cannot listen on {address}: {exc}; choose another host:port, or "
             "dashboard='on' for a free port on loopback"
         ) from exc
-    return Dashboard(_url(host, port, token, tls is not None), server)
+    dashboard = Dashboard(_url(host, port, token, tls is not None), server)
+    log.info("dashboard at %s", dashboard.url)
+    if announce:
+        print(f"fiberexec: dashboard at {dashboard.url}", file=sys.stderr, flush=True)
+    return dashboard
 
 
 def _ssl_context(tls: TLSOptions | None) -> ssl.SSLContext | None:

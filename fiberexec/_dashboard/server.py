@@ -5,7 +5,10 @@
     handlers --(snapshots on the loop's thread; stack dumps in a worker thread)--> Source
 
 Every request must carry the token, as ``?token=`` or ``Authorization: Bearer``; one that
-does not is refused with 403 before any route is looked at. Snapshots (state, metrics) are
+does not is refused with 403 before any route is looked at. A request that changes anything
+(a POST: a stack dump) must carry it in the header: a page of another site can make a browser
+send a form, with the token in its address if it ever leaked, but not an ``Authorization``
+header (that takes a CORS preflight, refused here). Snapshots (state, metrics) are
 read on the loop's thread: they take milliseconds and never wait. A stack dump waits for its
 worker, so it runs in another thread and never holds up another request.
 """
@@ -39,6 +42,7 @@ HEADERS = {
     "X-Frame-Options": "DENY",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+READ_ONLY = ("GET", "HEAD")  # methods that may carry the token in the address
 
 
 class DashboardServer:
@@ -121,15 +125,18 @@ class DashboardServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.authorized(request):
-            return web.Response(status=403, text="403 Forbidden: this address needs its token "
-                                "(open the address FiberExecutor.dashboard_url gives)\n")
+            return web.Response(status=403, text=_refusal(request))
         response = await handler(request)
         response.headers.update(HEADERS)
         return response
 
     def authorized(self, request: web.Request) -> bool:
+        """The token in an ``Authorization: Bearer`` header; for a GET (or HEAD), which
+        changes nothing, in ``?token=`` too."""
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":
+            if request.method not in READ_ONLY:
+                return False
             given = request.query.get("token", "")
         return hmac.compare_digest(given.strip().encode(), self.token)
 
@@ -153,8 +160,9 @@ class DashboardServer:
         worker_id = request.match_info["worker_id"]
         try:
             text = await _off_loop(self.source.dump_stack, worker_id, STACK_TIMEOUT)
-        except LookupError as exc:
-            raise web.HTTPNotFound(text=f"no worker {worker_id!r}: {exc}") from None
+        except LookupError as exc:  # its message names the worker and those there are
+            raise web.HTTPNotFound(text=str(exc.args[0]) if exc.args else
+                                   f"no worker {worker_id!r}") from None
         except TimeoutError as exc:
             raise web.HTTPGatewayTimeout(text=f"worker {worker_id!r} did not answer: {exc}") \
                 from None
@@ -170,6 +178,14 @@ class DashboardServer:
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
+
+
+def _refusal(request: web.Request) -> str:
+    if request.method not in READ_ONLY and "token" in request.query:
+        return (f"403 Forbidden: a {request.method} needs the token in an 'Authorization: "
+                "Bearer <token>' header, not in the address (the page sends it so)\n")
+    return ("403 Forbidden: this address needs its token (open the address "
+            "FiberExecutor.dashboard_url gives)\n")
 
 
 def _state_json(source: Source, since: float) -> bytes:

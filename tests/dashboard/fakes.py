@@ -50,8 +50,8 @@ class FakeSource:
     def dump_stack(self, worker_id: str, timeout: float = 5.0) -> str:
         if self.stack_error is not None:
             raise self.stack_error
-        if worker_id not in self.stacks:
-            raise KeyError(worker_id)
+        if worker_id not in self.stacks:  # as the executor says it
+            raise LookupError(f"no worker {worker_id!r} in this source")
         return self.stacks[worker_id]
 
     def stats(self) -> Stats:

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,3 +109,43 @@ def test_a_missing_extra_is_refused_at_construction_naming_it(
                        match=r"dashboard= needs aiohttp.*pip install 'fiberexec\[dashboard\]'"):
         FiberExecutor(1, dashboard=True)
     assert not _threads()
+
+
+def test_an_unknown_worker_is_named_once(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, dashboard=True)
+    assert ex.submit(tasks.square, 3).result(timeout=60) == 9
+    url = ex.dashboard_url
+    assert url is not None
+    token = url.split("?token=")[1]
+    reply = request(url.split("?")[0] + "api/workers/w99/stack", method="POST",
+                    headers={"Authorization": f"Bearer {token}"})
+    assert reply.status == 404
+    assert reply.body.decode().startswith("no worker 'w99' in this executor; connected workers: ")
+    assert reply.body.decode().count("w99") == 1
+
+
+PROGRAM = ("from fiberexec import FiberExecutor\n"
+           "with FiberExecutor(1{}) as ex:\n"
+           "    print(ex.submit(abs, -3).result(timeout=60))\n")
+
+
+def test_a_dashboard_the_environment_turned_on_prints_its_address(tmp_path: Path) -> None:
+    """An unchanged program does not print dashboard_url: the executor says where it is."""
+    env = {**os.environ, "FIBEREXEC_DASHBOARD": "on"}
+    done = subprocess.run([sys.executable, "-c", PROGRAM.format("")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=True)
+    [line] = [x for x in done.stderr.splitlines() if "dashboard" in x]
+    assert re.fullmatch(r"fiberexec: dashboard at http://127\.0\.0\.1:\d+/\?token=\S{40,}",
+                        line)
+    quiet = subprocess.run([sys.executable, "-c", PROGRAM.format(", dashboard=True")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "FIBEREXEC_DASHBOARD"})
+    assert "dashboard" not in quiet.stderr  # the program has dashboard_url to print itself
+
+
+def test_an_idle_workers_stack_says_it_is_idle(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, dashboard=True)
+    assert ex.submit(tasks.square, 3).result(timeout=60) == 9
+    (worker,) = ex.workers()
+    stack = ex.dump_stack(worker.worker_id)
+    assert "idle, waiting for a task" in stack and "running the task" not in stack

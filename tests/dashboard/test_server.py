@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import logging
 import re
 import socket
 import ssl
@@ -19,7 +20,7 @@ import pytest
 from fiberexec import ConfigurationError, TLSOptions
 from fiberexec._dashboard import split, start
 from tests.behaviour.test_tls import _certificate
-from tests.dashboard.conftest import Served, request
+from tests.dashboard.conftest import Reply, Served, request
 from tests.dashboard.fakes import FakeSource, busy_source, span, worker
 
 PATHS = [("GET", "/"), ("GET", "/api/state"), ("GET", "/metrics"),
@@ -41,16 +42,30 @@ def test_every_request_without_the_token_is_refused(
 
 
 @pytest.mark.parametrize(("method", "path"), PATHS[:4])
-def test_the_token_opens_every_path_by_query_or_bearer_header(
+def test_the_token_opens_every_path_by_bearer_header(
     served: Served, method: str, path: str
 ) -> None:
     served.source.stacks["w0"] = "a stack"
-    assert request(served.url(path), method=method).status == 200
     reply = request(served.bare(path), method=method,
                     headers={"Authorization": f"Bearer {served.token}"})
     assert reply.status == 200
     assert reply.headers["Cache-Control"] == "no-store"
     assert reply.headers["Referrer-Policy"] == "no-referrer"
+
+
+@pytest.mark.parametrize("path", [path for method, path in PATHS[:4] if method == "GET"])
+def test_the_token_in_the_address_opens_what_only_reads(served: Served, path: str) -> None:
+    assert request(served.url(path)).status == 200
+    assert request(served.url(path), method="HEAD").status == 200
+
+
+def test_a_post_with_the_token_only_in_the_address_is_refused(served: Served) -> None:
+    """Another site can make a browser send a form (with the token in its address, had it
+    leaked), never an Authorization header: a stack dump needs the header."""
+    served.source.stacks["w0"] = "a stack"
+    reply = request(served.url("/api/workers/w0/stack"), method="POST")
+    assert reply.status == 403
+    assert b"needs the token in an 'Authorization: Bearer <token>' header" in reply.body
 
 
 def test_an_unknown_path_with_the_token_is_not_found(served: Served) -> None:
@@ -114,15 +129,34 @@ def test_since_must_be_a_number(served: Served) -> None:
 
 def test_stack_dump_answers_with_the_workers_stack_or_says_why_not(served: Served) -> None:
     served.source.stacks["w3"] = 'File "job.py", line 7, in blocked_here'
-    reply = request(served.url("/api/workers/w3/stack"), method="POST")
+    bearer = {"Authorization": f"Bearer {served.token}"}
+
+    def dump(worker: str) -> Reply:
+        return request(served.bare(f"/api/workers/{worker}/stack"), method="POST",
+                       headers=bearer)
+
+    reply = dump("w3")
     assert reply.json() == {"worker": "w3", "stack": 'File "job.py", line 7, in blocked_here'}
-    assert request(served.url("/api/workers/w9/stack"), method="POST").status == 404
+    missing = dump("w9")
+    assert missing.status == 404 and missing.body.decode() == "no worker 'w9' in this source"
     served.source.stack_error = TimeoutError("no answer within 5 s")
-    reply = request(served.url("/api/workers/w3/stack"), method="POST")
+    reply = dump("w3")
     assert reply.status == 504 and b"no answer within 5 s" in reply.body
     served.source.stack_error = RuntimeError("worker w3 is idle")
-    reply = request(served.url("/api/workers/w3/stack"), method="POST")
+    reply = dump("w3")
     assert reply.status == 409 and b"worker w3 is idle" in reply.body
+
+
+@pytest.mark.parametrize("announce", [True, False])
+def test_the_address_is_logged_and_printed_when_announced(
+    announce: bool, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fiberexec"):
+        dashboard = start("127.0.0.1:0", FakeSource(), None, announce=announce)
+    dashboard.stop()
+    assert [r.getMessage() for r in caplog.records] == [f"dashboard at {dashboard.url}"]
+    printed = capsys.readouterr().err
+    assert printed == (f"fiberexec: dashboard at {dashboard.url}\n" if announce else "")
 
 
 def _dashboard_threads() -> list[threading.Thread]:
