@@ -22,6 +22,9 @@ _TRANSIENT = re.compile(
     r"|Zero Bytes were transmitted|Slurm backup controller in standby mode"
     r"|Transient|try again|EAGAIN|Connection reset|Insane message length",
     re.IGNORECASE)
+_NOT_SET_UP = re.compile(
+    r"Could not establish a configuration source|Unable to process configuration file"
+    r"|s_p_parse_file: unable to", re.IGNORECASE)
 _ALREADY_DONE = re.compile(r"already completing or completed|Invalid job id specified",
                            re.IGNORECASE)
 
@@ -30,6 +33,11 @@ def classify(what: str, stderr: str, returncode: int) -> BackendError:
     """The fiberexec error for a Slurm command that failed with ``stderr``."""
     detail = " ".join(line.strip() for line in stderr.strip().splitlines()[-3:]) or (
         f"exit status {returncode}")
+    if _NOT_SET_UP.search(stderr):
+        return PermanentBackendError(
+            f"cannot {what}: Slurm is not set up on this machine ({detail}); run on a host "
+            "where Slurm's commands work (a login node), or point SLURM_CONF at the "
+            "cluster's slurm.conf")
     if _TRANSIENT.search(stderr):
         return TransientBackendError(
             f"cannot {what}: the Slurm controller is busy or unreachable ({detail}); "

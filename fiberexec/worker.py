@@ -92,6 +92,7 @@ class Worker:
         self.max_tasks = 0
         self.tasks: deque[tuple[p.Task, _Functions, bool]] = deque()  # and `Tasks.alone`
         self.stopping = False
+        self.running = False  # the main thread runs a task (else it waits for one)
         self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
         self.last_heard = time.monotonic()
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
@@ -252,7 +253,7 @@ class Worker:
         elif isinstance(message, p.Bye):
             self.stopping = True
         elif isinstance(message, p.DumpStack):
-            stacks = format_stacks(threading.main_thread().ident)
+            stacks = format_stacks(threading.main_thread().ident, running=self.running)
             self.outbox.send(p.Stack(message.request_id, stacks))
 
     def _give_back(self, wanted: set[int]) -> None:
@@ -322,7 +323,9 @@ class Worker:
             # Not for one sent alone: its result goes out from here in any case.
             timed = slow and not alone
             cpu = time.thread_time() if timed else 0.0
+            self.running = True
             result = self._run(task[0], task[1])
+            self.running = False
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
