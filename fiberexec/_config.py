@@ -13,15 +13,19 @@ the value and what is allowed. Nothing below reads the environment after `resolv
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import os
 import textwrap
+import threading
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fiberexec import _contract
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._errors import ConfigurationError, ConfigurationTypeError
 from fiberexec._protocol import MAX_MESSAGE
@@ -29,6 +33,7 @@ from fiberexec._registry import check_backend_name
 from fiberexec._retry import RetryPolicy
 from fiberexec._tls import TLSOptions
 
+log = logging.getLogger("fiberexec")
 ENV_PREFIX = "FIBEREXEC_"
 ENV_BACKEND = "FIBEREXEC_BACKEND"
 ENV_CONFIG = "FIBEREXEC_CONFIG"
@@ -71,11 +76,13 @@ class ExecutorConfig:
 
 
 class _Invalid(Exception):
-    """A value broke a rule; ``rule`` says what is allowed."""
+    """A value broke a rule; ``rule`` says what is allowed, ``hint`` (if any) what is wrong
+    with this value. ``whole``: the rule is a complete sentence that already shows the value
+    (a `RetryPolicy`'s own check)."""
 
-    def __init__(self, rule: str) -> None:
+    def __init__(self, rule: str, *, hint: str = "", whole: bool = False) -> None:
         super().__init__(rule)
-        self.rule = rule
+        self.rule, self.hint, self.whole = rule, hint, whole
 
 
 Parser = Callable[[object], Any]
@@ -205,8 +212,10 @@ def _dashboard(value: object) -> str | None:
         return DASHBOARD_LOOPBACK if _FLAGS[text.lower()] else None
     host, sep, port = text.rpartition(":")
     host = host.strip().removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.strip().isdigit() or int(port) > 65535:
+    if not sep or not host or not port.strip().isdigit():
         raise _Invalid(rule)
+    if int(port) > 65535:
+        raise _Invalid(rule, hint=f"port {int(port)} is out of range: a port is 0-65535")
     return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
@@ -234,7 +243,8 @@ def _labels(value: object) -> dict[str, str]:
         return {k.strip(): v.strip() for k, _, v in pairs}
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return {k: str(v) for k, v in value.items()}
-    raise _Invalid("a table of strings (file) or 'key=value,...' (environment)")
+    raise _Invalid("a dict of strings (argument), a table of strings (config file) or "
+                   "'key=value,...' (environment)")
 
 
 def _options(value: object) -> dict[str, Any]:
@@ -245,17 +255,30 @@ def _options(value: object) -> dict[str, Any]:
             raise _Invalid("a JSON object, e.g. '{\"namespace\": \"ml\"}'") from None
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return dict(value)
-    raise _Invalid("a table (file) or a JSON object (environment)")
+    raise _Invalid("a dict (argument), a table (config file) or a JSON object (environment)")
+
+
+RETRY_FIELDS = tuple(f.name for f in dataclasses.fields(RetryPolicy))
 
 
 def _retry(value: object) -> RetryPolicy:
     if isinstance(value, RetryPolicy):
         return value
-    options = _options(value)
+    rule = ("a RetryPolicy, or a dict, table or JSON object of its fields "
+            f"({', '.join(RETRY_FIELDS)})")
+    try:
+        options = _options(value)
+    except _Invalid:
+        raise _Invalid(rule) from None
+    unknown = sorted(set(options) - set(RETRY_FIELDS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], RETRY_FIELDS, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        raise _Invalid(rule, hint=f"{unknown[0]!r} is no field of RetryPolicy{guess}")
     try:
         return RetryPolicy(**options)
-    except (TypeError, ConfigurationError) as exc:
-        raise _Invalid(f"a table of RetryPolicy fields (attempts, deadline, ...): {exc}") from None
+    except (TypeError, ConfigurationError) as exc:  # its own check: "retry attempts must ..."
+        raise _Invalid(str(exc), whole=True) from None
 
 
 def _optional(parse: Parser) -> Parser:
@@ -285,41 +308,55 @@ class Setting:
     unset: tuple[Any, ...] = (None,)
     # What a value of None stands for, as ``fiberexec info`` says it ("no limit").
     none_means: str | None = None
+    # The types an argument (other than None) must have; empty: whatever the parser takes. A
+    # string is text only the environment and the file give: `FiberExecutor(max_workers="2")`
+    # is a TypeError, as it is for the standard library's executors.
+    types: tuple[type, ...] = ()
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.key.upper()
 
 
+INTEGER, NUMBER, BACKEND = (int,), (int, float), (str, Backend)
+_KINDS: dict[tuple[type, ...], str] = {
+    INTEGER: "an int", NUMBER: "a number (int or float)",
+    BACKEND: "a backend name (str) or a Backend instance",
+}
 SETTINGS: tuple[Setting, ...] = (
     Setting("backend", _backend, "local",
             '``"local"`` (default), ``"docker"``, ``"kubernetes"``, ``"ssh"``, ``"slurm"``, '
             "any name registered under the ``fiberexec.backends`` entry points, or a "
-            "`Backend` instance."),
+            "`Backend` instance.", types=BACKEND),
     Setting("max_workers", _int(1, "greater than 0"), None,
-            "most workers at once (default: this machine's CPU count)."),
+            "most workers at once (default: this machine's CPU count).", types=INTEGER),
     Setting("min_workers", _int(0), None,
             "workers kept even when idle (default: ``max_workers``); more are started while "
-            "tasks wait, up to ``max_workers``."),
+            "tasks wait, up to ``max_workers``.", types=INTEGER),
     Setting("shards", _int(1), 1,
             "scheduling threads, each serving its own share of the workers (default 1: they "
-            "share one interpreter lock, and more were slower at every size measured)."),
+            "share one interpreter lock, and more were slower at every size measured).",
+            types=INTEGER),
     Setting("max_task_retries", _int(0), 2,
-            "how many times a task whose worker died is sent again (default 2)."),
+            "how many times a task whose worker died is sent again (default 2).",
+            types=INTEGER),
     Setting("max_tasks_per_child", _optional(_int(1)), None,
-            "replace a worker after it has run this many tasks.", none_means="no limit"),
+            "replace a worker after it has run this many tasks.", none_means="no limit",
+            types=INTEGER),
     Setting("idle_timeout", _optional(_seconds), None,
             "seconds after which an idle worker above ``min_workers`` is stopped.",
-            none_means="never"),
+            none_means="never", types=NUMBER),
     Setting("heartbeat", _seconds, 1.0,
-            "seconds between liveness messages when nothing else is sent (default 1)."),
+            "seconds between liveness messages when nothing else is sent (default 1).",
+            types=NUMBER),
     Setting("silence_timeout", _seconds, 30.0,
             "seconds a connected peer may stay silent before it is declared gone (default "
             "30). A peer that dies closes its connection and is noticed at once; silence "
             "matters only where a network can be cut, and a busy or starved machine is slow, "
-            "not dead, so keep it generous."),
+            "not dead, so keep it generous.", types=NUMBER),
     Setting("start_timeout", _seconds, 120.0,
-            "seconds a worker may take to connect after it was started (default 120)."),
+            "seconds a worker may take to connect after it was started (default 120).",
+            types=NUMBER),
     Setting("image", _optional(_text), None,
             "the container image of each worker (Docker, Kubernetes)."),
     Setting("workdir", _optional(_text), None,
@@ -327,14 +364,14 @@ SETTINGS: tuple[Setting, ...] = (
             none_means=CURRENT_DIRECTORY),
     Setting("cpu", _optional(_cpu), None,
             "CPUs reserved or allowed per worker, where the backend can honour it.",
-            none_means="no limit"),
+            none_means="no limit", types=NUMBER),
     Setting("memory", _optional(_memory), None,
             "memory per worker, as bytes or a quantity like ``\"512Mi\"``, where the "
             "backend can honour it; on the local backend it limits each worker process's "
             "address space (``RLIMIT_AS``, virtual memory: leave room for the interpreter "
             "and imports), and a task that allocates past it raises `MemoryError`.",
             none_means="no limit"),
-    Setting("gpu", _int(0), 0, "GPUs per worker (default 0)."),
+    Setting("gpu", _int(0), 0, "GPUs per worker (default 0).", types=INTEGER),
     Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
             unset=(None, {})),
     Setting("backend_options", _options, {},
@@ -368,15 +405,31 @@ SETTINGS: tuple[Setting, ...] = (
 BY_KEY = {s.key: s for s in SETTINGS}
 
 
-def _bad(key: str, source: str, value: object, rule: str) -> ConfigurationError:
-    return ConfigurationError(f"{key} must be {rule}, got {value!r} (from {source})")
+def _bad(key: str, source: str, value: object, broken: _Invalid) -> ConfigurationError:
+    if broken.whole:
+        return ConfigurationError(f"{key}: {broken.rule} (from {source})")
+    hint = f"; {broken.hint}" if broken.hint else ""
+    return ConfigurationError(f"{key} must be {broken.rule}, got {value!r} (from {source}){hint}")
 
 
 def _parse(setting: Setting, value: object, source: str) -> Any:
     try:
         return setting.parse(value)
     except _Invalid as exc:
-        raise _bad(setting.key, source, value, exc.rule) from None
+        raise _bad(setting.key, source, value, exc) from None
+
+
+def _check_type(setting: Setting, value: object, source: str) -> None:
+    """An argument must be the value itself, not text to parse (see `Setting.types`)."""
+    kinds = setting.types
+    if not kinds or value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
+        return
+    kind = _KINDS[kinds]
+    text = (f"; text is parsed only from {setting.env} or the config file"
+            if isinstance(value, str) else "")
+    raise ConfigurationTypeError(
+        f"{setting.key} must be {kind}, got {value!r} ({type(value).__name__}, from {source})"
+        f"{text}")
 
 
 # ------------------------------------------------------------------ where values come from
@@ -422,27 +475,131 @@ def file_values(path: Path, table: str) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Problem:
+    """A bad value `diagnose` found: the setting (or ``"config file"``), the value as given,
+    where it came from, and the error `resolve` raises for it."""
+
+    key: str
+    value: object
+    source: str
+    message: str
+
+
+CONFIG_FILE = "config file"  # the key of a `Problem` with the config file itself
+
+
+def _keep(problems: list[Problem] | None, problem: Problem, exc: ConfigurationError) -> None:
+    """Raise ``exc`` (`resolve`), or note ``problem`` and go on (`diagnose`)."""
+    if problems is None:
+        raise exc
+    problems.append(problem)
+
+
+def _config_file(
+    environ: Mapping[str, str], cwd: Path, problems: list[Problem] | None
+) -> tuple[tuple[Path, str] | None, dict[str, Any]]:
+    """The config file in use and its settings; a bad one is noted and skipped by `diagnose`."""
+    found = None
+    try:
+        found = find_config_file(environ, cwd)
+        return found, (file_values(*found) if found else {})
+    except ConfigurationError as exc:
+        named = ENV_CONFIG in environ
+        source = f"environment variable {ENV_CONFIG}" if named else CURRENT_DIRECTORY
+        path = str(found[0]) if found else environ.get(ENV_CONFIG)
+        _keep(problems, Problem(CONFIG_FILE, path, source, str(exc)), exc)
+        return None, {}
+
+
 def gather(
-    explicit: Mapping[str, Any], environ: Mapping[str, str], cwd: Path
+    explicit: Mapping[str, Any], environ: Mapping[str, str], cwd: Path,
+    problems: list[Problem] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str], str | None]:
-    """Each setting's parsed value and its source, by precedence; and the config file used."""
-    found = find_config_file(environ, cwd)
-    from_file = file_values(*found) if found else {}
+    """Each setting's parsed value and its source, by precedence; and the config file used.
+
+    With ``problems`` (`diagnose`), a bad value is noted there and its setting keeps its
+    default, instead of raising.
+    """
+    found, from_file = _config_file(environ, cwd, problems)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in SETTINGS:
         given = explicit.get(s.key)
+        values[s.key], sources[s.key] = s.default, DEFAULT
         if not any(given is u or (given == u and type(given) is type(u)) for u in s.unset):
             values[s.key], sources[s.key] = given, ARGUMENT
-        elif s.env in environ:
-            source = f"environment variable {s.env}"
-            values[s.key], sources[s.key] = _parse(s, environ[s.env], source), source
+            continue
+        if s.env in environ:
+            raw, source = environ[s.env], f"environment variable {s.env}"
         elif found and s.key in from_file:
-            source = f"{found[0]} {found[1]}"
-            values[s.key], sources[s.key] = _parse(s, from_file[s.key], source), source
+            raw, source = from_file[s.key], f"{found[0]} {found[1]}"
         else:
-            values[s.key], sources[s.key] = s.default, DEFAULT
+            continue
+        try:
+            values[s.key], sources[s.key] = _parse(s, raw, source), source
+        except ConfigurationError as exc:
+            _keep(problems, Problem(s.key, raw, source, str(exc)), exc)
     return values, sources, str(found[0]) if found else None
+
+
+# ------------------------------------------------------------------ FIBEREXEC_* variables
+
+# FIBEREXEC_* variables that are no settings and never warned about: fiberexec sets them for
+# the processes it starts (workers and their launchers, `fiberexec.multiprocessing`'s
+# children, ssh wrappers), and its own tests and CI scripts read theirs.
+# `tests/test_config.py` checks that every such name in the repository is a setting's or here.
+INTERNAL_VARIABLES = frozenset({
+    *(value for name, value in vars(_contract).items() if name.startswith("ENV_")),
+    "FIBEREXEC_PRELOAD",  # fiberexec._launcher
+    "FIBEREXEC_EXECUTOR_PID", "FIBEREXEC_SSH_WORKER",  # the local and ssh backends
+    "FIBEREXEC_MP_PROCESS", "FIBEREXEC_MP_SECRET", "FIBEREXEC_MP_PARENT", "FIBEREXEC_MP_LOG",
+    "FIBEREXEC_MP_ADDRESS",  # fiberexec.multiprocessing
+    # the test suite, tox and scripts/
+    "FIBEREXEC_DASHBOARD_ARTIFACTS", "FIBEREXEC_DOCKER_START", "FIBEREXEC_DOCKER_IMAGE",
+    "FIBEREXEC_K8S_RUNTIME", "FIBEREXEC_SLURM_START", "FIBEREXEC_SLURM_WAIT",
+    "FIBEREXEC_SLURM_PORT", "FIBEREXEC_SLURM_NODES", "FIBEREXEC_SLURM_DIR",
+    "FIBEREXEC_SLURM_CPUS", "FIBEREXEC_DOCKERD_LEASE", "FIBEREXEC_DOCKERD_LOG",
+    "FIBEREXEC_DOCKERD_PID", "FIBEREXEC_DOCKERD_WAIT", "FIBEREXEC_DEBIAN_MIRROR",
+    "FIBEREXEC_IMAGE_CACHE", "FIBEREXEC_SETUP_TIMEOUT",
+})
+INTERNAL_PREFIX = "FIBEREXEC_TEST_"  # the test suite's own
+SETTING_VARIABLES = (ENV_CONFIG, *(s.env for s in SETTINGS))
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """Each ``FIBEREXEC_*`` variable of ``environ`` that nothing reads (a misspelt setting,
+    most likely), with the setting variables nearest to it (none, one, or a few as near)."""
+    return {name: _closest(name) for name in sorted(environ)
+            if name.startswith(ENV_PREFIX) and name not in SETTING_VARIABLES
+            and name not in INTERNAL_VARIABLES and not name.startswith(INTERNAL_PREFIX)}
+
+
+def _closest(name: str) -> list[str]:
+    """The setting variables nearest ``name``, compared without the common prefix."""
+    tail = name.removeprefix(ENV_PREFIX).lower()
+    scores = {env: difflib.SequenceMatcher(None, tail, env.removeprefix(ENV_PREFIX).lower())
+              .ratio() for env in SETTING_VARIABLES}
+    best = max(scores.values())
+    return sorted(env for env, score in scores.items() if score == best) if best >= 0.6 else []
+
+
+def _unknown_variable(name: str, closest: Sequence[str]) -> str:
+    guess = f"did you mean {' or '.join(closest)}? " if closest else ""
+    return (f"environment variable {name} is no fiberexec setting and is ignored; {guess}"
+            "`fiberexec info` lists the settings and their variables")
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    """Warn of each unknown ``FIBEREXEC_*`` variable, once per name in this process."""
+    for name, closest in unknown_variables(environ).items():
+        with _warned_lock:
+            if name in _warned:
+                continue
+            _warned.add(name)
+        log.warning("%s", _unknown_variable(name, closest))
 
 
 # ------------------------------------------------------------------ resolution
@@ -452,7 +609,9 @@ def _check_arguments(values: dict[str, Any], sources: Mapping[str, str]) -> None
     """Arguments obey the rules the environment and the file do."""
     for s in SETTINGS:
         if sources[s.key] == ARGUMENT:
-            values[s.key] = _parse(s, values[s.key], f"the {s.key}= argument")
+            source = f"the {s.key}= argument"
+            _check_type(s, values[s.key], source)
+            values[s.key] = _parse(s, values[s.key], source)
 
 
 def _between(key: str, low: int, top: int, values: Mapping[str, Any],
@@ -481,6 +640,10 @@ def resolve(
     """Explicit arguments, then ``FIBEREXEC_*`` environment variables, then the config file,
     then defaults; validated into one `ExecutorConfig`.
 
+    A ``FIBEREXEC_*`` variable that is no setting (a misspelling, most likely) is logged as a
+    warning on the ``fiberexec`` logger, once per name in a process, with the nearest
+    setting's variable.
+
     Args:
         explicit: arguments by setting key (`SETTINGS`), plus ``initializer``, ``initargs``
             and ``tls``; a value of None (or the setting's "unset" value) is not given.
@@ -490,27 +653,55 @@ def resolve(
     Raises:
         ConfigurationError: a value breaks a rule; the message names the key, its source, the
             value and what is allowed.
-        TypeError: ``explicit`` has a key that is no setting.
+        TypeError: ``explicit`` has a key that is no setting, or an argument of the wrong type
+            (`ConfigurationTypeError`: ``max_workers="2"``).
     """
+    return _resolve(explicit, environ, cwd, None)
+
+
+def diagnose(
+    environ: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+) -> tuple[ExecutorConfig, list[Problem]]:
+    """The configuration `resolve` makes from the environment and the config file, with every
+    bad value found instead of the first raised: each is left at its default in the config,
+    and its `Problem` says what was given, where, and what is wrong (``fiberexec info``)."""
+    problems: list[Problem] = []
+    return _resolve(None, environ, cwd, problems), problems
+
+
+def _resolve(
+    explicit: Mapping[str, Any] | None, environ: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None, problems: list[Problem] | None,
+) -> ExecutorConfig:
     explicit = dict(explicit or {})
     unknown = sorted(set(explicit) - set(BY_KEY) - set(NOT_SETTINGS))
     if unknown:
         raise TypeError(f"resolve() got unknown settings {unknown}; known: {sorted(BY_KEY)}")
     options = {k: explicit[k] for k in NOT_SETTINGS if k in explicit}
     environ = os.environ if environ is None else environ
-    values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()))
+    _warn_unknown(environ)
+    values, sources, config_file = gather(explicit, environ, Path(cwd or os.getcwd()), problems)
     _check_arguments(values, sources)
+
+    def check(key: str, fallback: Any, rule: Callable[[], None]) -> None:
+        try:
+            rule()
+        except ConfigurationError as exc:
+            _keep(problems, Problem(key, values[key], sources[key], str(exc)), exc)
+            values[key], sources[key] = fallback, DEFAULT
+
     if not isinstance(explicit.get("backend"), Backend):  # an instance needs no registration
-        check_backend_name(values["backend"], _describe("backend", sources))
+        check("backend", BY_KEY["backend"].default,
+              lambda: check_backend_name(values["backend"], _describe("backend", sources)))
     if values["max_workers"] is None:
         values["max_workers"] = os.cpu_count() or 1
     top = values["max_workers"]
     if values["min_workers"] is None:
         values["min_workers"] = top
-    _between("min_workers", 0, top, values, sources)
-    _between("shards", 1, top, values, sources)
+    check("min_workers", top, lambda: _between("min_workers", 0, top, values, sources))
+    check("shards", 1, lambda: _between("shards", 1, top, values, sources))
     _check_rest(values, sources, options)
-    _check_ports(values, sources)
+    check("ports", None, lambda: _check_ports(values, sources))
     resources = Resources(
         cpu=values.pop("cpu"), memory=parse_memory(values.pop("memory")), gpu=values.pop("gpu")
     )

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fiberexec import ConfigurationError, FiberExecutor, RetryPolicy
-from fiberexec._config import ExecutorConfig, describe, resolve
+from fiberexec import ConfigurationError, FiberExecutor, RetryPolicy, _config
+from fiberexec._config import ExecutorConfig, describe, diagnose, resolve
+from fiberexec._errors import ConfigurationTypeError
+from tests.conftest import ExecutorFactory
 
 
 def _resolve(
@@ -301,8 +306,9 @@ def test_config_defaults_and_docstring_come_from_the_settings_table() -> None:
     ("image", 5, "image must be a non-empty string"),
     ("memory", "lots", "memory must be bytes > 0 or a quantity like '512Mi'"),
     ("gpu", -1, "gpu must be >= 0"),
-    ("labels", {1: "x"}, "labels must be a table of strings"),
-    ("backend_options", ["x"], "backend_options must be a table"),
+    ("labels", {1: "x"}, r"labels must be a dict of strings \(argument\)"),
+    ("backend_options", ["x"], r"backend_options must be a dict \(argument\)"),
+    ("backend_options", 5, r"backend_options must be a dict \(argument\)"),
 ])
 def test_arguments_obey_the_rules_the_environment_does(
     argument: str, value: Any, rule: str
@@ -356,3 +362,160 @@ def test_a_bad_dashboard_value_names_what_is_allowed(tmp_path: Path, bad: str) -
         _resolve(tmp_path, {"FIBEREXEC_DASHBOARD": bad})
     with pytest.raises(ConfigurationError, match=r"got 8265 \(from the dashboard= argument\)"):
         _resolve(tmp_path, dashboard=8265)
+
+
+# -- an argument is the value itself; a string is text only the environment and file give ------
+@pytest.mark.parametrize("executor", [ProcessPoolExecutor, ThreadPoolExecutor, FiberExecutor])
+def test_max_workers_as_a_string_is_a_type_error_as_in_the_stdlib(
+        executor: type[Executor], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError):
+        executor("2")  # type: ignore[call-arg]
+
+
+def test_a_string_argument_is_refused_while_the_environment_is_parsed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationTypeError) as info:
+        _resolve(tmp_path, max_workers="2")
+    assert str(info.value) == (
+        "max_workers must be an int, got '2' (str, from the max_workers= argument); text is "
+        "parsed only from FIBEREXEC_MAX_WORKERS or the config file")
+    with pytest.raises(ConfigurationTypeError, match=r"heartbeat must be a number \(int or "
+                       r"float\), got '1' \(str, from the heartbeat= argument\)"):
+        _resolve(tmp_path, heartbeat="1")
+    assert _resolve(tmp_path, {"FIBEREXEC_MAX_WORKERS": " 2 "}).max_workers == 2
+    assert _resolve(tmp_path, heartbeat=2).heartbeat == 2.0  # an int is a number
+
+
+def test_a_backend_of_the_wrong_type_names_its_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationTypeError, match=re.escape(
+            "backend must be a backend name (str) or a Backend instance, got 5 (int, from the "
+            "backend= argument)")):
+        _resolve(tmp_path, backend=5)
+
+
+def test_the_executor_names_a_bad_backends_source() -> None:
+    with pytest.raises(ConfigurationTypeError,
+                       match=re.escape("(int, from the backend= argument)")):
+        FiberExecutor(1, backend=5)  # type: ignore[arg-type]
+
+
+def test_a_port_out_of_range_is_said_to_be(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(
+            "got '127.0.0.1:99999' (from the dashboard= argument); port 99999 is out of "
+            "range: a port is 0-65535")):
+        _resolve(tmp_path, dashboard="127.0.0.1:99999")
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"attempts": 0},
+     "start_retry: retry attempts must be >= 1, got 0 (from the start_retry= argument)"),
+    ({"attempt": 3},
+     "start_retry must be a RetryPolicy, or a dict, table or JSON object of its fields "
+     "(attempts, deadline, initial, maximum, jitter, deadline_without_workers), got "
+     "{'attempt': 3} (from the start_retry= argument); 'attempt' is no field of RetryPolicy; "
+     "did you mean 'attempts'?"),
+])
+def test_a_bad_retry_policy_is_said_once(tmp_path: Path, given: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _resolve(tmp_path, start_retry=given)
+    assert str(info.value) == message
+
+
+# -- FIBEREXEC_* variables that are no setting ---------------------------------------------------
+#: Names this repository uses on purpose as misspellings (the checks below, and the docs).
+MISSPELT = {"FIBEREXEC_MAX_WORKER", "FIBEREXEC_WORKERS", "FIBEREXEC_HEARTBEATS",
+            "FIBEREXEC_NOTHING_LIKE_IT"}
+
+
+@pytest.fixture
+def warned(monkeypatch: pytest.MonkeyPatch,
+           caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The ``fiberexec`` logger's warnings (``.messages``), as if in a fresh process."""
+    monkeypatch.setattr(_config, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="fiberexec")
+    return caplog
+
+
+def test_a_misspelt_variable_is_a_warning_naming_the_nearest_setting(
+        tmp_path: Path, warned: pytest.LogCaptureFixture) -> None:
+    env = {"FIBEREXEC_MAX_WORKER": "2", "FIBEREXEC_WORKERS": "3",
+           "FIBEREXEC_NOTHING_LIKE_IT": "1"}
+    config = _resolve(tmp_path, env)
+    assert config.max_workers == (os.cpu_count() or 1)  # ignored, as before: but said
+    advice = "`fiberexec info` lists the settings and their variables"
+    assert warned.messages == [
+        f"environment variable FIBEREXEC_MAX_WORKER is no fiberexec setting and is ignored; "
+        f"did you mean FIBEREXEC_MAX_WORKERS? {advice}",
+        f"environment variable FIBEREXEC_NOTHING_LIKE_IT is no fiberexec setting and is "
+        f"ignored; {advice}",
+        f"environment variable FIBEREXEC_WORKERS is no fiberexec setting and is ignored; "
+        f"did you mean FIBEREXEC_MAX_WORKERS or FIBEREXEC_MIN_WORKERS? {advice}",
+    ]
+    _resolve(tmp_path, env)
+    _resolve(tmp_path, {"FIBEREXEC_HEARTBEATS": "1"})
+    assert len(warned.messages) == 4  # once per name in a process
+
+
+def unknown_here() -> tuple[list[str], dict[str, list[str]]]:
+    """In a worker: its FIBEREXEC_* variables, and those an executor made there warns of."""
+    mine = sorted(k for k in os.environ if k.startswith("FIBEREXEC_"))
+    return mine, _config.unknown_variables(os.environ)
+
+
+def test_a_workers_own_variables_are_never_warned_about(
+        make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task that makes an executor in a worker (or a launcher's child) resolves there."""
+    monkeypatch.setenv("FIBEREXEC_HEARTBEAT", "0.5")  # a setting, and the worker's too
+    ex = make_executor(2, max_tasks_per_child=1)  # the second task: a fresh worker
+    for _ in range(2):
+        names, unknown = ex.submit(unknown_here).result(timeout=60)
+        assert {"FIBEREXEC_ADDRESS", "FIBEREXEC_SECRET", "FIBEREXEC_WORKER_ID"} <= set(names)
+        assert unknown == {}
+
+
+def test_every_fiberexec_variable_in_the_repository_is_known() -> None:
+    """A name fiberexec, its backends, tests or scripts set or read is a setting's or an
+    internal one: a worker, launcher or ``fiberexec run`` never warns of its own."""
+    root = Path(__file__).resolve().parents[1]
+    places = [root / d for d in ("fiberexec", "backends", "tests", "scripts", "benchmarks",
+                                 "examples", "docs", ".ci")]
+    files = [p for d in places if d.is_dir() for p in d.rglob("*") if p.is_file()]
+    files += [root / n for n in ("tox.ini", "Dockerfile", "pyproject.toml", "README.md")]
+    used = {name for path in files if path.suffix not in (".pyc", ".png")
+            for name in re.findall(r"FIBEREXEC_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_{])",
+                                   path.read_text(errors="replace"))}  # not a prefix
+    assert len(used) > 40  # the scan found the repository's names
+    unknown = set(_config.unknown_variables(dict.fromkeys(used, ""))) - MISSPELT
+    assert not unknown, f"add these to fiberexec._config.INTERNAL_VARIABLES: {sorted(unknown)}"
+
+
+# -- diagnose: every bad value, not the first ----------------------------------------------------
+def test_diagnose_flags_every_bad_value_and_keeps_the_rest(tmp_path: Path) -> None:
+    (tmp_path / ".fiberexec.toml").write_text("image = 'me/app:1'\nshards = 99\n")
+    env = {"FIBEREXEC_MAX_WORKERS": "lots", "FIBEREXEC_HEARTBEAT": "soon",
+           "FIBEREXEC_BACKEND": "dokcer", "FIBEREXEC_GPU": "1"}
+    config, problems = diagnose(env, tmp_path)
+    assert {p.key: (p.value, p.source) for p in problems} == {
+        "max_workers": ("lots", "environment variable FIBEREXEC_MAX_WORKERS"),
+        "heartbeat": ("soon", "environment variable FIBEREXEC_HEARTBEAT"),
+        "backend": ("dokcer", "environment variable FIBEREXEC_BACKEND"),
+        "shards": (99, f"{tmp_path / '.fiberexec.toml'} top level"),
+    }
+    for problem in problems:  # each as resolve says it
+        if problem.key != "shards":
+            with pytest.raises(ConfigurationError) as info:
+                _resolve(tmp_path, {problem.source.split()[-1]: str(problem.value)})
+            assert str(info.value) == problem.message
+    assert (config.max_workers, config.heartbeat, config.backend, config.shards) == (
+        os.cpu_count() or 1, 1.0, "local", 1)
+    assert (config.image, config.resources.gpu) == ("me/app:1", 1)
+    assert config.sources["max_workers"] == "default"
+
+
+def test_diagnose_reads_past_a_bad_config_file(tmp_path: Path) -> None:
+    config, problems = diagnose({"FIBEREXEC_CONFIG": "missing.toml", "FIBEREXEC_GPU": "2"},
+                                tmp_path)
+    [problem] = problems
+    assert (problem.key, problem.value) == ("config file", "missing.toml")
+    assert "FIBEREXEC_CONFIG must name an existing TOML file" in problem.message
+    assert config.resources.gpu == 2 and config.config_file is None
