@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from fiberexec.backend import (
     available_backends,
     check_backend_name,
 )
-from fiberexec.config import ExecutorConfig, resolve
+from fiberexec.config import ExecutorConfig, diagnose, resolve, unknown_variables
 
 EXIT_USAGE = 2
 EXIT_BACKEND = 1
@@ -49,15 +50,19 @@ def _config(backend: str | None = None, image: str | None = None) -> ExecutorCon
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """Every setting, the bad ones flagged (then exit 2), unknown variables, and backends."""
     from fiberexec import _cli_info as info
 
-    config = _config()
-    usable = info.probe_all(available_backends())
+    config, problems = diagnose()
+    found = info.Findings(config, problems, unknown_variables(os.environ),
+                          info.probe_all(available_backends(), config))
     if args.json:
-        print(json.dumps(info.as_json(config, usable), indent=2))
+        print(json.dumps(info.as_json(found), indent=2))
     else:
-        print(info.report(config, usable, __version__))
-    return 0
+        print(info.report(found, __version__))
+    for problem in problems:
+        print(f"fiberexec info: {problem.message}", file=sys.stderr)
+    return EXIT_USAGE if problems else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -85,11 +90,26 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     if args.backend:
         check_backend_name(args.backend, BACKEND_OPTION)
-    sweep = Sweep(executor_id=args.executor, everything=args.all, dry_run=args.dry_run,
-                  namespace=args.namespace)
     names = [args.backend] if args.backend else available_backends()
+    asks = args.all and not args.dry_run and not args.yes
+    if asks and not sys.stdin.isatty():
+        raise ConfigurationError(
+            "--all removes live executors' workers too, and there is no terminal to ask on; "
+            "pass --yes to remove them, or --dry-run to list them")
+    executor = args.executor
+    if executor is not None:
+        seen = cleanup.survey(names, args.namespace)
+        executor = cleanup.pick_executor(executor, seen, force=args.force or args.dry_run)
+    sweep = Sweep(executor_id=executor, everything=args.all, dry_run=args.dry_run,
+                  namespace=args.namespace)
+    if args.all and not args.dry_run:
+        for line in cleanup.listing(names, sweep):
+            print(line, flush=True)  # on screen before anything is removed
+        if asks and input("remove them? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 0
     for line in cleanup.run(names, sweep):
-        print(line, flush=True)  # --all's list is on screen before anything is removed
+        print(line, flush=True)
     return 0
 
 
@@ -129,11 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Python work across processes, containers and clusters.",
     )
     parser.add_argument("--version", action="version", version=f"fiberexec {__version__}")
-    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+    # Not required here: `parse` names an unknown option before it says a command is missing.
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
 
     info = sub.add_parser("info", help="the resolved configuration and the usable backends")
     info.add_argument("--json", action="store_true", help="print JSON")
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(parser=info, func=cmd_info)
 
     run = sub.add_parser(
         "run", help="run a program as the master job (process, container or pod)",
@@ -160,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--keep", action="store_true",
                      help="docker, kubernetes: keep the container or pod after it exits")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]")
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(parser=run, func=cmd_run)
 
     clean = sub.add_parser(
         "cleanup", help="remove workers whose executor is gone",
@@ -171,13 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--backend", help="only this backend (default: every backend)")
     which = clean.add_mutually_exclusive_group()
     which.add_argument("--executor", metavar="ID",
-                       help="this executor's workers (and its Secret and lease), live or not")
+                       help="this executor's workers (and its Secret and lease), once it has "
+                            "ended; a unique start of the id will do")
     which.add_argument("--all", action="store_true",
-                       help="every fiberexec worker, live executors' too; lists them first")
+                       help="every fiberexec worker, live executors' too; lists them first, "
+                            "then asks (--yes: does not ask)")
+    clean.add_argument("--force", action="store_true",
+                       help="with --executor: remove the workers of an executor that still "
+                            "runs (it starts new ones)")
+    clean.add_argument("--yes", action="store_true",
+                       help="with --all: remove without asking (needed when stdin is not a "
+                            "terminal)")
     clean.add_argument("--dry-run", action="store_true",
                        help="remove nothing; say what would be removed")
     clean.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
-    clean.set_defaults(func=cmd_cleanup)
+    clean.set_defaults(parser=clean, func=cmd_cleanup)
 
     top = sub.add_parser(
         "top", help="watch a running executor's workers, tasks and failures",
@@ -186,12 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "each runs and for how long (stragglers, over 3x their function's "
                     "median, marked '!'), throughput and the last failures.")
     top.add_argument("--executor", metavar="ID",
-                     help="the executor's id or pid, when several are running")
+                     help="the executor's id (or a unique start of it) or pid, when several "
+                          "are running")
     top.add_argument("--once", action="store_true",
                      help="print one snapshot and exit (no screen control)")
     top.add_argument("--interval", type=float, default=1.0,
                      help="seconds between refreshes (default: 1)")
-    top.set_defaults(func=cmd_top)
+    top.set_defaults(parser=top, func=cmd_top)
 
     bench = sub.add_parser(
         "bench", help="run the benchmark suite and print its table",
@@ -199,12 +229,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "-- go to it (e.g. -- --workloads submit,latency).")
     bench.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     bench.add_argument("extra", nargs=argparse.REMAINDER, metavar="-- ARGS")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(parser=bench, func=cmd_bench)
     return parser
 
 
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown one is named by the parser of the command it was given to
+    (with that command's usage), before a missing command is."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        culprit: argparse.ArgumentParser = getattr(args, "parser", parser)
+        culprit.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command_name is None:
+        parser.error("a COMMAND is required: info, run, cleanup, top or bench")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         code: int = args.func(args)
     except ConfigurationError as exc:

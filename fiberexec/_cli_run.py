@@ -28,7 +28,8 @@ def exit_status(code: int) -> int:
 def run(request: MasterRequest) -> int:
     """Launch ``request`` on its backend; return the shell exit status of the program."""
     if not request.command:
-        raise ConfigurationError("fiberexec run needs a program: fiberexec run -- python train.py")
+        raise ConfigurationError(
+            "no program given; name it after --, e.g. fiberexec run -- python train.py")
     check_backend_name(request.backend, "the --backend option")
     try:
         backend = backend_class(request.backend)

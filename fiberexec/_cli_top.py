@@ -1,9 +1,10 @@
 """``fiberexec top``: a live view of an executor's workers, their tasks, and its failures.
 
 It attaches to an executor of this user on this machine made with ``observe=True``, through
-`fiberexec.observe`, and redraws in place with ANSI escapes every ``--interval`` seconds
-(``--once``: one snapshot, no escapes). A task running more than `STRAGGLER` times its
-function's median run time is a straggler: marked ``!`` and shown in red.
+`fiberexec.observe`, and redraws in place with ANSI escapes every ``--interval`` seconds on a
+terminal; to a file or a pipe it writes plain frames, one after another (``--once``: one
+snapshot, no escapes). A task running more than `STRAGGLER` times its function's median run
+time is a straggler: marked ``!`` and shown in red on a terminal.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.
             except ConnectionError:
                 out.write(f"executor {entry.executor_id} (pid {entry.pid}) has ended\n")
                 return 0
-            size = shutil.get_terminal_size((120, 40))
-            out.write(_CLEAR + render(view, width=size.columns, height=size.lines,
-                                      color=out.isatty()))
+            out.write(_frame(view, out.isatty()))
             out.flush()
             stop.wait(interval)  # the refresh period: nothing to wait for but the clock
     except KeyboardInterrupt:
@@ -52,16 +51,35 @@ def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.
         return 0
 
 
+def _frame(view: Mapping[str, Any], terminal: bool) -> str:
+    """A terminal's screen, redrawn in place; else a plain frame (a file, a pipe), all of it
+    and followed by a blank line."""
+    if not terminal:
+        return render(view) + "\n"
+    size = shutil.get_terminal_size((120, 40))
+    return _CLEAR + render(view, width=size.columns, height=size.lines, color=True)
+
+
+def matching(entries: Sequence[ExecutorEntry], wanted: str) -> list[ExecutorEntry]:
+    """The executors ``wanted`` names: by id or pid, else those whose id it is the start of."""
+    exact = [e for e in entries if wanted in (e.executor_id, str(e.pid))]
+    return exact or [e for e in entries if e.executor_id.startswith(wanted)]
+
+
 def _choose(entries: Sequence[ExecutorEntry], wanted: str | None) -> ExecutorEntry | None:
     if not entries:
         print(f"fiberexec top: {NONE_RUNNING}", file=sys.stderr)
         return None
     if wanted is not None:
-        found = [e for e in entries if wanted in (e.executor_id, str(e.pid))]
-        if found:
+        found = matching(entries, wanted)
+        if len(found) == 1:
             return found[0]
-        print(f"fiberexec top: no executor {wanted!r} (an id or a pid) among:\n"
-              f"{listing(entries)}", file=sys.stderr)
+        if found:
+            print(f"fiberexec top: --executor {wanted!r} is the start of {len(found)} "
+                  f"executors' ids; give more of the id:\n{listing(found)}", file=sys.stderr)
+            return None
+        print(f"fiberexec top: no executor {wanted!r} (an id, the start of one, or a pid) "
+              f"among:\n{listing(entries)}", file=sys.stderr)
         return None
     if len(entries) == 1:
         return entries[0]

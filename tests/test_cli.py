@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
@@ -14,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fiberexec import FiberExecutor, _cli_run
+from fiberexec import FiberExecutor, _cli, _cli_run
 from fiberexec._cli import find_benchmarks
+from fiberexec._config import BY_KEY
 from fiberexec.backend import MasterRequest
 from fiberexec.backends import _docker_master, _k8s_master, _local_stray
 from fiberexec.backends.local import LocalBackend
@@ -104,13 +107,55 @@ def test_info_json_values_are_typed(tmp_path: Path) -> None:
     assert local["memory"]["enforced"] is True
 
 
-def test_info_reports_a_bad_setting_and_exits_2(tmp_path: Path) -> None:
-    result = fiberexec("info", cwd=tmp_path, env={"FIBEREXEC_HEARTBEAT": "soon"})
+def test_info_lists_every_setting_flags_the_bad_ones_and_exits_2(tmp_path: Path) -> None:
+    env = {**OFFLINE, "FIBEREXEC_HEARTBEAT": "soon", "FIBEREXEC_MAX_WORKERS": "lots",
+           "FIBEREXEC_GPU": "1"}
+    result = fiberexec("info", cwd=tmp_path, env=env)
     assert result.returncode == 2
-    assert result.stderr.strip() == (
-        "fiberexec info: heartbeat must be a number of seconds > 0, got 'soon' "
-        "(from environment variable FIBEREXEC_HEARTBEAT)"
-    )
+    errors = ["max_workers must be an integer greater than 0, got 'lots' (from environment "
+              "variable FIBEREXEC_MAX_WORKERS)",
+              "heartbeat must be a number of seconds > 0, got 'soon' (from environment "
+              "variable FIBEREXEC_HEARTBEAT)"]  # in the order of the settings
+    assert result.stderr.splitlines() == [f"fiberexec info: {e}" for e in errors]
+    lines = result.stdout.splitlines()
+    shown = {line.split()[0] for line in lines[lines.index("configuration:") + 1:]
+             if line.startswith("  ") and not line.strip().startswith("^")}
+    assert shown >= set(BY_KEY)  # every setting, the bad ones too
+    bad = next(i for i, line in enumerate(lines) if line.split()[:1] == ["max_workers"])
+    assert lines[bad].split()[1:3] == ["lots", "(invalid)"]
+    assert lines[bad + 1].strip() == f"^ {errors[0]}"
+    assert next(line for line in lines if line.split()[:1] == ["gpu"]).split()[1] == "1"
+    assert "local       usable" in result.stdout  # the backends are still probed
+    data = json.loads(fiberexec("info", "--json", cwd=tmp_path, env=env).stdout)
+    assert data["configuration"]["max_workers"] == {
+        "value": "lots", "source": "environment variable FIBEREXEC_MAX_WORKERS",
+        "note": "invalid", "error": errors[0]}
+
+
+def test_info_names_unknown_variables_and_the_nearest_setting(tmp_path: Path) -> None:
+    env = {**OFFLINE, "FIBEREXEC_MAX_WORKER": "2", "FIBEREXEC_ADDRESS": "tcp://x:1"}
+    result = fiberexec("info", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = lines.index("unknown FIBEREXEC_* variables (no setting: ignored):")
+    assert lines[at + 1] == "  FIBEREXEC_MAX_WORKER (did you mean FIBEREXEC_MAX_WORKERS?)"
+    assert lines[at + 2] == ""  # FIBEREXEC_ADDRESS is the worker contract's: not unknown
+    data = json.loads(fiberexec("info", "--json", cwd=tmp_path, env=env).stdout)
+    assert data["unknown_variables"] == {
+        "FIBEREXEC_MAX_WORKER": {"did_you_mean": ["FIBEREXEC_MAX_WORKERS"]}}
+
+
+def test_info_says_ssh_has_no_hosts_until_it_is_given_some(tmp_path: Path) -> None:
+    result = fiberexec("info", "--json", cwd=tmp_path, env=OFFLINE)
+    ssh = json.loads(result.stdout)["backends"]["ssh"]
+    assert ssh["usable"] is False
+    assert ssh["detail"].startswith("registered, but not set up here: the ssh backend needs "
+                                    "hosts=")
+    hosts = {**OFFLINE, "FIBEREXEC_BACKEND": "ssh",
+             "FIBEREXEC_BACKEND_OPTIONS": '{"hosts": ["me@node1"]}'}
+    ssh = json.loads(fiberexec("info", "--json", cwd=tmp_path, env=hosts).stdout)["backends"]
+    assert (ssh["ssh"]["usable"], ssh["ssh"]["detail"]) == (
+        True, "registered by entry point (it offers no probe)")
 
 
 # ------------------------------------------------------------------ run
@@ -170,13 +215,14 @@ def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
         (["--backend", "docker", "--", "python", "x.py"], "the docker backend needs an image"),
         (["--backend", "dokcer", "--", "python", "x.py"],
          "unknown backend 'dokcer' (from the --backend option); did you mean 'docker'?"),
-        (["--"], "fiberexec run needs a program"),
+        (["--"], "no program given; name it after --, e.g. fiberexec run -- python train.py"),
         (["--env", "NOEQUALS", "--", "python"], "--env must be KEY=VALUE, got 'NOEQUALS'"),
     ],
 )
 def test_run_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
     result = fiberexec("run", *args, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr
+    assert result.stderr.count("fiberexec run") == 1 + message.count("fiberexec run")
 
 
 def test_docker_master_container_arguments() -> None:
@@ -288,6 +334,103 @@ def test_worker_command_line_is_recognised_exactly() -> None:
     assert not _local_stray.is_worker_cmdline(["python", "-m", "x", "-m", "fiberexec.worker"])
 
 
+@contextlib.contextmanager
+def strays(*executor_ids: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A real worker process of each executor id, whose executor is gone."""
+    procs = [subprocess.Popen([sys.executable, "-m", "fiberexec.worker"], env={
+        **os.environ, "FIBEREXEC_ADDRESS": f"tcp://127.0.0.1:{_closed_port()}",
+        "FIBEREXEC_SECRET": secrets.token_hex(32), "FIBEREXEC_EXECUTOR_ID": executor_id,
+        "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for executor_id in executor_ids]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_cleanup_takes_a_unique_start_of_an_executor_id() -> None:
+    prefix = f"gone{secrets.token_hex(4)}"
+    with strays(f"{prefix}a1", f"{prefix}b2") as (first, second):
+        both = fiberexec("cleanup", "--backend", "local", "--executor", prefix)
+        assert both.returncode == 2
+        assert both.stderr.strip() == (
+            f"fiberexec cleanup: --executor {prefix!r} is the start of 2 executors' ids: "
+            f"{prefix}a1, {prefix}b2; give more of the id")
+        assert first.poll() is None and second.poll() is None  # nothing removed
+        one = fiberexec("cleanup", "--backend", "local", "--executor", f"{prefix}b")
+        assert one.returncode == 0, one.stderr
+        assert f"removed worker w0 of executor {prefix}b2 (pid {second.pid}" in one.stdout
+        assert second.wait(timeout=10) == -signal.SIGTERM and first.poll() is None
+
+
+def test_cleanup_refuses_a_live_executor_unless_forced() -> None:
+    with FiberExecutor(1, backend=LocalBackend()) as ex:
+        assert ex.submit(abs, -1).result(timeout=60) == 1
+        executor_id = ex._pool.executor_id  # type: ignore[union-attr]
+        (worker,) = ex.workers()
+        refused = fiberexec("cleanup", "--backend", "local", "--executor", executor_id[:6])
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == (
+            f"fiberexec cleanup: executor {executor_id} is still running (its lease is held): "
+            "it would start new workers as soon as these were removed; stop the program that "
+            "runs it (Ctrl-C, or end its process), or pass --force to remove its workers anyway")
+        assert ex.submit(abs, -2).result(timeout=60) == 2
+        assert [w.worker_id for w in ex.workers() if w.state != "lost"] == [worker.worker_id]
+        listed = fiberexec("cleanup", "--backend", "local", "--executor", executor_id,
+                           "--dry-run")
+        assert listed.returncode == 0 and f"would remove worker {worker.worker_id} of executor " \
+            f"{executor_id}" in listed.stdout
+        forced = fiberexec("cleanup", "--backend", "local", "--executor", executor_id, "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert f"removed worker {worker.worker_id} of executor {executor_id}" in forced.stdout
+
+
+def test_cleanup_all_asks_first_or_needs_yes() -> None:
+    offline = {**OFFLINE, "FIBEREXEC_BACKEND": "local"}
+    result = subprocess.run([sys.executable, "-m", "fiberexec", "cleanup", "--backend",
+                             "docker", "--all"], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=60, check=False, env={**os.environ, **offline})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "fiberexec cleanup: --all removes live executors' workers too, and there is no "
+        "terminal to ask on; pass --yes to remove them, or --dry-run to list them")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("answer", "removes"), [("n\n", False), ("yes\n", True)])
+def test_cleanup_all_on_a_terminal_lists_then_asks(
+        answer: str, removes: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in OFFLINE.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "stdin", _Terminal(answer))
+    assert _cli.main(["cleanup", "--backend", "docker", "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("--all removes every fiberexec worker, live executors' too; it will "
+                        "remove:")
+    assert lines[1].startswith("  docker: skipped (")
+    assert lines[2].startswith("remove them? [y/N] ")
+    if removes:
+        assert lines[2].removeprefix("remove them? [y/N] ").startswith("docker: skipped (")
+    else:
+        assert lines[2:] == ["remove them? [y/N] nothing removed"]
+
+
+def test_cleanup_skips_a_backend_not_set_up_here(tmp_path: Path) -> None:
+    """Without Slurm's commands (or its configuration) there are no jobs to judge."""
+    result = fiberexec("cleanup", "--backend", "slurm", env={"PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("slurm: skipped (unreachable: cannot ask Slurm for its "
+                                    "partitions: 'sinfo' not found;")
+
+
 def test_cleanup_unknown_backend_and_unreachable_ones() -> None:
     result = fiberexec("cleanup", "--backend", "nope")
     assert result.returncode == 2
@@ -309,3 +452,17 @@ def test_version_and_help() -> None:
     result = fiberexec("--help")
     assert result.returncode == 0
     assert all(cmd in result.stdout for cmd in ("info", "run", "cleanup", "bench"))
+
+
+@pytest.mark.parametrize(("args", "usage", "error"), [
+    (["--verison"], "usage: fiberexec [-h]", "fiberexec: error: unrecognized arguments: --verison"),
+    (["info", "--jsn"], "usage: fiberexec info [-h] [--json]",
+     "fiberexec info: error: unrecognized arguments: --jsn"),
+    ([], "usage: fiberexec [-h]",
+     "fiberexec: error: a COMMAND is required: info, run, cleanup, top or bench"),
+])
+def test_a_mistake_is_named_with_the_usage_of_its_command(
+        args: list[str], usage: str, error: str) -> None:
+    result = fiberexec(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(usage) and result.stderr.splitlines()[-1] == error

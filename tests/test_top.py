@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from fiberexec import _cli_top
-from fiberexec.observe import list_executors, snapshot
+from fiberexec.observe import ExecutorEntry, list_executors, snapshot
 from tests import tasks
 from tests.conftest import ExecutorFactory
 from tests.test_observe import held
@@ -64,6 +66,9 @@ def test_several_executors_are_listed_and_one_is_picked_by_id(
     assert both.returncode == 2 and all(i in both.stderr for i in ids), both.stderr
     picked = top("--once", "--executor", ids[1])
     assert picked.returncode == 0 and f"executor {ids[1]}" in picked.stdout
+    start = next(ids[1][:n] for n in range(1, 9) if not ids[0].startswith(ids[1][:n]))
+    by_start = top("--once", "--executor", start)  # as docs/cli.md shows it: 3f2a
+    assert by_start.returncode == 0 and f"executor {ids[1]}" in by_start.stdout
     unknown = top("--once", "--executor", "nope")
     assert unknown.returncode == 2 and "no executor 'nope'" in unknown.stderr
 
@@ -105,3 +110,48 @@ def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
     assert "!" not in fast and "\x1b" not in fast
     assert lines.index(slow) < lines.index(fast)  # the longest running first
     assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
+
+
+def _entry(executor_id: str, pid: int) -> ExecutorEntry:
+    return ExecutorEntry(executor_id, pid, "127.0.0.1", 1, "t", 0.0, "python x.py", "local",
+                         Path("/nonexistent"))
+
+
+def test_a_start_of_several_ids_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    entries = [_entry("3f2a01bc", 101), _entry("3f2a77de", 102), _entry("9c00aa11", 103)]
+    assert _cli_top._choose(entries, "3f2a") is None
+    error = capsys.readouterr().err
+    assert error.startswith("fiberexec top: --executor '3f2a' is the start of 2 executors' "
+                            "ids; give more of the id:\n")
+    assert "3f2a01bc" in error and "3f2a77de" in error and "9c00aa11" not in error
+    assert _cli_top._choose(entries, "3f2a7") == entries[1]
+    assert _cli_top._choose(entries, "103") == entries[2]  # a pid
+
+
+class _Frames(io.StringIO):
+    """stdout redirected to a file: not a terminal; says when the first frame is out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = threading.Event()
+
+    def flush(self) -> None:
+        super().flush()
+        self.first.set()
+
+
+def test_to_a_file_top_writes_plain_frames(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    ex = make_executor(1, observe=True)
+    ex.submit(tasks.square, 2).result(timeout=60)
+    out = _Frames()
+    watching = threading.Thread(target=_cli_top.run, args=(None,),
+                                kwargs={"once": False, "interval": 0.05, "out": out})
+    watching.start()
+    assert out.first.wait(30), "top wrote no frame"
+    ex.shutdown(wait=True)
+    watching.join(30)
+    text = out.getvalue()
+    assert not watching.is_alive() and "\x1b" not in text  # no screen control, no colour
+    assert text.startswith("fiberexec top - executor ")
+    assert text.rstrip().endswith("has ended")
