@@ -1,11 +1,12 @@
 """Step N remote environments in parallel with an AsyncManager, and compare with in turn.
 
-    python examples/async_manager_envs.py [N] [ROUNDS]
+    python examples/async_manager_envs.py --envs 8 --rounds 20
+    python examples/async_manager_envs.py --small     # what the tests run
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from concurrent.futures import wait
 
@@ -28,8 +29,12 @@ mp.AsyncManager.register("Env", Env)
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=int, default=8, help="environments (default 8)")
+    parser.add_argument("--rounds", type=int, default=20, help="steps of each (default 20)")
+    parser.add_argument("--small", action="store_true", help="2 environments, 3 rounds")
+    args = parser.parse_args()
+    n, rounds = (2, 3) if args.small else (args.envs, args.rounds)
     with mp.AsyncManager() as manager:
         envs = [manager.Env(i) for i in range(n)]  # type: ignore[attr-defined]
         start = time.perf_counter()

@@ -5,6 +5,7 @@ results agree, and prints the timings. Pass ``--backend docker --image fiberexec
 (or ``kubernetes``) to run the same fits in containers or pods; the workers need scikit-learn.
 
     python examples/joblib_sklearn.py --n-jobs 2
+    python examples/joblib_sklearn.py --small     # a smaller grid and fewer folds (the tests)
 """
 
 from __future__ import annotations
@@ -35,19 +36,26 @@ def main() -> None:
     parser.add_argument("--n-jobs", type=int, default=2)
     parser.add_argument("--backend", default=None, help="local (default), docker, kubernetes")
     parser.add_argument("--image", default=None, help="worker image for docker / kubernetes")
+    parser.add_argument("--small", action="store_true",
+                        help="a quick run: 500 samples, a grid of 2 x 2, 3 folds")
     args = parser.parse_args()
     options = {k: v for k, v in (("executor_backend", args.backend), ("image", args.image)) if v}
 
     X, y = load_digits(return_X_y=True)
     grid = {"C": [1, 10, 100], "gamma": [0.0005, 0.001, 0.005]}
+    folds, cv_folds = 5, 10
+    if args.small:
+        X, y = X[:500], y[:500]
+        grid, folds, cv_folds = {"C": [1, 10], "gamma": [0.001, 0.005]}, 3, 3
+    size = len(grid["C"]) * len(grid["gamma"])
 
     def search(n_jobs: int | None) -> Callable[[], GridSearchCV]:
-        return lambda: GridSearchCV(SVC(), grid, cv=5, n_jobs=n_jobs).fit(X, y)
+        return lambda: GridSearchCV(SVC(), grid, cv=folds, n_jobs=n_jobs).fit(X, y)
 
     def cv(n_jobs: int | None) -> Callable[[], Any]:
-        return lambda: cross_val_score(SVC(gamma=0.001), X, y, cv=10, n_jobs=n_jobs)
+        return lambda: cross_val_score(SVC(gamma=0.001), X, y, cv=cv_folds, n_jobs=n_jobs)
 
-    print(f"digits: {X.shape[0]} samples; grid of {3 * 3} x 5 folds; n_jobs={args.n_jobs}")
+    print(f"digits: {X.shape[0]} samples; grid of {size} x {folds} folds; n_jobs={args.n_jobs}")
     seq_search, t_seq = timed("GridSearchCV, sequential", search(None))
     seq_cv, _ = timed("cross_val_score, sequential", cv(None))
     with parallel_config(backend="fiber", **options):

@@ -19,6 +19,7 @@ do after ``idle_worker_timeout=300``.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import operator
@@ -44,12 +45,16 @@ from fiberexec._errors import ConfigurationError
 from fiberexec._executor import FiberExecutor
 from fiberexec._joblib_memmap import ArrayStore, run_packed
 from fiberexec._observe import WorkerInfo
+from fiberexec._registry import check_backend_name
 
 log = logging.getLogger("fiberexec")
 
 # What joblib itself passes to configure(); meaningful for its loky/multiprocessing backends only.
 _JOBLIB_KWARGS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbose", "context"})
-_EXECUTOR_OPTIONS = frozenset(inspect.signature(FiberExecutor).parameters) - {"max_workers"}
+# What FiberBackend accepts: FiberExecutor's arguments, its backend under the name
+# ``executor_backend`` (``backend=`` is joblib's, in parallel_config).
+_OPTIONS = (frozenset(inspect.signature(FiberExecutor).parameters) - {"backend"}
+            | {"executor_backend"})
 _WARM_DEFAULTS: Mapping[str, Any] = {"min_workers": 0, "idle_timeout": 300.0}
 MAX_WARM = 4  # distinct option sets kept warm at once; the least recently used goes first
 _STOP = object()
@@ -76,11 +81,15 @@ def executor_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 "give the executor's backend once: executor_backend= or backend=, not both"
             )
         opts["backend"] = opts.pop("executor_backend")
-    unknown = sorted(set(opts) - _EXECUTOR_OPTIONS - {"max_workers"})
+        if isinstance(opts["backend"], str):  # named as the user typed it
+            check_backend_name(opts["backend"], "the executor_backend= option")
+    unknown = sorted(set(opts) - _OPTIONS - {"backend"})
     if unknown:
+        close = difflib.get_close_matches(unknown[0], _OPTIONS, n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigurationError(
-            f"the fiber joblib backend got unknown option(s) {unknown}; it accepts "
-            f"FiberExecutor's options {sorted(_EXECUTOR_OPTIONS | {'executor_backend'})}"
+            f"the fiber joblib backend got unknown option(s) {unknown}; {guess}it accepts "
+            f"FiberExecutor's options {sorted(_OPTIONS)}"
         )
     return opts
 

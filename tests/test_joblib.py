@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -47,6 +48,25 @@ def test_unknown_option_names_the_accepted_ones() -> None:
         fj.FiberBackend(imgae="me/app:1")
     with pytest.raises(ConfigurationError, match="not both"):
         fj.FiberBackend(executor_backend="local", backend="local")
+
+
+def test_a_misspelt_option_gets_the_nearest_and_the_list_as_it_is_accepted() -> None:
+    with pytest.raises(ConfigurationError) as info, parallel_config(
+            backend="fiber", n_jobs=2, max_workerz=3):
+        pass
+    message = str(info.value)
+    assert message.startswith("the fiber joblib backend got unknown option(s) ['max_workerz']; "
+                              "did you mean 'max_workers'? it accepts FiberExecutor's options [")
+    accepted = message.split("options ")[1]
+    assert "'max_workers'" in accepted and "'executor_backend'" in accepted
+    assert "'backend'" not in accepted  # joblib's own; the executor's is executor_backend=
+
+
+def test_a_misspelt_executor_backend_is_named_as_typed() -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(
+            "unknown backend 'lcoal' (from the executor_backend= option); did you mean "
+            "'local'?")):
+        fj.FiberBackend(executor_backend="lcoal")
 
 
 def test_unknown_option_through_parallel_kwargs_is_rejected(opts: Options) -> None:
