@@ -454,7 +454,7 @@ def _results(
             yield _result_or_cancel(futures.pop(), deadline)
     finally:
         for future in futures:
-            future.cancel()
+            _cancel(future)
 
 
 def _result_or_cancel(future: Future[T], deadline: float | None) -> T:
@@ -462,8 +462,17 @@ def _result_or_cancel(future: Future[T], deadline: float | None) -> T:
         timeout = None if deadline is None else deadline - time.monotonic()
         return future.result(timeout)
     finally:
-        future.cancel()
+        _cancel(future)
         del future  # no reference cycle through the exception's traceback
+
+
+def _cancel(future: Future[Any]) -> None:
+    """Cancel what will not be returned, not waiting for a worker holding it to answer (the
+    stdlib's cancel never waits: a ``map`` timeout is raised on time)."""
+    if isinstance(future, TaskFuture):
+        future.cancel_soon()
+    else:
+        future.cancel()
 
 
 __all__ = ["FiberExecutor"]

@@ -47,8 +47,10 @@ COLLECT_MAX = 0.005
 
 
 class Holder(Protocol):
-    def ask_back(self, key: object, future: TaskFuture[Any]) -> bool:
-        """Get the task back from its worker and cancel it; True if that was done."""
+    def ask_back(self, key: object, future: TaskFuture[Any], *, wait: bool = True) -> bool:
+        """Get the task back from its worker and cancel it; True if that was done. Without
+        ``wait``: ask, and return False at once (it is cancelled if the worker gives it
+        back)."""
 
 
 class Collector(Protocol):
@@ -141,6 +143,19 @@ class TaskFuture(Future[T]):
                 return super().cancel()
             key = self._hold_key
         return holder.ask_back(key, self)
+
+    def cancel_soon(self) -> None:
+        """`cancel`, without waiting for a worker holding the task to answer: the task is
+        cancelled if the worker gives it back unstarted (what ``map`` does with the tasks
+        it will not return, after a timeout or an error, as the stdlib's cancels them: at
+        once)."""
+        with self._condition:
+            holder = self._holder
+            key = self._hold_key
+        if holder is None:
+            self.cancel()
+        else:
+            holder.ask_back(key, self, wait=False)
 
     def set_running_or_notify_cancel(self) -> bool:
         with self._condition:

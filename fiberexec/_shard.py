@@ -817,15 +817,15 @@ class Shard:
 
     # ------------------------------------------------------------ cancelling what a worker holds
 
-    def ask_back(self, key: object, future: TaskFuture[Any]) -> bool:
+    def ask_back(self, key: object, future: TaskFuture[Any], *, wait: bool = True) -> bool:
         """`TaskFuture.cancel` of a task a worker holds (any thread): ask the worker for it
-        back and cancel it. False if it had started, or no answer came in `CANCEL_WAIT`."""
-        me = threading.get_ident()
-        if me in (self._thread_ident, self._owner_ident):
+        back and cancel it. False if it had started, or no answer came in `CANCEL_WAIT`;
+        without ``wait``, False at once (the answer, when it comes, cancels it or not)."""
+        if wait and threading.get_ident() in (self._thread_ident, self._owner_ident):
             return False  # a done-callback on the thread that would answer: it cannot wait
         answer = Answer()
         self.post(ev.Call(partial(self._ask_back, future, answer)))
-        return answer.wait(CANCEL_WAIT)
+        return answer.wait(CANCEL_WAIT) if wait else False
 
     def _ask_back(self, future: TaskFuture[Any], answer: Answer) -> None:
         held = future.holding  # read here: only this thread holds and releases

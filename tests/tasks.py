@@ -261,3 +261,12 @@ def thread_switches(_: object = None) -> int:
         except FileNotFoundError:  # a thread that ended meanwhile
             continue
     return total
+
+
+def backtrack(n: int) -> int:
+    """Hold the interpreter lock in C for a while that grows fast with ``n`` (a regular
+    expression backtracking): no other thread of the worker runs meanwhile."""
+    import re
+
+    re.match(r"(a+)+$", "a" * n + "b")
+    return n
