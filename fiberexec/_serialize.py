@@ -16,6 +16,7 @@ so on this host only.
 from __future__ import annotations
 
 import pickle
+import sys
 import traceback
 import types
 from collections.abc import Sequence
@@ -66,7 +67,9 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=buffers.append)
-        if b"__main__" not in data and NEEDS_STDLIB not in data:
+        if MP_MAIN in data:  # by reference to a script that workers cannot import
+            _mp_main_by_value()
+        elif b"__main__" not in data and NEEDS_STDLIB not in data:
             if not buffers and len(data) < STREAM_APART:  # nearly every task's arguments
                 return Payload(data)
             return _payload(data, buffers)
@@ -150,6 +153,9 @@ def dumps_function(fn: Any) -> Payload:
             data = pickle.dumps(fn, protocol=PROTOCOL)
         except Exception:
             data = b"__main__"  # not importable: by value below
+        if MP_MAIN in data:
+            _mp_main_by_value()
+            data = b"__main__"
         if b"__main__" not in data:
             if len(_by_reference) >= BY_REFERENCE_MAX:
                 _by_reference.clear()
@@ -158,6 +164,19 @@ def dumps_function(fn: Any) -> Payload:
         if type(fn) is types.FunctionType:
             return _by_value(fn)
     return dumps(fn, what=f"function {fn!r}")
+
+
+MP_MAIN = b"__mp_main__"  # the script, in a child the stdlib's spawn started
+
+
+def _mp_main_by_value() -> None:
+    """In a stdlib spawn child the script is ``__mp_main__``, importable there but not in a
+    worker: its functions and classes travel by value, as a script's ``__main__`` ones do."""
+    module = sys.modules.get(MP_MAIN.decode())
+    if module is not None:
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _by_value(fn: types.FunctionType) -> Payload:
