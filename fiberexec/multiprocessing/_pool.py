@@ -15,6 +15,7 @@ could not send becomes `multiprocessing.pool.MaybeEncodingError`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -24,8 +25,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
@@ -86,6 +86,8 @@ def _as_stdlib(exc: BaseException) -> BaseException:
 def _is_remote_traceback(cause: object) -> bool:
     return isinstance(cause, Exception) and type(cause).__name__.endswith("RemoteTraceback")
 
+
+IMAP_AHEAD = 64  # chunks imap keeps submitted ahead of the results consumed (at least)
 
 class ApplyResult:
     """The result of `Pool.apply_async` (``AsyncResult`` in the standard library)."""
@@ -175,6 +177,8 @@ class IMapIterator:
         self._submit, self._source = submit, source
         self._window, self._ordered = window, ordered
         self._inflight: deque[Future[list[Any]]] = deque()
+        self._finished: deque[Future[list[Any]]] = deque()  # unordered: as they finish
+        self._arrived = threading.Condition(threading.Lock())
         self._ready: deque[Any] = deque()
         self._exhausted = False
         self._lock = threading.Lock()
@@ -192,9 +196,18 @@ class IMapIterator:
                 failed: Future[list[Any]] = Future()
                 failed.set_exception(exc)
                 self._inflight.append(failed)
+                self._note(failed)
                 self._exhausted = True
                 return
-            self._inflight.append(self._submit(chunk))
+            future = self._submit(chunk)
+            self._inflight.append(future)
+            if not self._ordered:  # told as it finishes: no wait over every one in flight
+                future.add_done_callback(self._note)
+
+    def _note(self, future: Future[list[Any]]) -> None:
+        with self._arrived:
+            self._finished.append(future)
+            self._arrived.notify()
 
     def _drain(self) -> None:
         """Submit everything left (`Pool.join` promises every task runs)."""
@@ -223,12 +236,13 @@ class IMapIterator:
 
     def _take(self, timeout: float | None) -> Future[list[Any]]:
         if self._ordered:
-            done, _ = wait_futures([self._inflight[0]], timeout)
-        else:
-            done, _ = wait_futures(self._inflight, timeout, return_when=FIRST_COMPLETED)
-        if not done:
-            raise TimeoutError
-        future = self._inflight[0] if self._ordered else next(iter(done))
+            with contextlib.suppress(CancelledError):  # (its outcome says so)
+                self._inflight[0].exception(timeout)  # TimeoutError if not done by then
+            return self._inflight.popleft()
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: self._finished, timeout):
+                raise TimeoutError
+            future = self._finished.popleft()
         self._inflight.remove(future)
         return future
 
@@ -417,7 +431,7 @@ class Pool:
             raise ValueError("buffersize must be None or > 0")
         iterator = IMapIterator(
             lambda chunk: self._submit(_mapstar, func, chunk),
-            _chunks(iterable, chunksize), window=buffersize or 2 * self._processes,
+            _chunks(iterable, chunksize), window=buffersize or max(IMAP_AHEAD, 2 * self._processes),
             ordered=ordered,
         )
         self._iterators.add(iterator)
