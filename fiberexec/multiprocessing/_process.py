@@ -32,7 +32,8 @@ from fiberexec._backend import (
     WorkerSpec,
     WorkerStatus,
 )
-from fiberexec._serialize import dumps_bytes
+from fiberexec._errors import SerializationError
+from fiberexec._serialize import dumps_bytes, pickler_error
 from fiberexec.multiprocessing import _backends, _main
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._links import TIMING
@@ -213,6 +214,11 @@ class Process:
         tickets, keys = _connection.capture_tickets(), _hostpipe.capture_keys()
         try:
             payload = dumps_bytes(self, what="process", spawning=True)
+        except SerializationError as exc:  # what the pickler raised, as the stdlib's start
+            error = pickler_error(exc)
+            if error is exc:
+                raise
+            raise error from None
         finally:
             _connection.stop_capture()
             _hostpipe.stop_capture()

@@ -177,3 +177,12 @@ def test_the_terminals_ctrl_c_ends_a_child_as_it_ends_its_parent(
                           timeout=60, check=False)
     assert done.returncode == -signal.SIGINT, done.stderr  # the parent ended by Ctrl-C
     assert "in forever" in done.stderr  # and the child too, in its target
+
+
+def test_a_process_whose_arguments_cannot_be_pickled_raises_what_the_pickler_raised(
+        mpm: ModuleType) -> None:
+    import threading
+
+    p = mpm.get_context("spawn").Process(target=t.Target(), args=(threading.Lock(),))
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
+        p.start()
