@@ -178,21 +178,28 @@ def test_workers_are_forked_from_one_launcher_and_go_with_a_killed_executor() ->
         executor.communicate(timeout=30)
 
 
+def _loaded_in_each(ex: Any, workers: int, module: str) -> dict[int, tuple[int, bool]]:
+    """For each of the executor's ``workers`` workers (by pid): its parent, and whether
+    ``module`` was imported in it when it ran a task (rounds of sleeping tasks until each
+    of them has run one)."""
+    seen: dict[int, tuple[int, bool]] = {}
+    for _ in range(20):
+        for f in [ex.submit(tasks.sleep_loaded, 0.2, module) for _ in range(2 * workers)]:
+            pid, parent, loaded = f.result(timeout=60)
+            seen[pid] = (parent, loaded)
+        if len(seen) == workers:
+            break
+    assert len(seen) == workers
+    return seen
+
+
 def test_a_forked_worker_has_what_a_scripts_function_needs_loaded(
         make_executor: ExecutorFactory) -> None:
     """A function of the script travels by value and needs cloudpickle to be rebuilt: the
     launcher imports it once, so hundreds of forked workers do not each import it (about
     12 ms of CPU each) before their first task. (A fresh worker imports it when a task needs
     it: the task here comes from a module, and needs nothing of it.)"""
-    ex = make_executor(4)
-    seen: dict[int, tuple[int, bool]] = {}
-    for _ in range(20):  # rounds of sleeping tasks until each of the four has run one
-        for f in [ex.submit(tasks.sleep_loaded, 0.2, "cloudpickle") for _ in range(8)]:
-            pid, parent, loaded = f.result(timeout=60)
-            seen[pid] = (parent, loaded)
-        if len(seen) == 4:
-            break
-    assert len(seen) == 4
+    seen = _loaded_in_each(make_executor(4), 4, "cloudpickle")
     forked = [loaded for parent, loaded in seen.values() if parent != os.getpid()]
     fresh = [loaded for parent, loaded in seen.values() if parent == os.getpid()]
     assert len(forked) == 2 and all(forked)
@@ -204,15 +211,7 @@ def test_with_modules_to_preload_every_worker_starts_with_them(
     """The first workers of a pool are started fresh, unless modules are to be preloaded:
     then every one is forked by the launcher that imported them, the first two too."""
     monkeypatch.setenv("FIBEREXEC_PRELOAD", "colorsys")  # a module nothing else here imports
-    ex = make_executor(2)
-    seen: dict[int, tuple[int, bool]] = {}
-    for _ in range(20):  # rounds of sleeping tasks until each of the two has run one
-        for f in [ex.submit(tasks.sleep_loaded, 0.2, "colorsys") for _ in range(4)]:
-            pid, parent, loaded = f.result(timeout=60)
-            seen[pid] = (parent, loaded)
-        if len(seen) == 2:
-            break
-    assert len(seen) == 2
+    seen = _loaded_in_each(make_executor(2), 2, "colorsys")
     assert all(parent != os.getpid() and loaded for parent, loaded in seen.values())
 
 
