@@ -52,6 +52,8 @@ from fiberexec.multiprocessing._proxies import (
     ValueProxy,
     _proxy_types,
     _releaser,
+    auto_proxy,
+    public_methods,
 )
 from fiberexec.multiprocessing._queues import SimpleQueue
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
@@ -153,12 +155,16 @@ class _Server:
                 raise ValueError(f"a manager's server does not serve {call!r}")
         return result, b""
 
-    def _create(self, typeid: str, body: bytes) -> int:
+    def _create(self, typeid: str, body: bytes) -> tuple[int, tuple[str, ...]]:
+        """The new object's id, and the methods its proxies may call (as the stdlib's
+        server answers, for an `AutoProxy`)."""
         cargs, ckwds = loads_bytes(body, what="constructor arguments")
-        make = self.registry[typeid].make
-        if make is None:
+        info = self.registry[typeid]
+        if info.make is None:
             raise ValueError(f"type {typeid!r} has no callable; it cannot be created")
-        return self.objects.add(make(*cargs, **ckwds), typeid)
+        obj = info.make(*cargs, **ckwds)
+        exposed = info.exposed if info.exposed is not None else public_methods(obj)
+        return self.objects.add(obj, typeid), exposed
 
 
 def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> None:
@@ -337,13 +343,15 @@ class BaseManager:
         endpoint = Endpoint(address, self._secret)
         body = dumps_as_stdlib((args, kwds), what="arguments")
         try:
-            oid, _ = endpoint.call(calls.Create(typeid), body)
+            (oid, exposed), _ = endpoint.call(calls.Create(typeid), body)
         except (ConnectionError, ReferenceError):
             raise
         except Exception as exc:  # as the standard library's managers report it
             raise RemoteError(f"making the manager's {typeid!r} raised "
                               f"{type(exc).__name__}: {exc}") from exc
         proxytype = self._registry[typeid][1]
+        if proxytype is BaseProxy:  # registered with no proxy type: the stdlib's AutoProxy
+            proxytype = auto_proxy(typeid, exposed)
         return proxytype(address, self._secret, oid, typeid, self._servers.pool)
 
     def shutdown(self) -> None:

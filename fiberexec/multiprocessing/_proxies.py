@@ -78,7 +78,10 @@ class BaseProxy:
 
     def __reduce__(self) -> tuple[Any, ...]:
         endpoint, oid, typeid = self._fx
-        return (_rebuild_proxy, (type(self), endpoint.address, endpoint.secret, oid, typeid))
+        kind: Any = type(self)
+        if getattr(kind, "_auto_", False):  # made here, not importable: made again there
+            kind = (typeid, kind._exposed_)
+        return (_rebuild_proxy, (kind, endpoint.address, endpoint.secret, oid, typeid))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} object, typeid {self._fx[2]!r} at {id(self):#x}>"
@@ -87,12 +90,45 @@ class BaseProxy:
         return str(self._callmethod("__repr__"))
 
 
+def public_methods(obj: object) -> tuple[str, ...]:
+    """The methods of ``obj`` an `AutoProxy` exposes: its callable attributes not starting
+    with ``_`` (as the stdlib's ``public_methods``)."""
+    return tuple(name for name in dir(obj)
+                 if not name.startswith("_") and callable(getattr(obj, name, None)))
+
+
+_auto_proxies: dict[tuple[str, tuple[str, ...]], type[BaseProxy]] = {}
+
+
+def auto_proxy(typeid: str, exposed: tuple[str, ...]) -> type[BaseProxy]:
+    """The proxy type of a type registered without one, as the stdlib's ``AutoProxy``: named
+    ``AutoProxy[typeid]``, with a method for each exposed one and no other attribute."""
+    key = (typeid, tuple(exposed))
+    kind = _auto_proxies.get(key)
+    if kind is None:
+        def method(name: str) -> Callable[..., Any]:
+            def call(self: BaseProxy, *args: Any, **kwds: Any) -> Any:
+                return self._callmethod(name, args, kwds)
+            call.__name__ = name
+            return call
+
+        namespace: dict[str, Any] = {name: method(name) for name in exposed}
+        namespace.update(_exposed_=key[1], _auto_=True, __getattr__=_no_attribute)
+        kind = _auto_proxies[key] = type(f"AutoProxy[{typeid}]", (BaseProxy,), namespace)
+    return kind
+
+
+def _no_attribute(self: BaseProxy, name: str) -> Any:
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 _proxy_types: dict[str, type[BaseProxy]] = {}  # typeid -> proxy type, for method_to_typeid
 
 
-def _rebuild_proxy(cls: type[BaseProxy], address: str, secret: bytes, oid: int,
-                   typeid: str) -> BaseProxy:
-    return cls(address, secret, oid, typeid, incref=True)
+def _rebuild_proxy(cls: type[BaseProxy] | tuple[str, tuple[str, ...]], address: str,
+                   secret: bytes, oid: int, typeid: str) -> BaseProxy:
+    kind = auto_proxy(*cls) if isinstance(cls, tuple) else cls
+    return kind(address, secret, oid, typeid, incref=True)
 
 
 

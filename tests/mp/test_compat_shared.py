@@ -194,6 +194,30 @@ def test_register_exposed_and_method_to_typeid(mpm: ModuleType) -> None:
         assert isinstance(child, managers.BaseProxy) and child.add(1, 1) == 2
 
 
+class StdlibAutoManager(multiprocessing.managers.BaseManager):
+    pass
+
+
+class FiberAutoManager(fiberexec.multiprocessing.managers.BaseManager):
+    pass
+
+
+def test_a_type_registered_without_a_proxy_type_gets_an_auto_proxy(mpm: ModuleType) -> None:
+    """Named ``AutoProxy[typeid]``, with the object's public methods and no other
+    attribute; a copy sent to a process (pickled) is the same."""
+    MyManager = StdlibAutoManager if mpm is multiprocessing else FiberAutoManager
+    MyManager.register("Maths", t.Maths)
+    with MyManager() as m:
+        maths = m.Maths()
+        assert type(maths).__name__ == "AutoProxy[Maths]"
+        assert sorted(maths._exposed_) == ["add", "child", "secret"]
+        assert {"add", "child", "secret"} <= set(dir(maths))
+        with pytest.raises(AttributeError):
+            maths.missing  # noqa: B018  # the attribute under test
+        copy = pickle.loads(pickle.dumps(maths))
+        assert type(copy).__name__ == "AutoProxy[Maths]" and copy.add(2, 3) == 5
+
+
 def test_list_proxy_operators(mpm: ModuleType) -> None:
     with mpm.Manager() as m:
         lst = m.list([1, 2])
