@@ -371,14 +371,26 @@ class Process:
         self._daemon = bool(value)
 
     def __repr__(self) -> str:
-        if self._fx is None:
+        """As the stdlib's: ``<Process name='x' pid=12 parent=10 stopped exitcode=-SIGTERM>``
+        (a pid not reported yet is not waited for)."""
+        info = [type(self).__name__, f"name={self._name!r}"]
+        fx = self._fx
+        if self._closed:
+            state = "closed"
+        elif fx is None:
             state = "initial"
-        elif self._fx.done.is_set():
-            state = f"stopped exitcode={self._fx.exitcode}"
         else:
-            state = "started"
-        daemon = " daemon" if self._daemon else ""
-        return f"<{type(self).__name__} name={self._name!r} {state}{daemon}>"
+            pid = get_broker().pid_of(fx.proc_id, 0, fx.done.is_set)
+            if pid is not None:
+                info.append(f"pid={pid}")
+            state = "stopped" if fx.done.is_set() else "started"
+        info += [f"parent={os.getpid()}", state]
+        if state == "stopped" and fx is not None and fx.exitcode is not None:
+            code = fx.exitcode
+            info.append(f"exitcode={_signal_name(code) if code < 0 else code}")
+        if self._daemon:
+            info.append("daemon")
+        return f"<{' '.join(info)}>"
 
 
 class _MainProcess(Process):
@@ -502,3 +514,11 @@ def join_children() -> None:
             child.terminate()
     for child in active_children():
         child.join()
+
+
+def _signal_name(code: int) -> str:
+    """``-SIGTERM`` for -15, as the stdlib's repr names a signal that ended a process."""
+    try:
+        return f"-{signal.Signals(-code).name}"
+    except ValueError:
+        return str(code)

@@ -186,3 +186,21 @@ def test_a_process_whose_arguments_cannot_be_pickled_raises_what_the_pickler_rai
     p = mpm.get_context("spawn").Process(target=t.Target(), args=(threading.Lock(),))
     with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
         p.start()
+
+
+def test_a_processs_repr_is_the_stdlibs(mpm: ModuleType) -> None:
+    import re
+
+    from tests.mp import compat_tasks
+
+    p = mpm.Process(target=compat_tasks.sleep_long, name="x")
+    assert re.fullmatch(r"<Process name='x' parent=\d+ initial>", repr(p))
+    p.start()
+    assert p.pid  # (a repr does not wait for a pid the child has not reported yet)
+    assert re.fullmatch(r"<Process name='x' pid=\d+ parent=\d+ started>", repr(p))
+    p.terminate()
+    p.join(60)
+    assert re.fullmatch(r"<Process name='x' pid=\d+ parent=\d+ stopped exitcode=-SIGTERM>",
+                        repr(p))
+    p.close()
+    assert re.fullmatch(r"<Process name='x' parent=\d+ closed>", repr(p))
