@@ -52,12 +52,16 @@ class Queue:
               wait: float = 0.0) -> tuple[Any, bytes]:
         """``kind(cid, *args)`` on the queue's broker."""
         if self._closed:
-            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+            raise self._closed_error()
         try:
             endpoint = self._ep()
             return endpoint.call(kind(self._cid, *args), body, timeout=wait + TIMING.call)
         except ConnectionError as exc:
             raise _gone(self, exc) from exc
+
+    def _closed_error(self) -> Exception:
+        """What a use after `close` raises (the stdlib's `Queue`: ValueError)."""
+        return ValueError(f"{type(self).__name__} {self!r} is closed")
 
     def __reduce__(self) -> tuple[Any, ...]:
         ep = self._ep()
@@ -99,7 +103,7 @@ class Queue:
         already sent to this process or held by the creator (not those sent ahead to other
         consumers)."""
         if self._closed:
-            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+            raise self._closed_error()
         broker = b.local_broker(self._ep())
         if broker is not None:
             return broker.ready(self._cid, timeout)
@@ -123,7 +127,7 @@ class Queue:
     def _put_raw(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
         if not self._maxsize:
             if self._closed:
-                raise ValueError(f"{type(self).__name__} {self!r} is closed")
+                raise self._closed_error()
             broker = b.local_broker(self._ep())
             if broker is not None:  # created here: a direct call, no RPC layer
                 broker.append(self._cid, data)
@@ -150,7 +154,7 @@ class Queue:
 
     def _get_raw(self, block: bool = True, timeout: float | None = None) -> bytes:
         if self._closed:
-            raise ValueError(f"{type(self).__name__} {self!r} is closed")
+            raise self._closed_error()
         try:
             consumer = st.stream_for(self._ep())
             if consumer is not None:
@@ -213,6 +217,9 @@ class SimpleQueue(Queue):
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         super().put(obj)
+
+    def _closed_error(self) -> Exception:
+        return OSError("handle is closed")  # the stdlib's: its pipe's ends are closed
 
 
 class JoinableQueue(Queue):

@@ -199,3 +199,16 @@ def test_threads_first_using_a_new_queue_at_once_all_use_the_one_queue(
     waiting before anything is put, writers starting together) is one queue for them all."""
     for _ in range(10):
         assert sorted(_first_used_at_once(mpm.Queue())) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["Queue", "SimpleQueue"])
+def test_a_closed_queue_refuses_use_as_the_stdlibs_does(mpm: ModuleType, kind: str) -> None:
+    """The stdlib's `Queue` raises ValueError; its `SimpleQueue`, whose pipe ends are closed,
+    OSError."""
+    q = getattr(mpm, kind)()
+    q.close()
+    expected = ValueError if kind == "Queue" else OSError
+    with pytest.raises(expected):
+        q.put(1)
+    with pytest.raises(expected):
+        q.get()
