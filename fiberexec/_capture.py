@@ -72,6 +72,19 @@ class Capture:
         elif first:
             self._wake()
 
+    def end_lines(self) -> None:
+        """A task ended: a line it left unfinished is ended here, so it travels with the
+        task's other lines, before its result (and the next task's output starts a line of
+        its own)."""
+        with self._lock:
+            for stream, partial in self._partial.items():
+                if partial:
+                    self._held[stream].append(partial + b"\n")
+                    self.size += len(partial) + 1
+                    self._partial[stream] = b""
+                    if self.since is None:
+                        self.since = time.monotonic()
+
     def take(self, *, everything: bool = False) -> tuple[bytes, bytes]:
         """What is held, as (stdout, stderr) bytes of whole lines; ``everything`` adds
         the lines not ended yet (the worker is leaving)."""

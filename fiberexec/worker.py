@@ -416,6 +416,8 @@ class Outbox:
         next task already runs. Otherwise it waits for a few more, at most `FLUSH_AGE`.
         """
         self.push_output()
+        if self.capture is not None:
+            self.capture.end_lines()
         now = time.monotonic()
         with self._cond:
             self._results.append(result)

@@ -270,3 +270,9 @@ def backtrack(n: int) -> int:
 
     re.match(r"(a+)+$", "a" * n + "b")
     return n
+
+
+def say_unfinished(text: str) -> str:
+    """Print ``text`` with no line end; return it."""
+    print(text, end="")
+    return text

@@ -40,6 +40,26 @@ def test_what_a_task_printed_is_written_before_the_program_has_its_result(
         line for i in range(30) for line in ("line 0", f"result {i}")]
 
 
+@pytest.mark.parametrize("into", ["forward", "directory"])
+def test_a_line_a_task_leaves_unfinished_arrives_with_the_task(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str],
+        tmp_path: Path, into: str) -> None:
+    """Even as the last words before a shutdown, which closes the workers' links at once."""
+    output = "forward" if into == "forward" else str(tmp_path / "out") + "/"
+    ex = make_executor(1, output=output)
+    assert ex.submit(tasks.say_unfinished, "first").result(timeout=60) == "first"
+    ex.submit(tasks.say_unfinished, "last").result(timeout=60)
+    (worker,) = ex.workers()
+    ex.shutdown()
+    if into == "forward":
+        out = capfd.readouterr().out.splitlines()
+        prefix = f"[{worker.worker_id} {socket.gethostname()}] "
+        assert [line for line in out if line.startswith(prefix)] == [
+            f"{prefix}first", f"{prefix}last"]
+    else:
+        assert (tmp_path / "out" / f"{worker.worker_id}.out").read_text() == "first\nlast\n"
+
+
 def test_local_workers_inherit_output_by_default(
         make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
     ex = make_executor(1)
