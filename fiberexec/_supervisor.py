@@ -510,6 +510,7 @@ class WorkerSupervisor:
             # a start in flight stops its worker, then closes its endpoint (_start_worker)
             in_flight = {w for w, h in self._handles.items() if h is None}
             self._handles.clear()
+            self._ready.clear()  # none serves any more: stats() counts no worker
             deferred, self._deferred = self._deferred, set()
         for timer in deferred:  # replacements waiting for their turn: none is wanted now
             timer.cancel()

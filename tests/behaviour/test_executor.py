@@ -294,3 +294,12 @@ def test_shutdown_waiting_from_a_done_callback_raises_and_shuts_down(make: Make)
     assert isinstance(said[0], RuntimeError) and "cannot join current thread" in str(said[0])
     with pytest.raises(RuntimeError, match="after shutdown"):
         ex.submit(tasks.square, 4)
+
+
+def test_after_shutdown_stats_count_no_worker(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    assert ex.submit(tasks.square, 3).result(timeout=60) == 9
+    ex.shutdown()
+    stats = ex.stats()
+    assert (stats.workers, stats.workers_starting) == (0, 0)
+    assert all(w.state in ("retired", "lost") for w in ex.workers())
