@@ -41,10 +41,10 @@ def rss_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB here
 
 
-def format_stacks(first: int | None = None, *, running: bool = True) -> str:
+def format_stacks(first: int | None = None, *, doing: str | None = "running the task") -> str:
     """The stack of every thread, thread ``first`` (an ident) first; the calling thread's
     only if it is ``first`` (else it would show just this function). A ``first`` thread
-    not ``running`` a task is said to be idle, without the worker's own frames."""
+    ``doing`` nothing is said to be idle, without the worker's own frames."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     frames = sorted(sys._current_frames().items(), key=lambda pair: pair[0] != first)
@@ -53,10 +53,10 @@ def format_stacks(first: int | None = None, *, running: bool = True) -> str:
         if ident == me and ident != first:
             continue
         title = f'Thread "{names.get(ident, "?")}" ({ident})'
-        if ident == first and not running:
+        if ident == first and doing is None:
             parts.append(f"{title}, idle, waiting for a task\n")
             continue
         if ident == first:
-            title += ", running the task"
+            title += f", {doing}"
         parts.append(f"{title}, most recent call last:\n{''.join(traceback.format_stack(frame))}")
     return "\n".join(parts)

@@ -92,7 +92,7 @@ class Worker:
         self.max_tasks = 0
         self.tasks: deque[tuple[p.Task, _Functions, bool]] = deque()  # and `Tasks.alone`
         self.stopping = False
-        self.running = False  # the main thread runs a task (else it waits for one)
+        self.doing: str | None = None  # what the main thread runs (None: it waits)
         self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
         self.last_heard = time.monotonic()
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
@@ -173,7 +173,9 @@ class Worker:
             if MAIN_MARK in setup.initializer.data:
                 fn = _mainspace.home(fn)
                 _mainspace.adopt((fn, args))
+            self.doing = "running the initializer"
             fn(*args)
+            self.doing = None
         except BaseException as exc:
             # What the standard library's workers log, so handlers users attach still see it.
             logging.getLogger("concurrent.futures").critical(
@@ -253,7 +255,7 @@ class Worker:
         elif isinstance(message, p.Bye):
             self.stopping = True
         elif isinstance(message, p.DumpStack):
-            stacks = format_stacks(threading.main_thread().ident, running=self.running)
+            stacks = format_stacks(threading.main_thread().ident, doing=self.doing)
             self.outbox.send(p.Stack(message.request_id, stacks))
 
     def _give_back(self, wanted: set[int]) -> None:
@@ -323,9 +325,9 @@ class Worker:
             # Not for one sent alone: its result goes out from here in any case.
             timed = slow and not alone
             cpu = time.thread_time() if timed else 0.0
-            self.running = True
+            self.doing = "running the task"
             result = self._run(task[0], task[1])
-            self.running = False
+            self.doing = None
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
