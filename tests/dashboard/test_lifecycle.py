@@ -149,4 +149,3 @@ def test_an_idle_workers_stack_says_it_is_idle(make_executor: ExecutorFactory) -
     (worker,) = ex.workers()
     stack = ex.dump_stack(worker.worker_id)
     assert "idle, waiting for a task" in stack and "running the task" not in stack
-
