@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiberexec._conn import Conn, State
@@ -46,7 +47,9 @@ DURATION_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 # times on the shard's clock.
 SpanRecord = tuple[int, str, str, float, float, bool]
 # A failed task: (item, worker_id or None, exception, when on the shard's clock).
-FailureRecord = tuple[WorkItem, "str | None", BaseException, float]
+# (and the exception's traceback then: raising it again, `result()` puts its caller's frames
+# in front of its ``__traceback__``)
+FailureRecord = tuple[WorkItem, "str | None", BaseException, float, "TracebackType | None"]
 
 V = TypeVar("V")
 
@@ -312,17 +315,17 @@ def durations(shards: Iterable[Shard]) -> Durations:
 
 
 def failures(shards: Iterable[Shard], limit: int) -> list[FailureInfo]:
-    records: list[tuple[float, WorkItem, str | None, BaseException]] = []
+    records: list[tuple[float, WorkItem, str | None, BaseException, TracebackType | None]] = []
     for shard in shards:
         offset = shard.wall_offset
-        records.extend((when + offset, item, worker_id, exc)
-                       for item, worker_id, exc, when in list(shard.failures))
+        records.extend((when + offset, item, worker_id, exc, tb)
+                       for item, worker_id, exc, when, tb in list(shard.failures))
     records.sort(key=lambda record: record[0])
     return [_failure(*record) for record in records[-limit:]] if limit > 0 else []
 
 
-def _failure(when: float, item: WorkItem, worker_id: str | None,
-             exc: BaseException) -> FailureInfo:
+def _failure(when: float, item: WorkItem, worker_id: str | None, exc: BaseException,
+             tb: TracebackType | None) -> FailureInfo:
     function, arguments = describe_call(item)
     lines = str(exc).strip().splitlines()
     error = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
@@ -330,7 +333,7 @@ def _failure(when: float, item: WorkItem, worker_id: str | None,
     if isinstance(cause, RemoteTraceback):
         text = str(cause.tb).strip("\n").strip('"').strip("\n")
     else:
-        text = "".join(traceback.format_exception(exc))
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
     return FailureInfo(item.task_id, worker_id, function, arguments, error, text, when)
 
 

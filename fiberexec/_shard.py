@@ -433,7 +433,7 @@ class Shard:
         """Keep a failed task for failures() (described only when someone asks)."""
         exc = item.future.exception(timeout=0)
         if exc is not None:
-            self.failures.append((item, worker_id, exc, self.clock()))
+            self.failures.append((item, worker_id, exc, self.clock(), exc.__traceback__))
 
     def _on_revoked(self, conn: Conn, task_ids: Iterable[int]) -> None:
         """Tasks the worker gave back unstarted go to the head of the queue, in order; one

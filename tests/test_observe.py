@@ -11,6 +11,7 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from fiberexec import (
     Durations,
     FailureInfo,
     FiberExecutor,
+    PicklingError,
     TaskInfo,
     TaskSpan,
     WorkerInfo,
@@ -280,3 +282,18 @@ def test_task_spans_limit_keeps_the_newest_over_every_shard(
         assert ex.task_spans(limit=limit) == spans[-limit:]
     for since in (spans[40].ended, spans[57].ended):  # (results that came together tie)
         assert ex.task_spans(since=since, limit=5) == [s for s in spans if s.ended >= since][-5:]
+
+
+def test_a_failures_traceback_stays_as_it_was_when_its_caller_raises_it(
+        make_executor: ExecutorFactory) -> None:
+    """A failure in this process (arguments that cannot be pickled): `result()` raising it
+    again adds the caller's frames to the exception, not to what `failures()` shows."""
+    ex = make_executor(1)
+    future = ex.submit(tasks.identity, threading.Lock())
+    assert isinstance(future.exception(timeout=30), PicklingError)
+    (before,) = ex.failures()
+    with pytest.raises(PicklingError):
+        future.result(timeout=30)
+    (after,) = ex.failures()
+    assert after.traceback == before.traceback
+    assert "test_a_failures_traceback_stays" not in after.traceback
