@@ -206,7 +206,8 @@ _span = _builder(TaskSpan)
 def worker_infos(
     shards: Sequence[Shard], starting: Mapping[str, WorkerHandle | None], backend: str
 ) -> list[WorkerInfo]:
-    """Every worker the shards serve, those being started, then those recently gone."""
+    """Every worker the shards serve (by id: w2 before w10), those being started, then
+    those recently gone."""
     infos: list[WorkerInfo] = []
     seen: set[str] = set()
     for shard in shards:
@@ -214,6 +215,7 @@ def worker_infos(
         for conn in list(shard.conns.values()):
             seen.add(conn.worker_id)
             infos.append(_worker_info(conn, backend, offset))
+    infos.sort(key=lambda info: (len(info.worker_id), info.worker_id))
     gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)
             if conn.worker_id not in seen]
     gone.sort(key=lambda pair: pair[0].ended or 0.0)

@@ -297,3 +297,12 @@ def test_a_failures_traceback_stays_as_it_was_when_its_caller_raises_it(
     (after,) = ex.failures()
     assert after.traceback == before.traceback
     assert "test_a_failures_traceback_stays" not in after.traceback
+
+
+def test_workers_are_listed_by_id_across_shards(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(12, shards=3, min_workers=12)
+    for f in [ex.submit(tasks.sleep_return, 0.3) for _ in range(24)]:
+        f.result(timeout=60)
+    served = [w.worker_id for w in ex.workers() if w.state in ("idle", "running")]
+    assert len(served) == 12
+    assert served == sorted(served, key=lambda worker_id: int(worker_id[1:]))
