@@ -192,12 +192,13 @@ _by_reference: dict[Any, Payload] = {}
 def loads(payload: Payload, *, what: str = "object") -> Any:
     """Unpickle; raise `UnpicklingError` naming ``what`` when it cannot be.
 
-    ``SystemExit`` raised while rebuilding an object counts as a failure to unpickle it: it
-    must not end the thread (or the worker) that happens to be unpickling.
+    Whatever rebuilding an object raises (``SystemExit`` and ``KeyboardInterrupt`` too)
+    counts as a failure to unpickle it: it must not end the thread (the executor's
+    scheduler, or the worker) that happens to be unpickling.
     """
     try:
         return pickle.loads(payload.data, buffers=payload.buffers)
-    except (Exception, SystemExit) as exc:
+    except BaseException as exc:
         raise _errors.UnpicklingError(
             f"cannot unpickle the {what}: {type(exc).__name__}: {exc}"
         ) from exc

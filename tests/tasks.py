@@ -276,3 +276,18 @@ def say_unfinished(text: str) -> str:
     """Print ``text`` with no line end; return it."""
     print(text, end="")
     return text
+
+
+def _interrupt(_: object) -> None:
+    raise KeyboardInterrupt("raised while unpickling")
+
+
+class InterruptsUnpickling:
+    """Pickles fine; rebuilding it raises `KeyboardInterrupt`."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_interrupt, (1,))
+
+
+def return_interrupting(_: object = None) -> InterruptsUnpickling:
+    return InterruptsUnpickling()

@@ -54,6 +54,16 @@ def test_unpicklable_result_fails_only_its_future(executor: FiberExecutor) -> No
     assert executor.submit(tasks.square, 7).result(timeout=30) == 49
 
 
+def test_a_result_whose_unpickling_interrupts_fails_only_its_future(
+        executor: FiberExecutor) -> None:
+    """Rebuilding it raises KeyboardInterrupt, in the executor's scheduler: that thread
+    goes on, and the future fails with what was raised."""
+    future = executor.submit(tasks.return_interrupting)
+    with pytest.raises(SerializationError, match="KeyboardInterrupt: raised while unpickling"):
+        future.result(timeout=30)
+    assert executor.submit(tasks.square, 7).result(timeout=30) == 49
+
+
 def test_task_calling_os_exit_fails_after_retries(make_executor: ExecutorFactory) -> None:
     ex = make_executor(2, max_task_retries=1)
     with pytest.raises(WorkerLostError, match=r"2 workers that died.*exited with code 13"):
