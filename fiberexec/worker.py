@@ -658,6 +658,21 @@ def _adopted(fn: Any, payload: Payload) -> Any:
     return fn
 
 
+def _ready_for_a_full_address_space() -> None:
+    """Under an address-space limit (``memory=``), load what a thread's exit needs now:
+    glibc loads ``libgcc_s`` when a thread first exits, and where the task has filled the
+    address space it cannot, and aborts the whole process ("libgcc_s.so.1 must be installed
+    for pthread_exit to work"): a `MemoryError` became a lost worker and a retried task."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError):  # not there: nothing to load, nothing to fail
+        ctypes.CDLL("libgcc_s.so.1")
+
+
 def _note_memory_limit(exc: MemoryError) -> None:
     """A `MemoryError` under an address-space limit says which limit, and how to raise it."""
     import resource
@@ -737,6 +752,7 @@ def run() -> None:
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
     _adopt_authkey()
+    _ready_for_a_full_address_space()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
     _mainspace.install(origin)  # the caller's script's names, not this program's (see there)
     _joblib_hook.install()  # a task of the script may name joblib's "fiber" backend

@@ -291,3 +291,9 @@ class InterruptsUnpickling:
 
 def return_interrupting(_: object = None) -> InterruptsUnpickling:
     return InterruptsUnpickling()
+
+
+def mapped(name: str) -> bool:
+    """Whether a library whose file name contains ``name`` is loaded in this process."""
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps)

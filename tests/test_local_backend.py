@@ -105,6 +105,14 @@ def test_memory_limits_each_worker_address_space(make_executor: ExecutorFactory)
     assert ex.stats().workers_lost == 0
 
 
+def test_a_memory_limited_worker_has_what_a_threads_exit_needs_loaded(
+        make_executor: ExecutorFactory) -> None:
+    """glibc loads libgcc_s when a thread first exits: a worker whose task filled its
+    address space could not, and aborted. One under a limit loads it as it starts."""
+    ex = make_executor(1, memory="2G")
+    assert ex.submit(tasks.mapped, "libgcc_s").result(timeout=60)
+
+
 def test_without_memory_no_limit_is_set(make_executor: ExecutorFactory) -> None:
     import resource
 
