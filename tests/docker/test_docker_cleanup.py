@@ -84,12 +84,12 @@ def test_cleanup_executor_removes_one_and_all_says_what_first(
     (_, first), (_, second) = start_executor(), start_executor()
     firsts, seconds = _workers(client, first), _workers(client, second)
 
-    said = _cleanup("--executor", first)
+    said = _cleanup("--executor", first, "--force")  # it runs: forced
     assert not any(_exists(client, ref) for ref in firsts), said
     assert f"lease of executor {first}" in said, said
     assert _workers(client, second) == seconds, f"--executor took another's workers:\n{said}"
 
-    said = _cleanup("--all")
+    said = _cleanup("--all", "--yes")  # no terminal to ask on
     lines = said.splitlines()
     assert lines[0].startswith("--all removes every fiberexec worker"), said
     listed = [i for i, line in enumerate(lines) if "would remove" in line and second in line]

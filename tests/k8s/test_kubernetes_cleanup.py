@@ -95,11 +95,11 @@ def test_cleanup_executor_removes_one_and_all_says_what_first(
     (_, first), (_, second) = start_executor(), start_executor()
     firsts, seconds = _pods(emu, first), _pods(emu, second)
 
-    said = _cleanup(environ, "--executor", first)
+    said = _cleanup(environ, "--executor", first, "--force")  # it runs: forced
     assert not set(firsts) & set(_pods(emu, first)), said
     assert _pods(emu, second) == seconds, f"--executor took another's pods:\n{said}"
 
-    said = _cleanup(environ, "--all")
+    said = _cleanup(environ, "--all", "--yes")  # no terminal to ask on
     lines = said.splitlines()
     assert lines[0].startswith("--all removes every fiberexec worker"), said
     listed = [i for i, line in enumerate(lines) if "would remove pod" in line and second in line]
