@@ -85,7 +85,7 @@ LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to h
 
 
 def _group_of(program: str) -> int | None:
-    """The process group a forked ``program`` joins: a worker none (a session of its own,
+    """The process group a forked ``program`` joins: a worker none (a group of its own,
     out of the terminal's reach); a `fiberexec.multiprocessing.Process` this process's, so
     the terminal's Ctrl-C reaches it as it reaches a stdlib child."""
     return None if program == WORKER_PROGRAM else os.getpgrp()
@@ -203,8 +203,9 @@ class LocalBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT if self.capture_output else None,
-                # a worker: a session of its own; a Process: in ours, as a stdlib child
-                start_new_session=tuple(spec.command) == WORKER_COMMAND,
+                # a worker: a process group of its own (in our session: see the
+                # launcher's `_detach`); a Process: in ours, as a stdlib child
+                process_group=0 if tuple(spec.command) == WORKER_COMMAND else None,
                 close_fds=True,
             )
         except FileNotFoundError as exc:

@@ -9,7 +9,7 @@ memory pages, and nothing is forked from the user's own process (its threads and
 stay where they are).
 
     executor (a backend)                         launcher: python -m fiberexec.worker --launcher
-    Launcher.spawn --("spawn", env, ...)-->      fork -> child: setsid, env, cwd, limits,
+    Launcher.spawn --("spawn", env, ...)-->      fork -> child: setpgid, env, cwd, limits,
                      + stdout, stderr                    output, then its program:
                <--("spawned", pid) + pidfd--             fiberexec.worker.run(), or another
     reader thread <--("exited", pid, code)--             of fiberexec's as ``python -m`` would
@@ -127,9 +127,10 @@ class Launcher:
         threads may ask at once: their requests are pipelined (the launcher forks them back
         to back), and replies come back in order. The child writes to the file ``log``,
         else to the descriptor ``output`` (standard output and error both), else to ours.
-        It starts a session of its own, or joins the process ``group`` given (of this
-        process's session: a `fiberexec.multiprocessing.Process` joins its parent's, so the
-        terminal's Ctrl-C reaches it as it reaches a stdlib child)."""
+        It starts a process group of its own, or joins the process ``group`` given (a
+        `fiberexec.multiprocessing.Process` joins its parent's, so the terminal's Ctrl-C
+        reaches it as it reaches a stdlib child); either way in this process's session
+        (see `_detach`)."""
         request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program, group))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -321,6 +322,9 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if group is not None:  # a Process, in the terminal's group: as a stdlib child
+            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+            signal.signal(signal.SIGTTIN, signal.SIG_DFL)
         sock.close()
         for fd in pipe:
             os.close(fd)
@@ -351,15 +355,20 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
 
 
 def _detach(group: int | None) -> None:
-    """A session of its own (a worker: the terminal's signals are not its), or the process
-    ``group`` asked for; a group that is gone or elsewhere gives a session of its own."""
+    """A process group of its own (a worker: the terminal's Ctrl-C is not for it), or the
+    ``group`` asked for; a group that is gone or elsewhere gives one of its own. Never a
+    session of its own: where the kernel groups processes by session for scheduling
+    (autogroup, on by default in many distributions), each new session is weighed as much
+    as all of the executor's threads together, and 512 workers starting left the executor
+    and the launcher a 513th of the CPU. In the caller's session they are scheduled as the
+    standard library's workers are."""
     if group is not None:
         try:
             os.setpgid(0, group)
             return
         except OSError:
             pass
-    os.setsid()
+    os.setpgid(0, 0)
 
 
 def _adopt_environment(env: dict[str, str]) -> None:

@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -734,9 +735,21 @@ def _adopt_authkey() -> None:
         multiprocessing.current_process().authkey = bytes.fromhex(key)
 
 
+def _off_the_terminal() -> None:
+    """A worker (and the launcher) runs in the caller's session but not in the terminal's
+    foreground group: with ``stty tostop`` a write to the terminal would stop it (SIGTTOU),
+    and a read from it would (SIGTTIN). As a process with no terminal, it writes; a read
+    fails. (A forked `fiberexec.multiprocessing.Process`, in the foreground group, gets
+    the defaults back.)"""
+    for name in ("SIGTTOU", "SIGTTIN"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def main() -> None:
     """Entry point of ``python -m fiberexec.worker``; with ``--launcher FD``, the forking
     launcher (`fiberexec._launcher`), whose forked children each call `run`."""
+    _off_the_terminal()
     if sys.argv[1:2] == ["--launcher"]:
         from fiberexec import _launcher
 

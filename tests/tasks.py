@@ -184,6 +184,11 @@ def sleep_pid(seconds: float) -> int:
     return os.getpid()
 
 
+def hold_the_gil(_: object = None) -> int:
+    """One C call that holds the GIL for many minutes: no thread of the worker runs."""
+    return sum(range(10**13))
+
+
 def sleep_loaded(seconds: float, module: str) -> tuple[int, int, bool]:
     """Sleep, then say which worker ran the task, its parent, and whether ``module`` was
     imported in it."""

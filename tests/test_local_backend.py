@@ -153,15 +153,25 @@ pids = set()
 while len(pids) < 4:
     pids |= {f.result(timeout=60) for f in [ex.submit(tasks.sleep_pid, 0.2) for _ in range(8)]}
 print(" ".join(map(str, sorted(pids))), flush=True)
+if sys.argv[1:] == ["stuck"]:  # every worker in a C call: none can notice the executor go
+    stuck = [ex.submit(tasks.hold_the_gil) for _ in range(4)]
+    while ex.stats().tasks_running < 4:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    print("stuck", flush=True)
 time.sleep(600)
 """
 
 
-def _executor_program() -> tuple[subprocess.Popen[str], list[int]]:
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHED], stdout=subprocess.PIPE, text=True,
+def _executor_program(*args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHED, *args], stdout=subprocess.PIPE,
+                            text=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.stdout is not None
-    return proc, [int(pid) for pid in proc.stdout.readline().split()]
+    pids = [int(pid) for pid in proc.stdout.readline().split()]
+    if args == ("stuck",):
+        assert proc.stdout.readline() == "stuck\n"
+    return proc, pids
 
 
 def test_workers_are_forked_from_one_launcher_and_go_with_a_killed_executor() -> None:
@@ -224,14 +234,15 @@ def test_with_modules_to_preload_every_worker_starts_with_them(
 
 
 def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
-    """A worker that could not notice its executor's end (stopped) is found by its executor
-    pid, though its command line and environment are the launcher's."""
+    """A worker that could not notice its executor's end (stuck in a C call that holds the
+    GIL) is found by its executor pid, though its command line and environment are the
+    launcher's. (A stopped one is not left: once the launcher, its parent, is gone, its
+    process group is orphaned, and the kernel sends a stopped member SIGHUP.)"""
     from fiberexec.backends import _local_stray
 
-    executor, pids = _executor_program()
-    pids = [pid for pid in pids if _parent(pid) != executor.pid]  # the forked ones
+    executor, every = _executor_program("stuck")
+    pids = [pid for pid in every if _parent(pid) != executor.pid]  # the forked ones
     try:
-        os.kill(pids[0], signal.SIGSTOP)  # cannot read its closed connection
         live = [w for w in _local_stray.local_workers() if w.pid == pids[0]]
         assert live and not _local_stray.is_stray(live[0], _local_stray.listening_ports())
         executor.kill()
@@ -241,8 +252,9 @@ def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
         assert _local_stray.terminate(strays[0], grace=0.5)
         assert not os.path.exists(f"/proc/{pids[0]}") or _zombie(pids[0])
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pids[0], signal.SIGKILL)
+        for pid in every:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if executor.poll() is None:
             executor.kill()
         executor.communicate(timeout=30)
@@ -387,3 +399,100 @@ def test_a_killed_launcher_is_replaced_and_forks_the_next_worker(
     said = [r.getMessage() for r in caplog.records if "launcher" in r.getMessage()]
     assert len(said) == 1 and "killed by signal 9 (SIGKILL)" in said[0], said
     assert "a new one forks the next (replacement 1 of 3)" in said[0]
+
+
+SESSION = """
+import os, sys
+from concurrent.futures import ProcessPoolExecutor
+from fiberexec import FiberExecutor
+
+
+def where():
+    return os.getsid(0), os.getpgrp()
+
+
+if __name__ == "__main__":
+    os.setpgid(0, 0)  # as a shell starts a job: a group of its own, the terminal's
+    Executor = FiberExecutor if sys.argv[1] == "fiberexec" else ProcessPoolExecutor
+    with Executor(4) as ex:
+        seen = {f.result(timeout=60) for f in [ex.submit(where) for _ in range(8)]}
+    print(os.getsid(0), os.getpgrp(), *sorted({group for _sid, group in seen}))
+    print(*sorted({sid for sid, _group in seen}))
+"""
+
+
+@pytest.mark.parametrize("system", ["stdlib", "fiberexec"])
+def test_workers_run_in_the_callers_session(tmp_path: Any, system: str) -> None:
+    """Workers are in the session of the program that made the executor, as the standard
+    library's are, so the kernel schedules them as it schedules the stdlib's (Linux's
+    autogroup weighs each session as one: a session per worker left 512 workers' executor
+    a 513th of the CPU). fiberexec's are in groups of their own, out of the reach of the
+    terminal's Ctrl-C, which the stdlib's share."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION)
+    done = subprocess.run([sys.executable, str(script), system], capture_output=True,
+                          text=True, timeout=120, check=True)
+    mine, workers = done.stdout.splitlines()
+    sid, group, *groups = (int(word) for word in mine.split())
+    assert [int(word) for word in workers.split()] == [sid]
+    if system == "stdlib":
+        assert groups == [group]
+    else:
+        assert group not in groups
+
+
+TERMINAL = """
+import fcntl, os, sys, termios
+from concurrent.futures import ProcessPoolExecutor
+from fiberexec import FiberExecutor
+
+
+def hello():
+    print("hello from a worker", flush=True)
+    return 42
+
+
+if __name__ == "__main__":
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the terminal is ours, our group its foreground
+    Executor = FiberExecutor if sys.argv[1] == "fiberexec" else ProcessPoolExecutor
+    with Executor(1) as ex:
+        print("result", ex.submit(hello).result(timeout=60), flush=True)
+"""
+
+
+@pytest.mark.parametrize("system", ["stdlib", "fiberexec"])
+def test_a_worker_writes_to_a_terminal_that_stops_background_writers(
+        tmp_path: Any, system: str) -> None:
+    """With ``stty tostop``, a process outside the terminal's foreground group that writes
+    to it is stopped (SIGTTOU). A worker is outside it (see above): it writes all the same,
+    as the stdlib's do, and its task ends."""
+    import pty
+    import select
+    import termios
+
+    script = tmp_path / "terminal.py"
+    script.write_text(TERMINAL)
+    master, terminal = pty.openpty()
+    attrs = termios.tcgetattr(terminal)
+    attrs[3] |= termios.TOSTOP
+    termios.tcsetattr(terminal, termios.TCSANOW, attrs)
+    proc = subprocess.Popen([sys.executable, str(script), system], stdin=terminal,
+                            stdout=terminal, stderr=terminal, start_new_session=True)
+    os.close(terminal)
+    out = b""
+    try:
+        while b"result" not in out:
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, f"nothing more within 60 s; the terminal showed {out!r}"
+            try:
+                out += os.read(master, 4096)
+            except OSError:  # the terminal closed: every writer has gone
+                break
+        assert proc.wait(timeout=60) == 0, out
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(master)
+    assert b"hello from a worker" in out
+    assert b"result 42" in out
