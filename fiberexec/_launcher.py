@@ -359,8 +359,8 @@ def _detach(group: int | None) -> None:
     ``group`` asked for; a group that is gone or elsewhere gives one of its own. Never a
     session of its own: where the kernel groups processes by session for scheduling
     (autogroup, on by default in many distributions), each new session is weighed as much
-    as all of the executor's threads together, and 512 workers starting left the executor
-    and the launcher a 513th of the CPU. In the caller's session they are scheduled as the
+    as the executor's process with all its threads, so busy workers would leave those
+    threads together one worker's share. In the caller's session they are scheduled as the
     standard library's workers are."""
     if group is not None:
         try:

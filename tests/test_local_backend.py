@@ -425,9 +425,9 @@ if __name__ == "__main__":
 def test_workers_run_in_the_callers_session(tmp_path: Any, system: str) -> None:
     """Workers are in the session of the program that made the executor, as the standard
     library's are, so the kernel schedules them as it schedules the stdlib's (Linux's
-    autogroup weighs each session as one: a session per worker left 512 workers' executor
-    a 513th of the CPU). fiberexec's are in groups of their own, out of the reach of the
-    terminal's Ctrl-C, which the stdlib's share."""
+    autogroup weighs each session as one: a session per worker gave the executor's threads,
+    all together, one worker's share). fiberexec's are in groups of their own, out of the
+    reach of the terminal's Ctrl-C, which the stdlib's share."""
     script = tmp_path / "session.py"
     script.write_text(SESSION)
     done = subprocess.run([sys.executable, str(script), system], capture_output=True,
