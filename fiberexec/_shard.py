@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, cast
 
-from fiberexec import _auth, _observe, _shm
+from fiberexec import _auth, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
@@ -163,15 +163,20 @@ class Shard:
         if not self.owner.acquire(blocking=False):
             return False
         self._owner_ident = threading.get_ident()
+        held = None
         try:
             if not (self._sleeping and self._has_idle_worker()) or self.events:
                 return False
+            held = _interrupts.hold()  # no Ctrl-C between taking a task and sending it
             self._take_incoming()
             self._dispatch()
             return not self.queue  # what could not be sent here, the shard's thread sends
         finally:
             self._owner_ident = None
             self.owner.release()
+            if held is not None and held.came and self.queue:
+                self._wake()  # the caller hears of Ctrl-C, not of what is left to send
+            _interrupts.release(held)
 
     def on_its_thread(self) -> bool:
         """Whether the calling thread runs the shard's loop, or holds it (a submitting or
@@ -197,11 +202,15 @@ class Shard:
         if not self.owner.acquire(blocking=False):
             return
         self._owner_ident = threading.get_ident()
+        held = None
         try:
             if (not self._sleeping or self.events or self.incoming or future.done()
                     or conn.state is not State.READY or conn.channel.closed
                     or self.conns.get(conn.worker_id) is not conn):
                 return
+            # No Ctrl-C between reading results off the socket and settling their futures
+            # (nor while the link is off the selector): it waits until this returns.
+            held = _interrupts.hold()
             fd = conn.channel.fileno()
             self.selector.unregister(fd)  # the shard's thread sleeps on, not woken by it
             conn.collected = True
@@ -218,6 +227,7 @@ class Shard:
         finally:
             self._owner_ident = None
             self.owner.release()
+            _interrupts.release(held)
 
     def _collect(self, conn: Conn, fd: int, future: TaskFuture[Any], timeout: float) -> None:
         poller = select.poll()

@@ -298,6 +298,25 @@ def return_interrupting(_: object = None) -> InterruptsUnpickling:
     return InterruptsUnpickling()
 
 
+def _ctrl_c_then(value: Any) -> Any:
+    signal.raise_signal(signal.SIGINT)  # as a Ctrl-C arriving just then: its handler runs
+    return value
+
+
+class CtrlCAsUnpickled:
+    """Pickles fine; as it is rebuilt, the process gets SIGINT (as from Ctrl-C)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_ctrl_c_then, (self.value,))
+
+
+def return_ctrl_c_as_unpickled(value: Any) -> CtrlCAsUnpickled:
+    return CtrlCAsUnpickled(value)
+
+
 def mapped(name: str) -> bool:
     """Whether a library whose file name contains ``name`` is loaded in this process."""
     with open("/proc/self/maps") as maps:

@@ -385,6 +385,35 @@ def test_exit_finishes_pending_futures(system: str) -> None:
     assert err == ""
 
 
+def test_ctrl_c_as_a_result_is_taken_in_interrupts_the_waiter_and_loses_nothing(
+        system: str) -> None:
+    """Ctrl-C arriving while a result is taken in (here: as it is unpickled, which happens
+    on whichever thread reads the worker's answer: this one in fiberexec, which waits on
+    the worker itself) interrupts the program where it waits, and the result is kept; the
+    worker serves on and the ``with`` block's shutdown returns. (It once landed inside the
+    reading: the result became an `UnpicklingError`, or was lost with the ones read with
+    it, and the shutdown waited for those forever.)"""
+    out, _err, _ = run_program(system, """
+        import time
+        from tests import tasks
+
+        if __name__ == "__main__":
+            with Executor(1) as ex:
+                ex.submit(tasks.identity, 0).result(timeout=60)
+                time.sleep(0.2)  # (fiberexec: the worker idle, the shard's thread asleep)
+                f = ex.submit(tasks.return_ctrl_c_as_unpickled, 7)
+                try:
+                    f.result(timeout=60)
+                    time.sleep(3)  # where the stdlib's main thread hears of it
+                    print("not interrupted")
+                except KeyboardInterrupt:
+                    print("interrupted")
+                print(f.result(timeout=0), ex.submit(tasks.identity, 2).result(timeout=30))
+            print("shut down")
+    """)
+    assert out.splitlines() == ["interrupted", "7 2", "shut down"]
+
+
 def test_a_quick_program_hears_nothing_from_workers_still_starting(system: str) -> None:
     """The first result comes before the other workers connect; shutting down then stops
     them without a word on stderr (a hang-up is not a fault when the executor left)."""
