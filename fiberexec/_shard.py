@@ -831,7 +831,7 @@ class Shard:
         """`TaskFuture.cancel` of a task a worker holds (any thread): ask the worker for it
         back and cancel it. False if it had started, or no answer came in `CANCEL_WAIT`;
         without ``wait``, False at once (the answer, when it comes, cancels it or not)."""
-        if wait and threading.get_ident() in (self._thread_ident, self._owner_ident):
+        if wait and self.on_its_thread():
             return False  # a done-callback on the thread that would answer: it cannot wait
         answer = Answer()
         self.post(ev.Call(partial(self._ask_back, future, answer)))
