@@ -22,8 +22,6 @@ import threading
 from types import FrameType
 from typing import Any
 
-_MAIN = threading.main_thread().ident
-
 
 class Held:
     """The program's SIGINT handler, and the signal if it came meanwhile."""
@@ -42,8 +40,9 @@ class Held:
 
 def hold() -> Held | None:
     """Hold off SIGINT's handler on this thread, if handlers run here (None: nothing held)."""
-    if threading.get_ident() != _MAIN:
-        return None  # signal handlers run on the main thread only
+    if threading.get_ident() != threading.main_thread().ident:
+        return None  # signal handlers run on the main thread only (asked each time: a
+        # fork from another thread makes that thread the child's main thread)
     previous = signal.getsignal(signal.SIGINT)
     if not callable(previous):  # SIG_DFL (the kernel ends the process), SIG_IGN, or unset
         return None
