@@ -1,4 +1,4 @@
-"""Ctrl-C held off while a caller's thread does a shard's work.
+"""Ctrl-C held off while a caller's thread does a shard's work (or starts the pool).
 
 A thread that submits or waits sends tasks and reads results itself when the shard's thread
 sleeps (`Shard._dispatch_here`, `Shard.collect`). On the main thread, the interpreter runs

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fiberexec import _auth, _fdlimit, _observe, _shm
+from fiberexec import _auth, _fdlimit, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec._backend import Backend
 from fiberexec._config import ExecutorConfig
@@ -123,12 +123,16 @@ class TaskPool:
         """Start the shards and the first workers (at the first submit, or when asked)."""
         if self._started:
             return
-        self._started = True
-        _fdlimit.ensure(self.config.max_workers)
-        self._t0 = time.monotonic()
-        for shard in self.shards:
-            shard.thread.start()
-        self.supervisor.launch_many(self.config.min_workers)
+        held = _interrupts.hold()  # a Ctrl-C now would leave it started with no shard running
+        try:
+            self._started = True
+            _fdlimit.ensure(self.config.max_workers)
+            self._t0 = time.monotonic()
+            for shard in self.shards:
+                shard.thread.start()
+            self.supervisor.launch_many(self.config.min_workers)
+        finally:
+            _interrupts.release(held)
         if self.config.observe:
             self.control = ControlServer(self.executor_id, self.backend.name, self.observed)
             try:
