@@ -298,23 +298,24 @@ def return_interrupting(_: object = None) -> InterruptsUnpickling:
     return InterruptsUnpickling()
 
 
-def _ctrl_c_then(value: Any) -> Any:
-    signal.raise_signal(signal.SIGINT)  # as a Ctrl-C arriving just then: its handler runs
+def _signal_then(signum: int, value: Any) -> Any:
+    signal.raise_signal(signum)  # as a signal arriving just then: its handler runs
     return value
 
 
-class CtrlCAsUnpickled:
-    """Pickles fine; as it is rebuilt, the process gets SIGINT (as from Ctrl-C)."""
+class SignalAsUnpickled:
+    """Pickles fine; as it is rebuilt, the process gets signal ``signum`` (SIGINT: as from
+    Ctrl-C)."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, signum: int, value: Any) -> None:
+        self.signum, self.value = signum, value
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_ctrl_c_then, (self.value,))
+        return (_signal_then, (self.signum, self.value))
 
 
-def return_ctrl_c_as_unpickled(value: Any) -> CtrlCAsUnpickled:
-    return CtrlCAsUnpickled(value)
+def return_signal_as_unpickled(signum: int, value: Any) -> SignalAsUnpickled:
+    return SignalAsUnpickled(signum, value)
 
 
 def mapped(name: str) -> bool:

@@ -385,33 +385,47 @@ def test_exit_finishes_pending_futures(system: str) -> None:
     assert err == ""
 
 
-def test_ctrl_c_as_a_result_is_taken_in_interrupts_the_waiter_and_loses_nothing(
-        system: str) -> None:
-    """Ctrl-C arriving while a result is taken in (here: as it is unpickled, which happens
+@pytest.mark.parametrize("handler", ["ctrl-c", "alarm"])
+def test_a_signal_as_a_result_is_taken_in_interrupts_the_waiter_and_loses_nothing(
+        system: str, handler: str) -> None:
+    """A signal whose handler raises (Ctrl-C's ``KeyboardInterrupt``, or a SIGALRM handler's
+    timeout), arriving while a result is taken in (here: as it is unpickled, which happens
     on whichever thread reads the worker's answer: this one in fiberexec, which waits on
-    the worker itself) interrupts the program where it waits, and the result is kept; the
-    worker serves on and the ``with`` block's shutdown returns. (It once landed inside the
-    reading: the result became an `UnpicklingError`, or was lost with the ones read with
-    it, and the shutdown waited for those forever.)"""
-    out, _err, _ = run_program(system, """
-        import time
+    the worker itself), interrupts the program where it waits, and the result is kept; the
+    worker serves on, the ``with`` block's shutdown returns, and the handler is the
+    program's again. (It once landed inside the reading: the result became an
+    `UnpicklingError`, or was lost with the ones read with it, and the shutdown waited for
+    those forever.)"""
+    out, _err, _ = run_program(system, f"""
+        import signal, time
         from tests import tasks
 
+        class Alarm(Exception):
+            pass
+
+        def on_alarm(signum, frame):
+            raise Alarm
+
         if __name__ == "__main__":
+            signum = signal.SIGINT if {handler!r} == "ctrl-c" else signal.SIGALRM
+            if signum == signal.SIGALRM:
+                signal.signal(signal.SIGALRM, on_alarm)
+            mine = signal.getsignal(signum)
             with Executor(1) as ex:
                 ex.submit(tasks.identity, 0).result(timeout=60)
                 time.sleep(0.2)  # (fiberexec: the worker idle, the shard's thread asleep)
-                f = ex.submit(tasks.return_ctrl_c_as_unpickled, 7)
+                f = ex.submit(tasks.return_signal_as_unpickled, signum, 7)
                 try:
                     f.result(timeout=60)
                     time.sleep(3)  # where the stdlib's main thread hears of it
                     print("not interrupted")
-                except KeyboardInterrupt:
-                    print("interrupted")
+                except (KeyboardInterrupt, Alarm) as exc:
+                    print("interrupted by", type(exc).__name__)
                 print(f.result(timeout=0), ex.submit(tasks.identity, 2).result(timeout=30))
-            print("shut down")
+            print("shut down", signal.getsignal(signum) is mine)
     """)
-    assert out.splitlines() == ["interrupted", "7 2", "shut down"]
+    raised = "KeyboardInterrupt" if handler == "ctrl-c" else "Alarm"
+    assert out.splitlines() == [f"interrupted by {raised}", "7 2", "shut down True"]
 
 
 def test_a_quick_program_hears_nothing_from_workers_still_starting(system: str) -> None:
