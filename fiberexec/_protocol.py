@@ -44,7 +44,7 @@ from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 4
+VERSION = 5
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -56,13 +56,13 @@ HANDSHAKE_MAX = 4096  # a pre-authentication frame larger than this is rejected 
 _HEADER = struct.Struct("!2sBB")
 _U32 = struct.Struct("!I")
 _U8 = struct.Struct("!B")
-_PAYLOAD = struct.Struct("!IH")  # pickle length, number of out-of-band buffers
+_PAYLOAD = struct.Struct("!II")  # pickle length, number of out-of-band buffers
 _BUFFER = struct.Struct("!BQ")  # mode (bits below), size
 _SHM = 1  # the buffer is in a shared-memory file, named next (else inline, after the header)
 _KEEP = 2  # a key follows: the worker keeps the buffer under it (fiberexec._argcache)
 _REF = 4  # only a key follows: the worker holds the buffer already
-_TASK = struct.Struct("!QIIH")  # task id, function index, then a payload head
-_RESULT = struct.Struct("!QBdIH")  # task id, status, runtime, then a payload head
+_TASK = struct.Struct("!QIII")  # task id, function index, then a payload head
+_RESULT = struct.Struct("!QBdII")  # task id, status, runtime, then a payload head
 
 
 class Kind(enum.IntEnum):

@@ -38,6 +38,7 @@ import pytest
 from fiberexec import FiberExecutor
 from tests import contract_tasks as ct
 from tests.conftest import ExecutorFactory
+from tests.tasks import identity
 
 ROOT = Path(__file__).resolve().parents[1]
 PoolFactory = Callable[..., Executor]
@@ -243,6 +244,19 @@ def test_serialization_failures_raise_what_the_stdlib_raises(
     ex = make_pool(2)
     with pytest.raises(expected):
         ex.submit(fn, arg).result(timeout=60)
+
+
+def test_seventy_thousand_arrays_travel_both_ways(make_pool: PoolFactory) -> None:
+    """Each numpy array is a pickle-5 buffer of its own: a message once counted them in 16
+    bits, and 65,536 of them crashed the executor's scheduler (as an argument) or the
+    worker (as a result)."""
+    import numpy as np
+
+    ex = make_pool(1)
+    arrays = [np.full(2, i, dtype=np.int64) for i in range(70_000)]
+    back = ex.submit(identity, arrays).result(timeout=120)
+    assert len(back) == 70_000 and all(int(a[1]) == i for i, a in enumerate(back))
+    assert ex.submit(identity, 2).result(timeout=60) == 2
 
 
 def test_exit_in_a_task_raises_system_exit(make_pool: PoolFactory) -> None:

@@ -99,7 +99,7 @@ def test_shared_memory_names_from_peers_are_confined() -> None:
     # rewrite the inline buffer as a shared-memory reference to a path outside /dev/shm
     evil = p.encode(p.Bye("../../etc/passwd"))
     assert b"passwd" in evil
-    header_and_data = bytes(frame[: 4 + 4 + 1 + 2])
+    header_and_data = bytes(frame[: 4 + 4 + 4 + 1])  # header, length, count, the byte
     forged = header_and_data + b"\x01" + (10).to_bytes(8, "big") + evil[4:]
     try:
         p.decode(forged, allow_shm=True)
