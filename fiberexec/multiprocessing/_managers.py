@@ -271,7 +271,7 @@ class BaseManager:
         cls._registry[typeid] = (info, proxytype)
         _proxy_types.setdefault(typeid, proxytype)
         if create_method:
-            def create(self: BaseManager, *args: Any, **kwds: Any) -> BaseProxy:
+            def create(self: BaseManager, /, *args: Any, **kwds: Any) -> BaseProxy:
                 return self._create(typeid, *args, **kwds)
 
             create.__name__ = typeid
@@ -335,7 +335,7 @@ class BaseManager:
         self._servers.owned = False
         self._servers.addresses.append(self._address)
 
-    def _create(self, typeid: str, *args: Any, **kwds: Any) -> BaseProxy:
+    def _create(self, typeid: str, /, *args: Any, **kwds: Any) -> BaseProxy:
         addresses = self._servers.addresses
         if not addresses:
             raise ProcessError("the manager is not started; call start() or use `with`")

@@ -352,7 +352,7 @@ class Pool:
         if self._state != RUN:
             raise ValueError("Pool not running")
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+    def _submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         return self._get_executor(args[0] if fn in (_mapstar, _starmapstar) else fn).submit(
             fn, *args, **kwargs)
 

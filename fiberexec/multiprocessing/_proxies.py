@@ -107,7 +107,7 @@ def auto_proxy(typeid: str, exposed: tuple[str, ...]) -> type[BaseProxy]:
     kind = _auto_proxies.get(key)
     if kind is None:
         def method(name: str) -> Callable[..., Any]:
-            def call(self: BaseProxy, *args: Any, **kwds: Any) -> Any:
+            def call(self: BaseProxy, /, *args: Any, **kwds: Any) -> Any:
                 return self._callmethod(name, args, kwds)
             call.__name__ = name
             return call

@@ -298,3 +298,7 @@ def touch_unique(directory: str) -> None:
     """An initializer: leave one new file in ``directory`` per call."""
     with open(os.path.join(directory, f"init-{os.getpid()}"), "x"):
         pass
+
+
+def keyword_names(**kwds: Any) -> list[str]:
+    return sorted(kwds)

@@ -118,3 +118,17 @@ def test_ctrl_c_interrupts_a_call_waiting_in_the_manager(mpm: ModuleType) -> Non
             d = m.dict()
             d["k"] = 1
             assert d["k"] == 1
+
+
+def test_keyword_arguments_may_be_named_as_the_callers_own_parameters(mpm: ModuleType) -> None:
+    """``self``, ``typeid``, ``fn`` and ``func`` reach the callee as keywords, as in the
+    stdlib, whose own parameters before them are positional-only."""
+    with mpm.Pool(1) as pool:
+        for name in ("self", "fn", "func"):
+            assert pool.apply(t.keyword_names, (), {name: 1}) == [name]
+            assert pool.apply_async(t.keyword_names, kwds={name: 1}).get(60) == [name]
+    with mpm.Manager() as manager:
+        assert dict(manager.dict(self=1, typeid=2)) == {"self": 1, "typeid": 2}
+        d = manager.dict()
+        d.update(self=3)
+        assert dict(d) == {"self": 3}
