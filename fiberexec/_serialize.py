@@ -15,11 +15,12 @@ so on this host only.
 
 from __future__ import annotations
 
+import io
 import pickle
 import sys
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fiberexec import _byvalue, _errors
@@ -65,12 +66,15 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     library does: the caller reports it as what the task raised.
     """
     buffers: list[pickle.PickleBuffer] = []
-    apart = _out_of_band(buffers)
+    apart = _Buffers(buffers)
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
         if MP_MAIN in data:  # by reference to a script that workers cannot import
             _mp_main_by_value()
         elif b"__main__" not in data and NEEDS_STDLIB not in data:
+            if apart.readonly and "numpy" in sys.modules:
+                buffers.clear()
+                data = _writable_arrays(obj, apart)
             if not buffers and len(data) < STREAM_APART:  # nearly every task's arguments
                 return Payload(data)
             return _payload(data, buffers)
@@ -93,19 +97,45 @@ STREAM_APART = 1 << 20  # a pickle stream this long travels as a buffer of its o
 IN_BAND_MAX = 1 << 16  # a smaller pickle-5 buffer is copied into the stream instead
 
 
-def _out_of_band(buffers: list[pickle.PickleBuffer]) -> Callable[[pickle.PickleBuffer], bool]:
+class _Buffers:
     """The pickler's ``buffer_callback``: a buffer of `IN_BAND_MAX` bytes or more goes into
     ``buffers`` (out of band: no copy into the stream); a smaller one stays in the stream.
     Each out-of-band buffer has its own entry in a message, and 20,000 small arrays took
-    twice the stdlib's time that way (at 65,536 a message could not count them)."""
+    twice the stdlib's time that way (at 65,536 a message could not count them). Notes
+    whether a buffer was read-only (see `_writable_arrays`)."""
 
-    def apart(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < IN_BAND_MAX:
+    __slots__ = ("buffers", "readonly")
+
+    def __init__(self, buffers: list[pickle.PickleBuffer]) -> None:
+        self.buffers = buffers
+        self.readonly = False
+
+    def __call__(self, buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if raw.readonly:
+            self.readonly = True
+        if raw.nbytes < IN_BAND_MAX:
             return True
-        buffers.append(buffer)
+        self.buffers.append(buffer)
         return False
 
-    return apart
+
+def _writable_arrays(obj: Any, apart: _Buffers) -> bytes:
+    """Pickle ``obj`` again, each read-only numpy array (``np.frombuffer`` of bytes, one
+    whose ``writeable`` flag was cleared) as a copy that is not: pickle-5 keeps a buffer
+    read-only on the other side, so the task could not update its argument in place (or
+    the caller its result), where the stdlib's pickling always rebuilds a writable copy."""
+    import numpy as np
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if type(o) in (np.ndarray, np.memmap) and not o.flags.writeable:
+                return np.array(o, order="K", copy=True).__reduce_ex__(PROTOCOL)
+            return NotImplemented
+
+    out = io.BytesIO()
+    Pickler(out, protocol=PROTOCOL, buffer_callback=apart).dump(obj)
+    return out.getvalue()
 
 
 def _payload(data: bytes, buffers: list[pickle.PickleBuffer]) -> Payload:
@@ -144,7 +174,7 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
 
     buffers: list[pickle.PickleBuffer] = []
     try:
-        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=_out_of_band(buffers),
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=_Buffers(buffers),
                               dup_fd=_inherit.HostFd)
     except Exception as exc:
         raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}") from exc

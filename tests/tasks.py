@@ -322,3 +322,9 @@ def mapped(name: str) -> bool:
     """Whether a library whose file name contains ``name`` is loaded in this process."""
     with open("/proc/self/maps") as maps:
         return any(name in line for line in maps)
+
+
+def read_only_array(n: int) -> Any:
+    import numpy as np
+
+    return np.frombuffer(bytes(range(n)), dtype=np.uint8)  # read-only: bytes are immutable

@@ -38,7 +38,7 @@ import pytest
 from fiberexec import FiberExecutor
 from tests import contract_tasks as ct
 from tests.conftest import ExecutorFactory
-from tests.tasks import identity
+from tests.tasks import identity, negate_inplace, read_only_array
 
 ROOT = Path(__file__).resolve().parents[1]
 PoolFactory = Callable[..., Executor]
@@ -257,6 +257,23 @@ def test_seventy_thousand_arrays_travel_both_ways(make_pool: PoolFactory) -> Non
     back = ex.submit(identity, arrays).result(timeout=120)
     assert len(back) == 70_000 and all(int(a[1]) == i for i, a in enumerate(back))
     assert ex.submit(identity, 2).result(timeout=60) == 2
+
+
+@pytest.mark.parametrize("size", [10, 1 << 20])  # in the pickle stream, and out of band
+def test_a_read_only_array_arrives_as_a_copy_the_task_may_change(
+        make_pool: PoolFactory, size: int) -> None:
+    """The task gets its own copy of an argument, and the caller of a result: a writable one,
+    whatever the original's ``writeable`` flag (here ``np.frombuffer`` of bytes)."""
+    import numpy as np
+
+    ex = make_pool(1)
+    array = np.frombuffer(bytes(size), dtype=np.int16)
+    assert not array.flags.writeable
+    doubled = ex.submit(negate_inplace, array).result(timeout=60)
+    assert doubled.flags.writeable and not array.flags.writeable
+    back = ex.submit(read_only_array, 200).result(timeout=60)
+    back += 1  # the caller's copy too
+    assert int(back[0]) == 1
 
 
 def test_exit_in_a_task_raises_system_exit(make_pool: PoolFactory) -> None:
