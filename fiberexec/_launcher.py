@@ -251,7 +251,10 @@ def _preload() -> None:
 
 
 def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
-    data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
+    try:
+        data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
+    except OSError:  # reset: the executor went with a request unread, as a hang-up
+        return False
     if not data:
         return False
     _tag, env, cwd, memory, log, program, group = pickle.loads(data)

@@ -227,6 +227,10 @@ class Endpoint:
         for pipe in list(self.pipes.values()):
             pipe.shut()
         self.pipes.clear()
+        # Nothing of a peer is kept: a record of the worker outlives the link (workers()),
+        # and its pipe's read buffer is as large as the largest message it sent.
+        self.bound = self.sealed = None
+        self._ready.clear()
         if self.listener is not None:
             self.listener.close()
         if self.channel is not None:
@@ -246,9 +250,10 @@ def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCal
         if link is not None:
             return link
     if not address:
-        raise LinkClosed(f"cannot reach the executor's local socket {local_name!r}, and it "
-                         "offers no network address: this backend's workers must run on the "
-                         "executor's host, in its network namespace, as its user")
+        raise LinkClosed(f"cannot reach the executor's local socket {local_name!r}: the "
+                         "executor has shut down or exited (if it still runs, this worker "
+                         "is not on its host, in its network namespace, as its user, which "
+                         "a backend that offers no network address needs)")
     return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls)
 
 

@@ -109,7 +109,8 @@ class Worker:
             return self._handshake()
         except LinkClosed:
             if self.link.kind != "unix" or not self.config.address:
-                _die(EXIT_NO_EXECUTOR, "the executor hung up during the handshake")
+                _die(EXIT_NO_EXECUTOR, "the executor hung up during the handshake (it is "
+                     "shutting down, or has exited)")
         self.link.close()
         self.link = dial(self.config.address, max_frame=p.MAX_MESSAGE,
                          on_remove=self._on_disconnect, tls=self.tls)

@@ -328,3 +328,7 @@ def read_only_array(n: int) -> Any:
     import numpy as np
 
     return np.frombuffer(bytes(range(n)), dtype=np.uint8)  # read-only: bytes are immutable
+
+
+def sized_bytes(n: int) -> bytes:
+    return b"x" * n

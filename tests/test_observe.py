@@ -296,3 +296,19 @@ def test_workers_are_listed_by_id_across_shards(make_executor: ExecutorFactory) 
     served = [w.worker_id for w in ex.workers() if w.state in ("idle", "running")]
     assert len(served) == 12
     assert served == sorted(served, key=lambda worker_id: int(worker_id[1:]))
+
+
+def test_records_of_workers_that_left_keep_no_read_buffer(make_executor: ExecutorFactory) -> None:
+    """workers() remembers up to 256 workers that left; a record once kept its link's read
+    buffer, as large as the largest message the worker sent: with workers replaced after
+    each task (max_tasks_per_child=1), 256 of them held 98 MiB."""
+    import gc
+
+    from fiberexec._framing import FrameBuffer
+
+    ex = make_executor(2, max_tasks_per_child=1)
+    assert all(len(r) == 300_000 for r in ex.map(tasks.sized_bytes, [300_000] * 24))
+    assert sum(w.state != "running" for w in ex.workers()) >= 20  # those records are there
+    gc.collect()
+    alive = [b for b in gc.get_objects() if isinstance(b, FrameBuffer)]
+    assert len(alive) <= 8  # the links of the workers alive (and starting), not of 24 gone
