@@ -97,6 +97,46 @@ class PicklingError(SerializationError, pickle.PicklingError):
     """A function, its arguments or its result could not be pickled."""
 
 
+_AS_ALSO: dict[type[BaseException], type[PicklingError]] = {}
+
+
+def pickling_error(message: str, cause: BaseException | None) -> PicklingError:
+    """A `PicklingError` that is also an instance of what the pickler raised (``cause``: a
+    ``TypeError`` for a lock, a ``RecursionError`` for a deep structure...), so that code
+    written for the standard library, whose futures hold the pickler's own exception,
+    catches it as it did, and code written for fiberexec as it does."""
+    kind = _as_also(type(cause)) if isinstance(cause, Exception) else None
+    error = PicklingError(message) if kind is None else kind(message)
+    error.__cause__ = cause
+    return error
+
+
+def _as_also(base: type[BaseException]) -> type[PicklingError] | None:
+    if issubclass(base, PicklingError) or base in (Exception, pickle.PicklingError,
+                                                   pickle.PickleError):
+        return None
+    kind = _AS_ALSO.get(base)
+    if kind is None:
+        try:
+            kind = type("PicklingError", (PicklingError, base),
+                        {"__module__": __name__, "__qualname__": "PicklingError",
+                         "__reduce__": _reduce_as_also})
+        except TypeError:  # its instances' layout cannot be combined with ours
+            return None
+        _AS_ALSO[base] = kind
+    return kind
+
+
+def _reduce_as_also(error: PicklingError) -> tuple[Any, ...]:
+    base = next(k for k, v in _AS_ALSO.items() if v is type(error))
+    return _rebuild_as_also, (base, error.args), error.__dict__ or None
+
+
+def _rebuild_as_also(base: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    kind = _as_also(base)
+    return PicklingError(*args) if kind is None else kind(*args)
+
+
 class LinkClosed(ConnectionError):
     """The other end of a link hung up (internal: workers exit on it, shards lose the peer)."""
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fiberexec import _byvalue, _errors
-from fiberexec._errors import PicklingError, SerializationError
+from fiberexec._errors import PicklingError, SerializationError, pickling_error
 from fiberexec._record import Record
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     """
     buffers: list[pickle.PickleBuffer] = []
     apart = _Buffers(buffers)
+    first: Exception | None = None  # what the plain pickler raised, if it did
     try:
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
         if MP_MAIN in data:  # by reference to a script that workers cannot import
@@ -78,18 +79,21 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
             if not buffers and len(data) < STREAM_APART:  # nearly every task's arguments
                 return Payload(data)
             return _payload(data, buffers)
-    except Exception:
-        pass
+    except Exception as exc:
+        first = exc
     buffers.clear()
     from fiberexec import _inherit
 
     try:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
     except Exception as exc:
-        raise PicklingError(
+        # cloudpickle says PicklingError for what the plain pickler called what it is (a
+        # RecursionError for a structure too deep): that is the one named, and raised as
+        if first is not None and type(exc) is pickle.PicklingError:
+            exc = first
+        raise pickling_error(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
-            "tasks need picklable functions, arguments and results"
-        ) from exc
+            "tasks need picklable functions, arguments and results", exc) from exc
     return _payload(data, buffers)
 
 
@@ -259,7 +263,8 @@ def dumps_exception(exc: BaseException) -> Payload:
     try:
         return dumps((exc, text), what="exception")
     except SerializationError as err:
-        fallback = PicklingError(f"the task raised an exception that {err}: {exc!r}")
+        fallback = pickling_error(f"the task raised an exception that {err}: {exc!r}",
+                                  err.__cause__)
         return dumps((fallback, text), what="exception")
 
 

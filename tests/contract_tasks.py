@@ -45,6 +45,19 @@ def return_instance(cls: type) -> Any:
     return cls()
 
 
+def raise_holding(cls: type) -> NoReturn:
+    """Raise an exception whose argument is an instance of ``cls`` (a lock cannot pickle)."""
+    raise ValueError(cls())
+
+
+def nested(depth: int) -> list[Any]:
+    """A list nested ``depth`` deep: too deep for the pickler's recursion."""
+    out: list[Any] = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
 def set_item(mapping: Any, key: int) -> int:
     mapping[key] = key * key
     return key

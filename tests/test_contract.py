@@ -234,9 +234,14 @@ def test_remote_traceback_is_the_stdlib_class(make_pool: PoolFactory) -> None:
         (ct.return_instance, ct.ExitAtPickle, SystemExit),
         (ct.return_instance, ct.ErrorAtUnpickle, BrokenProcessPool),
         (ct.return_instance, ct.ExitAtUnpickle, BrokenProcessPool),
+        (id, threading.Lock(), TypeError),  # what the pickler raised, as the stdlib gives
+        (ct.return_instance, threading.Lock, TypeError),
+        (ct.raise_holding, threading.Lock, TypeError),
+        (ct.nested, 5000, RecursionError),
     ],
     ids=["arg-pickle-error", "arg-unpickle-error", "arg-unpickle-exit", "result-pickle-error",
-         "result-pickle-exit", "result-unpickle-error", "result-unpickle-exit"],
+         "result-pickle-exit", "result-unpickle-error", "result-unpickle-exit",
+         "arg-lock", "result-lock", "exception-holding-a-lock", "result-too-deep"],
 )
 def test_serialization_failures_raise_what_the_stdlib_raises(
     make_pool: PoolFactory, fn: Callable[..., Any], arg: Any, expected: type[BaseException]
