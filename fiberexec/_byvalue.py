@@ -79,6 +79,20 @@ def known(fn: Any) -> bool:
     return fn in _recipes
 
 
+def pickled_each_time(fn: Any) -> bool:
+    """Whether ``fn`` reads something that can change in place, so it is pickled again for
+    every batch of tasks."""
+    return _recipes.get(fn) is False
+
+
+def changeable_globals(fn: types.FunctionType) -> list[tuple[str, Any]]:
+    """The globals ``fn``'s code names that hold data (not a module, class or function)."""
+    space = fn.__globals__
+    return [(name, space[name]) for name in sorted(_code_names(fn.__code__))
+            if name in space and not isinstance(space[name], types.ModuleType | type)
+            and not callable(space[name]) and type(space[name]) not in _ATOMS]
+
+
 def dumps(fn: types.FunctionType, pickle_value: Callable[[], T],
           keepable: Callable[[T], bool]) -> T:
     """``fn`` pickled by value: what was kept if still fresh, else ``pickle_value()``,

@@ -16,10 +16,12 @@ so on this host only.
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import sys
 import traceback
 import types
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -231,8 +233,38 @@ def _mp_main_by_value() -> None:
 
 
 def _by_value(fn: types.FunctionType) -> Payload:
-    return _byvalue.dumps(fn, lambda: dumps(fn, what=f"function {fn!r}"),
-                          lambda payload: not payload.buffers)
+    payload = _byvalue.dumps(fn, lambda: dumps(fn, what=f"function {fn!r}"),
+                             lambda payload: not payload.buffers)
+    if (payload.nbytes >= HEAVY_FUNCTION and fn not in _said_heavy
+            and _byvalue.pickled_each_time(fn)):
+        _said_heavy.add(fn)
+        _say_heavy(fn, payload.nbytes)
+    return payload
+
+
+HEAVY_FUNCTION = 1 << 20  # a function pickled by value again and again at this size: said
+_said_heavy: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _say_heavy(fn: types.FunctionType, nbytes: int) -> None:
+    """Tell once that ``fn`` travels with large data that it reads from its globals."""
+    def size(value: Any) -> str:
+        nbytes = len(value) if isinstance(value, bytes | bytearray) else getattr(
+            value, "nbytes", None)
+        if isinstance(nbytes, int):
+            return f"{type(value).__name__} of {nbytes / 2**20:.1f} MiB"
+        if hasattr(value, "__len__"):
+            return f"{type(value).__name__} of {len(value):,} items"
+        return type(value).__name__
+
+    found = ", ".join(f"{name} ({size(value)})"
+                      for name, value in _byvalue.changeable_globals(fn)[:5])
+    logging.getLogger("fiberexec").warning(
+        "%s() is sent by value with the globals it reads (%.1f MiB, pickled again for every "
+        "batch of tasks, as any of them may have changed in place%s); to send data once, "
+        "pass it to the executor's initializer, put it in a module the workers import, or "
+        "make it immutable (a tuple, bytes)", fn.__qualname__, nbytes / 2**20,
+        f": {found}" if found else "")
 
 
 _PLAIN_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)

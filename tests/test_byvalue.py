@@ -74,6 +74,26 @@ def test_a_mutable_global_is_pickled_every_time() -> None:
         WEIGHTS.pop()
 
 
+TABLE = bytearray(2 << 20)  # 2 MiB that can change in place
+
+
+def test_a_function_sent_again_and_again_with_large_globals_is_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Pickled by value, a function travels with what it reads; a global that can change in
+    place is pickled again for every batch of tasks. At a MiB or more that is said (once,
+    on fiberexec's logger), naming the global and what to do."""
+    def lookup(i: int) -> int:
+        return TABLE[i] + len(WEIGHTS)
+
+    with caplog.at_level("WARNING", logger="fiberexec"):
+        for _ in range(4):
+            assert sent(lookup)(0) == 2
+    said = [r.getMessage() for r in caplog.records if "lookup()" in r.getMessage()]
+    assert len(said) == 1
+    assert "TABLE (bytearray of 2.0 MiB)" in said[0] and "initializer" in said[0]
+    assert "WEIGHTS (list of 2 items)" in said[0]
+
+
 def test_a_closure_cell_bound_again_is_sent_anew() -> None:
     factor = 2
 
