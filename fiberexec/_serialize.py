@@ -89,8 +89,8 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     try:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
     except Exception as exc:
-        # cloudpickle says PicklingError for what the plain pickler called what it is (a
-        # RecursionError for a structure too deep): that is the one named, and raised as
+        # Where cloudpickle says PicklingError, the plain pickler may have said what it was
+        # (a RecursionError for a structure too deep): that one is named, and raised as.
         if first is not None and type(exc) is pickle.PicklingError:
             exc = first
         raise pickling_error(
@@ -249,10 +249,10 @@ _said_heavy: weakref.WeakSet[Any] = weakref.WeakSet()
 def _say_heavy(fn: types.FunctionType, nbytes: int) -> None:
     """Tell once that ``fn`` travels with large data that it reads from its globals."""
     def size(value: Any) -> str:
-        nbytes = len(value) if isinstance(value, bytes | bytearray) else getattr(
+        held = len(value) if isinstance(value, bytes | bytearray) else getattr(
             value, "nbytes", None)
-        if isinstance(nbytes, int):
-            return f"{type(value).__name__} of {nbytes / 2**20:.1f} MiB"
+        if isinstance(held, int):
+            return f"{type(value).__name__} of {held / 2**20:.1f} MiB"
         if hasattr(value, "__len__"):
             return f"{type(value).__name__} of {len(value):,} items"
         return type(value).__name__
