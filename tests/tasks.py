@@ -184,8 +184,12 @@ def sleep_pid(seconds: float) -> int:
     return os.getpid()
 
 
-def hold_the_gil(_: object = None) -> int:
-    """One C call that holds the GIL for many minutes: no thread of the worker runs."""
+def hold_the_gil(said: str | None = None) -> int:
+    """One C call that holds the GIL for many minutes: no thread of the worker runs. With
+    ``said``, a FIFO's path, first say "holding" into it (its open waits for a reader)."""
+    if said is not None:
+        with open(said, "w") as fifo:
+            fifo.write("holding\n")
     return sum(range(10**13))
 
 

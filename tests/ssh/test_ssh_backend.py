@@ -165,17 +165,29 @@ def test_workers_dial_the_executor_hosts_address(make_backend: Maker, lab: Lab) 
 
 
 def test_remove_stray_stops_orphaned_workers(make_backend: Maker, make_executor: ExecutorFactory,
-                                             lab: Lab) -> None:
+                                             lab: Lab, tmp_path: Path) -> None:
+    import select
+
     backend = make_backend(hosts=[lab.site.target("w1")])
-    ex = make_executor(1, backend=backend)
+    ex = make_executor(1, backend=backend, max_task_retries=0)  # the stuck task is not rerun
     worker_pid = ex.submit(tasks.pid).result(timeout=60)
     launcher = psutil.Process(worker_pid).parent()
     wrapper = launcher.parent() if launcher is not None else None
     assert wrapper is not None and remote.HOST_MARK in wrapper.cmdline()
     executor_id = ex._pool.executor_id  # type: ignore[union-attr]
-    # The executor lets a worker go when its host's session ends; a stopped one stays, as
-    # one would whose connection outlived its wrapper (a SIGKILL still ends it)
-    psutil.Process(worker_pid).suspend()
+    # The executor lets a worker go when its host's session ends; one stuck in a C call that
+    # holds the GIL stays, as one would whose connection outlived its wrapper. (A stopped
+    # one does not: its process group is orphaned as the launcher exits, and the kernel
+    # sends it SIGHUP.)
+    said = tmp_path / "holding"
+    os.mkfifo(said)
+    ex.submit(tasks.hold_the_gil, str(said))
+    fifo = os.open(said, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert select.select([fifo], [], [], 60)[0], "the task did not start"
+        assert os.read(fifo, 64) == b"holding\n"
+    finally:
+        os.close(fifo)
     wrapper.kill()
     assert psutil.wait_procs([launcher], timeout=10)[0], "the launcher outlived its wrapper"
     assert psutil.Process(worker_pid).is_running()
