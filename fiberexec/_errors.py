@@ -96,6 +96,11 @@ class SerializationError(FiberExecError, pickle.PickleError):
 class PicklingError(SerializationError, pickle.PicklingError):
     """A function, its arguments or its result could not be pickled."""
 
+    # Where it was at hand: a short repr of what could not be pickled, and of what the
+    # pickler raised (the cause itself may not travel back from a worker)
+    shown: str | None = None
+    reason: str | None = None
+
 
 _AS_ALSO: dict[type[BaseException], type[PicklingError]] = {}
 

@@ -93,10 +93,24 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
         # (a RecursionError for a structure too deep): that one is named, and raised as.
         if first is not None and type(exc) is pickle.PicklingError:
             exc = first
-        raise pickling_error(
+        error = pickling_error(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
-            "tasks need picklable functions, arguments and results", exc) from exc
+            "tasks need picklable functions, arguments and results", exc)
+        error.shown, error.reason = _shown(obj), repr(exc)
+        raise error from exc
     return _payload(data, buffers)
+
+
+def _shown(obj: object) -> str:
+    """What could not be pickled, as a short repr (a `Pool`'s `MaybeEncodingError` shows it)."""
+    import reprlib
+
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = 200
+    try:
+        return shown.repr(obj)
+    except Exception as exc:  # a repr that raises: say so, rather than lose the first error
+        return f"<{type(obj).__qualname__} object; its repr raised {type(exc).__name__}>"
 
 
 STREAM_APART = 1 << 20  # a pickle stream this long travels as a buffer of its own

@@ -74,13 +74,22 @@ def _as_stdlib(exc: BaseException) -> BaseException:
     if _is_remote_traceback(cause) and not isinstance(cause, _REMOTE_TRACEBACK):
         exc.__cause__ = _REMOTE_TRACEBACK(str(cause))
     if isinstance(exc, SerializationError | pickle.PicklingError):
-        if "pickle the result" in str(exc):
-            unsent = _MAYBE_ENCODING(exc, "<the result>")
-            unsent.__cause__ = exc.__cause__
+        if "pickle the result" in str(exc):  # as the stdlib's: the pickler's error, the value
+            shown, reason = getattr(exc, "shown", None), getattr(exc, "reason", None)
+            unsent = _MAYBE_ENCODING(_Shown(reason or repr(exc)),
+                                     _Shown(shown or "<the result>"))
+            unsent.__cause__ = exc
             return unsent
         if "pickle the arguments" in str(exc):
             return pickler_error(exc)  # the stdlib raises what the pickler raised
     return exc
+
+
+class _Shown(str):
+    """A repr already made, given where `MaybeEncodingError` takes a value to ``repr``."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def _is_remote_traceback(cause: object) -> bool:

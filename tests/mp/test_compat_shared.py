@@ -287,8 +287,12 @@ def test_pool_errors_have_stdlib_types(mpm: ModuleType) -> None:
             pool.apply(int, ("x",))
         assert isinstance(info.value.__cause__, multiprocessing.pool.RemoteTraceback)
         assert "invalid literal" in str(info.value.__cause__)
-        with pytest.raises(multiprocessing.pool.MaybeEncodingError):
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError) as unsent:
             pool.apply(t.make_lock)
+        # What the pickler raised, and the value it could not pickle, as their reprs
+        assert unsent.value.exc.startswith("TypeError(") and "_thread.lock" in unsent.value.exc
+        assert unsent.value.value.startswith("<unlocked _thread.lock object at 0x")
+        assert str(unsent.value).startswith("Error sending result: '<unlocked _thread.lock")
 
 
 # ---------------------------------------------------------------- fiberexec only, on purpose
