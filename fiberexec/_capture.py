@@ -6,6 +6,11 @@
             Capture.take() -> Heartbeat(stdout, stderr), before any result that follows;
             past SEND_AT bytes the writing thread sends them itself (so a task printing
             fast waits on the link, and nothing is dropped)
+    a flush that brings whole lines (``print(..., flush=True)``, any line on stderr) is
+            sent by the writing thread at once, up to PROMPT_BURST messages and then
+            PROMPT_RATE a second: a task's last words before it crashes its worker, and
+            a line printed before a long call into C, are not held back in the worker;
+            a task printing in a tight loop shares messages as before
 
 The buffer makes a print cost what it costs into a file (a line-buffered capture cost 5
 times more); stderr stays line-buffered, as Python's own is.
@@ -26,7 +31,9 @@ from collections.abc import Callable
 
 STDOUT, STDERR = 1, 2
 SEND_AT = 256 << 10  # bytes held before the writing thread sends them itself
-LONG_LINE = 64 << 10  # a line without its end yet, longer than this, goes in pieces
+LONG_LINE = 1 << 20  # a line without its end yet, longer than this, goes in pieces
+PROMPT_BURST = 20  # flushed lines sent at once, before PROMPT_RATE applies
+PROMPT_RATE = 20.0  # flushed lines sent at once per second, on average, after the burst
 BUFFER = 64 << 10  # bytes a task's stdout holds before they reach the capture
 
 
@@ -40,7 +47,12 @@ class Capture:
         self._prefix = prefix  # put before every line (here: the executor does no per-line work)
         self._lock = threading.Lock()
         self._held: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
-        self._partial = {STDOUT: b"", STDERR: b""}
+        # A line not ended yet, in the pieces written (joined once it ends), and its length
+        self._partial: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
+        self._partial_size = {STDOUT: 0, STDERR: 0}
+        self._cut = {STDOUT: False, STDERR: False}  # a long line was cut: drop its newline
+        self._prompt = float(PROMPT_BURST)  # messages that may be sent at once now
+        self._prompt_at = time.monotonic()
         self.size = 0  # bytes held in complete lines
         self.since: float | None = None  # when the oldest held line came
         self.streams: tuple[io.TextIOBase, ...] = ()  # the sys.stdout and sys.stderr it feeds
@@ -54,46 +66,76 @@ class Capture:
                 pass
 
     def write(self, stream: int, data: bytes) -> None:
+        """Take what a stream's flush brought: whole lines are held, and sent at once
+        while the prompt budget lasts; a line's start waits for its end."""
         with self._lock:
-            data = self._partial[stream] + data
-            cut = data.rfind(b"\n") + 1
-            if len(data) - cut > LONG_LINE:  # goes as a line of its own
-                data, cut = data + b"\n", len(data) + 1
-            if cut:
-                self._held[stream].append(data[:cut])
-                self.size += cut
-            self._partial[stream] = data[cut:]
+            if self._cut[stream]:
+                self._cut[stream] = False
+                if data.startswith(b"\n"):  # the end of a line already sent in pieces
+                    data = data[1:]
+            end = data.rfind(b"\n") + 1
+            pieces, partial = self._partial[stream], self._partial_size[stream]
+            if end:
+                pieces.append(data[:end])
+                self._hold(stream, b"".join(pieces))
+                pieces.clear()
+                data, partial = data[end:], 0
+            if data:
+                pieces.append(data)
+                partial += len(data)
+                if partial > LONG_LINE:  # goes as a line of its own
+                    pieces.append(b"\n")
+                    self._hold(stream, b"".join(pieces))
+                    pieces.clear()
+                    partial, end, self._cut[stream] = 0, 1, True
+            self._partial_size[stream] = partial
             first = self.since is None and self.size > 0
             if first:
                 self.since = time.monotonic()
-            full = self.size >= SEND_AT
-        if full:
+            now = bool(end) and self._prompt_now()
+        if now or self.size >= SEND_AT:
             self._send()
         elif first:
             self._wake()
+
+    def _hold(self, stream: int, lines: bytes) -> None:
+        self._held[stream].append(lines)
+        self.size += len(lines)
+
+    def _prompt_now(self) -> bool:
+        """(With the lock held) whether whole lines just flushed go at once: a token."""
+        now = time.monotonic()
+        self._prompt = min(PROMPT_BURST, self._prompt + (now - self._prompt_at) * PROMPT_RATE)
+        self._prompt_at = now
+        if self._prompt < 1:
+            return False
+        self._prompt -= 1
+        return True
 
     def end_lines(self) -> None:
         """A task ended: a line it left unfinished is ended here, so it travels with the
         task's other lines, before its result (and the next task's output starts a line of
         its own)."""
         with self._lock:
-            for stream, partial in self._partial.items():
-                if partial:
-                    self._held[stream].append(partial + b"\n")
-                    self.size += len(partial) + 1
-                    self._partial[stream] = b""
-                    if self.since is None:
-                        self.since = time.monotonic()
+            self._end_partial_lines()
+            if self.size and self.since is None:
+                self.since = time.monotonic()
+
+    def _end_partial_lines(self) -> None:
+        """(With the lock held) end the lines not ended yet and hold them."""
+        for stream, pieces in self._partial.items():
+            if pieces:
+                pieces.append(b"\n")
+                self._hold(stream, b"".join(pieces))
+                pieces.clear()
+                self._partial_size[stream] = 0
 
     def take(self, *, everything: bool = False) -> tuple[bytes, bytes]:
         """What is held, as (stdout, stderr) bytes of whole lines; ``everything`` adds
         the lines not ended yet (the worker is leaving)."""
         with self._lock:
             if everything:
-                for stream, partial in self._partial.items():
-                    if partial:
-                        self._held[stream].append(partial + b"\n")
-                        self._partial[stream] = b""
+                self._end_partial_lines()
             out, err = (b"".join(self._held[STDOUT]), b"".join(self._held[STDERR]))
             self._held[STDOUT].clear()
             self._held[STDERR].clear()

@@ -28,7 +28,8 @@ from collections import deque
 from typing import IO, BinaryIO
 
 HELD_MAX = 64 << 20  # bytes of output waiting for the writer thread
-DIRECT_MAX = 8 << 10  # bytes a shard's thread writes itself when the writer has nothing
+DIRECT_MAX = 256 << 10  # bytes a shard's thread writes itself when the writer has nothing
+#                        (a worker's message holds about this much: see `_capture.SEND_AT`)
 CLOSE_WAIT = 5.0  # seconds shutdown waits for the writer to finish writing
 
 

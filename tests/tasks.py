@@ -43,6 +43,16 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def say_then_die(tag: str, how: str) -> None:
+    """Flush a line to stdout and one to stderr, then die at once (``exit``: ``os._exit``;
+    ``segfault``: SIGSEGV), as a task whose native code crashes its process."""
+    print(f"{tag}: last words", flush=True)
+    print(f"{tag}: on stderr", file=sys.stderr, flush=True)
+    if how == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def kill_self(_: object = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fiberexec import ConfigurationError, FiberExecutor
-from fiberexec._capture import Capture
+from fiberexec._capture import LONG_LINE, PROMPT_BURST, Capture
 from tests import tasks
 from tests.conftest import ExecutorFactory
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_forwarded_lines_carry_worker_and_host_and_keep_their_order(
@@ -26,18 +30,50 @@ def test_forwarded_lines_carry_worker_and_host_and_keep_their_order(
     assert f"{prefix}to stderr" in err.splitlines()
 
 
+@pytest.mark.parametrize("lines", [1, 500])
 def test_what_a_task_printed_is_written_before_the_program_has_its_result(
-        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str],
+        lines: int) -> None:
     """The program's own line about a result comes after the task's lines, as when the
-    worker writes to the terminal itself."""
+    worker writes to the terminal itself (a few lines, and more than a few KiB)."""
     ex = make_executor(2, output="forward")
-    for i in range(30):
-        print(f"result {ex.submit(tasks.chatter, 1, i).result(timeout=60)}", flush=True)
+    for i in range(10):
+        print(f"result {ex.submit(tasks.chatter, lines, i).result(timeout=60)}", flush=True)
     ex.shutdown()
     out, _ = capfd.readouterr()
     order = [line.split("] ")[-1] for line in out.splitlines()]
     assert [line for line in order if line.startswith(("line", "result"))] == [
-        line for i in range(30) for line in ("line 0", f"result {i}")]
+        line for i in range(10) for line in (*(f"line {j}" for j in range(lines)),
+                                             f"result {i}")]
+
+
+LAST_WORDS = """
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from fiberexec import FiberExecutor
+from tests import tasks
+
+system, how = sys.argv[1:]
+ex = (ProcessPoolExecutor(1) if system == "stdlib" else
+      FiberExecutor(1, output="forward", max_task_retries=0))
+with ex:
+    try:
+        ex.submit(tasks.say_then_die, system, how).result(timeout=60)
+    except Exception as exc:
+        print("raised", type(exc).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "segfault"])
+@pytest.mark.parametrize("system", ["stdlib", "fiberexec"])
+def test_lines_a_task_flushed_before_crashing_its_worker_arrive(system: str, how: str) -> None:
+    """A flushed line is not held back in the worker: the task's last words survive it."""
+    done = subprocess.run([sys.executable, "-c", LAST_WORDS, system, how], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    out = [line.split("] ")[-1] for line in done.stdout.splitlines()]
+    assert out == [f"{system}: last words",
+                   f"raised {'BrokenProcessPool' if system == 'stdlib' else 'WorkerLostError'}"]
+    assert f"{system}: on stderr" in [line.split("] ")[-1] for line in done.stderr.splitlines()]
 
 
 @pytest.mark.parametrize("into", ["forward", "directory"])
@@ -93,17 +129,33 @@ def test_a_bad_output_setting_names_the_choices(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_capture_holds_whole_lines_and_sends_when_full() -> None:
-    sent: list[int] = []
+    sent: list[tuple[bytes, bytes]] = []
     woken: list[int] = []
-    capture = Capture(send=lambda: sent.append(1), wake=lambda: woken.append(1))
+    capture = Capture(send=lambda: sent.append(capture.take()), wake=lambda: woken.append(1))
     capture.write(1, b"par")
-    assert capture.size == 0 and not woken
-    capture.write(1, b"tial\nnext")
+    assert capture.size == 0 and not sent and not woken
+    capture.write(1, b"tial\nnext")  # a flush bringing a whole line: sent at once
     capture.write(2, b"e\n")
-    assert len(woken) == 1 and capture.take() == (b"partial\n", b"e\n")
+    assert sent == [(b"partial\n", b""), (b"", b"e\n")]
     assert capture.take(everything=True) == (b"next\n", b"")
+    for _ in range(PROMPT_BURST):  # the prompt budget runs out...
+        capture.write(1, b"x\n")
+    assert len(sent) == PROMPT_BURST and woken == [1]  # ...then lines wait for the outbox
+    assert capture.take() == (b"x\nx\n", b"")
     capture.write(1, b"x" * (300 << 10) + b"\n")
-    assert sent == [1]
+    assert len(sent) == PROMPT_BURST + 1  # full: sent whatever the budget
+
+
+def test_capture_keeps_a_long_line_whole_and_cuts_only_past_the_limit() -> None:
+    capture = Capture(send=lambda: None, wake=lambda: None)
+    for _ in range(3):  # a line written in pieces, each flushed
+        capture.write(1, b"A" * 40_000)
+    capture.write(1, b"\n")
+    assert capture.take() == (b"A" * 120_000 + b"\n", b"")
+    capture.write(1, b"L" * (LONG_LINE + 1))  # past the limit: it goes in pieces...
+    capture.write(1, b"\n")  # ...and its own end adds no empty line
+    capture.write(1, b"after\n")
+    assert capture.take() == (b"L" * (LONG_LINE + 1) + b"\nafter\n", b"")
 
 
 def test_capture_prefixes_every_line_when_asked() -> None:
