@@ -307,11 +307,11 @@ def test_records_of_workers_that_left_keep_no_read_buffer(make_executor: Executo
     from fiberexec._framing import FrameBuffer
 
     gc.collect()
-    before = [b for b in gc.get_objects() if isinstance(b, FrameBuffer)]  # (kept: ids stay)
+    before = [b for b in gc.get_objects() if type(b) is FrameBuffer]  # (kept: ids stay)
     ex = make_executor(2, max_tasks_per_child=1)
     assert all(len(r) == 300_000 for r in ex.map(tasks.sized_bytes, [300_000] * 24))
     assert sum(w.state != "running" for w in ex.workers()) >= 20  # those records are there
     gc.collect()
     old = {id(b) for b in before}
-    alive = [b for b in gc.get_objects() if isinstance(b, FrameBuffer) and id(b) not in old]
+    alive = [b for b in gc.get_objects() if type(b) is FrameBuffer and id(b) not in old]
     assert len(alive) <= 8  # the links of the workers alive (and starting), not of 24 gone
