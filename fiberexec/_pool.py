@@ -90,6 +90,7 @@ class TaskPool:
         self._started = False
         self._next_shard = itertools.count()
         self._submitted = 0
+        self._items_submitted = 0  # map items, as stats() counts what finished
         self._closing = False  # shutdown() was called: no new tasks
         self._closed = threading.Event()  # everything is stopped and cleaned up
         self._t0 = 0.0
@@ -115,6 +116,7 @@ class TaskPool:
     def submit(self, item: WorkItem) -> None:
         self.start()
         self._submitted += 1
+        self._items_submitted += item.items
         self.shards[next(self._next_shard) % len(self.shards)].put(item)
         if self.supervisor.wants_more():
             self.supervisor.scale_up()
@@ -253,6 +255,7 @@ class TaskPool:
             args_saved_bytes=sum(s.arg_tally.saved for s in shards),
             bytes_sent=sum(s.bytes_sent for s in shards),
             bytes_received=sum(s.bytes_received for s in shards),
+            tasks_submitted=self._items_submitted,
         )
 
     # ------------------------------------------------------------ observing

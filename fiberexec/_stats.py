@@ -36,6 +36,7 @@ class Stats:
     args_saved_bytes: int = 0  # large arguments not sent: the worker kept them already
     bytes_sent: int = 0  # to workers, over their links (shared-memory payloads not counted)
     bytes_received: int = 0  # from workers, likewise
+    tasks_submitted: int = 0  # every task (map item) submitted: the five above, and cancelled
 
     __repr__ = rounded_repr
 

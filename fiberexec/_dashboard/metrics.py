@@ -51,10 +51,8 @@ class ExecutorCollector(Collector):
                                 value=stats.tasks_pending)
         yield GaugeMetricFamily("fiberexec_tasks_running",
                                 "Tasks sent to a worker, no result yet.", value=stats.tasks_running)
-        submitted = (stats.tasks_pending + stats.tasks_running + stats.tasks_done
-                     + stats.tasks_failed)
         for name, doc, value in (
-            ("tasks_submitted", "Tasks submitted.", submitted),
+            ("tasks_submitted", "Tasks submitted (cancelled ones too).", stats.tasks_submitted),
             ("tasks_done", "Tasks finished with a result.", stats.tasks_done),
             ("tasks_failed", "Tasks finished with an exception.", stats.tasks_failed),
             ("tasks_retried", "Tasks sent again after their worker died.", stats.tasks_retried),

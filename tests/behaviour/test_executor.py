@@ -224,7 +224,22 @@ def test_stats_count_map_items_not_chunks(make_executor: ExecutorFactory) -> Non
     with pytest.raises(ValueError):
         list(ex.map(tasks.raise_value_error, ["x"] * 4, chunksize=4, timeout=60))
     stats = ex.stats()
-    assert (stats.tasks_done, stats.tasks_failed) == (96, 4)
+    assert (stats.tasks_done, stats.tasks_failed, stats.tasks_submitted) == (96, 4, 100)
+
+
+def test_stats_count_every_task_submitted_cancelled_ones_too(
+        make_executor: ExecutorFactory) -> None:
+    """What was submitted never goes down (a Prometheus counter is made of it)."""
+    ex = make_executor(1)
+    first = ex.submit(tasks.sleep_return, 1.0)
+    queued = [ex.submit(tasks.square, i) for i in range(10)]
+    assert ex.stats().tasks_submitted == 11
+    assert sum(f.cancel() for f in queued) >= 8  # all but what the worker may have started
+    first.result(timeout=60)
+    cf.wait(queued, timeout=60)
+    stats = ex.stats()
+    assert stats.tasks_submitted == 11
+    assert stats.tasks_done == 1 + sum(not f.cancelled() for f in queued)
 
 
 def test_stats_count_the_bytes_over_the_links(make_executor: ExecutorFactory) -> None:
