@@ -29,6 +29,7 @@ from fiberexec.backend import (
 from fiberexec.config import ExecutorConfig, diagnose, resolve, unknown_variables
 
 EXIT_USAGE = 2
+INTERVAL_MIN, INTERVAL_MAX = 0.01, 3600.0  # fiberexec top's refresh period, seconds
 EXIT_BACKEND = 1
 BENCH_HINT = (
     "the benchmark suite ships with the source tree, not the wheel: "
@@ -116,8 +117,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     from fiberexec import _cli_top as top
 
-    if args.interval <= 0:
-        raise ConfigurationError(f"--interval must be > 0 seconds, got {args.interval}")
+    if not INTERVAL_MIN <= args.interval <= INTERVAL_MAX:  # (nan is neither)
+        raise ConfigurationError(
+            f"--interval must be a number of seconds from {INTERVAL_MIN} to {INTERVAL_MAX}, "
+            f"got {args.interval}")
     return top.run(args.executor, once=args.once, interval=args.interval)
 
 

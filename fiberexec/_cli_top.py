@@ -16,10 +16,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from fiberexec._control import is_alive
 from fiberexec.observe import ExecutorEntry, list_executors, snapshot
 
 STRAGGLER = 3.0  # times the function's median run time
-EXIT_NONE, EXIT_USAGE = 1, 2
+EXIT_NONE, EXIT_USAGE, EXIT_UNANSWERED = 1, 2, 3
 NONE_RUNNING = ("no executor with observe=True is running for this user on this machine; "
                 "make one with FiberExecutor(observe=True) or FIBEREXEC_OBSERVE=1")
 _RED, _DIM, _BOLD, _RESET = "\x1b[1;31m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
@@ -33,22 +34,44 @@ def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.
     if entry is None:
         return EXIT_NONE if not entries else EXIT_USAGE
     if once:
-        out.write(render(snapshot(entry), color=False))
+        try:
+            out.write(render(snapshot(entry), color=False))
+        except ConnectionError as exc:
+            print(f"fiberexec top: {_unanswered(entry, exc)}", file=sys.stderr)
+            return EXIT_UNANSWERED
         return 0
     stop = threading.Event()
     try:
         while True:
             try:
                 view = snapshot(entry)
-            except ConnectionError:
-                out.write(f"executor {entry.executor_id} (pid {entry.pid}) has ended\n")
-                return 0
+            except ConnectionError as exc:
+                if not _still_there(entry):
+                    out.write(f"executor {entry.executor_id} (pid {entry.pid}) has ended\n")
+                    return 0
+                out.write(f"{_unanswered(entry, exc)}; asking again\n")
+                out.flush()
+                stop.wait(interval)
+                continue
             out.write(_frame(view, out.isatty()))
             out.flush()
             stop.wait(interval)  # the refresh period: nothing to wait for but the clock
     except KeyboardInterrupt:
         out.write("\n")
         return 0
+
+
+def _still_there(entry: ExecutorEntry) -> bool:
+    """Whether the executor may yet answer: its file is there (removed at its shutdown)
+    and its process alive."""
+    return entry.path.exists() and is_alive(entry.pid)
+
+
+def _unanswered(entry: ExecutorEntry, exc: ConnectionError) -> str:
+    if not _still_there(entry):
+        return f"executor {entry.executor_id} (pid {entry.pid}) has ended"
+    return (f"{exc} (its process is alive: stopped, or too busy to answer; "
+            f"`fiberexec top` asks again)")
 
 
 def _frame(view: Mapping[str, Any], terminal: bool) -> str:
@@ -125,7 +148,8 @@ def _header(view: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> li
         "workers: " + ", ".join(f"{n} {state}" for state, n in states.items()),
         f"tasks: {stats['tasks_pending']} pending, {stats['tasks_running']} running, "
         f"{stats['tasks_done']} done, {stats['tasks_failed']} failed, "
-        f"{stats['tasks_retried']} retried; {view['throughput']:.1f} tasks/s (last 10 s)",
+        f"{stats['tasks_retried']} retried; {view['throughput']:.1f} tasks/s "
+        f"(last {view.get('window', 10):.2g} s)",
     ]
 
 

@@ -7,6 +7,8 @@
 
 The file is the only way to learn the token, and only its user can read it; the endpoint
 listens on loopback only, answers one snapshot per connection, and never unpickles anything.
+Clients are answered side by side, each given `IO_TIMEOUT` in all to ask: one that connects
+and dawdles holds up no other.
 The file is removed at shutdown; one whose process is gone (killed) is stale, ignored and
 removed by the next reader.
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 REQUEST_MAX = 4096  # bytes of a request; more is not one
 IO_TIMEOUT = 2.0  # seconds a client may take to ask, or to read the answer
+CLIENTS_MAX = 8  # clients answered at once (each on a thread of its own); more wait
 CLOSE_WAIT = 5.0  # seconds shutdown waits for the server thread
 
 
@@ -78,6 +81,7 @@ class ControlServer:
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
+        self._clients = threading.BoundedSemaphore(CLIENTS_MAX)
         self.path: Path | None = None
 
     def start(self) -> None:
@@ -113,14 +117,26 @@ class ControlServer:
                 ready = selector.select()
                 if any(key.fd == self._wake_r for key, _ in ready):
                     return
-                with contextlib.suppress(OSError):
+                if not self._clients.acquire(timeout=IO_TIMEOUT):
+                    continue  # (all busy with clients that dawdle: they are cut off soon)
+                try:
                     client, _ = self._listener.accept()
-                    with client:
-                        self._answer(client)
+                except OSError:
+                    self._clients.release()
+                    continue
+                threading.Thread(target=self._serve, args=(client,), daemon=True,
+                                 name="fiberexec-control-client").start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            with client, contextlib.suppress(OSError):  # (a timeout is one)
+                self._answer(client)
+        finally:
+            self._clients.release()
 
     def _answer(self, client: socket.socket) -> None:
+        request = _read_line(client, time.monotonic() + IO_TIMEOUT)
         client.settimeout(IO_TIMEOUT)
-        request = _read_line(client)
         try:
             asked = json.loads(request)
             token, since = str(asked["token"]), float(asked.get("since", 0.0))
@@ -133,9 +149,13 @@ class ControlServer:
         client.sendall(json.dumps(self._snapshot(since), default=str).encode() + b"\n")
 
 
-def _read_line(client: socket.socket) -> bytes:
+def _read_line(client: socket.socket, deadline: float) -> bytes:
     data = b""
     while b"\n" not in data and len(data) < REQUEST_MAX:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the client did not ask in time")
+        client.settimeout(left)
         chunk = client.recv(REQUEST_MAX)
         if not chunk:
             break
@@ -171,7 +191,7 @@ def list_executors() -> list[ExecutorEntry]:
         entry = _read(path)
         if entry is None:
             continue
-        if not _alive(entry.pid):
+        if not is_alive(entry.pid):
             with contextlib.suppress(OSError):
                 path.unlink()
             continue
@@ -189,7 +209,7 @@ def _read(path: Path) -> ExecutorEntry | None:
         return None  # being written, or not ours to read
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import secrets
 import threading
@@ -274,11 +275,15 @@ class TaskPool:
 
     def observed(self, since: float) -> dict[str, Any]:
         """What `fiberexec top` shows, as JSON-ready values (see `fiberexec._control`)."""
-        medians, recent = _observe.span_summary(self.shards, THROUGHPUT_WINDOW)
+        # The rate over the last THROUGHPUT_WINDOW seconds, or since the first submit if
+        # that is sooner (a young executor's rate is not diluted by time it did not live)
+        window = min(THROUGHPUT_WINDOW, max(1e-3, time.monotonic() - (self._t0 or math.inf)))
+        medians, recent = _observe.span_summary(self.shards, window)
         return {
             "executor_id": self.executor_id, "pid": os.getpid(), "time": time.time(),
             "backend": self.backend.name, "max_workers": self.config.max_workers,
             "stats": dataclasses.asdict(self.stats()), "throughput": recent,
+            "window": window,
             "workers": [dataclasses.asdict(w) for w in self.workers()],
             "medians": medians,
             "spans": [dataclasses.asdict(s) for s in self.task_spans(since)] if since else [],

@@ -10,11 +10,12 @@ workers on a loopback endpoint, guarded by a token in a file only its user can r
         print(entry.executor_id, entry.program, len(snapshot(entry)["workers"]))
 
 A snapshot is a JSON object: ``executor_id``, ``pid``, ``time``, ``backend``, ``max_workers``,
-``stats`` (the fields of `fiberexec.Stats`), ``throughput`` (tasks per second over the last 10
-seconds), ``workers`` (the fields of `fiberexec.WorkerInfo`), ``medians`` (each function's
-median run time, seconds, over the spans kept), ``spans`` (`fiberexec.TaskSpan` fields, those
-that ended after ``since``; none when ``since`` is 0) and ``failures`` (the last 10,
-`fiberexec.FailureInfo` fields).
+``stats`` (the fields of `fiberexec.Stats`), ``throughput`` (tasks per second over the last
+``window`` seconds: 10, or since the first submit if that is sooner), ``workers`` (the
+fields of `fiberexec.WorkerInfo`), ``medians`` (each function's median run time, seconds,
+over the spans kept), ``spans`` (`fiberexec.TaskSpan` fields, those that ended after
+``since``; none when ``since`` is 0) and ``failures`` (the last 10, `fiberexec.FailureInfo`
+fields).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -155,3 +156,71 @@ def test_to_a_file_top_writes_plain_frames(
     assert not watching.is_alive() and "\x1b" not in text  # no screen control, no colour
     assert text.startswith("fiberexec top - executor ")
     assert text.rstrip().endswith("has ended")
+
+
+def test_a_client_that_dawdles_holds_up_no_other(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    """Each client has its own thread and `IO_TIMEOUT` in all to ask."""
+    import socket
+    import time
+
+    ex = make_executor(1, observe=True)
+    ex.submit(tasks.square, 2).result(timeout=60)
+    (entry,) = list_executors()
+    stop = threading.Event()
+
+    def dawdle() -> None:  # a byte at a time, each before the last one's timeout ran out
+        with (socket.create_connection((entry.host, entry.port), timeout=10) as conn,
+              contextlib.suppress(OSError)):  # until the server cuts it off
+            while not stop.wait(0.5):
+                conn.send(b" ")
+
+    dawdler = threading.Thread(target=dawdle)
+    dawdler.start()
+    try:
+        time.sleep(0.2)  # the dawdler is connected first
+        assert snapshot(entry, timeout=3)["executor_id"] == entry.executor_id
+    finally:
+        stop.set()
+        dawdler.join(10)
+
+
+STOPPED = """
+import sys
+from fiberexec import FiberExecutor
+from tests import tasks
+
+with FiberExecutor(1, observe=True) as ex:
+    ex.submit(tasks.square, 2).result(timeout=60)
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_top_says_an_executor_that_does_not_answer_is_alive(runtime: Path) -> None:
+    """A stopped executor is not an ended one: one line, exit 3, no traceback."""
+    import signal
+
+    with subprocess.Popen([sys.executable, "-c", STOPPED], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parent.parent) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            assert proc.stdout.readline() == "ready\n"
+            os.kill(proc.pid, signal.SIGSTOP)
+            shown = top("--once")
+            assert shown.returncode == 3, shown.stderr
+            assert "Traceback" not in shown.stderr
+            assert f"(pid {proc.pid}) did not answer" in shown.stderr
+            assert "its process is alive: stopped, or too busy" in shown.stderr
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.stdin.close()
+            proc.wait(60)
+    assert proc.returncode == 0
+
+
+def test_top_refuses_an_interval_that_is_not_a_sane_number_of_seconds() -> None:
+    for interval in ("nan", "0", "1e300", "-1"):
+        shown = top("--interval", interval)
+        assert shown.returncode == 2 and "--interval must be a number of seconds" in shown.stderr
