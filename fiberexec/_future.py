@@ -45,6 +45,10 @@ CANCEL_WAIT = 2.0  # seconds `cancel` waits for the worker holding a task to ans
 # thread meanwhile cannot act: see `fiberexec._shard.Shard.collect`); then it waits as usual.
 COLLECT_MAX = 0.005
 
+# Futures settled on a thread that only stood in for the shard's (see `deferring`), whose
+# done-callbacks are the shard's thread's to run
+_DEFERRED = threading.local()
+
 
 class Holder(Protocol):
     def ask_back(self, key: object, future: TaskFuture[Any], *, wait: bool = True) -> bool:
@@ -104,6 +108,15 @@ class TaskFuture(Future[T]):
         self._done_callbacks: list[Callable[[Future[T]], object]] | tuple[()] = ()
         self._holder = self._hold_key = None  # here, not first set later: a shared-keys dict
         self._sent = None
+
+    def _invoke_callbacks(self) -> None:
+        if not self._done_callbacks:
+            return
+        deferred: list[TaskFuture[Any]] | None = getattr(_DEFERRED, "futures", None)
+        if deferred is not None:
+            deferred.append(self)
+            return
+        super()._invoke_callbacks()  # type: ignore[misc]
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with self._condition:
@@ -191,6 +204,28 @@ class TaskFuture(Future[T]):
         with self._condition:
             self._holder = None
             return super().cancel()
+
+
+def deferring() -> None:
+    """On a thread that stands in for a shard's (a caller reading its own answer): the
+    done-callbacks of futures settled here wait for `deferred`, which the shard's thread
+    runs, as the standard library runs them all on its own thread. A callback run inside
+    ``result()`` would deadlock a program whose callback takes a lock its waiter holds."""
+    _DEFERRED.futures = []
+
+
+def deferred() -> Callable[[], None] | None:
+    """End `deferring`: what runs the callbacks held back meanwhile (None: there are none)."""
+    futures: list[TaskFuture[Any]] = _DEFERRED.futures
+    _DEFERRED.futures = None
+    if not futures:
+        return None
+
+    def run() -> None:
+        for future in futures:
+            future._invoke_callbacks()
+
+    return run
 
 
 class Answer:

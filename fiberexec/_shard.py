@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, cast
 
-from fiberexec import _auth, _interrupts, _observe, _shm
+from fiberexec import _auth, _future, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
@@ -164,6 +164,7 @@ class Shard:
             return False
         self._owner_ident = threading.get_ident()
         held = None
+        _future.deferring()  # a task failing here: its callbacks run on the shard's thread
         try:
             if not (self._sleeping and self._has_idle_worker()) or self.events:
                 return False
@@ -174,9 +175,17 @@ class Shard:
         finally:
             self._owner_ident = None
             self.owner.release()
+            self._hand_over_callbacks()
             if held is not None and held.came and self.queue:
                 self._wake()  # the caller hears of Ctrl-C, not of what is left to send
             _interrupts.release(held)
+
+    def _hand_over_callbacks(self) -> None:
+        """After standing in for the shard's thread: it runs the done-callbacks of the
+        futures settled meanwhile (see `_future.deferring`)."""
+        run = _future.deferred()
+        if run is not None:
+            self.post(ev.Call(run))
 
     def on_its_thread(self) -> bool:
         """Whether the calling thread runs the shard's loop, or holds it (a submitting or
@@ -203,6 +212,7 @@ class Shard:
             return
         self._owner_ident = threading.get_ident()
         held = None
+        _future.deferring()  # callbacks run on the shard's thread, as the stdlib's on its own
         try:
             if (not self._sleeping or self.events or self.incoming or future.done()
                     or conn.state is not State.READY or conn.channel.closed
@@ -227,6 +237,7 @@ class Shard:
         finally:
             self._owner_ident = None
             self.owner.release()
+            self._hand_over_callbacks()
             _interrupts.release(held)
 
     def _collect(self, conn: Conn, fd: int, future: TaskFuture[Any], timeout: float) -> None:

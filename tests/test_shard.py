@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
@@ -900,14 +900,14 @@ def test_a_message_of_tasks_stops_growing_at_the_batch_room(
 # ---------------------------------------------------------------- a waiting thread reads
 
 @contextmanager
-def shard_thread(b: Bench) -> Iterator[None]:
+def shard_thread(b: Bench) -> Iterator[threading.Thread]:
     """The shard's own loop on its thread, as an executor runs it; asleep when this yields."""
     thread = threading.Thread(target=b.shard.run, daemon=True)
     thread.start()
     with b.shard.owner:  # free only while the loop sleeps in select
         pass
     try:
-        yield
+        yield thread
     finally:
         b.shard.post(ev.Shutdown(False))
         thread.join(10)
@@ -915,10 +915,31 @@ def shard_thread(b: Bench) -> Iterator[None]:
 
 
 def _settled_on(future: Future[Any]) -> list[int]:
-    """The thread that settles ``future`` (its done-callbacks run there)."""
+    """The thread that settles ``future`` (sets its result or exception)."""
     threads: list[int] = []
-    future.add_done_callback(lambda _: threads.append(threading.get_ident()))
+
+    def noting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def noted(*args: Any) -> Any:
+            threads.append(threading.get_ident())
+            return original(*args)
+        return noted
+
+    future.set_result = noting(future.set_result)  # type: ignore[method-assign]
+    future.set_exception = noting(future.set_exception)  # type: ignore[method-assign]
     return threads
+
+
+def _called_back_on(future: Future[Any]) -> tuple[list[int], threading.Event]:
+    """The thread ``future``'s done-callback runs on, and an event set once it ran."""
+    threads: list[int] = []
+    ran = threading.Event()
+
+    def callback(_: Future[Any]) -> None:
+        threads.append(threading.get_ident())
+        ran.set()
+
+    future.add_done_callback(callback)
+    return threads, ran
 
 
 def _wait_in_a_thread(future: Future[Any], reading: threading.Event,
@@ -941,19 +962,22 @@ def test_a_thread_waiting_for_a_task_it_sent_reads_the_answer_itself(
         bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """While the shard's thread sleeps, a submitting thread sends the task itself, and the
     thread that then waits for it takes in the answer: no hand-off through the shard's
-    thread on either way (its done-callbacks run on the waiting thread)."""
+    thread on either way. Its done-callbacks are handed to the shard's thread, as the
+    stdlib runs them on its own (a callback taking a lock the waiter holds would hang)."""
     b = bench(heartbeat=60.0)
     b.connect("w0")
-    with shard_thread(b):
+    with shard_thread(b) as runner:
         [item] = b.submit(job, 1)
         assert b.tasks_sent("w0") == [item.task_id]  # sent from this thread, at once
         settled = _settled_on(item.future)
+        called_back, ran = _called_back_on(item.future)
         reading = threading.Event()
         waiter, got = _wait_in_a_thread(item.future, reading, monkeypatch)
         assert reading.wait(10)
         b.answer("w0", [item.task_id], runtime=SHORT)
         waiter.join(10)
         assert got == [item.task_id] and settled == [waiter.ident]
+        assert ran.wait(10) and called_back == [runner.ident]
         assert b.shard.conns["w0"].idle_since and "w0" in b.shard.idle  # ready for more
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -318,3 +321,31 @@ def test_after_shutdown_stats_count_no_worker(make_executor: ExecutorFactory) ->
     stats = ex.stats()
     assert (stats.workers, stats.workers_starting) == (0, 0)
     assert all(w.state in ("retired", "lost") for w in ex.workers())
+
+
+def test_done_callbacks_run_off_the_waiting_thread_which_may_hold_their_lock(
+        make: Make) -> None:
+    """A callback added before its task ends runs on the executor's own thread, never
+    inside ``result()`` on the thread waiting (which, holding a lock the callback takes,
+    would deadlock): fiberexec's waiting thread reads its answer itself, but hands the
+    callbacks over."""
+    ex = make(2)
+    ex.submit(tasks.square, 1).result(timeout=60)
+    ran: queue.Queue[tuple[str, bool]] = queue.Queue()
+    for i in range(30):
+        lock = threading.Lock()
+
+        def callback(_: cf.Future[Any], lock: threading.Lock = lock) -> None:
+            got = lock.acquire(timeout=2)  # (on the waiting thread: it could never)
+            ran.put((threading.current_thread().name, got))
+            if got:
+                lock.release()
+
+        time.sleep(0.01)  # (fiberexec: the executor's thread sleeps, the caller sends...)
+        future = ex.submit(tasks.square, i)
+        future.add_done_callback(callback)
+        with lock:
+            assert future.result(timeout=60) == i * i  # (...and reads the answer itself)
+    calls = [ran.get(timeout=60) for _ in range(30)]
+    assert all(got for _, got in calls)
+    assert threading.current_thread().name not in {name for name, _ in calls}
