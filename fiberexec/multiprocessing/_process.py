@@ -335,6 +335,7 @@ class Process:
 
         Known once the child has started; a started child's pid waits up to `Timing.pid`.
         """
+        self._check_closed()
         if self._child_pid is not None:
             return self._child_pid
         return None if self._fx is None else self._fx.pid

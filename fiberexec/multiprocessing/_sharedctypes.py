@@ -46,9 +46,16 @@ def _shared_type(base: Any) -> Any:
     """``base`` with a ``__reduce__`` that shares instead of copying (one class per base)."""
     cls = _shared_types.get(base)
     if cls is None:
-        cls = type(base.__name__, (base,), {"__reduce__": _reduce, "__module__": __name__})
+        namespace: dict[str, Any] = {"__reduce__": _reduce, "__module__": __name__}
+        if issubclass(base, ctypes._SimpleCData):  # shown as the stdlib's: c_int(3)
+            namespace["__repr__"] = _simple_repr
+        cls = type(base.__name__, (base,), namespace)
         _shared_types[base] = cls
     return cls
+
+
+def _simple_repr(obj: Any) -> str:
+    return f"{type(obj).__name__}({obj.value!r})"
 
 
 def _new(type_: Any) -> Any:
@@ -237,4 +244,6 @@ def synchronized(obj: Any, lock: Any = None) -> Any:
         if obj._type_ is ctypes.c_char:
             return s.SynchronizedString(obj, _lock_for(lock))
         return s.SynchronizedArray(obj, _lock_for(lock))
+    if isinstance(obj, ctypes.Structure):
+        return s.synchronized_structure(obj, _lock_for(lock))
     return s.Synchronized(obj, _lock_for(lock))

@@ -75,3 +75,37 @@ class SynchronizedString(SynchronizedArray):
     def raw(self, value: bytes) -> None:
         with self._lock:
             self._obj.raw = value
+
+
+class _SynchronizedFields(Synchronized):
+    """The base of `synchronized_structure`'s classes (which are made at run time)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (synchronized_structure, (self._obj, self._lock))
+
+
+_FIELD_WRAPPERS: dict[type, type[_SynchronizedFields]] = {}
+
+
+def synchronized_structure(obj: Any, lock: Any) -> Synchronized:
+    """A shared ctypes ``Structure`` and its lock, each of its fields a property read and
+    written under the lock: ``SynchronizedPoint`` for a ``Point``, as the stdlib's."""
+    cls = type(obj)
+    wrapper = _FIELD_WRAPPERS.get(cls)
+    if wrapper is None:
+        fields = {name: _field(name) for name, *_ in cls._fields_}
+        wrapper = type(f"Synchronized{cls.__name__}", (_SynchronizedFields,), fields)
+        _FIELD_WRAPPERS[cls] = wrapper
+    return wrapper(obj, lock)
+
+
+def _field(name: str) -> property:
+    def get(self: Synchronized) -> Any:
+        with self._lock:
+            return getattr(self._obj, name)
+
+    def put(self: Synchronized, value: Any) -> None:
+        with self._lock:
+            setattr(self._obj, name, value)
+
+    return property(get, put, doc=f"the field {name!r}, under the lock")

@@ -302,3 +302,14 @@ def touch_unique(directory: str) -> None:
 
 def keyword_names(**kwds: Any) -> list[str]:
     return sorted(kwds)
+
+
+class Point(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_double), ("y", ctypes.c_int)]
+
+
+def move_point(v: Any, raw: Any) -> None:
+    with v.get_lock():  # (reentrant: each field's access takes it too)
+        v.x += 1.0
+        v.y = 7
+    raw.x = 9.5

@@ -53,6 +53,20 @@ def test_values_and_arrays_are_shared_with_children(mpm: ModuleType) -> None:
     assert arr[:] == [0, 3, 6, 9, 12] and len(arr) == 5
 
 
+def test_structures_are_shared_with_their_fields_under_the_lock(mpm: ModuleType) -> None:
+    v = mpm.Value(t.Point, 1.5, 2)
+    raw = mpm.RawValue(t.Point, 0.0, 0)
+    assert type(v).__name__ == "SynchronizedPoint" and (v.x, v.y) == (1.5, 2)
+    p = _start(mpm, t.move_point, v, raw)
+    p.join(60)
+    assert p.exitcode == 0 and (v.x, v.y, raw.x) == (2.5, 7, 9.5)
+
+
+def test_shared_values_show_their_value(mpm: ModuleType) -> None:
+    assert repr(mpm.RawValue("i", 3)) == "c_int(3)"
+    assert repr(mpm.Value("d", 1.5)) == "<Synchronized wrapper for c_double(1.5)>"
+
+
 def test_value_options(mpm: ModuleType) -> None:
     plain = mpm.Value("i", 5, lock=False)
     assert isinstance(plain, ctypes.c_int) and plain.value == 5
@@ -268,8 +282,11 @@ def test_signals_give_negative_exit_codes_and_close(mpm: ModuleType, method: str
     expected = signal.SIGKILL if method == "kill" else signal.SIGTERM
     assert p.exitcode == -expected
     p.close()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="process object is closed"):
         p.is_alive()
+    for closed in ("pid", "ident", "exitcode", "sentinel"):
+        with pytest.raises(ValueError, match="process object is closed"):
+            getattr(p, closed)
 
 
 def test_nested_processes(mpm: ModuleType) -> None:
