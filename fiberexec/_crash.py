@@ -45,7 +45,8 @@ def loss_line(why: str, item: WorkItem | None, retries: int, *, failed: bool) ->
 def lost_message(item: WorkItem, retries: int) -> str:
     """The message of the `WorkerLostError` of a task out of retries."""
     losses = item.causes
-    return (f"{describe(item)} was running on {item.losses} workers that died: "
+    workers = "1 worker that" if item.losses == 1 else f"{item.losses} workers that"
+    return (f"{describe(item)} was running on {workers} died: "
             f"{_causes(losses)}. {hint(losses, retries)}")
 
 

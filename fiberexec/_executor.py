@@ -279,10 +279,12 @@ class FiberExecutor(Executor):
             pool.shutdown(wait=True, cancel_futures=True)
 
     def terminate_workers(self) -> None:
-        """Shut down now: cancel what has not started and SIGTERM every worker (3.14 API).
+        """Shut down now: cancel what is queued and SIGTERM every worker (3.14 API).
 
-        Tasks running on the workers fail with `BrokenFiberExecutor` (a `BrokenProcessPool`);
-        nothing is waited for. Submitting afterwards raises `RuntimeError`.
+        Tasks running on the workers, and those a worker holds to run next (as the stdlib's
+        call queue holds ``max_workers + 1``), fail with `BrokenFiberExecutor` (a
+        `BrokenProcessPool`); nothing is waited for. Submitting afterwards raises
+        `BrokenFiberExecutor`, a `RuntimeError`.
         """
         self._force_shutdown(operation=_TERMINATE)
 

@@ -109,6 +109,9 @@ class TaskFuture(Future[T]):
         self._holder = self._hold_key = None  # here, not first set later: a shared-keys dict
         self._sent = None
 
+    def __repr__(self) -> str:  # as the stdlib's futures show (its log lines name it too)
+        return "<Future" + super().__repr__().removeprefix("<" + type(self).__name__)
+
     def _invoke_callbacks(self) -> None:
         if not self._done_callbacks:
             return

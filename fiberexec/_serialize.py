@@ -302,16 +302,22 @@ def loads(payload: Payload, *, what: str = "object") -> Any:
 
 
 def dumps_exception(exc: BaseException) -> Payload:
-    """Pickle a task's exception with its formatted traceback; degrade, never fail."""
+    """Pickle a task's exception with its formatted traceback; degrade, never fail.
+
+    The exception is pickled on its own, inside: where the executor cannot rebuild it, the
+    traceback still arrives (see `loads_exception`)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     text = f'\n"""\n{tb}"""'
     exc.__traceback__ = None
     try:
-        return dumps((exc, text), what="exception")
+        raised = dumps_bytes(exc, what="exception")
     except SerializationError as err:
-        fallback = pickling_error(f"the task raised an exception that {err}: {exc!r}",
-                                  err.__cause__)
-        return dumps((fallback, text), what="exception")
+        cause = err.__cause__
+        fallback = pickling_error(
+            f"the task raised {_shown(exc)}, which cannot be pickled to be sent back: "
+            f"{type(cause).__name__}: {cause}", cause)
+        raised = dumps_bytes(fallback, what="exception")
+    return dumps((raised, text), what="exception")
 
 
 def remote_traceback(text: str) -> BaseException:
@@ -322,10 +328,21 @@ def remote_traceback(text: str) -> BaseException:
 
 
 def loads_exception(payload: Payload) -> BaseException:
-    """Rebuild a task's exception with the remote traceback in ``__cause__``."""
-    exc, text = loads(payload, what="exception raised by the task")
+    """Rebuild a task's exception with the remote traceback in ``__cause__``.
+
+    Raises:
+        UnpicklingError: it cannot be rebuilt here (its class's ``__init__`` wants other
+            arguments than its ``args``, say); its ``__cause__`` is the remote traceback.
+    """
+    raised, text = loads(payload, what="exception raised by the task")
+    try:
+        exc: BaseException = pickle.loads(raised)
+    except BaseException as err:  # (as `loads`: nothing raised rebuilding it escapes)
+        raise _errors.UnpicklingError(
+            f"cannot unpickle the exception raised by the task: {type(err).__name__}: {err}"
+        ) from remote_traceback(text)
     exc.__cause__ = remote_traceback(text)
-    return exc  # type: ignore[no-any-return]
+    return exc
 
 
 # ---------------------------------------------------------------- one stream (multiprocessing)

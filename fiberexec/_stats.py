@@ -27,7 +27,7 @@ class Stats:
     tasks_running: int  # sent to a worker, no result yet
     tasks_done: int  # finished with a result (a chunked map's items count one by one)
     tasks_failed: int  # finished with an exception (raised, unpicklable, worker lost)
-    tasks_retried: int  # re-sent after their worker died
+    tasks_retried: int  # re-sent after their worker died (run there, or only held there)
     tasks_stolen: int  # moved from a busy shard's queue to an idle shard's
     workers_lost: int
     messages_rejected: int  # unauthenticated, malformed or oversized

@@ -126,5 +126,5 @@ def settle(item: WorkItem, result: p.Result) -> bool:
     try:
         future.set_exception(loads_exception(result.payload))
     except SerializationError as exc:
-        future.set_exception(exc)
+        future.set_exception(name_task(exc, item))
     return False

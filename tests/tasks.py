@@ -346,3 +346,24 @@ def read_only_array(n: int) -> Any:
 
 def sized_bytes(n: int) -> bytes:
     return b"x" * n
+
+
+class TwoArgumentError(Exception):
+    """Pickles (as every exception, by its ``args``) but cannot be rebuilt from them."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def raise_two_argument_error(message: str) -> None:
+    raise TwoArgumentError(message, 2)
+
+
+class UnpicklableError(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("not this one")
+
+
+def raise_unpicklable_error(message: str) -> None:
+    raise UnpicklableError(message)

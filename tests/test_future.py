@@ -115,3 +115,13 @@ def test_its_condition_is_reentrant_and_owned_by_one_thread() -> None:
     assert not condition._is_owned()  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError):
         condition.notify_all()  # not held: the stdlib's rule
+
+
+def test_repr_as_the_stdlib_futures() -> None:
+    ours, theirs = TaskFuture[int](), cf.Future[int]()
+    for future in (ours, theirs):
+        future.set_running_or_notify_cancel()
+    assert repr(ours).replace(hex(id(ours)), "X") == repr(theirs).replace(hex(id(theirs)), "X")
+    ours.set_result(3)
+    theirs.set_result(3)
+    assert repr(ours).replace(hex(id(ours)), "X") == "<Future at X state=finished returned int>"

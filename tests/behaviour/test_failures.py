@@ -32,6 +32,27 @@ def test_task_exception_carries_remote_traceback(executor: FiberExecutor) -> Non
     assert executor.submit(tasks.square, 3).result(timeout=30) == 9  # the worker lives on
 
 
+def test_an_exception_that_cannot_be_rebuilt_here_keeps_the_remote_traceback(
+        executor: FiberExecutor) -> None:
+    """Its class's ``__init__`` wants more than its ``args``: the future fails with what
+    went wrong, naming the task, and the worker's traceback is still its cause."""
+    with pytest.raises(SerializationError, match=(
+            r"cannot unpickle the exception raised by the task: TypeError: .*missing 1 "
+            r"required positional argument: 'code' \(the task: tests.tasks.raise_two_arg")) as info:
+        executor.submit(tasks.raise_two_argument_error, "deep fault").result(timeout=30)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "raise_two_argument_error" in str(cause) and "TwoArgumentError: deep fault" in str(cause)
+
+
+def test_an_exception_that_cannot_be_pickled_is_said_plainly(executor: FiberExecutor) -> None:
+    with pytest.raises(SerializationError) as info:
+        executor.submit(tasks.raise_unpicklable_error, "x").result(timeout=30)
+    assert str(info.value) == ("the task raised UnpicklableError('x'), which cannot be pickled "
+                               "to be sent back: TypeError: not this one")
+    assert "raise_unpicklable_error" in str(info.value.__cause__)
+
+
 def test_unpicklable_argument_fails_only_its_future(executor: FiberExecutor) -> None:
     bad = executor.submit(tasks.identity, threading.Lock())
     good = executor.submit(tasks.square, 5)
@@ -62,6 +83,12 @@ def test_a_result_whose_unpickling_interrupts_fails_only_its_future(
     with pytest.raises(SerializationError, match="KeyboardInterrupt: raised while unpickling"):
         future.result(timeout=30)
     assert executor.submit(tasks.square, 7).result(timeout=30) == 49
+
+
+def test_a_task_lost_once_says_one_worker(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, max_task_retries=0)
+    with pytest.raises(WorkerLostError, match=r"on 1 worker that died: it exited with code 3"):
+        ex.submit(tasks.exit_now, 3).result(timeout=60)
 
 
 def test_task_calling_os_exit_fails_after_retries(make_executor: ExecutorFactory) -> None:
