@@ -45,6 +45,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 READ_ONLY = ("GET", "HEAD")  # methods that may carry the token in the address
 
 
+async def _with_headers(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(HEADERS)
+
+
 class DashboardServer:
     """Serves the page, its JSON and ``/metrics`` for one `Source` until `stop`.
 
@@ -116,6 +120,7 @@ class DashboardServer:
 
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
+        app.on_response_prepare.append(_with_headers)  # every response: refusals, errors too
         app.router.add_get("/", self._page)
         app.router.add_get("/api/state", self._state)
         app.router.add_post("/api/workers/{worker_id}/stack", self._stack)
@@ -126,9 +131,7 @@ class DashboardServer:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.authorized(request):
             return web.Response(status=403, text=_refusal(request))
-        response = await handler(request)
-        response.headers.update(HEADERS)
-        return response
+        return await handler(request)
 
     def authorized(self, request: web.Request) -> bool:
         """The token in an ``Authorization: Bearer`` header; for a GET (or HEAD), which

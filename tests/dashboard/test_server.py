@@ -19,6 +19,7 @@ import pytest
 
 from fiberexec import ConfigurationError, TLSOptions
 from fiberexec._dashboard import split, start
+from fiberexec._dashboard.server import HEADERS
 from tests.behaviour.test_tls import _certificate
 from tests.dashboard.conftest import Reply, Served, request
 from tests.dashboard.fakes import FakeSource, busy_source, span, worker
@@ -71,6 +72,16 @@ def test_a_post_with_the_token_only_in_the_address_is_refused(served: Served) ->
 def test_an_unknown_path_with_the_token_is_not_found(served: Served) -> None:
     assert request(served.url("/no/such/page")).status == 404
     assert request(served.url("/api/workers/w0/stack")).status == 405  # a dump is a POST
+
+
+def test_refusals_and_errors_carry_the_same_headers(served: Served) -> None:
+    """Never cached, never framed: every response, not only those that succeed."""
+    for reply in (request(served.bare("/metrics")),  # no token: 403
+                  request(served.url("/no/such/page")),  # 404
+                  request(served.url("/api/workers/w0/stack"))):  # 405
+        assert reply.status in (403, 404, 405)
+        for name, value in HEADERS.items():
+            assert reply.headers[name] == value, (reply.status, name)
 
 
 def test_the_page_allows_exactly_its_own_script_and_style(served: Served) -> None:
