@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from fiberexec._control import is_alive
 from fiberexec.observe import ExecutorEntry, list_executors, snapshot
 
 STRAGGLER = 3.0  # times the function's median run time
@@ -46,7 +45,7 @@ def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.
             try:
                 view = snapshot(entry)
             except ConnectionError as exc:
-                if not _still_there(entry):
+                if entry.ended():
                     out.write(f"executor {entry.executor_id} (pid {entry.pid}) has ended\n")
                     return 0
                 out.write(f"{_unanswered(entry, exc)}; asking again\n")
@@ -61,14 +60,8 @@ def run(executor: str | None, *, once: bool, interval: float, out: TextIO = sys.
         return 0
 
 
-def _still_there(entry: ExecutorEntry) -> bool:
-    """Whether the executor may yet answer: its file is there (removed at its shutdown)
-    and its process alive."""
-    return entry.path.exists() and is_alive(entry.pid)
-
-
 def _unanswered(entry: ExecutorEntry, exc: ConnectionError) -> str:
-    if not _still_there(entry):
+    if entry.ended():
         return f"executor {entry.executor_id} (pid {entry.pid}) has ended"
     return (f"{exc} (its process is alive: stopped, or too busy to answer; "
             f"`fiberexec top` asks again)")

@@ -69,6 +69,11 @@ class ExecutorEntry:
     backend: str
     path: Path
 
+    def ended(self) -> bool:
+        """Whether it has ended: its file is gone (removed at its shutdown), or its
+        process (one that does not answer may be stopped, or busy: not ended)."""
+        return not self.path.exists() or not is_alive(self.pid)
+
 
 class ControlServer:
     """Serves ``snapshot(since)`` as JSON to clients that send the token."""

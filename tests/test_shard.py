@@ -798,7 +798,8 @@ def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: An
     error = items[0].future.exception(timeout=0)
     assert isinstance(error, WorkerLostError)
     message = str(error)
-    assert message.startswith(f"{__name__}.job({items[0].task_id}) was running on 1 workers")
+    assert message.startswith(
+        f"{__name__}.job({items[0].task_id}) was running on 1 worker that died")
     assert "SIGSEGV" in message and "a fault in native code" in message
     assert "memory" not in message  # a segfault is not a memory problem
 
