@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from fiberexec import _ctypes_byvalue
 from fiberexec._codenames import reduce_code
 
 _FIX = ("pass a fiberexec.multiprocessing object (Queue, Lock, Value...) or a "
@@ -72,8 +73,9 @@ def _rebuild_semlock(cls: type[synchronize.SemLock], state: Any,
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with code keeping its file's name, the standard library
     multiprocessing's reducers first (the
-    pickler reads its class's table as it is made; later registrations are seen), and
-    stdlib locks that check, where they are rebuilt, that their name can be opened there."""
+    pickler reads its class's table as it is made; later registrations are seen),
+    stdlib locks that check, where they are rebuilt, that their name can be opened there,
+    and a script's ctypes structures made again where they arrive (`_ctypes_byvalue`)."""
 
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
         {types.CodeType: reduce_code},  # tracebacks name the real file (see `_codenames`)
@@ -82,6 +84,11 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
         cloudpickle.Pickler.dispatch_table,
     )
+
+    def reducer_override(self, obj: Any) -> Any:
+        if _ctypes_byvalue.wanted(obj):  # a script's ctypes structure: see the module
+            return _ctypes_byvalue.reduce(obj)
+        return super().reducer_override(obj)
 
 
 class HostFd:

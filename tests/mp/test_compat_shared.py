@@ -390,3 +390,45 @@ if __name__ == "__main__":
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "0 [0.5, 0.0] 3.0"
+
+
+SCRIPT_STRUCTURE = """
+import ctypes, sys
+mp = __import__(sys.argv[1], fromlist=["Process"])
+
+class Point(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_double), ("y", ctypes.c_int)]
+
+    def norm(self):
+        return abs(self.x) + abs(self.y)
+
+def child(v, arr, q):
+    v.x += 1.0
+    arr[1].y = 42
+    q.put((type(v.get_obj()).__name__, v.get_obj().norm(), isinstance(arr[0], Point)))
+
+if __name__ == "__main__":
+    if sys.argv[1] == "multiprocessing":
+        mp.set_start_method("spawn")
+    v, arr, q = mp.Value(Point, 1.5, 2), mp.Array(Point, 3), mp.Queue()
+    p = mp.Process(target=child, args=(v, arr, q))
+    p.start()
+    print(q.get(timeout=60))
+    p.join(60)
+    print(p.exitcode, v.x, arr[1].y)
+"""
+
+
+def test_a_structure_the_script_defines_is_shared_with_a_child(
+        mpm: ModuleType, tmp_path: Path) -> None:
+    """The script's ctypes class reaches a child (fiberexec: by value, made again there)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "structure.py"
+    script.write_text(SCRIPT_STRUCTURE)
+    done = subprocess.run([sys.executable, str(script), mpm.__name__], check=False,
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["('Point', 4.5, True)", "0 2.5 42"]
