@@ -352,9 +352,10 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             return self._submit_to(self._get_executor(), func)
 
     def _submit_to(self, executor: FiberExecutor, func: Callable[[], Any]) -> Future[Any]:
-        """Large arrays go as one shared memory map to workers on this host (as loky's);
-        a batch whose packing fails goes as it is, for the executor's own error."""
-        if self._arrays.active and executor._workers_share_host():
+        """Large arrays, and arrays that map files, go as shared memory maps to workers on
+        this host (as loky's); a batch whose packing fails goes as it is, for the
+        executor's own error."""
+        if executor._workers_share_host():
             try:
                 packed = self._arrays.pack(func)
             except Exception:

@@ -14,6 +14,11 @@ arguments, and inside the lists, tuples, sets and dicts among them (not inside o
 objects: a DataFrame's columns travel as they are). Each array is written once per call,
 however many tasks get it. Only for workers on this host (`Backend.workers_share_host`):
 elsewhere the folder is not theirs.
+
+An array that already maps a file (a `numpy.memmap`, ``joblib.load(..., mmap_mode=...)``,
+or a view of one), whatever its size, travels as that file, the offset and layout of its
+data and the map's mode (``"w+"`` opens as ``"r+"``): a task writing into it writes into
+the file the caller maps, joblib's documented way to collect results in shared memory.
 """
 
 from __future__ import annotations
@@ -46,6 +51,43 @@ def open_map(path: str, mode: str) -> Any:
             array = np.load(path, mmap_mode=mode)  # type: ignore[arg-type]  # one of MODES
             _opened[(path, mode)] = array
     return array
+
+
+def open_file_view(  # noqa: PLR0917  # a pickle's reconstructor takes them positionally
+        path: str, mode: str, dtype: Any, shape: tuple[int, ...],
+        strides: tuple[int, ...], offset: int) -> Any:
+    """A view of ``path``'s bytes from ``offset`` as an array (the file is mapped once per
+    worker and mode while in use), for an argument that mapped that file (`file_backed`)."""
+    import numpy as np
+
+    with _opened_lock:
+        raw = _opened.get((path, "raw " + mode))
+        if raw is None:
+            raw = np.memmap(path, dtype=np.uint8, mode=mode)  # type: ignore[call-overload]
+            _opened[(path, "raw " + mode)] = raw
+    view = np.ndarray(shape, dtype, buffer=raw, offset=offset, strides=strides)
+    view.flags.writeable = mode != "r"
+    return view
+
+
+def file_backed(array: Any) -> tuple[str, str, int] | None:
+    """(file, mode, offset of the array's first byte in it) if ``array`` is a view of a file
+    `numpy.memmap` maps; else None."""
+    numpy = _numpy()
+    filename = getattr(array, "filename", None)
+    if (numpy is None or not isinstance(array, numpy.memmap) or not filename
+            or getattr(array, "_mmap", None) is None):
+        return None
+    root = array
+    while isinstance(root.base, numpy.ndarray):  # up to the memmap that made the mapping
+        root = root.base
+    if not isinstance(root, numpy.memmap) or root.offset is None:
+        return None
+    start = (array.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+             + root.offset)
+    mode = {"w+": "r+", "readwrite": "r+", "write": "r+", "readonly": "r",
+            "copyonwrite": "c"}.get(array.mode, array.mode)
+    return str(filename), mode, start
 
 
 def run_packed(payload: bytes) -> Any:
@@ -82,9 +124,10 @@ class ArrayStore:
         return self.max_nbytes is not None and self.mode is not None
 
     def pack(self, batch: Any) -> bytes | None:
-        """The batch pickled with its large arrays as references to files, or None when it
-        holds no such array (then it travels as it is)."""
-        if not self.active or not any(self._mapped(a) for a in _arrays(_task_arguments(batch))):
+        """The batch pickled with its large arrays and its arrays that map files as
+        references to files, or None when it holds none (then it travels as it is)."""
+        if not any((self.active and self._mapped(a)) or file_backed(a) is not None
+                   for a in _arrays(_task_arguments(batch))):
             return None
         buffer = io.BytesIO()
         _MappingPickler(buffer, self).dump(batch)
@@ -98,7 +141,12 @@ class ArrayStore:
 
     def reduce(self, array: Any) -> tuple[Any, ...] | None:
         """How the pickler sends ``array``: as its file, or (None) as it is."""
-        if not self._mapped(array):
+        backed = file_backed(array)
+        if backed is not None:
+            path, mode, offset = backed
+            return open_file_view, (path, mode, array.dtype, array.shape, array.strides,
+                                    offset)
+        if not self.active or not self._mapped(array):
             return None
         return open_map, (self._file_for(array), self.mode)
 

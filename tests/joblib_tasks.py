@@ -72,3 +72,8 @@ def array_view(array: Any) -> tuple[str, str | None, bool, float]:
     """How a task got ``array``: its type, the file it maps (if any), writable, its sum."""
     filename = getattr(array, "filename", None)
     return type(array).__name__, filename, bool(array.flags.writeable), float(array.sum())
+
+
+def write_at(out: Any, i: int) -> None:
+    """Fill one slot of ``out`` (joblib's way to collect results in shared memory)."""
+    out[i] = i + 100

@@ -161,6 +161,28 @@ def test_large_numpy_arguments_and_results(opts: Options) -> None:
     assert [float(m[-1]) for m in made] == [0.0, 1.0]
 
 
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_tasks_write_into_a_memory_map_the_caller_passes(tmp_path: Any, backend: str) -> None:
+    """joblib's documented pattern: a `numpy.memmap` (small: below ``max_nbytes``; or a
+    large array loaded ``mmap_mode="r+"``), or a view of one, reaches the workers as its
+    file, and what tasks write there is in the caller's map (on workers of this host)."""
+    np = pytest.importorskip("numpy")
+    import joblib
+
+    extra = {"executor_backend": "local"} if backend == "fiber" else {}
+    small = np.memmap(tmp_path / "small.mmap", dtype=np.float64, shape=(4,), mode="w+")
+    joblib.dump(np.zeros(200_000), tmp_path / "large.pkl")
+    large = joblib.load(tmp_path / "large.pkl", mmap_mode="r+")
+    with parallel_config(backend=backend, n_jobs=2, **extra):
+        Parallel()(delayed(jt.write_at)(small, i) for i in range(4))
+        Parallel()(delayed(jt.write_at)(large, i) for i in range(4))
+        Parallel()(delayed(jt.write_at)(large[100::2], i) for i in range(4))
+    fj.shutdown_executors(wait=True)
+    assert small.tolist() == [100.0, 101.0, 102.0, 103.0]
+    assert large[:4].tolist() == [100.0, 101.0, 102.0, 103.0]
+    assert large[100:108].tolist() == [100.0, 0.0, 101.0, 0.0, 102.0, 0.0, 103.0, 0.0]
+
+
 # ---------------------------------------------------------------- reuse
 
 
