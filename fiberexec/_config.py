@@ -58,6 +58,7 @@ class ExecutorConfig:
     workdir: str | None = None
     resources: Resources = field(default_factory=Resources)
     labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # set in each worker's environment
     heartbeat: float = 1.0
     silence_timeout: float = 30.0
     start_timeout: float = 120.0
@@ -247,6 +248,19 @@ def _labels(value: object) -> dict[str, str]:
                    "'key=value,...' (environment)")
 
 
+def _environment(value: object) -> dict[str, str]:
+    try:
+        pairs = _labels(value)
+    except _Invalid:
+        raise _Invalid("a dict of names to strings (argument), a table (config file) or "
+                       "'NAME=value,...' (environment)") from None
+    for name in pairs:
+        if not name or "=" in name or "\0" in name or name.startswith(ENV_PREFIX):
+            raise _Invalid(f"environment variable names, without '=' and not the executor's "
+                           f"own {ENV_PREFIX}* ones; {name!r} is not one")
+    return pairs
+
+
 def _options(value: object) -> dict[str, Any]:
     if isinstance(value, str):  # from the environment: a JSON object
         try:
@@ -374,6 +388,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu", _int(0), 0, "GPUs per worker (default 0).", types=INTEGER),
     Setting("labels", _labels, {}, "labels put on each worker's job, container or pod.",
             unset=(None, {})),
+    Setting("env", _environment, {},
+            "environment variables set in each worker, as ``{\"OMP_NUM_THREADS\": \"1\"}`` "
+            "(the executor's own ``FIBEREXEC_*`` ones are refused).", unset=(None, {})),
     Setting("backend_options", _options, {},
             "keyword arguments for the backend named by ``backend``.", unset=(None, {})),
     Setting("start_retry", _retry, RetryPolicy(),

@@ -93,6 +93,7 @@ class FiberExecutor(Executor):
         memory: int | str | None = None,
         gpu: int | None = None,
         labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         heartbeat: float | None = None,
         silence_timeout: float | None = None,
         start_timeout: float | None = None,

@@ -229,6 +229,10 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         max_workers: the worker count ``n_jobs=-1`` means (default: this machine's CPUs);
             ``n_jobs=-2`` is one fewer, and so on.
 
+    Each worker's numerical libraries (OpenMP, OpenBLAS, MKL...) get this machine's CPUs
+    shared among the workers, or ``inner_max_num_threads`` of ``parallel_config``, as
+    joblib's loky backend sets them (the ``env`` option adds to or overrides that).
+
     Inside a fiberexec worker, ``"fiber"`` falls back to threads: workers do not start workers.
     Nested `Parallel` calls inside tasks run on threads (then sequentially), as with loky.
 
@@ -237,7 +241,7 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
     """
 
     supports_retrieve_callback = True
-    supports_inner_max_num_threads = False
+    supports_inner_max_num_threads = True
     supports_sharedmem = False
     uses_threads = False
     default_n_jobs = 1
@@ -300,10 +304,27 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         extra = {k: v for k, v in kwargs.items() if k not in _JOBLIB_KWARGS}
         self._call_options = {**self.options, **executor_options(extra)}
         self._call_options.pop("max_workers", None)
+        self._call_options["env"] = {**self._thread_limits(n),
+                                     **(self._call_options.get("env") or {})}
         self._n_jobs = n
         self.parallel = parallel
         self._get_executor()  # joblib's process backends hold their pool from here on
         return n
+
+    def _thread_limits(self, n_jobs: int) -> dict[str, str]:
+        """The numerical libraries' thread counts in each worker, as joblib sets them for
+        loky's: ``inner_max_num_threads`` if given, else what the caller's environment
+        says, else this machine's CPUs shared among the ``n_jobs`` workers (a worker given
+        ``cpu=`` CPUs gets that many): so workers do not start a thread per core each."""
+        limits: dict[str, str] = self._prepare_worker_env(n_jobs)
+        try:
+            cpu = max(int(float(self._call_options["cpu"])), 1)
+        except (KeyError, TypeError, ValueError):  # none given (a bad one: the executor says)
+            return limits
+        if self.inner_max_num_threads is None:
+            limits.update({var: os.environ.get(var, str(cpu))
+                           for var in self.MAX_NUM_THREADS_VARS})
+        return limits
 
     def _level(self) -> int:
         return (self.nesting_level or 0) + 1

@@ -242,6 +242,7 @@ class WorkerSupervisor:
             executor_id=session.executor_id,
             command=_contract.WORKER_COMMAND,
             env={
+                **cfg.env,  # the user's (never the contract's: FIBEREXEC_* names are refused)
                 _contract.ENV_ADDRESS: address,
                 _contract.ENV_LOCAL_ADDRESS: local_address,
                 _contract.ENV_WORKER_ID: worker_id,

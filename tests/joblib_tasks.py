@@ -77,3 +77,11 @@ def array_view(array: Any) -> tuple[str, str | None, bool, float]:
 def write_at(out: Any, i: int) -> None:
     """Fill one slot of ``out`` (joblib's way to collect results in shared memory)."""
     out[i] = i + 100
+
+
+def thread_limits(_: object = None) -> dict[str, str | None]:
+    """What a worker's numerical libraries are told in its environment."""
+    import os
+
+    return {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                  "MKL_NUM_THREADS")}

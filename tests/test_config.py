@@ -42,6 +42,7 @@ def test_environment_sets_what_arguments_leave_open(tmp_path: Path) -> None:
            "FIBEREXEC_MEMORY": "512Mi", "FIBEREXEC_CPU": "0.5", "FIBEREXEC_GPU": "1",
            "FIBEREXEC_LABELS": "team=ml, run=7", "FIBEREXEC_IDLE_TIMEOUT": "none",
            "FIBEREXEC_BACKEND_OPTIONS": '{"ipc_host": false}',
+           "FIBEREXEC_ENV": "OMP_NUM_THREADS=1, MY_FLAG=on",
            "FIBEREXEC_ADDRESS": "tcp://ignored:1"}  # the worker contract's: not a setting
     config = _resolve(tmp_path, env)
     assert (config.backend, config.max_workers, config.min_workers) == ("docker", 3, 3)
@@ -49,6 +50,7 @@ def test_environment_sets_what_arguments_leave_open(tmp_path: Path) -> None:
     assert (config.resources.memory, config.resources.cpu, config.resources.gpu) == (2**29, 0.5, 1)
     assert config.labels == {"team": "ml", "run": "7"}
     assert config.backend_options == {"ipc_host": False}
+    assert config.env == {"OMP_NUM_THREADS": "1", "MY_FLAG": "on"}
     assert config.sources["backend"] == "environment variable FIBEREXEC_BACKEND"
 
 
@@ -101,6 +103,10 @@ def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_pat
         ({"FIBEREXEC_MEMORY": "heaps"}, "memory must be bytes > 0 or a quantity like '512Mi'"),
         ({"FIBEREXEC_LABELS": "team"}, "labels must be comma-separated key=value pairs"),
         ({"FIBEREXEC_BACKEND_OPTIONS": "{"}, "backend_options must be a JSON object"),
+        ({"FIBEREXEC_ENV": "FIBEREXEC_SECRET=x"},
+         "env must be environment variable names, without '=' and not the executor's own "
+         "FIBEREXEC_* ones; 'FIBEREXEC_SECRET' is not one"),
+        ({"FIBEREXEC_ENV": "novalue"}, "env must be a dict of names to strings (argument)"),
         ({"FIBEREXEC_BACKEND": "dokcer"},
          "unknown backend 'dokcer' (from environment variable FIBEREXEC_BACKEND); did you mean "
          "'docker'? known backends: docker, kubernetes, local, slurm, ssh"),

@@ -183,6 +183,28 @@ def test_tasks_write_into_a_memory_map_the_caller_passes(tmp_path: Any, backend:
     assert large[100:108].tolist() == [100.0, 0.0, 101.0, 0.0, 102.0, 0.0, 103.0, 0.0]
 
 
+def test_workers_share_the_cpus_among_their_thread_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As joblib sets them for loky (`ParallelBackendBase._prepare_worker_env`): the CPUs
+    shared among the workers, or ``inner_max_num_threads``; a limit the caller's
+    environment sets is kept; ``env`` has the last word."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+
+    def seen(**config: Any) -> dict[str, str | None]:
+        with parallel_config(backend="fiber", n_jobs=2, executor_backend="local", **config):
+            (limits,) = Parallel()(delayed(jt.thread_limits)() for _ in range(1))
+        return limits  # type: ignore[no-any-return]
+
+    share = str(max(cpu_count() // 2, 1))
+    assert seen() == dict.fromkeys(jt.thread_limits(), share)
+    assert seen(inner_max_num_threads=3) == dict.fromkeys(jt.thread_limits(), "3")
+    assert seen(env={"MKL_NUM_THREADS": "4"})["MKL_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    kept = seen()
+    fj.shutdown_executors(wait=True)
+    assert kept["OMP_NUM_THREADS"] == "5" and kept["OPENBLAS_NUM_THREADS"] == share
+
+
 # ---------------------------------------------------------------- reuse
 
 

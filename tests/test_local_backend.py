@@ -496,3 +496,11 @@ def test_a_worker_writes_to_a_terminal_that_stops_background_writers(
         os.close(master)
     assert b"hello from a worker" in out
     assert b"result 42" in out
+
+
+def test_env_is_set_in_every_worker(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2, env={"OMP_NUM_THREADS": "1", "MY_FLAG": "on"})
+    names = ["OMP_NUM_THREADS", "MY_FLAG"] * 20
+    assert set(zip(names, ex.map(tasks.getenv, names, timeout=60), strict=True)) == {
+        ("OMP_NUM_THREADS", "1"), ("MY_FLAG", "on")}
+    assert len({w.worker_id for w in ex.workers()}) == 2
