@@ -719,6 +719,9 @@ def _resolve(
     check("shards", 1, lambda: _between("shards", 1, top, values, sources))
     _check_rest(values, sources, options)
     check("ports", None, lambda: _check_ports(values, sources))
+    check("heartbeat", BY_KEY["heartbeat"].default, lambda: _check_heartbeat(values, sources))
+    check("silence_timeout", max(BY_KEY["silence_timeout"].default, 2 * values["heartbeat"]),
+          lambda: _check_silence(values, sources))
     resources = Resources(
         cpu=values.pop("cpu"), memory=parse_memory(values.pop("memory")), gpu=values.pop("gpu")
     )
@@ -740,6 +743,28 @@ def _check_rest(
     if init is not None and not callable(init):
         raise ConfigurationTypeError(
             f"initializer must be a callable, got {init!r}; pass a function (or None)")
+
+
+HEARTBEAT_MIN = 0.01  # seconds: more often, the messages alone keep workers busy
+
+
+def _check_heartbeat(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    if values["heartbeat"] < HEARTBEAT_MIN:
+        raise ConfigurationError(
+            f"heartbeat must be at least {HEARTBEAT_MIN} seconds, got {values['heartbeat']} "
+            f"(from {_describe('heartbeat', sources)}); at that pace the heartbeats alone "
+            f"would keep the executor and every worker busy")
+
+
+def _check_silence(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    heartbeat, silence = values["heartbeat"], values["silence_timeout"]
+    if silence < 2 * heartbeat:
+        raise ConfigurationError(
+            f"silence_timeout must be at least twice the heartbeat, {2 * heartbeat}s, got "
+            f"{silence} (from {_describe('silence_timeout', sources)}; heartbeat={heartbeat} "
+            f"from {_describe('heartbeat', sources)}): a peer that says nothing for "
+            f"silence_timeout counts as gone, and a healthy one speaks every heartbeat; raise "
+            f"silence_timeout or lower heartbeat")
 
 
 def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:

@@ -8,6 +8,7 @@ through. A ``retry_after`` the remote side asked for (HTTP 429) is honoured. A c
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -41,13 +42,21 @@ class RetryPolicy:
     deadline_without_workers: float = 5.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):
+            raise ConfigurationError(
+                f"retry attempts must be a whole number >= 1, got {self.attempts!r}")
         if self.attempts < 1:
             raise ConfigurationError(f"retry attempts must be >= 1, got {self.attempts}")
-        if self.deadline <= 0:
-            raise ConfigurationError(f"retry deadline must be > 0 seconds, got {self.deadline}")
-        if self.deadline_without_workers <= 0:
-            raise ConfigurationError("retry deadline_without_workers must be > 0 seconds, got "
-                                     f"{self.deadline_without_workers}")
+        for name, low, strict in (("deadline", 0.0, True), ("deadline_without_workers", 0.0, True),
+                                  ("initial", 0.0, False), ("maximum", 0.0, False),
+                                  ("jitter", 0.0, False)):
+            value = getattr(self, name)
+            ok = (isinstance(value, int | float) and not isinstance(value, bool)
+                  and math.isfinite(value) and (value > low if strict else value >= low))
+            if not ok:
+                raise ConfigurationError(
+                    f"retry {name} must be a number of seconds {'>' if strict else '>='} 0, "
+                    f"got {value!r}")
 
     def call(
         self,

@@ -107,6 +107,16 @@ def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_pat
          "env must be environment variable names, without '=' and not the executor's own "
          "FIBEREXEC_* ones; 'FIBEREXEC_SECRET' is not one"),
         ({"FIBEREXEC_ENV": "novalue"}, "env must be a dict of names to strings (argument)"),
+        ({"FIBEREXEC_SILENCE_TIMEOUT": "1"},
+         "silence_timeout must be at least twice the heartbeat, 2.0s, got 1.0 (from "
+         "environment variable FIBEREXEC_SILENCE_TIMEOUT; heartbeat=1.0 from default)"),
+        ({"FIBEREXEC_HEARTBEAT": "0.000001"}, "heartbeat must be at least 0.01 seconds"),
+        ({"FIBEREXEC_START_RETRY": '{"attempts": "3"}'},
+         "retry attempts must be a whole number >= 1, got '3'"),
+        ({"FIBEREXEC_START_RETRY": '{"initial": -1}'},
+         "retry initial must be a number of seconds >= 0, got -1"),
+        ({"FIBEREXEC_START_RETRY": '{"deadline": "nan"}'},
+         "retry deadline must be a number of seconds > 0, got 'nan'"),
         ({"FIBEREXEC_BACKEND": "dokcer"},
          "unknown backend 'dokcer' (from environment variable FIBEREXEC_BACKEND); did you mean "
          "'docker'? known backends: docker, kubernetes, local, slurm, ssh"),
