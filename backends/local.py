@@ -168,6 +168,11 @@ class LocalBackend(Backend):
         self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
+        if spec.workdir and not os.path.isdir(spec.workdir):
+            raise PermanentBackendError(
+                f"cannot start worker {spec.worker_id}: its working directory "
+                f"{spec.workdir!r} (the workdir setting) is not a directory here; create it, "
+                "or set workdir to one")
         # Every worker names this process: its executor's lease here (``fiberexec cleanup``).
         env = {**os.environ, **spec.env, **spec.secret_env, ENV_EXECUTOR_PID: _executor_pid()}
         program = self._forks(spec)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fiberexec import BrokenFiberExecutor
 from fiberexec.backend import Resources, WorkerSpec, WorkerState, WorkerStatus
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
@@ -504,3 +505,13 @@ def test_env_is_set_in_every_worker(make_executor: ExecutorFactory) -> None:
     assert set(zip(names, ex.map(tasks.getenv, names, timeout=60), strict=True)) == {
         ("OMP_NUM_THREADS", "1"), ("MY_FLAG", "on")}
     assert len({w.worker_id for w in ex.workers()}) == 2
+
+
+def test_a_workdir_that_is_not_there_is_named(make_executor: ExecutorFactory,
+                                              tmp_path: Any) -> None:
+    missing = str(tmp_path / "nowhere")
+    ex = make_executor(1, workdir=missing)
+    with pytest.raises(
+            BrokenFiberExecutor, match=rf"its working directory '{missing}' \(the workdir "
+                                       r"setting\) is not a directory here"):
+        ex.submit(tasks.square, 2).result(timeout=60)
