@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -98,7 +99,28 @@ def load_backend(name: str, **options: Any) -> Backend:
     """Instantiate the backend registered as ``name`` with ``options``.
 
     Raises:
-        ConfigurationError: no backend has that name (the message lists the choices).
+        ConfigurationError: no backend has that name (the message lists the choices), or
+            it takes no option of a name in ``options`` (the ``backend_options`` setting).
     """
-    backend: Backend = backend_class(name)(**options)
+    cls = backend_class(name)
+    _check_options(name, cls, options)
+    backend: Backend = cls(**options)
     return backend
+
+
+def _check_options(name: str, cls: type, options: Mapping[str, Any]) -> None:
+    """Each of ``options`` names a keyword argument of ``cls`` (unless it takes any)."""
+    import inspect
+
+    parameters = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    accepted = sorted(n for n, p in parameters.items()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    for key in options:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigurationError(
+                f"backend_options has {key!r}, which the {name!r} backend does not take; "
+                f"{guess}it takes {', '.join(accepted) or 'no options'}")

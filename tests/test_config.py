@@ -535,3 +535,14 @@ def test_diagnose_reads_past_a_bad_config_file(tmp_path: Path) -> None:
     assert (problem.key, problem.value) == ("config file", "missing.toml")
     assert "FIBEREXEC_CONFIG must name an existing TOML file" in problem.message
     assert config.resources.gpu == 2 and config.config_file is None
+
+
+def test_a_backend_option_the_backend_does_not_take_is_named_with_the_nearest() -> None:
+    from fiberexec import FiberExecutor
+
+    ex = FiberExecutor(1, backend_options={"capture_outpt": True})
+    with pytest.raises(ConfigurationError, match=(
+            r"backend_options has 'capture_outpt', which the 'local' backend does not take; "
+            r"did you mean 'capture_output'\? it takes capture_output, launcher, python")):
+        ex.submit(abs, -1)
+    ex.shutdown()
