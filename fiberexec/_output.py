@@ -37,6 +37,19 @@ class OutputSink:
     """Writes workers' output lines; ``directory`` None: to this process's stdout/stderr."""
 
     def __init__(self, directory: str | None = None) -> None:
+        """Raises `ConfigurationError` for a directory that cannot be made or written."""
+        if directory is not None:
+            try:
+                os.makedirs(directory, exist_ok=True)
+                if not os.access(directory, os.W_OK | os.X_OK):
+                    raise PermissionError(f"no permission to write in {directory!r}")
+            except OSError as exc:
+                from fiberexec._errors import ConfigurationError
+
+                raise ConfigurationError(
+                    f"output={directory!r}: the tasks' output cannot go there ({exc}); name "
+                    "a directory this process can create and write, or use \"forward\"") \
+                    from exc
         self.directory = directory
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, str, bytes, bytes]] = deque()

@@ -163,3 +163,11 @@ def test_capture_prefixes_every_line_when_asked() -> None:
     capture.write(1, b"a\nb\n")
     capture.write(2, b"c\n")
     assert capture.take() == (b"[w1 h] a\n[w1 h] b\n", b"[w1 h] c\n")
+
+
+def test_an_output_directory_that_cannot_be_made_is_an_error_not_a_loss(
+        make_executor: ExecutorFactory, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    ex = make_executor(1, output=str(tmp_path / "afile" / "out") + "/")
+    with pytest.raises(ConfigurationError, match=r"the tasks' output cannot go there \("):
+        ex.submit(tasks.square, 2)
