@@ -419,11 +419,11 @@ class WorkerSupervisor:
         self, worker_id: str, handle: WorkerHandle | None, status: WorkerStatus | None,
         give_up: bool,
     ) -> None:
-        what = status.describe() if status else (
-            f"did not connect within start_timeout={self.config.start_timeout}s"
-        )
+        what = (f"{status.describe()} before connecting to the executor" if status else
+                f"did not connect to the executor within start_timeout="
+                f"{self.config.start_timeout}s")
         logs = self.backend.logs(handle, tail=20).strip() if handle else ""
-        message = f"worker {worker_id} {what} before connecting to the executor"
+        message = f"worker {worker_id} {what}"
         if logs:
             message += f"; its last output:\n{logs}"
         if handle is not None:
