@@ -15,6 +15,7 @@ The ``fiberexec`` command's capabilities: `launch_master` runs the program as a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -27,7 +28,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fiberexec.backend import (
     ENV_EXECUTOR_ID,
@@ -101,6 +102,21 @@ def _executor_pid() -> str:
 
 
 _EXECUTOR_PIDS: dict[int, str] = {}
+
+
+def _pass_signals_on(proc: subprocess.Popen[bytes]) -> dict[int, Any]:
+    """Send ``proc`` the termination signals this process gets; the handlers they replace."""
+    def pass_on(sig: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(sig)
+
+    replaced: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        try:
+            replaced[sig] = signal.signal(sig, pass_on)
+        except ValueError:  # not the main thread: the program keeps the default handling
+            break
+    return replaced
 
 
 def _address_space_limited(command: list[str], memory: int | None) -> list[str]:
@@ -449,18 +465,24 @@ class LocalBackend(Backend):
 
     @classmethod
     def launch_master(cls, request: MasterRequest) -> int:
-        """Run the program as a child process with the master's environment; its status."""
+        """Run the program as a child process with the master's environment; its status.
+        SIGTERM, SIGHUP and SIGQUIT sent to this process are passed on to it (as a shell's
+        ``exec`` would have it get them), so it is never left running on its own."""
         env = {**os.environ, **request.master_env(os.environ)}
         try:
             proc = subprocess.Popen(request.command, env=env)
         except FileNotFoundError:
             raise ConfigurationError(
                 f"cannot run {request.command[0]!r}: no such program") from None
+        passed_on = _pass_signals_on(proc)
         try:
             return proc.wait()
         except KeyboardInterrupt:  # the child got the terminal's SIGINT too: let it finish up
             proc.send_signal(signal.SIGINT)
             return proc.wait()
+        finally:
+            for sig, handler in passed_on.items():
+                signal.signal(sig, handler)
 
     @classmethod
     def probe(cls) -> Probe:

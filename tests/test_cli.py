@@ -209,6 +209,19 @@ def test_run_signal_death_is_128_plus_signal(tmp_path: Path) -> None:
     assert result.returncode == 128 + signal.SIGTERM
 
 
+def test_run_passes_a_termination_signal_on_to_the_program(tmp_path: Path) -> None:
+    """SIGTERM to ``fiberexec run`` reaches the program: it is not left running alone."""
+    program = ("import signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
+               "print('ready', flush=True)\n"
+               "time.sleep(60)\n")
+    with subprocess.Popen([sys.executable, "-m", "fiberexec", "run", "--", sys.executable, "-c",
+                           program], cwd=tmp_path, stdout=subprocess.PIPE, text=True) as run:
+        assert run.stdout is not None and run.stdout.readline() == "ready\n"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(30) == 7  # the program's own status: it got the signal and ended
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
