@@ -16,10 +16,15 @@ from fiberexec.backend import (
     MASTER_LABEL,
     ConfigurationError,
     MasterRequest,
+    PermanentBackendError,
     Probe,
     first_line,
 )
 
+ENGINE_HINT = (
+    "start a Docker engine (`sudo systemctl start docker`, or run `dockerd`), or point "
+    "DOCKER_HOST (or base_url= in backend_options) at one that is running"
+)
 DOCKER_SOCKET = "/var/run/docker.sock"
 PING_TIMEOUT = 3.0  # seconds: an unreachable engine must not stall `fiberexec info`
 
@@ -63,6 +68,10 @@ def launch_master(request: MasterRequest) -> int:
     """Run the program in a container; stream its output; return its exit status."""
     request.require_image()
     docker = _sdk("fiberexec run --backend docker")
+    found = probe()  # (within PING_TIMEOUT: an engine that does not answer is said at once)
+    if not found.usable:
+        raise PermanentBackendError(f"cannot run the program on Docker: {found.detail}; "
+                                    f"{ENGINE_HINT}")
     client = docker.from_env(timeout=60)
     local_engine = str(client.api.base_url).startswith(("http+docker://localhost", "unix:"))
     kwargs = docker_run_kwargs(request, os.getcwd(), os.environ, local_engine=local_engine)

@@ -72,10 +72,7 @@ log = logging.getLogger("fiberexec.docker")
 
 _EXTRA_HINT = "the docker backend needs the docker package: pip install 'fiberexec[docker]'"
 #: What to do when no engine answers (it must work for anyone who installed fiberexec with pip).
-ENGINE_HINT = (
-    "start a Docker engine (`sudo systemctl start docker`, or run `dockerd`), or point "
-    "DOCKER_HOST (or base_url= in backend_options) at one that is running"
-)
+ENGINE_HINT = _docker_master.ENGINE_HINT
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 _SIGNAL_BASE = 128  # Docker's exit code for death by signal N is 128 + N
 _KEPT_LINES = 500  # log lines kept per container that exited
