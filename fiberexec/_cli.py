@@ -100,7 +100,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     executor = args.executor
     if executor is not None:
         seen = cleanup.survey(names, args.namespace)
-        executor = cleanup.pick_executor(executor, seen, force=args.force or args.dry_run)
+        # a dry run refuses a live executor as the real one does (unless --force)
+        executor = cleanup.pick_executor(executor, seen, force=args.force)
     sweep = Sweep(executor_id=executor, everything=args.all, dry_run=args.dry_run,
                   namespace=args.namespace)
     if args.all and not args.dry_run:

@@ -402,8 +402,10 @@ def test_cleanup_refuses_a_live_executor_unless_forced() -> None:
             "runs it (Ctrl-C, or end its process), or pass --force to remove its workers anyway")
         assert ex.submit(abs, -2).result(timeout=60) == 2
         assert [w.worker_id for w in ex.workers() if w.state != "lost"] == [worker.worker_id]
+        dry = fiberexec("cleanup", "--backend", "local", "--executor", executor_id, "--dry-run")
+        assert (dry.returncode, dry.stderr) == (2, refused.stderr)  # as the real one would
         listed = fiberexec("cleanup", "--backend", "local", "--executor", executor_id,
-                           "--dry-run")
+                           "--dry-run", "--force")
         assert listed.returncode == 0 and f"would remove worker {worker.worker_id} of executor " \
             f"{executor_id}" in listed.stdout
         forced = fiberexec("cleanup", "--backend", "local", "--executor", executor_id, "--force")
