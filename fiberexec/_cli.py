@@ -110,9 +110,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         if asks and input("remove them? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 0
-    for line in cleanup.run(names, sweep):
+    failed: list[str] = []
+    for line in cleanup.run(names, sweep, failed):
         print(line, flush=True)
-    return 0
+    # The backend asked for by name could not be cleaned up: a script must be able to tell
+    # (unnamed ones that are not set up here are skipped as expected)
+    return EXIT_BACKEND if args.backend and failed else 0
 
 
 def cmd_top(args: argparse.Namespace) -> int:

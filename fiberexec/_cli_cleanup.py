@@ -26,16 +26,21 @@ from fiberexec.backend import (
 )
 
 
-def cleanup(name: str, sweep: Sweep) -> list[str]:
-    """Lines saying what ``name``'s ``remove_stray`` did, each prefixed with the backend."""
+def cleanup(name: str, sweep: Sweep, failed: list[str] | None = None) -> list[str]:
+    """Lines saying what ``name``'s ``remove_stray`` did, each prefixed with the backend;
+    ``failed`` gets ``name`` if it could not be done (unreachable, or it raised)."""
     try:
         cls = backend_class(name)
         why = unreachable(cls)
         lines = [f"skipped (unreachable: {why})"] if why else cls.remove_stray(sweep)
+        if why and failed is not None:
+            failed.append(name)
     except CapabilityError:
         lines = ["skipped (the backend has no remove_stray)"]
     except Exception as exc:  # an engine or cluster that is not there is reported, not raised
         lines = [f"skipped ({first_line(exc)})"]
+        if failed is not None:
+            failed.append(name)
     return [f"{name}: {line}" for line in lines]
 
 
@@ -50,10 +55,10 @@ def unreachable(cls: type[Backend]) -> str | None:
     return None if found.usable else found.detail
 
 
-def run(names: list[str], sweep: Sweep) -> Iterator[str]:
-    """Every line of a sweep over ``names``, as each backend finishes."""
+def run(names: list[str], sweep: Sweep, failed: list[str] | None = None) -> Iterator[str]:
+    """Every line of a sweep over ``names``, as each backend finishes (see `cleanup`)."""
     for name in names:
-        yield from cleanup(name, sweep)
+        yield from cleanup(name, sweep, failed)
 
 
 def listing(names: list[str], sweep: Sweep) -> Iterator[str]:
