@@ -28,13 +28,12 @@ from fiberexec.backend import (
 
 def cleanup(name: str, sweep: Sweep, failed: list[str] | None = None) -> list[str]:
     """Lines saying what ``name``'s ``remove_stray`` did, each prefixed with the backend;
-    ``failed`` gets ``name`` if it could not be done (unreachable, or it raised)."""
+    ``failed`` gets ``name`` if that raised (a backend its probe calls not set up here, or
+    unreachable, has nothing to clean up: skipped, not failed)."""
     try:
         cls = backend_class(name)
         why = unreachable(cls)
         lines = [f"skipped (unreachable: {why})"] if why else cls.remove_stray(sweep)
-        if why and failed is not None:
-            failed.append(name)
     except CapabilityError:
         lines = ["skipped (the backend has no remove_stray)"]
     except Exception as exc:  # an engine or cluster that is not there is reported, not raised

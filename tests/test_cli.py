@@ -389,11 +389,13 @@ def test_cleanup_takes_a_unique_start_of_an_executor_id() -> None:
         assert second.wait(timeout=10) == -signal.SIGTERM and first.poll() is None
 
 
-def test_cleanup_of_a_named_backend_that_cannot_be_reached_exits_1(tmp_path: Path) -> None:
-    pytest.importorskip("docker")
-    result = fiberexec("cleanup", "--backend", "docker", cwd=tmp_path,
-                       env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
-    assert result.returncode == 1 and result.stdout.startswith("docker: skipped (unreachable")
+def test_cleanup_of_a_named_backend_that_fails_exits_1(tmp_path: Path) -> None:
+    """An ssh host that refuses (here: nothing listens on its port) is a failure."""
+    hosts = {**OFFLINE, "FIBEREXEC_BACKEND": "ssh",
+             "FIBEREXEC_BACKEND_OPTIONS": '{"hosts": ["me@127.0.0.1:9"]}'}
+    result = fiberexec("cleanup", "--backend", "ssh", cwd=tmp_path, env=hosts, timeout=120)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stdout.startswith("ssh: skipped (cannot clean up")
 
 
 def test_cleanup_refuses_a_live_executor_unless_forced() -> None:
