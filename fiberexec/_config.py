@@ -756,9 +756,11 @@ def _check_heartbeat(values: Mapping[str, Any], sources: Mapping[str, str]) -> N
             f"would keep the executor and every worker busy")
 
 
-def _check_silence(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+def _check_silence(values: dict[str, Any], sources: Mapping[str, str]) -> None:
     heartbeat, silence = values["heartbeat"], values["silence_timeout"]
-    if silence < 2 * heartbeat:
+    if silence < 2 * heartbeat and sources["silence_timeout"] == DEFAULT:
+        values["silence_timeout"] = 2 * heartbeat  # a slow heartbeat given alone: follow it
+    elif silence < 2 * heartbeat:
         raise ConfigurationError(
             f"silence_timeout must be at least twice the heartbeat, {2 * heartbeat}s, got "
             f"{silence} (from {_describe('silence_timeout', sources)}; heartbeat={heartbeat} "
