@@ -42,6 +42,13 @@ class Link(Protocol):
     def send_nowait(self, frame: bytes) -> None:
         """Queue a frame; raise `ProtocolError` when the peer has stopped reading."""
 
+    def take_in(self) -> None:
+        """The next `try_recv` reads whatever waits, whatever a selector said."""
+
+    @property
+    def peer_gone(self) -> bool:
+        """The peer sends went to has hung up."""
+
     def close(self) -> None: ...
 
 

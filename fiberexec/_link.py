@@ -142,6 +142,17 @@ class Endpoint:
                 self._on_event(fd, events)
         return self._ready.popleft() if self._ready else None
 
+    def take_in(self) -> None:
+        """The next `try_recv` reads the socket whatever the selector said (a send found
+        the peer gone: what it sent before it went comes first)."""
+        if self.sealed is not None:
+            self.sealed.drained = False
+
+    @property
+    def peer_gone(self) -> bool:
+        """The local peer this endpoint sent to has hung up (its pipe was dropped)."""
+        return not self.sealed_nng and self.bound is None and self.sealed is None
+
     def _on_event(self, fd: int, events: int) -> None:
         if self.listener is not None and fd == self.listener.fd:
             self._accept()

@@ -898,7 +898,7 @@ class Shard:
         try:
             conn.channel.send_nowait(frame)
         except ProtocolError:
-            self._lose(conn, f"worker {conn.worker_id} stopped reading its messages")
+            self._lose_after_reading(conn)
             return
         conn.last_sent = self.clock()
         self.bytes_sent += len(frame)
@@ -981,6 +981,18 @@ class Shard:
         conn.deadline = self.clock() + STATUS_WAIT
 
     # ------------------------------------------------------------ losing workers
+
+    def _lose_after_reading(self, conn: Conn) -> None:
+        """A send found the worker gone, or not reading. What it sent before comes first:
+        the results of tasks it finished, and the `Bye` of a worker that left this executor
+        for its silence (stalled: a main thread in C, a stopped process), which retires it
+        and puts back, uncharged, what it held. Only then is it lost, if it still counts."""
+        conn.channel.take_in()
+        self._receive(conn)
+        if conn.state is not State.READY or self.conns.get(conn.worker_id) is not conn:
+            return
+        self._lose(conn, None if conn.channel.peer_gone else
+                   f"worker {conn.worker_id} stopped reading its messages")
 
     def _lose(self, conn: Conn, why: str | None) -> None:
         """The worker is gone: requeue what it held; the task it was running is charged."""

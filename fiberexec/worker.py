@@ -52,6 +52,7 @@ SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would 
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
 LEAVE_TIMEOUT = 10.0  # seconds a leaving worker waits for the executor to hang up
 SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
+FAREWELL_WAIT = 0.5  # seconds a worker leaving a silent executor waits to say why
 OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
 WATCH_AFTER = 0.005  # seconds a stretch of tasks runs before a second thread reads the link
 WATCH_ALONE = 0.5  # the same for a task nothing is sent to wait behind (`Tasks.alone`): only
@@ -246,7 +247,10 @@ class Worker:
     def _judge_silence(self) -> None:
         silent = time.monotonic() - self.last_heard
         if silent > self.silence:
-            self._executor_gone(f"the executor fell silent for {silent:.0f}s")
+            why = (f"it heard nothing from the executor for {silent:.0f}s "
+                   f"(silence_timeout={self.silence:g})")
+            self.outbox.farewell(why, FAREWELL_WAIT)  # read when the executor wakes
+            self._executor_gone(why)
 
     def _on_message(self, message: p.Message) -> None:
         if isinstance(message, p.Tasks):
@@ -468,6 +472,21 @@ class Outbox:
         if self.capture is None:  # (a captured stream is flushed by push_output)
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
+
+    def farewell(self, reason: str, timeout: float) -> None:
+        """Best effort, as the worker leaves an executor that fell silent: send what is held
+        and a `Bye` saying why, waiting at most ``timeout`` for the lock (a thread may be
+        blocked sending to the executor). An executor that was only stalled reads them when
+        it wakes: the results of finished tasks count, and the worker's leaving is named."""
+        if not self._cond.acquire(timeout=timeout):
+            return
+        try:
+            with contextlib.suppress(Exception):
+                if self._results:
+                    self._flush_locked()
+                self._send_locked(p.encode(p.Bye(reason)))
+        finally:
+            self._cond.release()
 
     def send_output(self) -> None:
         """Send the output held now (from a task printing fast: it waits on the link)."""

@@ -100,6 +100,13 @@ class FakeLink:
             raise ProtocolError("peer is not reading: its send queue is full")
         self.sent.append(frame)
 
+    def take_in(self) -> None:
+        """(Frames wait in the inbox: nothing to read.)"""
+
+    @property
+    def peer_gone(self) -> bool:
+        return False  # the test is its far end, and reads everything
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -82,3 +82,23 @@ def test_busy_workers_leave_an_executor_silent_beyond_silence_timeout() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(executor.pid, signal.SIGKILL)
         executor.communicate(timeout=30)
+
+
+def test_results_sent_before_workers_left_a_stalled_executor_count() -> None:
+    """The tasks end while the executor is stopped; its workers, hearing nothing past
+    silence_timeout, leave (saying why). Woken, the executor reads what they sent before
+    it judges them: the results stand, and no task runs again or fails."""
+    executor, workers = _start(silence=2.0, task=0.3)
+    try:
+        os.kill(executor.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 12
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)  # their parent is stopped: nothing here can be waited on
+        assert not any(_alive(w) for w in workers), "the workers did not leave"
+        os.kill(executor.pid, signal.SIGCONT)
+        out, _ = executor.communicate("go\n", timeout=60)
+        assert out.split() == ["done", "0", "0", "0"]  # none lost, retried or failed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(executor.pid, signal.SIGKILL)
+        executor.communicate(timeout=30)

@@ -93,6 +93,14 @@ class MemoryEndpoint:
             pipe.signal()
             pipe.cond.notify()
 
+    def take_in(self) -> None:
+        """(What a peer sends waits in the inbox: nothing to read.)"""
+
+    @property
+    def peer_gone(self) -> bool:
+        pipe = self.bound
+        return pipe is None or pipe.closed
+
     def hang_up(self, pipe: MemoryPipe) -> None:
         with pipe.cond:
             was_open, pipe.closed = not pipe.closed, True
