@@ -25,6 +25,7 @@ from fiberexec import _auth, _fdlimit, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec._backend import Backend
 from fiberexec._config import ExecutorConfig
+from fiberexec._conn import State
 from fiberexec._control import ControlServer
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._output import OutputSink
@@ -239,7 +240,11 @@ class TaskPool:
         done = sum(s.items_done for s in shards)  # map items, not the chunks carrying them
         failed = sum(s.items_failed for s in shards)
         elapsed = time.monotonic() - self._t0 if self._t0 else 0.0
-        ready, total = self.supervisor.counts()
+        connected, total = self.supervisor.counts()
+        # one still in its initializer is starting, as workers() shows it: it runs no task
+        initializing = sum(c.initializing and c.state is State.READY
+                           for s in shards for c in list(s.conns.values()))
+        ready = max(0, connected - initializing)
         return Stats(
             workers=ready,
             workers_starting=max(0, total - ready),

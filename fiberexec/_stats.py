@@ -21,7 +21,7 @@ class Stats:
     (the attribute keeps every digit).
     """
 
-    workers: int  # connected and ready
+    workers: int  # connected and ready (past the initializer)
     workers_starting: int
     tasks_pending: int  # submitted, not yet sent to a worker
     tasks_running: int  # sent to a worker, no result yet

@@ -72,6 +72,8 @@ def test_a_worker_goes_from_starting_to_idle_running_and_retired(
         assert worker.reference and worker.host == os.uname().nodename
         stack = ex.dump_stack(worker.worker_id, timeout=30)  # it says what it runs
         assert "running the initializer" in stack and "hold_init" in stack
+        stats = ex.stats()  # connected (it answered), not ready: starting, as workers() says
+        assert (stats.workers, stats.workers_starting) == (0, 1)
         init_release.send(None)
         assert first.result(timeout=30) == 9
     worker = only(ex)
