@@ -38,12 +38,21 @@ class LossLog:
         if not self._held or now - self._started < WINDOW:
             return
         total = sum(self._held.values())
-        kinds = ", ".join(f"{n} {kind}" for kind, n in self._held.most_common())
+        kinds = ", ".join(_counted(n, kind) for kind, n in self._held.most_common())
         span = min(now, self._started + WINDOW) - self._started
-        log.warning("%d more workers lost in %.0fs (%s); the latest: %s",
-                    total, span, kinds, self._latest)
+        log.warning("%d more %s lost in %.0fs (%s); the latest: %s",
+                    total, "worker" if total == 1 else "workers", span, kinds, self._latest)
         self._held.clear()
         self._count = 0
+
+
+def _counted(n: int, kind: str) -> str:
+    """``n`` workers that ended as ``kind`` says of one ("was killed by signal 9")."""
+    if n > 1:
+        for one, many in (("was ", "were "), ("has ", "have ")):
+            if kind.startswith(one):
+                kind = many + kind.removeprefix(one)
+    return f"{n} {kind}"
 
 
 def _kind(why: str) -> str:

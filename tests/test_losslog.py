@@ -37,3 +37,20 @@ def test_a_new_window_logs_its_first_losses_again(caplog: pytest.LogCaptureFixtu
     lines = [r.getMessage() for r in caplog.records]
     assert lines[FIRST].startswith("2 more workers lost")
     assert lines[-1] == "worker w99 exited with code 1"
+
+
+def test_the_summary_agrees_in_number(caplog: pytest.LogCaptureFixture) -> None:
+    losses = LossLog()
+    with caplog.at_level(logging.WARNING, logger="fiberexec"):
+        for i in range(FIRST + 3):
+            why = "was killed by signal 9 (SIGKILL)" if i != FIRST + 2 else "exited with code 1"
+            losses.lost(f"worker w{i} {why}", now=0.0)
+        losses.flush(WINDOW)
+        losses.lost("worker w50 was killed by signal 9 (SIGKILL)", now=2 * WINDOW)
+        for i in range(FIRST):
+            losses.lost(f"worker w{60 + i} exited with code 1", now=2 * WINDOW)
+        losses.flush(3 * WINDOW)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[FIRST].startswith("3 more workers lost in 10s (2 were killed by signal 9, "
+                                   "1 exited with code 1)")
+    assert lines[-1].startswith("1 more worker lost in 10s (1 exited with code 1)")
