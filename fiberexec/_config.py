@@ -771,12 +771,15 @@ def _check_silence(values: dict[str, Any], sources: Mapping[str, str]) -> None:
 
 def _check_ports(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     ports = values["ports"]
-    if ports is not None and ports[1] - ports[0] + 1 < values["max_workers"]:
+    if ports is None:
+        return
+    count, need = ports[1] - ports[0] + 1, values["max_workers"]
+    if count < need:
+        shown = str(ports[0]) if count == 1 else f"{ports[0]}-{ports[1]}"
         raise ConfigurationError(
-            f"ports={ports[0]}-{ports[1]} (from {_describe('ports', sources)}) holds "
-            f"{ports[1] - ports[0] + 1} ports but max_workers={values['max_workers']} needs one "
-            "per worker; widen the range or lower max_workers"
-        )
+            f"ports={shown} (from {_describe('ports', sources)}) holds {count} "
+            f"port{'' if count == 1 else 's'} but max_workers={need} needs one per worker; "
+            f"give a range, e.g. {ports[0]}-{ports[0] + need - 1}, or lower max_workers")
 
 
 def document(order: Sequence[str], others: Mapping[str, str], indent: str = "        ") -> str:

@@ -49,6 +49,10 @@ def test_bad_ports_are_refused_with_the_rule(value: object) -> None:
 def test_a_range_smaller_than_max_workers_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="holds 2 ports but max_workers=4"):
         FiberExecutor(4, ports="40000-40001")
+    with pytest.raises(ConfigurationError, match=(
+            r"ports=40000 \(from the ports= argument\) holds 1 port but max_workers=2 needs "
+            r"one per worker; give a range, e.g. 40000-40001, or lower max_workers")):
+        FiberExecutor(2, ports=40000)
 
 
 def test_ports_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
