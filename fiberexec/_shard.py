@@ -693,10 +693,12 @@ class Shard:
         if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
             self._forget(conn, lost=True)
             self.lifecycle.worker_failed_to_start(conn.worker_id, status)
-        elif conn.state is State.DISCONNECTED:
-            self._finalize(conn)
         else:
-            self._lose(conn, None)
+            self._take_in(conn)  # what it sent before it exited counts: results, its Bye
+            if conn.state is State.DISCONNECTED:
+                self._finalize(conn)
+            elif conn.state in (State.READY, State.RETIRING):
+                self._lose(conn, None)
 
     def _shutdown(self, cancel_futures: bool) -> None:
         self.shutting_down = True
@@ -987,12 +989,16 @@ class Shard:
         the results of tasks it finished, and the `Bye` of a worker that left this executor
         for its silence (stalled: a main thread in C, a stopped process), which retires it
         and puts back, uncharged, what it held. Only then is it lost, if it still counts."""
-        conn.channel.take_in()
-        self._receive(conn)
+        self._take_in(conn)
         if conn.state is not State.READY or self.conns.get(conn.worker_id) is not conn:
             return
         self._lose(conn, None if conn.channel.peer_gone else
                    f"worker {conn.worker_id} stopped reading its messages")
+
+    def _take_in(self, conn: Conn) -> None:
+        """Read what the worker sent, whatever the selector has said so far."""
+        conn.channel.take_in()
+        self._receive(conn)
 
     def _lose(self, conn: Conn, why: str | None) -> None:
         """The worker is gone: requeue what it held; the task it was running is charged."""

@@ -249,7 +249,9 @@ class Worker:
         if silent > self.silence:
             why = (f"it heard nothing from the executor for {silent:.0f}s "
                    f"(silence_timeout={self.silence:g})")
-            self.outbox.farewell(why, FAREWELL_WAIT)  # read when the executor wakes
+            # read when the executor wakes (a network that is cut takes it nowhere: brief)
+            self.outbox.farewell(why, lambda frame: self.link.send(frame, FAREWELL_WAIT),
+                                 FAREWELL_WAIT)
             self._executor_gone(why)
 
     def _on_message(self, message: p.Message) -> None:
@@ -473,18 +475,17 @@ class Outbox:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
 
-    def farewell(self, reason: str, timeout: float) -> None:
-        """Best effort, as the worker leaves an executor that fell silent: send what is held
-        and a `Bye` saying why, waiting at most ``timeout`` for the lock (a thread may be
-        blocked sending to the executor). An executor that was only stalled reads them when
-        it wakes: the results of finished tasks count, and the worker's leaving is named."""
+    def farewell(self, reason: str, send: Callable[[bytes], None], timeout: float) -> None:
+        """Best effort, as the worker leaves an executor that fell silent: a `Bye` saying
+        why, sent with ``send`` (which gives up soon), after waiting at most ``timeout`` for
+        the lock (a thread may be blocked sending to the executor). Results went before it
+        (they wait `FLUSH_AGE` at most, silence is seconds): an executor that was only
+        stalled reads them, and this, when it wakes."""
         if not self._cond.acquire(timeout=timeout):
             return
         try:
             with contextlib.suppress(Exception):
-                if self._results:
-                    self._flush_locked()
-                self._send_locked(p.encode(p.Bye(reason)))
+                send(p.encode(p.Bye(reason)))
         finally:
             self._cond.release()
 
