@@ -694,10 +694,11 @@ class Shard:
             self._forget(conn, lost=True)
             self.lifecycle.worker_failed_to_start(conn.worker_id, status)
         else:
-            self._take_in(conn)  # what it sent before it exited counts: results, its Bye
+            if conn.state in (State.READY, State.RETIRING):
+                self._take_in(conn)  # what it sent before it exited counts: results, its Bye
             if conn.state is State.DISCONNECTED:
                 self._finalize(conn)
-            elif conn.state in (State.READY, State.RETIRING):
+            else:
                 self._lose(conn, None)
 
     def _shutdown(self, cancel_futures: bool) -> None:

@@ -228,7 +228,7 @@ class Worker:
                 self._receive(block=False)
             finally:
                 self._recv_lock.release()
-            self._judge_silence()
+            self._judge_silence(idle=False)
 
     def _receive(self, block: bool) -> None:
         """Take in every waiting frame (then judge silence: a stalled worker drains first)."""
@@ -241,17 +241,21 @@ class Worker:
                 frame = link.buffered()
         except LinkClosed as exc:
             self._executor_gone(str(exc))
-        if block:
-            self._judge_silence()
+        if block:  # (the main thread, with no task to run)
+            self._judge_silence(idle=True)
 
-    def _judge_silence(self) -> None:
+    def _judge_silence(self, *, idle: bool) -> None:
+        """Leave an executor silent for ``silence`` seconds. ``idle`` (no task running):
+        say why first, so a stalled executor that wakes retires this worker and sends what
+        it held elsewhere, uncharged. A worker leaving mid-task says nothing: its task is
+        charged with the loss, as any interrupted run (``max_task_retries`` counts it)."""
         silent = time.monotonic() - self.last_heard
         if silent > self.silence:
             why = (f"it heard nothing from the executor for {silent:.0f}s "
                    f"(silence_timeout={self.silence:g})")
-            # read when the executor wakes (a network that is cut takes it nowhere: brief)
-            self.outbox.farewell(why, lambda frame: self.link.send(frame, FAREWELL_WAIT),
-                                 FAREWELL_WAIT)
+            if idle:  # read when the executor wakes (over a cut network, nowhere: brief)
+                self.outbox.farewell(why, lambda frame: self.link.send(frame, FAREWELL_WAIT),
+                                     FAREWELL_WAIT)
             self._executor_gone(why)
 
     def _on_message(self, message: p.Message) -> None:

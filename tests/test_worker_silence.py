@@ -102,3 +102,46 @@ def test_results_sent_before_workers_left_a_stalled_executor_count() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(executor.pid, signal.SIGKILL)
         executor.communicate(timeout=30)
+
+
+AT_MOST_ONCE = """
+import sys, time
+from fiberexec import FiberExecutor, WorkerLostError
+ex = FiberExecutor(1, heartbeat=0.5, silence_timeout=2.0, max_task_retries=0)
+future = ex.submit(time.sleep, 30)
+while not future.running():
+    time.sleep(0.01)
+print("running", flush=True)
+sys.stdin.readline()  # the test says when to go on
+try:
+    future.result(timeout=120)
+    print("ran")
+except WorkerLostError:
+    print("lost")
+print(ex.stats().tasks_retried, flush=True)
+ex.shutdown()
+"""
+
+
+def test_a_task_whose_worker_left_a_stalled_executor_mid_run_is_not_run_again() -> None:
+    """Leaving mid-task, a worker says nothing: the task is charged with the loss, and
+    with max_task_retries=0 it fails rather than run a second time."""
+    executor = subprocess.Popen([sys.executable, "-c", AT_MOST_ONCE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert executor.stdout is not None
+        assert executor.stdout.readline().strip() == "running"
+        (worker,) = [p for p in psutil.Process(executor.pid).children(recursive=True)
+                     if "--launcher" not in p.cmdline()]
+        os.kill(executor.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 12
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)  # its parent is stopped: nothing here can be waited on
+        assert not _alive(worker), "the worker did not leave"
+        os.kill(executor.pid, signal.SIGCONT)
+        out, _ = executor.communicate("go\n", timeout=60)
+        assert out.split() == ["lost", "0"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(executor.pid, signal.SIGKILL)
+        executor.communicate(timeout=30)
