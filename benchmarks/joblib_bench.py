@@ -39,6 +39,14 @@ def total(array: Any) -> float:
     return float(array.sum())
 
 
+def invert(seed: int) -> float:
+    """Linear algebra a BLAS runs on as many threads as it is told: 20 inverses, 300 x 300."""
+    import numpy as np
+
+    a = np.random.default_rng(seed).random((300, 300))
+    return sum(float(np.linalg.inv(a @ a.T + np.eye(300)).sum()) for _ in range(20))
+
+
 def make(mib: int) -> Any:
     import numpy as np
 
@@ -64,6 +72,13 @@ def _ms(quick: bool) -> tuple[list[Any], float]:
 
     n = 200 if quick else 1000
     return [delayed(sleep_1ms)(i) for i in range(n)], n
+
+
+def _blas(quick: bool) -> tuple[list[Any], float]:
+    from joblib import delayed
+
+    n = 8 if quick else 16
+    return [delayed(invert)(i) for i in range(n)], n
 
 
 def _large_in(quick: bool) -> tuple[list[Any], float]:
@@ -94,6 +109,7 @@ WORKLOADS = {
     for w in (
         Workload("many small tasks (no-op)", "tasks/s", _small),
         Workload("1 ms tasks", "tasks/s", _ms),
+        Workload("BLAS tasks (matrix inverses)", "tasks/s", _blas),
         Workload("few large arrays to tasks", "MiB/s", _large_in),
         Workload("one large array to many tasks", "MiB/s", _large_shared),
         Workload("few large arrays from tasks", "MiB/s", _large_out),
