@@ -31,10 +31,15 @@ def wanted(obj: object) -> bool:
 def _importable(cls: type) -> bool:
     if cls.__module__ in ("__main__", "__mp_main__") or "<locals>" in cls.__qualname__:
         return False
-    found: Any = sys.modules.get(cls.__module__)
-    for part in cls.__qualname__.split("."):
+    return _lookup(cls.__module__, cls.__qualname__) is cls
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    """What ``module.qualname`` names in this process, or None."""
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
         found = getattr(found, part, None)
-    return found is cls
+    return found
 
 
 def reduce(cls: type) -> tuple[Any, ...]:
@@ -65,9 +70,7 @@ def make(module: str, qualname: str, bases: tuple[type, ...], attributes: dict[s
 
 def _original(module: str, qualname: str, names: tuple[str, ...]) -> type | None:
     """The class itself, if this process has it (the one that defined it)."""
-    found: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
+    found = _lookup(module, qualname)
     if isinstance(found, type) and tuple(f[0] for f in getattr(found, "_fields_", ())) == names:
         return found
     return None
