@@ -89,8 +89,12 @@ _FIELD_WRAPPERS: dict[type, type[_SynchronizedFields]] = {}
 
 def synchronized_structure(obj: Any, lock: Any) -> Synchronized:
     """A shared ctypes ``Structure`` and its lock, each of its fields a property read and
-    written under the lock: ``SynchronizedPoint`` for a ``Point``, as the stdlib's."""
+    written under the lock: ``SynchronizedPoint`` for a ``Point``, as the stdlib's. (In a
+    process on another host, which reaches the memory through the broker as a value with
+    no fields, a plain `Synchronized`: a structure is shared on this host only.)"""
     cls = type(obj)
+    if not hasattr(cls, "_fields_"):  # reached from another host: no fields to read there
+        return Synchronized(obj, lock)
     wrapper = _FIELD_WRAPPERS.get(cls)
     if wrapper is None:
         fields = {name: _field(name) for name, *_ in cls._fields_}
