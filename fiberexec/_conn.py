@@ -12,6 +12,7 @@ from fiberexec._backend import WorkerHandle, WorkerStatus
 from fiberexec._task import WorkItem
 
 if TYPE_CHECKING:
+    from fiberexec._claims import ClaimBoard
     from fiberexec._events import Link
     from fiberexec._future import Answer
 
@@ -47,6 +48,8 @@ class Conn:
         self.leaving: str | None = None  # why an orderly exit was agreed ("idle", ...)
         self.counted = False  # included in the shard's ready_workers
         self.probe = ""  # this handshake's shared-memory probe file, removed when it ends
+        self.claims: ClaimBoard | None = None  # a board to take tasks back without asking
+        self.numbered = 0  # tasks sent so far: the next one's number on the board
         self.shm = False
         self.initializing = False  # sent an initializer it has not reported finishing
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
@@ -118,13 +121,19 @@ class Conn:
         """The handshake's round trip: a far worker holds more, so it never waits for work."""
         self.window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
 
-    def hold(self, estimate: float | None) -> float:
-        """Count a task just sent; returns the cost to give back when its result arrives."""
+    def hold(self, item: WorkItem, estimate: float | None) -> None:
+        """Count ``item`` as sent here: held until its result arrives, its cost (to give
+        back then) and its number on the claim board (the worker numbers what it receives
+        the same way)."""
+        self.inflight[item.task_id] = item
+        item.number = self.numbered
+        self.numbered += 1
         if estimate is None:
             self.unknown += 1
-            return -1.0
-        self.load += estimate
-        return estimate
+            item.cost = -1.0
+        else:
+            self.load += estimate
+            item.cost = estimate
 
     def release(self, cost: float) -> None:
         if cost < 0:

@@ -41,6 +41,7 @@ from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
 from fiberexec._backend import WorkerHandle, WorkerStatus
+from fiberexec._claims import ClaimBoard
 from fiberexec._conn import LONG_TASK, MAX_WINDOW, Conn, State
 from fiberexec._crash import Loss, loss_line, lost_message, phrase_of
 from fiberexec._errors import (
@@ -462,7 +463,35 @@ class Shard:
         answers, overstay = conn.revokes.popleft() if conn.revokes else ({}, True)
         if overstay:
             conn.revoking = False
+        # (One the executor took back from the board meanwhile is no longer held there.)
         given = [item for i in task_ids if (item := conn.inflight.pop(i, None)) is not None]
+        self._requeue(conn, given, answers)
+        for task_id, answer in answers.items():  # not given back: it had started there
+            answer.give(False)
+            if (item := conn.inflight.get(task_id)) is not None:
+                item.start()
+
+    def _take_back(self, conn: Conn, tail: list[WorkItem]) -> bool:
+        """Take the tasks ``conn`` holds behind its running one off its claim board: those
+        it has not started are the queue's again at once, with no answer from the worker
+        (whose task may hold the GIL for long). False when the board cannot tell now."""
+        assert conn.claims is not None
+        first = conn.claims.cut(tail[0].number, tail[-1].number + 1)
+        if first is None:
+            return False
+        taken = [item for item in tail if item.number >= first]
+        answers = {}  # cancels waiting for the worker's answer about one of those
+        for item in taken:
+            del conn.inflight[item.task_id]
+            for pending, _ in conn.revokes:
+                if (answer := pending.pop(item.task_id, None)) is not None:
+                    answers[item.task_id] = answer
+        self._requeue(conn, taken, answers)
+        return True
+
+    def _requeue(self, conn: Conn, given: list[WorkItem], answers: dict[int, Answer]) -> None:
+        """Tasks ``conn`` no longer holds, unstarted, go to the head of the queue in order;
+        one a `cancel` asked for (in ``answers``, which loses it) is cancelled instead."""
         back = []
         for item in given:
             conn.release(item.cost)
@@ -473,10 +502,6 @@ class Shard:
                 item.start()  # tells its waiters: `wait` and `as_completed` see it cancelled
                 continue
             back.append(item)
-        for task_id, answer in answers.items():  # not given back: it had started there
-            answer.give(False)
-            if (item := conn.inflight.get(task_id)) is not None:
-                item.start()
         self.queue.extendleft(reversed(back))
         if conn.state is State.READY:
             self.hungry[conn.worker_id] = conn
@@ -507,8 +532,11 @@ class Shard:
         running = now - victim.head_since
         if running > self.estimates.get(head.key, 0.0):  # what it learned meanwhile
             self.estimates[head.key] = running
-        victim.revoking = victim.overstaying = True
+        victim.overstaying = True
         self.trusted[head.key] = 0
+        if victim.claims is not None and self._take_back(victim, tail):
+            return
+        victim.revoking = True
         self._revoke(victim, [item.task_id for item in tail], {}, overstay=True)
 
     def _hoards(self, conn: Conn, now: float) -> bool:
@@ -590,6 +618,8 @@ class Shard:
         self._drop_probe(conn)
         if self.session.shm_token:  # lives only for this handshake: a crash leaves nothing long
             conn.probe = _shm.write_probe(self.session.executor_id, self.session.shm_token)
+            if conn.probe:  # and the board the worker opens beside it
+                conn.claims = ClaimBoard.create(conn.probe)
         self._send(conn, p.Challenge(conn.nonce, proof, conn.probe))
         conn.state = State.AWAIT_AUTH
         conn.challenged = self.clock()
@@ -600,6 +630,9 @@ class Shard:
             raise AuthenticationError("wrong proof: the peer does not hold the secret")
         conn.shm = bool(conn.probe) and _auth.verify(self.session.shm_token, auth.shm_token)
         self._drop_probe(conn)
+        if conn.claims is not None and not conn.shm:  # a worker elsewhere is asked instead
+            conn.claims.close()
+            conn.claims = None
         conn.channel.seal()
         conn.state = State.READY
         conn.idle_since = self.clock()
@@ -814,8 +847,8 @@ class Shard:
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)
                 continue
-            item.key, item.cost = key, conn.hold(estimate)
-            conn.inflight[item.task_id] = item
+            item.key = key
+            conn.hold(item, estimate)
             if inline and isinstance(item.future, TaskFuture):  # its waiter may read here
                 item.future._sent = (self, conn)
             tasks.append(p.Task(item.task_id, index[fn_id], args))
@@ -862,6 +895,17 @@ class Shard:
         if holder is not self or task_id is None:
             answer.give(False)
             return
+        item = conn.inflight[task_id]
+        if conn.claims is not None:  # the board answers at once, busy worker or not
+            first = conn.claims.cut(item.number, item.number + 1)
+            if first == item.number:
+                del conn.inflight[task_id]
+                self._requeue(conn, [item], {task_id: answer})
+                return
+            if first is not None:  # it had started there
+                answer.give(False)
+                item.start()
+                return
         self._revoke(conn, [task_id], {task_id: answer})
 
     def _revoke(self, conn: Conn, task_ids: list[int], answers: dict[int, Answer],
@@ -1074,12 +1118,18 @@ class Shard:
         _observe.note_gone(self.gone, conn, self.clock())
 
     def _drop_probe(self, conn: Conn) -> None:
+        """The handshake's shared-memory names go (the worker opened the board, or never will)."""
         if conn.probe:
             _shm.discard(conn.probe)
             conn.probe = ""
+        if conn.claims is not None:
+            conn.claims.unlink()
 
     def _unregister(self, conn: Conn, *, hang_up: bool = True) -> None:
         self._drop_probe(conn)
+        if conn.claims is not None:
+            conn.claims.close()
+            conn.claims = None
         self.hungry.pop(conn.worker_id, None)
         self.idle.pop(conn.worker_id, None)
         self.holders.pop(conn.worker_id, None)

@@ -32,6 +32,7 @@ class WorkItem:
     shm_names: list[str] | tuple[()] = ()
     cost: float = 0.0  # what Conn.hold counted when it was sent
     key: str = ""  # function_key(fn), once it was sent
+    number: int = -1  # its place among the tasks sent to its worker (`fiberexec._claims`)
 
     @property
     def items(self) -> int:

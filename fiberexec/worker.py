@@ -36,6 +36,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 from fiberexec import _auth, _capture, _contract, _joblib_hook, _mainspace, _shm, _syspath
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
+from fiberexec._claims import ClaimBoard
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
@@ -92,7 +93,10 @@ class Worker:
         self.heartbeat = 1.0
         self.silence = 30.0  # seconds of the executor's silence after which this worker leaves
         self.max_tasks = 0
-        self.tasks: deque[tuple[p.Task, _Functions, bool]] = deque()  # and `Tasks.alone`
+        # each with `Tasks.alone`, and its number among the tasks received (`_claims`)
+        self.tasks: deque[tuple[p.Task, _Functions, bool, int]] = deque()
+        self.received = 0
+        self.claims: ClaimBoard | None = None  # with the executor on this host
         self.stopping = False
         self.doing: str | None = None  # what the main thread runs (None: it waits)
         self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
@@ -132,10 +136,15 @@ class Worker:
         token = b""
         if challenge.shm_probe:
             token = _shm.check_probe(challenge.shm_probe, 64) or b""
+            if token:  # opened before the answer: the executor unlinks it on hearing it
+                self.claims = ClaimBoard.attach(challenge.shm_probe)
         proof = _auth.proof(cfg.secret, "worker", nonce, challenge.nonce)
         self.link.send(p.encode(p.Auth(proof, token)), cfg.connect_timeout)
         setup = self._expect(p.Setup, cfg.connect_timeout)
         self.allow_shm = bool(token)
+        if self.claims is not None and not self.allow_shm:
+            self.claims.close()
+            self.claims = None
         if self.allow_shm:
             self.shm = p.ShmPolicy(executor_id=cfg.executor_id or None)
             self.outbox.shm = self.shm
@@ -261,7 +270,10 @@ class Worker:
     def _on_message(self, message: p.Message) -> None:
         if isinstance(message, p.Tasks):
             functions = _Functions(message.functions)
-            self.tasks.extend((t, functions, message.alone) for t in message.tasks)
+            first = self.received
+            self.received += len(message.tasks)
+            self.tasks.extend((t, functions, message.alone, first + i)
+                              for i, t in enumerate(message.tasks))
         elif isinstance(message, p.Revoke):
             self._give_back(set(message.task_ids))
         elif isinstance(message, p.Bye):
@@ -327,6 +339,9 @@ class Worker:
                 if not self.tasks:
                     continue
                 task = self.tasks.popleft()
+            if self.claims is not None and not self._claim(task[3]):
+                del task  # the executor took it back: it runs elsewhere
+                continue
             # While it runs, the executor may send more to wait behind it, and ask for
             # some back: the watcher reads for this thread. (If the executor sends nothing
             # to wait behind it, only a stack request can come: the watcher starts late.)
@@ -368,6 +383,13 @@ class Worker:
         watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
+
+    def _claim(self, number: int) -> bool:
+        """Whether task ``number`` is still this worker's to run (see `fiberexec._claims`)."""
+        assert self.claims is not None
+        while (ours := self.claims.claim(number)) is None:
+            self.receive(block=False)  # the executor hung up holding the board: we leave
+        return ours
 
     def _run(self, task: p.Task, functions: _Functions) -> p.Result:
         start = time.perf_counter()

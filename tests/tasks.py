@@ -367,3 +367,13 @@ class UnpicklableError(Exception):
 
 def raise_unpicklable_error(message: str) -> None:
     raise UnpicklableError(message)
+
+
+def gil_sleep(seconds: float, value: Any = None) -> Any:
+    """Wait ``seconds`` inside one C call that keeps the interpreter lock (`ctypes.PyDLL`
+    does not release it): no other thread of the worker runs meanwhile."""
+    import ctypes
+
+    if seconds > 0:
+        ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+    return value
