@@ -369,11 +369,15 @@ def raise_unpicklable_error(message: str) -> None:
     raise UnpicklableError(message)
 
 
-def gil_sleep(seconds: float, value: Any = None) -> Any:
+def gil_sleep(seconds: float, value: Any = None, said: str | None = None) -> Any:
     """Wait ``seconds`` inside one C call that keeps the interpreter lock (`ctypes.PyDLL`
-    does not release it): no other thread of the worker runs meanwhile."""
+    does not release it): no other thread of the worker runs meanwhile. With ``said``, a
+    FIFO's path, first say "holding" into it (its open waits for a reader)."""
     import ctypes
 
+    if said is not None:
+        with open(said, "w") as fifo:
+            fifo.write("holding\n")
     if seconds > 0:
         ctypes.PyDLL(None).usleep(int(seconds * 1e6))
     return value

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,22 @@ def test_no_task_waits_behind_one_that_holds_the_gil(executor: type) -> None:
             "one holding the GIL")
         assert [f.result() for f in quick] == list(range(2000))
         assert blocker.result(timeout=BLOCK + 60) == -1
+
+
+@pytest.mark.parametrize("executor", [ProcessPoolExecutor, FiberExecutor])
+def test_a_task_waiting_behind_one_that_holds_the_gil_can_be_cancelled(
+        executor: type, tmp_path: Path) -> None:
+    """Its worker cannot answer while the GIL is held: the board answers for it (asking the
+    worker, `cancel` gave up after 2 s and said False, and the task ran after all)."""
+    fifo = tmp_path / "said"
+    os.mkfifo(fifo)
+    with executor(1) as ex:
+        assert list(ex.map(tasks.gil_sleep, [0] * 50, range(50), timeout=60)) == list(range(50))
+        blocker = ex.submit(tasks.gil_sleep, BLOCK, -1, str(fifo))
+        behind = [ex.submit(tasks.gil_sleep, 0, i) for i in range(10)]
+        with open(fifo) as said:  # the blocker is about to take the GIL into C
+            assert said.readline() == "holding\n"
+        assert behind[-1].cancel()
+        assert behind[-1].cancelled()
+        assert [f.result(timeout=BLOCK + 60) for f in behind[:-1]] == list(range(9))
+        assert blocker.result(timeout=60) == -1
