@@ -347,7 +347,7 @@ class Shard:
 
     def _next_deadline(self) -> float:
         wake = self._next_housekeeping
-        if self.idle and self._revoke_at < wake:
+        if (self.idle or self.queue) and self._revoke_at < wake:
             wake = max(self._revoke_at, self._next_revoke_scan)
         return max(0.0, wake - self.clock())
 
@@ -509,8 +509,9 @@ class Shard:
                 self.idle[conn.worker_id] = conn
 
     def _maybe_revoke(self) -> None:
-        """A worker idles while another holds tasks it has not started behind a long one
-        (known long, or outrunning its estimate): ask for those back, for whoever is free."""
+        """A worker holds tasks it has not started behind a long one (known long, or
+        outrunning its estimate) while another idles, or tasks submitted after them wait
+        in the queue: take those back (or ask for them), for whoever is free first."""
         now = self.clock()
         if now < self._next_revoke_scan:
             self._revoke_at = min(self._revoke_at, self._next_revoke_scan)  # look then
@@ -527,7 +528,7 @@ class Shard:
             self._revoke_at = min((self._overstays_at(c) for c in holders.values()),
                                   default=math.inf)
             return
-        self._revoke_at = math.inf
+        self._revoke_at = now + REVOKE_SCAN  # then look at the others
         head, *tail = victim.inflight.values()
         running = now - victim.head_since
         if running > self.estimates.get(head.key, 0.0):  # what it learned meanwhile
@@ -780,6 +781,8 @@ class Shard:
             if self.idle:
                 self._maybe_revoke()
             return
+        if self.holders and self._revoke_at <= self.clock():
+            self._maybe_revoke()  # what waits behind a task that overstays goes first
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))
         for conns in (self.idle, hungry):  # a worker with nothing to do before any prefetch
@@ -861,6 +864,7 @@ class Shard:
                 conn.head_since = self.clock()
             if len(conn.inflight) > 1:
                 self.holders[conn.worker_id] = conn
+                self._revoke_at = min(self._revoke_at, self._overstays_at(conn))
             self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks, conn.holds_alone()), items)
 

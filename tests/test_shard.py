@@ -675,6 +675,27 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     assert b.tasks_sent("w0") == [items[2].task_id]
 
 
+def test_tasks_held_behind_a_long_one_go_before_later_ones_when_no_worker_idles(
+    bench: Any,
+) -> None:
+    """Submitted before what waits in the queue, they must not wait for the long one while
+    other workers run the later tasks (the stdlib's one queue runs them in order)."""
+    b = bench()
+    items = _send_three_behind_a_short_history(b)
+    b.connect("w1")
+    later = b.submit(other_job, 4)  # of unknown length: w1 takes one, three wait
+    b.step()
+    assert b.tasks_sent("w1") == [later[0].task_id]
+    assert [i.task_id for i in b.shard.queue] == [i.task_id for i in later[1:]]
+    b.clock.advance(0.5)  # w0's first task runs long; no worker is idle
+    b.step()
+    (revoke,) = [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
+    assert list(revoke.task_ids) == [i.task_id for i in items[1:]]
+    b.links["w0"].deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])
+    b.step()
+    assert [i.task_id for i in b.shard.queue] == [i.task_id for i in items[1:] + later[1:]]
+
+
 def test_a_task_sent_behind_another_runs_only_once_that_one_has_finished(bench: Any) -> None:
     b = bench()
     items = _send_three_behind_a_short_history(b)
