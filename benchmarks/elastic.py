@@ -12,6 +12,10 @@ and swapping which goes first in each repeat:
   sleep 0.5 s; 0.3 s later, how many are running and how many ``cancel()`` cancels, and
   that no cancelled call ran (each call leaves a file). The stdlib cancels all but its
   call queue's ``max_workers + 1`` and what it runs.
+* **blocked**: a pool of 2 after 50 instant calls of a function, then one call of it that
+  waits 2 s in C holding the GIL, then 2,000 instant calls: when the instant ones are all
+  done, and whether that was before the blocking one ended (nothing waits behind it while
+  the other worker could run it).
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import fresh
-from benchmarks.scale_tasks import mark_and_sleep, sleep_pid
+from benchmarks.scale_tasks import gil_sleep, mark_and_sleep, sleep_pid
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("stdlib", "fiberexec")
-WORKLOADS = ("growing", "cancel")
+WORKLOADS = ("growing", "cancel", "blocked")
+BLOCK = 2.0  # seconds the blocking call holds the GIL
 TIMEOUT = 120.0
 
 
@@ -88,15 +93,29 @@ def cancel(system: str) -> dict[str, Any]:
             "cancel_ms_each": round(cancel_ms, 3)}
 
 
+def blocked(system: str) -> dict[str, Any]:
+    with _make(system, 2) as ex:
+        list(ex.map(gil_sleep, [0.0] * 50, range(50)))
+        start = time.perf_counter()
+        blocker = ex.submit(gil_sleep, BLOCK, -1)
+        quick = [ex.submit(gil_sleep, 0.0, i) for i in range(2000)]
+        wait(quick, timeout=TIMEOUT)
+        seconds = time.perf_counter() - start
+        before = not blocker.done()
+        blocker.result(timeout=TIMEOUT)
+    return {"quick_done_s": round(seconds, 3), "before_the_blocker": before}
+
+
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     def med(runs: list[dict[str, Any]], key: str) -> Any:
         values = [r[key] for r in runs if key in r]
         return statistics.median(values) if values else "-"
 
-    lines = ["| workload | system | seconds / running at 0.3 s | workers used / cancelled of 20 "
+    lines = ["| workload | system | seconds / running at 0.3 s / quick ones done, s "
+             "| workers used / cancelled of 20 / before the blocker "
              "| most running / cancelled that ran | runs |", "|---|---|---|---|---|---|"]
     for system, by in results.items():
-        g, c = by.get("growing", []), by.get("cancel", [])
+        g, c, b = by.get("growing", []), by.get("cancel", []), by.get("blocked", [])
         if g:
             lines.append(f"| growing 60 x 0.5 s, max 6 | {system} | {med(g, 'seconds')} | "
                          f"{med(g, 'workers_used')} | {max(r.get('most_running', 0) for r in g)}"
@@ -105,6 +124,11 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
             lines.append(f"| cancel 20 x 0.5 s on 2 | {system} | {med(c, 'running_at_0.3s')} | "
                          f"{med(c, 'cancelled')} | "
                          f"{sum(r.get('cancelled_that_ran', 0) for r in c)} | {len(c)} |")
+        if b:
+            lines.append(f"| blocked: 2,000 instant behind a {BLOCK:g} s GIL hold, on 2 "
+                         f"| {system} | {med(b, 'quick_done_s')} | "
+                         f"{sum(bool(r.get('before_the_blocker')) for r in b)} of {len(b)} | - "
+                         f"| {len(b)} |")
     return "\n".join(lines)
 
 
@@ -120,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
         workload, system = options.one
         try:
-            metrics = {"growing": growing, "cancel": cancel}[workload](system)
+            metrics = {"growing": growing, "cancel": cancel, "blocked": blocked}[workload](system)
         except Exception as exc:
             traceback.print_exc()
             metrics = {"error": f"{type(exc).__name__}: {exc}"}

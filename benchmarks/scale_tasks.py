@@ -21,3 +21,14 @@ def mark_and_sleep(path: str, seconds: float) -> None:
     with open(path, "w"):
         pass
     time.sleep(seconds)
+
+
+def gil_sleep(seconds: float, value: int = 0) -> int:
+    """Wait ``seconds`` in one C call that keeps the interpreter lock (`ctypes.PyDLL` does
+    not release it), as a long regular expression or a C extension may: no other thread
+    of the worker runs meanwhile."""
+    import ctypes
+
+    if seconds > 0:
+        ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+    return value
