@@ -342,7 +342,9 @@ def test_done_callbacks_run_off_the_waiting_thread_which_may_hold_their_lock(
                 lock.release()
 
         time.sleep(0.01)  # (fiberexec: the executor's thread sleeps, the caller sends...)
-        future = ex.submit(tasks.square, i)
+        # (A task of 50 ms: the callback is added before it ends, as the test means; one
+        # added to a done future runs at once on the adding thread, on either executor.)
+        future = ex.submit(tasks.sleep_return, 0.05, i * i)
         future.add_done_callback(callback)
         with lock:
             assert future.result(timeout=60) == i * i  # (...and reads the answer itself)
