@@ -85,9 +85,17 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         cloudpickle.Pickler.dispatch_table,
     )
 
+    functions_as_bytes = False  # a function by value as its kept bytes (`_functions`)
+
     def reducer_override(self, obj: Any) -> Any:
         if _ctypes_byvalue.wanted(obj):  # a script's ctypes structure: see the module
             return _ctypes_byvalue.reduce(obj)
+        if self.functions_as_bytes and type(obj) is types.FunctionType:
+            from fiberexec import _functions
+
+            reduced = _functions.reduce(obj)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
 
 
@@ -142,13 +150,16 @@ def spawning(dup_fd: Callable[[int], Any]) -> Iterator[None]:
 
 
 def dumps(obj: Any, *, protocol: int, buffer_callback: Any = None,
-          dup_fd: Callable[[int], Any] | None = None) -> bytes:
+          dup_fd: Callable[[int], Any] | None = None, functions_as_bytes: bool = False) -> bytes:
     """Pickle ``obj`` with `Pickler`. With ``dup_fd`` (`HostFd` for the workers this process
     starts, see the module), as for a spawned child (`spawning`); without, as the stdlib
     pickles a task: a `Connection` or socket is handed over once, by
-    `multiprocessing.resource_sharer`. What the pickler raises propagates."""
+    `multiprocessing.resource_sharer`. ``functions_as_bytes``: a function pickled by value
+    goes as its kept bytes (`fiberexec._functions`). What the pickler raises propagates."""
     buffer = io.BytesIO()
     with spawning(dup_fd) if dup_fd is not None else contextlib.nullcontext():
-        Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
+        pickler = Pickler(buffer, protocol=protocol, buffer_callback=buffer_callback)
+        pickler.functions_as_bytes = functions_as_bytes
+        pickler.dump(obj)
     return buffer.getvalue()
 

@@ -61,11 +61,13 @@ class Payload(Record):
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def dumps(obj: Any, *, what: str = "object") -> Payload:
+def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False) -> Payload:
     """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
 
     A ``SystemExit`` raised by an object's ``__reduce__`` is let through, as the standard
-    library does: the caller reports it as what the task raised.
+    library does: the caller reports it as what the task raised. ``functions_as_bytes``
+    (a task's arguments): a function in ``obj`` pickled by value travels as its kept bytes,
+    which a worker rebuilds once (`fiberexec._functions`).
     """
     buffers: list[pickle.PickleBuffer] = []
     apart = _Buffers(buffers)
@@ -87,7 +89,8 @@ def dumps(obj: Any, *, what: str = "object") -> Payload:
     from fiberexec import _inherit
 
     try:
-        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
+        data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=apart,
+                              functions_as_bytes=functions_as_bytes)
     except Exception as exc:
         # Where cloudpickle says PicklingError, the plain pickler may have said what it was
         # (a RecursionError for a structure too deep): that one is named, and raised as.
@@ -244,6 +247,15 @@ def _mp_main_by_value() -> None:
         import cloudpickle
 
         cloudpickle.register_pickle_by_value(module)
+
+
+def by_value_bytes(fn: types.FunctionType) -> bytes | None:
+    """``fn``'s by-value pickle (kept while fresh, see `_byvalue`); None when it is pickled
+    by reference, or carries large buffers."""
+    payload = dumps_function(fn)
+    if payload.buffers or _by_reference.get(fn) is payload:
+        return None
+    return payload.data
 
 
 def _by_value(fn: types.FunctionType) -> Payload:

@@ -845,7 +845,8 @@ class Shard:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
                     index[fn_id] = len(functions) - 1
-                args = dumps((item.args, item.kwargs), what="arguments")
+                args = dumps((item.args, item.kwargs), what="arguments",
+                             functions_as_bytes=True)
                 size = p.check_fits(args, conn.shm, "the arguments and their buffers")
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)

@@ -28,12 +28,21 @@ import socket
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from fiberexec import _auth, _capture, _contract, _joblib_hook, _mainspace, _shm, _syspath
+from fiberexec import (
+    _auth,
+    _capture,
+    _contract,
+    _functions,
+    _joblib_hook,
+    _mainspace,
+    _shm,
+    _syspath,
+)
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
 from fiberexec._claims import ClaimBoard
@@ -182,7 +191,7 @@ class Worker:
             return
         try:
             fn, args = loads(setup.initializer, what="initializer")
-            if MAIN_MARK in setup.initializer.data:
+            if _functions.MAIN_MARK in setup.initializer.data:
                 fn = _mainspace.home(fn)
                 _mainspace.adopt((fn, args))
             self.doing = "running the initializer"
@@ -396,7 +405,7 @@ class Worker:
         try:
             fn = functions.get(task.function)
             args, kwargs = loads(task.args, what="arguments")
-            if MAIN_MARK in task.args.data:  # an object of the caller's script, by value
+            if _functions.MAIN_MARK in task.args.data:  # an object of the caller's script, by value
                 args, kwargs = _mainspace.settle(args, kwargs)
             value = fn(*args, **kwargs)
             payload, status = dumps(value, what="result"), p.Status.OK
@@ -656,16 +665,8 @@ class Watcher:
 
 
 class _Functions:
-    """The functions one Tasks message carries, unpickled once, on first use.
-
-    Functions pickled by value (lambdas, ``__main__``) cost tens of microseconds to unpickle,
-    so recent ones are kept by their exact pickle bytes: the same bytes are the same code and
-    the same captured globals. (The executor cannot cache the other way round: a global the
-    function reads may change between submits.)
-    """
-
-    recent: ClassVar[OrderedDict[bytes, Any]] = OrderedDict()
-    RECENT_MAX: ClassVar[int] = 64
+    """The functions one Tasks message carries, unpickled once, on first use (those pickled
+    by value are kept across messages by their bytes: `fiberexec._functions`)."""
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         self.payloads = payloads
@@ -674,36 +675,8 @@ class _Functions:
     def get(self, index: int) -> Any:
         fn = self.cache[index]
         if fn is None:
-            fn = self.cache[index] = self._load(self.payloads[index])
+            fn = self.cache[index] = _functions.load(self.payloads[index])
         return fn
-
-    @classmethod
-    def _load(cls, payload: Payload) -> Any:
-        if payload.buffers:  # large captured data: not worth keeping
-            return _adopted(loads(payload, what="function"), payload)
-        fn = cls.recent.get(payload.data)
-        if fn is None:
-            fn = _adopted(loads(payload, what="function"), payload)
-            cls.recent[payload.data] = fn
-            if len(cls.recent) > cls.RECENT_MAX:
-                cls.recent.popitem(last=False)
-        else:
-            cls.recent.move_to_end(payload.data)
-            if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
-                _mainspace.adopt(fn)
-        return fn
-
-
-MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's script by value
-
-
-def _adopted(fn: Any, payload: Payload) -> Any:
-    """``fn``, its main-script functions and classes now ``__main__``'s (`_mainspace`), on
-    its namespace."""
-    if MAIN_MARK in payload.data:
-        fn = _mainspace.home(fn)
-        _mainspace.adopt(fn)
-    return fn
 
 
 def _ready_for_a_full_address_space() -> None:

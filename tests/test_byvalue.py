@@ -211,3 +211,50 @@ def test_kept_bytes_always_compute_what_the_function_would_here(
             assert sent(model)(2) == model(2)
     finally:
         SCALE = old_scale
+
+
+def test_a_function_among_arguments_travels_as_its_kept_bytes_and_is_made_once() -> None:
+    """A chunk of a map carries the map's function as an argument: it is not pickled and
+    unpickled again for every chunk (`fiberexec._functions`)."""
+    from fiberexec._serialize import dumps
+
+    def scaled(x: int) -> int:
+        return x * SCALE
+
+    sent = [dumps(((scaled, n), {}), what="arguments", functions_as_bytes=True)
+            for n in (1, 2, 3)]
+    made = [loads(payload)[0] for payload in sent]
+    assert made[0][0] is made[1][0] is made[2][0]  # one function, made once here
+    assert [fn(n) for fn, n in made] == [3, 6, 9]
+
+
+def test_a_function_among_arguments_is_sent_anew_when_what_it_reads_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fiberexec._serialize import dumps
+
+    def scaled(x: int) -> int:
+        return x * SCALE
+
+    def run(n: int) -> int:
+        fn, arg = loads(dumps(((scaled, n), {}), what="arguments", functions_as_bytes=True))[0]
+        return int(fn(arg))
+
+    assert [run(2), run(2)] == [6, 6]
+    monkeypatch.setattr(MODULE, "SCALE", 5)
+    assert run(2) == 10
+
+
+def test_a_map_of_a_local_function_in_chunks_sees_its_globals_as_they_are() -> None:
+    from fiberexec import FiberExecutor
+
+    def scaled(x: int) -> int:
+        return x * SCALE
+
+    with FiberExecutor(2) as ex:
+        assert list(ex.map(scaled, range(40), chunksize=3)) == [3 * x for x in range(40)]
+        MODULE.SCALE = 7
+        try:
+            assert list(ex.map(scaled, range(40), chunksize=3)) == [7 * x for x in range(40)]
+        finally:
+            MODULE.SCALE = 3
