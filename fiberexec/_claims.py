@@ -2,25 +2,24 @@
 write without the worker's help.
 
 A worker holds tasks sent to wait behind its running one. When that task runs much longer
-than expected while another worker idles, the executor takes the waiting ones back. Asking
-over the link (`Revoke`) needs the worker to answer, and a task that holds the GIL in C for
-seconds keeps every thread of its process from answering: the tasks behind it waited for it
-while other workers sat idle. A worker on the executor's host (one that shares its
-``/dev/shm``) instead has a board both processes map, guarded by a semaphore both open:
+than expected while another worker could run them, or a `cancel` wants one, the executor
+takes them back. Asking over the link (`Revoke`) needs the worker to answer, and a task that
+holds the GIL in C for seconds keeps every thread of its process from answering: the tasks
+behind it waited for it while other workers sat idle, and `cancel` gave up. A worker on the
+executor's host (one that shares its ``/dev/shm``) instead has a board both processes map,
+guarded by a semaphore both open:
 
-* the worker numbers the tasks it receives (0, 1, 2, ... in arrival order, as the executor
-  numbers them as it sends) and, before starting one, records its number as decided and
-  checks it against the range the executor took back: a task in it is dropped, unrun;
-* the executor takes back a range of numbers after the last one the worker decided on, and
-  knows at once which tasks are its own again, with no answer from the worker.
+* both number the tasks sent to the worker (0, 1, 2, ... in the order sent and received);
+* the worker, before starting one, records its number as decided, under the semaphore,
+  and drops it unrun if its bit is set (the executor took it back);
+* the executor takes back numbers above the last one decided, setting their bits under
+  the semaphore, and knows at once which tasks are its own again, with no answer.
 
-The semaphore makes the worker's check-and-record and the executor's read-and-cut one step
-each, so no task is ever both taken back and run. A new cut waits until the worker has
-passed the last one (decided a number at or past its end); until then the executor asks
-over the link, as it does for workers elsewhere.
-
-Both names are unlinked as soon as the worker has opened them (the handshake's end), so a
-crash leaves nothing behind.
+Bits are kept per number modulo `BITS` (a worker holds at most a thousand-odd tasks, so
+numbers in flight never share a bit); the worker clears the bits of every number it passes
+(decided, or given back over the link), so a bit is clear when its number comes round
+again. Both names are unlinked as soon as the worker has opened them (at the handshake's
+end), so a crash leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -30,12 +29,15 @@ import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from typing import Protocol, cast
 
 from fiberexec import _shm
 
 SUFFIX = "-claims"  # the board's name: the handshake's shared-memory probe's, and this
-_LAYOUT = struct.Struct("qqq")  # decided (the worker), lo and hi of the cut (the executor)
+_DECIDED = struct.Struct("q")  # the last number the worker decided on (-1: none yet)
+_BITMAP = 8  # where the bits start, one per number modulo BITS
+BITS = (mmap.PAGESIZE - _BITMAP) * 8
 _SEMAPHORE = 1  # `_multiprocessing.SemLock`'s kind for a plain semaphore
 WAIT = 1.0  # seconds a worker waits for the semaphore before it looks at its link again
 
@@ -72,7 +74,7 @@ class ClaimBoard:
             os.unlink(path)
             return None
         os.close(fd)
-        _LAYOUT.pack_into(memory, 0, -1, 0, 0)
+        _DECIDED.pack_into(memory, 0, -1)
         try:
             lock = cast(_Semaphore, _multiprocessing.SemLock(_SEMAPHORE, 1, 1, "/" + name,
                                                              False))
@@ -111,37 +113,47 @@ class ClaimBoard:
         with contextlib.suppress(BufferError, ValueError):
             self._memory.close()
 
+    def _bit(self, number: int) -> tuple[int, int]:
+        place = number % BITS
+        return _BITMAP + place // 8, 1 << (place % 8)
+
     # ------------------------------------------------------------ the worker
 
     def claim(self, number: int) -> bool | None:
         """(Worker) About to start task ``number``: True to run it, False if the executor
         took it back, None if the semaphore stayed taken for `WAIT` seconds (look at the
         link, then ask again: an executor that died holding it has hung up)."""
+        memory = self._memory
         if not self._lock.acquire(True, WAIT):
             return None
         try:
-            _, lo, hi = _LAYOUT.unpack_from(self._memory, 0)
-            _LAYOUT.pack_into(self._memory, 0, number, lo, hi)
+            (decided,) = _DECIDED.unpack_from(memory, 0)
+            for passed in range(max(decided + 1, number - BITS + 1), number):
+                at, bit = self._bit(passed)  # given back over the link: cleared for later
+                memory[at] &= ~bit
+            at, bit = self._bit(number)
+            taken = bool(memory[at] & bit)
+            memory[at] &= ~bit
+            _DECIDED.pack_into(memory, 0, number)
         finally:
             self._lock.release()
-        return not lo <= number < hi
+        return not taken
 
     # ------------------------------------------------------------ the executor
 
-    def cut(self, first: int, end: int) -> int | None:
-        """(Executor) Take back the tasks numbered ``first`` to ``end`` (excluded) that the
-        worker has not decided on. Returns the first number taken back (``end`` when all
-        had been decided), or None when it cannot tell now: the semaphore is taken, or the
-        worker has not passed the last cut yet."""
+    def take_back(self, numbers: Iterable[int]) -> set[int] | None:
+        """(Executor) Take back the tasks of these numbers the worker has not decided on;
+        returns their numbers (the others it started), or None when the semaphore is taken
+        (ask later, or over the link)."""
+        memory = self._memory
         if not self._lock.acquire(False):
             return None
         try:
-            decided, _, last_end = (int(v) for v in _LAYOUT.unpack_from(self._memory, 0))
-            if decided < last_end - 1:
-                return None
-            start = max(first, decided + 1)
-            if start < end:
-                _LAYOUT.pack_into(self._memory, 0, decided, start, end)
-            return min(start, end)
+            (decided,) = _DECIDED.unpack_from(memory, 0)
+            taken = {n for n in numbers if n > decided}
+            for number in taken:
+                at, bit = self._bit(number)
+                memory[at] |= bit
         finally:
             self._lock.release()
+        return taken

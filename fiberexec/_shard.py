@@ -476,10 +476,10 @@ class Shard:
         it has not started are the queue's again at once, with no answer from the worker
         (whose task may hold the GIL for long). False when the board cannot tell now."""
         assert conn.claims is not None
-        first = conn.claims.cut(tail[0].number, tail[-1].number + 1)
-        if first is None:
+        numbers = conn.claims.take_back(item.number for item in tail)
+        if numbers is None:
             return False
-        taken = [item for item in tail if item.number >= first]
+        taken = [item for item in tail if item.number in numbers]
         answers = {}  # cancels waiting for the worker's answer about one of those
         for item in taken:
             del conn.inflight[item.task_id]
@@ -902,12 +902,12 @@ class Shard:
             return
         item = conn.inflight[task_id]
         if conn.claims is not None:  # the board answers at once, busy worker or not
-            first = conn.claims.cut(item.number, item.number + 1)
-            if first == item.number:
+            numbers = conn.claims.take_back((item.number,))
+            if numbers:
                 del conn.inflight[task_id]
                 self._requeue(conn, [item], {task_id: answer})
                 return
-            if first is not None:  # it had started there
+            if numbers is not None:  # it had started there
                 answer.give(False)
                 item.start()
                 return
