@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing.context
+import operator
 import os
 import threading
 import time
@@ -241,6 +242,10 @@ class FiberExecutor(Executor):
             raise TypeError("buffersize must be an integer or None")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
+        try:
+            chunksize = operator.index(chunksize)  # (what the stdlib's islice takes)
+        except TypeError:
+            raise ValueError(f"chunksize must be a whole number >= 1, got {chunksize!r}") from None
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if chunksize == 1:

@@ -381,3 +381,17 @@ def gil_sleep(seconds: float, value: Any = None, said: str | None = None) -> Any
     if seconds > 0:
         ctypes.PyDLL(None).usleep(int(seconds * 1e6))
     return value
+
+
+def stop_at_three(x: int) -> int:
+    """Raise StopIteration for 3 (as ``next()`` on an empty iterator in user code does)."""
+    if x == 3:
+        raise StopIteration("nothing left")
+    return x * 10
+
+
+def add_unless_three(x: int, y: int) -> int:
+    """``x + y``, but StopIteration for ``x == 3`` (``next(iter([]))``, as user code does)."""
+    if x == 3:
+        next(iter([]))
+    return x + y
