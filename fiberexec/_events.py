@@ -49,6 +49,10 @@ class Link(Protocol):
     def peer_gone(self) -> bool:
         """The peer sends went to has hung up."""
 
+    @property
+    def exit_closes(self) -> bool:
+        """The peer's exit closes this link at once (a local socket): silence is no sign."""
+
     def close(self) -> None: ...
 
 

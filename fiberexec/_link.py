@@ -149,6 +149,12 @@ class Endpoint:
             self.sealed.drained = False
 
     @property
+    def exit_closes(self) -> bool:
+        """The peer is a process on this host over a local socket, which the kernel closes
+        the moment it exits: its death is seen at once, and its silence says nothing."""
+        return self.sealed is not None
+
+    @property
     def peer_gone(self) -> bool:
         """The local peer this endpoint sent to has hung up (its pipe was dropped)."""
         return not self.sealed_nng and self.bound is None and self.sealed is None

@@ -968,7 +968,9 @@ class Shard:
         silence = self.config.silence_timeout
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
-                if judge and now - conn.last_recv > silence:
+                # A worker over a local socket is judged by its connection alone: one whose
+                # task holds the GIL for minutes is alive, and its exit closes the socket.
+                if judge and now - conn.last_recv > silence and not conn.channel.exit_closes:
                     self._lose(conn, f"worker {conn.worker_id} stopped responding "
                                      f"(nothing heard for {now - conn.last_recv:.1f}s)")
                     continue

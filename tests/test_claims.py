@@ -1,9 +1,9 @@
-"""Tasks a worker holds behind a task that will not let go of the interpreter lock.
+"""A task that will not let go of the interpreter lock, and the tasks its worker holds.
 
 A worker on the executor's host shares a claim board with it (`fiberexec._claims`), so the
 tasks sent to wait behind its running one come back to the queue without the worker's
 answer: none waits for a task that holds the GIL in C while another worker idles, and none
-runs twice.
+runs twice. And such a worker, silent meanwhile, is not taken for dead.
 """
 
 from __future__ import annotations
@@ -112,3 +112,20 @@ def test_a_task_waiting_behind_one_that_holds_the_gil_can_be_cancelled(
             assert behind[i].cancelled()
         assert [f.result(timeout=BLOCK + 60) for f in behind[:7]] == list(range(7))
         assert blocker.result(timeout=60) == -1
+
+
+def test_a_local_worker_holding_the_gil_past_silence_timeout_is_not_lost() -> None:
+    """Its heartbeats cannot go out while its task holds the GIL; over a local socket its
+    exit would close the connection, so silence is not judged there (it was lost, its
+    task run three times, then failed)."""
+    with FiberExecutor(1, heartbeat=0.1, silence_timeout=0.5) as ex:
+        assert ex.submit(tasks.gil_sleep, 2.0, "done").result(timeout=60) == "done"
+        stats = ex.stats()
+    assert (stats.workers_lost, stats.tasks_retried, stats.tasks_failed) == (0, 0, 0)
+
+
+def test_an_initializer_holding_the_gil_past_silence_timeout_breaks_nothing() -> None:
+    with FiberExecutor(1, heartbeat=0.1, silence_timeout=0.5, initializer=tasks.gil_sleep,
+                       initargs=(2.0,)) as ex:
+        assert ex.submit(tasks.square, 4).result(timeout=60) == 16
+        assert ex.stats().workers_lost == 0

@@ -107,6 +107,8 @@ class FakeLink:
     def peer_gone(self) -> bool:
         return False  # the test is its far end, and reads everything
 
+    exit_closes = False  # (a network link: silence is judged)
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
