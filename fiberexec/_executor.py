@@ -39,12 +39,18 @@ _global_shutdown = False
 
 
 def _python_exit() -> None:
-    """At interpreter exit, finish what was submitted, as the standard library does."""
+    """At interpreter exit, finish what was submitted, as the standard library's executor
+    does; a `multiprocessing.Pool`'s executor is terminated, as the stdlib's pool is."""
     global _global_shutdown
     _global_shutdown = True
     pools = list(_live_pools)
     for pool in pools:
-        pool.interpreter_exiting()
+        if pool.terminate_at_exit:
+            pool.break_executor("the interpreter exited before the pool was closed", None,
+                                level=logging.INFO)
+            pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            pool.interpreter_exiting()
     for pool in pools:
         pool.shutdown(wait=True, cancel_futures=False)
 
@@ -117,6 +123,7 @@ class FiberExecutor(Executor):
         self._backend = instance
         self._progress = progress
         self._pool: TaskPool | None = None
+        self._terminate_at_exit = False  # (set by `fiberexec.multiprocessing.Pool`)
         self._dashboard: Dashboard | None = None
         if self._config.dashboard is not None:
             from fiberexec._dashboard import check_installed
@@ -150,6 +157,7 @@ class FiberExecutor(Executor):
                 )
                 pool = TaskPool(self._config, backend, owns_backend=owns,
                                 progress=self._progress)
+                pool.terminate_at_exit = self._terminate_at_exit
             except BaseException:
                 if dashboard is not None:
                     dashboard.stop()

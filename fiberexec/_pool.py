@@ -65,6 +65,7 @@ class TaskPool:
         self.backend = backend
         self.owns_backend = owns_backend
         self.progress = progress
+        self.terminate_at_exit = False  # a `multiprocessing.Pool`'s: stopped, not awaited
         initializer = None
         if config.initializer is not None:
             initializer = dumps_for_workers((config.initializer, config.initargs),

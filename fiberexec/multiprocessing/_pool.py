@@ -345,6 +345,9 @@ class Pool:
         inner = new_backend(choice, options.pop("backend_options", None))
         self._backend, self._owns_backend = inner, not isinstance(choice, Backend)
         executor = FiberExecutor(self._processes, backend=inner, **options)
+        # At interpreter exit the stdlib's pool is terminated (its workers are daemons), not
+        # waited for: a script that ends, or is interrupted, without closing it stops now.
+        executor._terminate_at_exit = True
         note_unenforced(inner, Resources(options.get("cpu"), parse_memory(options.get("memory")),
                                          options.get("gpu") or 0))
         weakref.finalize(self, _finalize, executor, inner if self._owns_backend else None)
