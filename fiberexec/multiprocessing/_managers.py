@@ -18,8 +18,10 @@ processes, so CPU-bound objects run in parallel too.
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -168,7 +170,12 @@ class _Server:
 
 
 def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> None:
-    """The manager process: serve objects until told to shut down (or the parent goes)."""
+    """The manager process: serve objects until told to shut down (or the parent goes).
+    A Ctrl-C at the terminal reaches the whole process group: as the stdlib's server, this
+    one ignores it, so the parent's ``except KeyboardInterrupt`` can still read and save
+    the shared state (bpo-36368)."""
+    with contextlib.suppress(ValueError):  # (not the main thread: no signals here anyway)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = _Server(registry)
     host, advertise = _backends.broker_hosts()  # reachable from the manager's parent
     rpc = RpcServer(secret, server.handle, host)

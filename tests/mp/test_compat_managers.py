@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing.managers
+import os
 import pickle
 import re
 import signal
@@ -118,6 +119,19 @@ def test_ctrl_c_interrupts_a_call_waiting_in_the_manager(mpm: ModuleType) -> Non
             d = m.dict()
             d["k"] = 1
             assert d["k"] == 1
+
+
+def test_a_ctrl_c_at_the_terminal_leaves_the_manager_serving(mpm: ModuleType) -> None:
+    """A terminal's Ctrl-C reaches the whole process group, the manager's server too: it
+    ignores it (bpo-36368), so the parent's ``except KeyboardInterrupt`` can still read
+    the shared state. (Ours died, and the first call after raised ConnectionError.)"""
+    with mpm.Manager() as m:
+        scores = m.dict({"member-0": 0.9})
+        server = m._process if mpm is not fmp else m._servers.procs[0]
+        os.kill(server.pid, signal.SIGINT)
+        time.sleep(0.5)  # its delivery (nothing to wait on: a killed server says nothing)
+        assert server.is_alive()
+        assert dict(scores) == {"member-0": 0.9}
 
 
 def test_keyword_arguments_may_be_named_as_the_callers_own_parameters(mpm: ModuleType) -> None:
