@@ -49,9 +49,8 @@ class Link(Protocol):
     def peer_gone(self) -> bool:
         """The peer sends went to has hung up."""
 
-    @property
-    def exit_closes(self) -> bool:
-        """The peer's exit closes this link at once (a local socket): silence is no sign."""
+    def peer_cpu(self) -> float | None:
+        """CPU seconds the peer process has used, where the link can tell; else None."""
 
     def close(self) -> None: ...
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fiberexec._errors import LinkClosed, ProtocolError
-from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe
+from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe, cpu_seconds
 from fiberexec._record import Record
 
 if TYPE_CHECKING:  # pynng loads only where a worker dials across hosts (tens of ms)
@@ -148,11 +148,11 @@ class Endpoint:
         if self.sealed is not None:
             self.sealed.drained = False
 
-    @property
-    def exit_closes(self) -> bool:
-        """The peer is a process on this host over a local socket, which the kernel closes
-        the moment it exits: its death is seen at once, and its silence says nothing."""
-        return self.sealed is not None
+    def peer_cpu(self) -> float | None:
+        """CPU seconds the peer process has used, where the link can tell (a local socket:
+        the kernel names the process at its end); None elsewhere."""
+        pipe = self.sealed
+        return None if pipe is None or not pipe.peer_pid else cpu_seconds(pipe.peer_pid)
 
     @property
     def peer_gone(self) -> bool:

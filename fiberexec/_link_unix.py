@@ -66,6 +66,7 @@ class UnixPipe:
         self.closed = False
         self.drained = False  # the last read emptied the socket
         self._on_close = on_close
+        self.peer_pid = _peer_pid(sock)  # in this process's pid namespace (the kernel's)
 
     def read(self) -> list[bytes] | None:
         """The frames that arrived; None once the peer has hung up."""
@@ -164,6 +165,29 @@ class UnixListener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The peer process's pid as the kernel names it here (0 if it cannot say)."""
+    try:
+        pid, _uid, _gid = _CRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    except OSError:
+        return 0
+    return int(pid)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user and system) process ``pid`` has used, or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _trusted(sock: socket.socket) -> bool:

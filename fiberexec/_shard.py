@@ -968,9 +968,7 @@ class Shard:
         silence = self.config.silence_timeout
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
-                # A worker over a local socket is judged by its connection alone: one whose
-                # task holds the GIL for minutes is alive, and its exit closes the socket.
-                if judge and now - conn.last_recv > silence and not conn.channel.exit_closes:
+                if judge and now - conn.last_recv > silence and not self._busy(conn):
                     self._lose(conn, f"worker {conn.worker_id} stopped responding "
                                      f"(nothing heard for {now - conn.last_recv:.1f}s)")
                     continue
@@ -983,6 +981,17 @@ class Shard:
                     self.lifecycle.worker_failed_to_start(conn.worker_id, None)
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
+
+    def _busy(self, conn: Conn) -> bool:
+        """Whether ``conn``'s silent worker used CPU since the last look, where its link can
+        tell (a local socket): its task holds the GIL in C (no thread of it can send), so
+        it is at work, not hung. A hung or stopped worker uses none, and is lost."""
+        cpu = conn.channel.peer_cpu()
+        if cpu is None:
+            return False
+        busy = conn.silent_cpu is None or cpu > conn.silent_cpu  # (a first look: look again)
+        conn.silent_cpu = cpu
+        return busy
 
     def _may_judge_silence(self, now: float) -> bool:
         """False for a while after this thread itself was held up (the process stopped, the

@@ -395,3 +395,16 @@ def add_unless_three(x: int, y: int) -> int:
     if x == 3:
         next(iter([]))
     return x + y
+
+
+def gil_busy(seconds: float, value: Any = None) -> Any:
+    """Compute for at least ``seconds`` in C calls that keep the interpreter lock (each a
+    `sum` over a range, measured first so that one lasts at least ``seconds``)."""
+    n = 1 << 20
+    while True:
+        started = time.perf_counter()
+        sum(range(n))
+        took = time.perf_counter() - started
+        if took >= seconds:
+            return value
+        n = int(n * max(2.0, 1.5 * seconds / max(took, 1e-6)))

@@ -107,7 +107,10 @@ class FakeLink:
     def peer_gone(self) -> bool:
         return False  # the test is its far end, and reads everything
 
-    exit_closes = False  # (a network link: silence is judged)
+    cpu: float | None = None  # the peer's CPU time, as a local socket's kernel would say
+
+    def peer_cpu(self) -> float | None:
+        return self.cpu
 
     def close(self) -> None:
         if not self.closed:
@@ -508,6 +511,25 @@ def test_a_worker_silent_for_the_silence_timeout_is_lost(bench: Any) -> None:
     assert b.shard.lost == 1 and items[0].losses == 1
     assert link.closed
     assert b.life.named("gone") == [("gone", "w0", True)]
+
+
+def test_a_silent_worker_whose_cpu_time_grows_is_at_work_not_lost(bench: Any) -> None:
+    """Where its link names its process (a local socket), a silent worker using CPU is in
+    a task holding the GIL; once it uses none (hung, stopped), silence loses it."""
+    b = bench(heartbeat=1.0, silence_timeout=20.0)
+    link = b.connect("w0")
+    link.cpu = 1.0
+    b.submit(job, 1)
+    b.step()
+    for _ in range(60):  # a minute of silence, computing all along
+        b.clock.advance(1.0)
+        link.cpu += 0.9
+        b.step()
+    assert b.shard.lost == 0 and not link.closed
+    for _ in range(3):  # then it stops using the CPU
+        b.clock.advance(0.5)
+        b.step()
+    assert b.shard.lost == 1 and link.closed
 
 
 def test_a_held_up_shard_reads_before_it_judges_silence(bench: Any) -> None:

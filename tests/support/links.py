@@ -101,7 +101,8 @@ class MemoryEndpoint:
         pipe = self.bound
         return pipe is None or pipe.closed
 
-    exit_closes = False  # (judged as a network link)
+    def peer_cpu(self) -> float | None:
+        return None  # (judged as a network link)
 
     def hang_up(self, pipe: MemoryPipe) -> None:
         with pipe.cond:
