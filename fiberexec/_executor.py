@@ -215,19 +215,43 @@ class FiberExecutor(Executor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""
         with self._lock:
-            # Checked before any pool, thread or socket exists: a submit that must fail
-            # (from an atexit handler, say) builds nothing that could hold up the exit.
-            broken = self._pool.broken if self._pool is not None else None
-            if broken is not None:
-                raise type(broken)(*broken.args) from broken.__cause__
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            if _global_shutdown:
-                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
-            pool = self._get_pool()
+            pool = self._pool_to_submit_to()
             future: Future[T] = TaskFuture()
             pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
         return future
+
+    def _submit_all(self, fn: Callable[..., T], calls: Iterable[tuple[Any, ...]]
+                    ) -> list[Future[T]]:
+        """``submit(fn, *args)`` for each of ``calls``, handed to the scheduler together: a
+        map's tasks go out to each worker in one message, not one by one as they come (an
+        argument iterator that raises midway leaves those before it submitted, as the
+        stdlib's map does)."""
+        futures: list[Future[T]] = []
+        items: list[WorkItem] = []
+        with self._lock:  # (fails now, before the arguments are read, if it must)
+            self._pool_to_submit_to()
+        try:
+            for args in calls:  # (not under the lock: reading them may submit too)
+                future: Future[T] = TaskFuture()
+                items.append(WorkItem(next(self._ids), future, fn, args, {}))
+                futures.append(future)
+        finally:
+            with self._lock:
+                self._pool_to_submit_to().submit_all(items)
+        return futures
+
+    def _pool_to_submit_to(self) -> TaskPool:
+        """(Holding the lock.) Checked before any pool, thread or socket exists: a submit
+        that must fail (from an atexit handler, say) builds nothing that could hold up the
+        exit."""
+        broken = self._pool.broken if self._pool is not None else None
+        if broken is not None:
+            raise type(broken)(*broken.args) from broken.__cause__
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if _global_shutdown:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return self._get_pool()
 
     def map(
         self,
@@ -447,7 +471,9 @@ def _map(
     """`Executor.map` as Python 3.14 has it: submits now (``buffersize`` of them, lazily)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     head = itertools.islice(args, buffersize) if buffersize else args
-    futures = collections.deque(executor.submit(fn, *a) for a in head)
+    submit_all = getattr(executor, "_submit_all", None)  # (ours: all at once)
+    futures = collections.deque(submit_all(fn, head) if submit_all is not None
+                                else (executor.submit(fn, *a) for a in head))
     ref = weakref.ref(executor)  # the iterator must not keep the executor alive
     return _results(futures, args if buffersize else None, ref, fn, deadline)
 

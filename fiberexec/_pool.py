@@ -124,6 +124,21 @@ class TaskPool:
         if self.supervisor.wants_more():
             self.supervisor.scale_up()
 
+    def submit_all(self, items: list[WorkItem]) -> None:
+        """`submit` each, each shard handed its share at once (see `Shard.put_all`)."""
+        if not items:
+            return
+        self.start()
+        self._submitted += len(items)
+        self._items_submitted += sum(item.items for item in items)
+        shares: dict[int, list[WorkItem]] = {}
+        for item in items:
+            shares.setdefault(next(self._next_shard) % len(self.shards), []).append(item)
+        for index, share in shares.items():
+            self.shards[index].put_all(share)
+        if self.supervisor.wants_more():
+            self.supervisor.scale_up()
+
     def start(self) -> None:
         """Start the shards and the first workers (at the first submit, or when asked)."""
         if self._started:

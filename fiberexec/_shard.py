@@ -157,6 +157,12 @@ class Shard:
         if self._sleeping and not self._dispatch_here():
             self._wake()
 
+    def put_all(self, items: list[WorkItem]) -> None:
+        """`put` each, dispatched together: each idle worker gets its share in one message."""
+        self.incoming.extend(items)
+        if self._sleeping and not self._dispatch_here():
+            self._wake()
+
     def _dispatch_here(self) -> bool:
         """On the submitting thread: while the shard's thread sleeps and a worker is idle,
         send the task from here, saving a thread hand-off on the way out. Only then: under

@@ -70,6 +70,22 @@ def test_map_refuses_a_chunksize_that_is_not_a_whole_number(make: Make) -> None:
         list(ex.map(tasks.square, range(4), chunksize=2.5))
 
 
+def test_map_over_arguments_that_raise_midway_runs_those_before(
+        make: Make, tmp_path: Path) -> None:
+    """The stdlib's map submits as it reads: what came before the error is submitted and
+    runs, and map raises the iterator's error (ours hands the calls over together)."""
+    def paths() -> Any:
+        for i in range(3):
+            yield str(tmp_path / str(i))
+        raise LookupError("the third argument was the last")
+
+    ex = make(2)
+    with pytest.raises(LookupError, match="the third argument"):
+        ex.map(tasks.mark, paths())
+    ex.shutdown(wait=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+
+
 def test_map_timeout_raises_timeout_error(executor: FiberExecutor) -> None:
     results = executor.map(tasks.sleep_return, [5.0], timeout=0.2)
     with pytest.raises(TimeoutError):
