@@ -21,13 +21,11 @@ import importlib
 import itertools
 import pickle
 import threading
-import time
 import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
@@ -101,21 +99,13 @@ def _is_remote_traceback(cause: object) -> bool:
 IMAP_AHEAD = 64  # chunks imap keeps submitted ahead of the results consumed (at least)
 
 class ApplyResult:
-    """The result of `Pool.apply_async` (``AsyncResult`` in the standard library).
-
-    Its futures' done-callbacks settle it, on the executor's thread. A caller that waits
-    for a result with no callbacks to run reads its futures' answers itself instead (as
-    ``Future.result`` does: one thread hand-off less per call; for `Pool.apply` and a
-    small `Pool.map`, a third of their time), and settles it from them when all succeeded.
-    """
+    """The result of `Pool.apply_async` (``AsyncResult`` in the standard library)."""
 
     def __init__(self, callback: Callback = None, error_callback: Callback = None) -> None:
         self._event = threading.Event()
         self._callback, self._error_callback = callback, error_callback
         self._success = False
         self._value: Any = None
-        self._settle_lock = threading.Lock()
-        self._futures: tuple[Future[Any], ...] = ()  # what it waits for (see the class)
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -127,28 +117,7 @@ class ApplyResult:
         return self._success
 
     def wait(self, timeout: float | None = None) -> None:
-        if (self._futures and self._callback is None and self._error_callback is None
-                and not self._event.is_set()):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            self._read_answers(deadline)
-            if deadline is not None:
-                timeout = max(0.0, deadline - time.monotonic())
         self._event.wait(timeout)
-
-    def _read_answers(self, deadline: float | None) -> None:
-        """Wait on the futures here (reading their answers); settle if all succeeded (a
-        failure is left to the callbacks, which say which came first)."""
-        for future in self._futures:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                if future.exception(left) is not None:
-                    return
-            except (CancelledError, FutureTimeout):
-                return
-        self._settle(True, self._value_of_futures())
-
-    def _value_of_futures(self) -> Any:
-        return self._futures[0].result()
 
     def get(self, timeout: float | None = None) -> Any:
         """The return value, or raise what the call raised; `TimeoutError` after ``timeout``."""
@@ -158,13 +127,6 @@ class ApplyResult:
         if self._success:
             return self._value
         raise self._value
-
-    def _settle(self, success: bool, value: Any) -> None:
-        """`_set`, once: by the last callback or by a waiting caller, whichever is first."""
-        with self._settle_lock:
-            if self._event.is_set():
-                return
-            self._set(success, value)
 
     def _set(self, success: bool, value: Any) -> None:
         self._success, self._value = success, value
@@ -178,7 +140,7 @@ class ApplyResult:
         self._event.set()
 
     def _on_done(self, future: Future[Any]) -> None:
-        self._settle(*_outcome(future))
+        self._set(*_outcome(future))
 
 
 AsyncResult = ApplyResult
@@ -207,12 +169,9 @@ class MapResult(ApplyResult):
             last = self._left == 0
         if last:
             if self._error is None:
-                self._settle(True, list(itertools.chain.from_iterable(self._parts)))
+                self._set(True, list(itertools.chain.from_iterable(self._parts)))
             else:
-                self._settle(False, self._error)
-
-    def _value_of_futures(self) -> Any:
-        return list(itertools.chain.from_iterable(f.result() for f in self._futures))
+                self._set(False, self._error)
 
 
 class IMapIterator:
@@ -422,9 +381,7 @@ class Pool:
         """Like `apply`, returning an `AsyncResult`; callbacks get the value or the error."""
         self._check_running()
         result = ApplyResult(callback, error_callback)
-        future = self._submit(func, *args, **(kwds or {}))
-        result._futures = (future,)
-        future.add_done_callback(result._on_done)
+        self._submit(func, *args, **(kwds or {})).add_done_callback(result._on_done)
         return result
 
     # ------------------------------------------------------------ map
@@ -449,7 +406,6 @@ class Pool:
         futures = self._get_executor(func)._submit_all(star, [(func, c) for c in chunks])
         for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(result._chunk_done, index))
-        result._futures = tuple(futures)
         return result
 
     def map(self, func: Callable[..., Any], iterable: Iterable[Any],
