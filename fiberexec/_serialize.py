@@ -61,18 +61,23 @@ class Payload(Record):
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False) -> Payload:
+def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
+          by_value: bool = False) -> Payload:
     """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
 
     A ``SystemExit`` raised by an object's ``__reduce__`` is let through, as the standard
     library does: the caller reports it as what the task raised. ``functions_as_bytes``
     (a task's arguments): a function in ``obj`` pickled by value travels as its kept bytes,
-    which a worker rebuilds once (`fiberexec._functions`).
+    which a worker rebuilds once (`fiberexec._functions`). ``by_value``: go straight to the
+    pickler that pickles by value (the caller expects the plain one to meet the script's
+    objects, and would pickle everything twice: see `by_value_needed`).
     """
     buffers: list[pickle.PickleBuffer] = []
     apart = _Buffers(buffers)
     first: Exception | None = None  # what the plain pickler raised, if it did
     try:
+        if by_value:
+            raise _ByValue
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
         if MP_MAIN in data:  # by reference to a script that workers cannot import
             _mp_main_by_value()
@@ -83,6 +88,8 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False) -
             if not buffers and len(data) < STREAM_APART:  # nearly every task's arguments
                 return Payload(data)
             return _payload(data, buffers)
+    except _ByValue:
+        pass
     except Exception as exc:
         first = exc
     buffers.clear()
@@ -102,6 +109,34 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False) -
         error.shown, error.reason = _shown(obj), repr(exc)
         raise error from exc
     return _payload(data, buffers)
+
+
+class _ByValue(Exception):  # (not an error: the plain pickler is skipped)
+    """Raised where the plain pickler would run, when the caller asked to skip it."""
+
+
+def by_value_needed(payload: Payload) -> bool:
+    """Whether ``payload`` carries something of the script (``__main__``) by value: the
+    next arguments of the same kind likely do too (pass ``by_value`` to `dumps`)."""
+    return b"__main__" in payload.data
+
+
+def script_objects(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether arguments plainly hold an object of the script's (``__main__``): one of
+    them, or the first item of one that is a list, tuple or dict (a look, not a walk)."""
+    return any(_of_script(value, 2) for value in (*args, *kwargs.values()))
+
+
+def _of_script(value: Any, depth: int) -> bool:
+    if type(value).__module__ == "__main__" or getattr(value, "__module__", None) == "__main__":
+        return True
+    if depth and value:
+        kind = type(value)
+        if kind is list or kind is tuple:
+            return _of_script(value[0], depth - 1)
+        if kind is dict:
+            return _of_script(next(iter(value.values())), depth - 1)
+    return False
 
 
 def _shown(obj: object) -> str:

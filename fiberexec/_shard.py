@@ -56,10 +56,12 @@ from fiberexec._losslog import LossLog
 from fiberexec._observe import DURATION_BOUNDS
 from fiberexec._serialize import (
     Payload,
+    by_value_needed,
     dumps,
     dumps_function,
     loads_exception,
     remote_traceback,
+    script_objects,
 )
 from fiberexec._session import Lifecycle, Session
 from fiberexec._task import (
@@ -125,6 +127,7 @@ class Shard:
         self.broken: BaseException | None = None  # once set, every task that arrives fails
         self.stealing = False
         self.estimates: dict[str, float] = {}  # function key -> smoothed run time, seconds
+        self.by_value_args: set[str] = set()  # keys whose last arguments had the script's
         self.exit_deadline: float | None = None  # the interpreter is exiting: see _housekeep
         self.done = self.failed = self.retried = self.lost = self.rejected = self.stolen = 0
         self.bytes_sent = self.bytes_received = 0  # frames over the workers' links
@@ -851,8 +854,7 @@ class Shard:
                 if fn_id not in index:
                     functions.append(dumps_function(item.fn))
                     index[fn_id] = len(functions) - 1
-                args = dumps((item.args, item.kwargs), what="arguments",
-                             functions_as_bytes=True)
+                args = self._pickle_arguments(item, key)
                 size = p.check_fits(args, conn.shm, "the arguments and their buffers")
             except (SerializationError, SystemExit) as exc:
                 self._fail_unpicklable(item, exc)
@@ -874,6 +876,17 @@ class Shard:
                 self._revoke_at = min(self._revoke_at, self._overstays_at(conn))
             self.idle.pop(conn.worker_id, None)
             self._send_frame(conn, p.Tasks(functions, tasks, conn.holds_alone()), items)
+
+    def _pickle_arguments(self, item: WorkItem, key: str) -> Payload:
+        """``item``'s arguments, pickled once: straight by value where the last arguments
+        of its function carried the script's objects (the plain pickler would meet them,
+        and everything would be pickled twice)."""
+        by_value = key in self.by_value_args or script_objects(item.args, item.kwargs)
+        args = dumps((item.args, item.kwargs), what="arguments", functions_as_bytes=True,
+                     by_value=by_value)
+        if by_value_needed(args) != by_value:
+            self.by_value_args.symmetric_difference_update((key,))
+        return args
 
     def _hold(self, conn: Conn, item: WorkItem) -> bool:
         """``item`` goes to wait at ``conn`` behind its task: it stays pending, cancellable

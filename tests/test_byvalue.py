@@ -258,3 +258,36 @@ def test_a_map_of_a_local_function_in_chunks_sees_its_globals_as_they_are() -> N
             assert list(ex.map(scaled, range(40), chunksize=3)) == [7 * x for x in range(40)]
         finally:
             MODULE.SCALE = 3
+
+
+class _Reduced:
+    """Counts how often it is pickled (a script's class, as `script_objects` looks)."""
+
+    reduced = 0
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self) -> Any:
+        type(self).reduced += 1
+        return (_Reduced, (self.value,))
+
+
+def test_arguments_holding_the_scripts_objects_are_pickled_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain pickler met the script's object (it pickles by reference, which a worker
+    cannot follow), and everything was pickled again by value: each ``__reduce__`` ran
+    twice, and a list of 300,000 such objects took 2.6x the stdlib's time."""
+    from fiberexec._serialize import dumps, script_objects
+
+    monkeypatch.setattr(_Reduced, "__module__", "__main__")
+    assert script_objects(([_Reduced(1), _Reduced(2)],), {})
+    assert script_objects((), {"points": {"a": _Reduced(1)}})
+    assert not script_objects(([1, 2], "x"), {"k": (3,)})
+    _Reduced.reduced = 0
+    payload = dumps((([_Reduced(1), _Reduced(2)],), {}), what="arguments", by_value=True)
+    assert _Reduced.reduced == 2  # once each
+    monkeypatch.setattr(_Reduced, "__module__", __name__)  # (rebuilt here by reference)
+    (values,), _ = loads(payload)
+    assert [v.value for v in values] == [1, 2]
