@@ -128,13 +128,15 @@ def script_objects(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _of_script(value: Any, depth: int) -> bool:
-    if type(value).__module__ == "__main__" or getattr(value, "__module__", None) == "__main__":
+    kind = type(value)  # (exact types only: nothing of the object's own code runs here)
+    if kind.__module__ == "__main__":
         return True
-    if depth and value:
-        kind = type(value)
-        if kind is list or kind is tuple:
+    if kind is types.FunctionType or kind is type:
+        return bool(value.__module__ == "__main__")
+    if depth:
+        if (kind is list or kind is tuple) and len(value):
             return _of_script(value[0], depth - 1)
-        if kind is dict:
+        if kind is dict and len(value):
             return _of_script(next(iter(value.values())), depth - 1)
     return False
 

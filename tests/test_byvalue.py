@@ -285,6 +285,9 @@ def test_arguments_holding_the_scripts_objects_are_pickled_once(
     assert script_objects(([_Reduced(1), _Reduced(2)],), {})
     assert script_objects((), {"points": {"a": _Reduced(1)}})
     assert not script_objects(([1, 2], "x"), {"k": (3,)})
+    import numpy as np  # an array is no list: it is not looked into, nor asked for truth
+
+    assert not script_objects((np.ones(3), [np.ones(2)]), {"a": np.zeros((2, 2))})
     _Reduced.reduced = 0
     payload = dumps((([_Reduced(1), _Reduced(2)],), {}), what="arguments", by_value=True)
     assert _Reduced.reduced == 2  # once each
