@@ -36,7 +36,8 @@ from fiberexec import _shm
 
 SUFFIX = "-claims"  # the board's name: the handshake's shared-memory probe's, and this
 _DECIDED = struct.Struct("q")  # the last number the worker decided on (-1: none yet)
-_BITMAP = 8  # where the bits start, one per number modulo BITS
+_ATTACHED = 8  # a byte the worker sets once it has the board open (else it is not used)
+_BITMAP = 16  # where the bits start, one per number modulo BITS
 BITS = (mmap.PAGESIZE - _BITMAP) * 8
 _SEMAPHORE = 1  # `_multiprocessing.SemLock`'s kind for a plain semaphore
 WAIT = 1.0  # seconds a worker waits for the semaphore before it looks at its link again
@@ -97,7 +98,14 @@ class ClaimBoard:
             return None
         board = cls(name, memory, lock)
         board._linked = False  # the executor's to unlink
+        memory[_ATTACHED] = 1
         return board
+
+    def attached(self) -> bool:
+        """(Executor, once the worker answered the handshake) Whether the worker opened the
+        board: one that could not (its semaphore, say) is asked over the link instead, since
+        it would run what the board says was taken back."""
+        return bool(self._memory[_ATTACHED])
 
     def unlink(self) -> None:
         """Remove both names (the worker has them open, or never will)."""

@@ -60,7 +60,8 @@ class Conn:
         self.challenged = 0.0  # when the handshake's challenge was sent
         self.created = now  # on the shard's clock
         self.last_recv = self.last_sent = self.idle_since = self.created
-        self.silent_cpu: float | None = None  # its CPU time at the last look while silent
+        # its CPU time when a look while it was silent found it changed, and when
+        self.silent_cpu: tuple[float, float] | None = None
         self.deadline = 0.0  # when DISCONNECTED: stop waiting for the exit status
         self.head_since = now  # when the first task it holds started (about: sent or freed)
         self.overstaying = False  # its first task outran its estimate: queue nothing behind

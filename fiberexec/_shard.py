@@ -640,8 +640,8 @@ class Shard:
             raise AuthenticationError("wrong proof: the peer does not hold the secret")
         conn.shm = bool(conn.probe) and _auth.verify(self.session.shm_token, auth.shm_token)
         self._drop_probe(conn)
-        if conn.claims is not None and not conn.shm:  # a worker elsewhere is asked instead
-            conn.claims.close()
+        if conn.claims is not None and not (conn.shm and conn.claims.attached()):
+            conn.claims.close()  # a worker elsewhere (or without it) is asked instead
             conn.claims = None
         conn.channel.seal()
         conn.state = State.READY
@@ -987,7 +987,7 @@ class Shard:
         silence = self.config.silence_timeout
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
-                if judge and now - conn.last_recv > silence and not self._busy(conn):
+                if judge and now - conn.last_recv > silence and not self._busy(conn, now):
                     self._lose(conn, f"worker {conn.worker_id} stopped responding "
                                      f"(nothing heard for {now - conn.last_recv:.1f}s)")
                     continue
@@ -1001,16 +1001,18 @@ class Shard:
             elif conn.state is State.DISCONNECTED and now >= conn.deadline:
                 self._finalize(conn)
 
-    def _busy(self, conn: Conn) -> bool:
-        """Whether ``conn``'s silent worker used CPU since the last look, where its link can
-        tell (a local socket): its task holds the GIL in C (no thread of it can send), so
-        it is at work, not hung. A hung or stopped worker uses none, and is lost."""
+    def _busy(self, conn: Conn, now: float) -> bool:
+        """Whether ``conn``'s silent worker used CPU within the last ``silence_timeout``,
+        where its link can tell (a local socket): its task holds the GIL in C (no thread of
+        it can send), so it is at work, not hung; a starved one may get a tick only now and
+        then. A hung or stopped worker uses none, and is lost a silence later."""
         cpu = conn.channel.peer_cpu()
         if cpu is None:
             return False
-        busy = conn.silent_cpu is None or cpu > conn.silent_cpu  # (a first look: look again)
-        conn.silent_cpu = cpu
-        return busy
+        if conn.silent_cpu is None or cpu != conn.silent_cpu[0]:
+            conn.silent_cpu = (cpu, now)  # (a first look counts as use: look again)
+            return True
+        return now - conn.silent_cpu[1] < self.config.silence_timeout
 
     def _may_judge_silence(self, now: float) -> bool:
         """False for a while after this thread itself was held up (the process stopped, the

@@ -65,6 +65,19 @@ def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None
     assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
 
 
+def test_a_board_the_worker_did_not_open_says_so() -> None:
+    probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
+    made = ClaimBoard.create(probe)
+    assert made is not None
+    try:
+        assert not made.attached()  # (the shard then asks the worker over its link)
+        seen = ClaimBoard.attach(probe)
+        assert seen is not None and made.attached()
+        seen.close()
+    finally:
+        made.close()
+
+
 def test_a_busy_board_answers_later_not_wrongly(board: ClaimBoard) -> None:
     board._lock.acquire()  # the worker in the middle of a claim
     try:
