@@ -20,7 +20,7 @@ from fiberexec import FiberExecutor, _shm
 from fiberexec._claims import BITS, ClaimBoard
 from tests import tasks
 
-BLOCK = 4.0  # seconds the blocking task holds the GIL
+BLOCK = 2.5  # seconds the blocking task holds the GIL
 
 
 @pytest.fixture
@@ -132,13 +132,13 @@ def test_a_local_worker_busy_holding_the_gil_past_silence_timeout_is_not_lost() 
     CPU time grows), not hung, so it is not lost (it was: its task ran three times, then
     failed). A worker silent and idle, stopped or deadlocked, still is: test_failures."""
     with FiberExecutor(1, heartbeat=0.1, silence_timeout=0.5) as ex:
-        assert ex.submit(tasks.gil_busy, 2.0, "done").result(timeout=60) == "done"
+        assert ex.submit(tasks.gil_busy, 1.2, "done").result(timeout=60) == "done"
         stats = ex.stats()
     assert (stats.workers_lost, stats.tasks_retried, stats.tasks_failed) == (0, 0, 0)
 
 
 def test_an_initializer_busy_holding_the_gil_past_silence_timeout_breaks_nothing() -> None:
     with FiberExecutor(1, heartbeat=0.1, silence_timeout=0.5, initializer=tasks.gil_busy,
-                       initargs=(2.0,)) as ex:
+                       initargs=(1.2,)) as ex:
         assert ex.submit(tasks.square, 4).result(timeout=60) == 16
         assert ex.stats().workers_lost == 0
