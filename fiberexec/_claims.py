@@ -62,7 +62,7 @@ class ClaimBoard:
     def create(cls, probe: str) -> ClaimBoard | None:
         """A new board named after the handshake's probe; None when there is no room."""
         name = probe + SUFFIX
-        path = _shm._path(name)
+        path = _shm.segment_path(name)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
@@ -90,7 +90,7 @@ class ClaimBoard:
         """The board the executor made for this handshake; None if there is none."""
         name = probe + SUFFIX
         try:
-            with open(_shm._path(name), "r+b") as f:
+            with open(_shm.segment_path(name), "r+b") as f:
                 memory = mmap.mmap(f.fileno(), mmap.PAGESIZE)
             lock = cast(_Semaphore,
                         _multiprocessing.SemLock._rebuild(0, _SEMAPHORE, 1, "/" + name))
@@ -112,7 +112,7 @@ class ClaimBoard:
         if self._linked:
             self._linked = False
             with contextlib.suppress(OSError, ValueError):
-                os.unlink(_shm._path(self.name))
+                os.unlink(_shm.segment_path(self.name))
             with contextlib.suppress(OSError):
                 _multiprocessing.sem_unlink("/" + self.name)
 

@@ -40,7 +40,8 @@ def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
-def _path(name: str) -> str:
+def segment_path(name: str) -> str:
+    """The file under `SHM_DIR` of the segment ``name`` (one of fiberexec's names only)."""
     if "/" in name or not name.startswith(PREFIX):
         raise ValueError(f"not a fiberexec shared-memory name: {name!r}")
     return os.path.join(SHM_DIR, name)
@@ -66,11 +67,11 @@ def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str | 
         if not _room_for(len(view)):
             return None
         name = f"{PREFIX}{executor_id}-{os.urandom(8).hex()}"
-        fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.open(segment_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             _write_all(fd, view, 0)
         except OSError:
-            os.unlink(_path(name))
+            os.unlink(segment_path(name))
             raise
         finally:
             os.close(fd)
@@ -123,7 +124,7 @@ def take(name: str, size: int) -> memoryview:
     its sender again), any other private to us from now on (it is unlinked)."""
     if POOL_TAG in name:
         return _take_pooled(name, size)
-    path = _path(name)
+    path = segment_path(name)
     fd = os.open(path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size != size:
@@ -137,7 +138,7 @@ def take(name: str, size: int) -> memoryview:
 
 
 def _take_pooled(name: str, size: int) -> memoryview:
-    path = _path(name)
+    path = segment_path(name)
     fd = os.open(path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size < FLAG + size:
@@ -168,7 +169,7 @@ def discard(name: str) -> None:
     if POOL_TAG in name:
         return
     with contextlib.suppress(FileNotFoundError, ValueError):
-        os.unlink(_path(name))
+        os.unlink(segment_path(name))
 
 
 def drop_pool(executor_id: str | None = None) -> None:
@@ -207,14 +208,14 @@ class _Pool:
                 return None
             name = (f"{PREFIX}{self.executor_id}{POOL_TAG}{os.getpid()}-"
                     f"{os.urandom(4).hex()}")
-            fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
+            fd = os.open(segment_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
                          0o600)
             try:
                 os.ftruncate(fd, FLAG + capacity)
                 os.pwrite(fd, b"\1", 0)
             except OSError:  # no room (`write` says so)
                 os.close(fd)
-                os.unlink(_path(name))
+                os.unlink(segment_path(name))
                 raise
             segment = Segment(name, fd, capacity)
             self.segments.append(segment)
@@ -226,7 +227,7 @@ class _Pool:
             self.segments.remove(segment)
         os.close(segment.fd)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(_path(segment.name))
+            os.unlink(segment_path(segment.name))
 
     def drop(self) -> None:
         with self.lock:
@@ -234,7 +235,7 @@ class _Pool:
         for segment in segments:
             os.close(segment.fd)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(_path(segment.name))
+                os.unlink(segment_path(segment.name))
 
 
 class _Pools:
@@ -290,7 +291,7 @@ def write_probe(executor_id: str, token: bytes) -> str:
 def check_probe(name: str, token_size: int) -> bytes | None:
     """Read a probe without unlinking it; None when it is not visible from here."""
     try:
-        with open(_path(name), "rb") as f:
+        with open(segment_path(name), "rb") as f:
             return f.read(token_size + 1)
     except (OSError, ValueError):
         return None
