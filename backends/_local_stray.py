@@ -88,7 +88,8 @@ def _worker(pid: int) -> LocalWorker | None:
     if raw is None or not is_worker_cmdline(raw.decode(errors="replace").split("\0")[:-1]):
         return None
     environ = _read(PROC / str(pid) / "environ") or b""
-    env = dict(e.partition("=")[::2] for e in environ.decode(errors="replace").split("\0") if e)
+    env = {name: value.strip() for name, _, value in (  # (a forked worker's are padded)
+        e.partition("=") for e in environ.decode(errors="replace").split("\0") if e)}
     address, owner = env.get(ENV_ADDRESS, ""), env.get(ENV_EXECUTOR_PID, "")
     if not (address or owner):
         return None

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fiberexec.backend import (
-    ENV_EXECUTOR_ID,
     ENV_LOCAL_ADDRESS,
     ENV_PRELOAD,
     WORKER_COMMAND,
@@ -52,6 +51,7 @@ from fiberexec.backend import (
     WorkerSpec,
     WorkerState,
     WorkerStatus,
+    shared_launchers,
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
 from fiberexec.backends._local_stray import ENV_EXECUTOR_PID, executor_pid, remove_stray_local
@@ -83,6 +83,9 @@ FRESH_FIRST = 2  # workers started as new processes before the launcher takes ov
 LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) are replaced up
 # to this many times; after that, or if one fails before it forks, workers start afresh
 LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to have exited
+
+
+_STARTED = [0]  # local backends of this process that started workers afresh
 
 
 def _group_of(program: str) -> int | None:
@@ -173,7 +176,6 @@ class LocalBackend(Backend):
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._forked: dict[int, str] = {}  # pid of a forked worker -> its worker id
         self._spawning = 0  # forks asked of the launcher and not yet recorded
-        self._keep_launcher = False  # it forked processes a program starts again and again
         self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
         self._closes = 0  # calls of close(): a start it overtook is not a launcher failure
@@ -195,7 +197,7 @@ class LocalBackend(Backend):
         closes = self._closes
         if program is not None and not self._first_ones(program):
             try:
-                return self._fork_worker(spec, env, program)
+                return self._fork_worker(spec, env, program, closes)
             except LauncherError as exc:
                 if self._closes != closes:  # closed meanwhile, launcher and all: start nothing
                     raise PermanentBackendError(
@@ -265,57 +267,73 @@ class LocalBackend(Backend):
         return None
 
     def _first_ones(self, program: str) -> bool:
-        """The first `FRESH_FIRST` workers start as new processes (a small pool's first result
-        comes as soon as a spawned worker's would, with no launcher to start beside it); the
-        launcher starts for the next one and serves every worker after them. Other programs
-        (processes the user starts, often several at once) all fork, and so does every
-        worker when modules are to be preloaded (`ENV_PRELOAD`): each then starts with them."""
-        if program != WORKER_PROGRAM or os.environ.get(ENV_PRELOAD, "").strip(" ,"):
+        """Whether this worker starts as a new process: the first `FRESH_FIRST` do, unless
+        this program's launcher runs already (a small pool's first result comes as soon as
+        a spawned worker's would, with no launcher to start beside it); the launcher starts
+        for the next one and serves every worker after them, of this executor and of those
+        made after it. Where an executor was made before this one, the launcher starts
+        beside its first workers: the program makes executors one after another, and the
+        next forks all of its own. Other programs (processes the user starts, often several
+        at once) all fork, and so does every worker when modules are to be preloaded
+        (`ENV_PRELOAD`): each then starts with them."""
+        preload = os.environ.get(ENV_PRELOAD, "")
+        if program != WORKER_PROGRAM or preload.strip(" ,"):
+            return False
+        if shared_launchers.running(self.python, preload, self.flags):
             return False
         with self._lock:
-            first = self._fresh < FRESH_FIRST
+            first = self._fresh < FRESH_FIRST and self._launcher is None
             self._fresh += first
+            ahead = first and self._fresh == 1 and _STARTED[0] > 0
+            _STARTED[0] += first and self._fresh == 1
+        if ahead:
+            with contextlib.suppress(LauncherError, PermanentBackendError):
+                self._the_launcher(counted=False)
         return first
 
-    def _fork_worker(self, spec: WorkerSpec, env: dict[str, str], program: str) -> WorkerHandle:
+    def _fork_worker(self, spec: WorkerSpec, env: dict[str, str], program: str,
+                     closes: int) -> WorkerHandle:
         log = None
         if self.capture_output:
             log = str(self._log_path(spec.worker_id))
-        launcher = self._the_launcher(spec.executor_id)  # counts this fork as under way
-        if program != WORKER_PROGRAM:
-            self._keep_launcher = True
+        launcher = self._the_launcher()  # counts this fork as under way
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
-                                  log=log, program=program, group=_group_of(program))
+                                  log=log, program=program, group=_group_of(program),
+                                  on_exit=self._fork_exited)
         except LauncherError:
             with self._lock:
                 self._spawning -= 1
             if self._replaced(launcher):
-                return self._fork_worker(spec, env, program)
-            self._close_idle_launcher()
+                return self._fork_worker(spec, env, program, closes)
             raise
         with self._lock:
             self._spawning -= 1
-            self._procs[spec.worker_id] = proc
-            self._forked[proc.pid] = spec.worker_id
+            overtaken = self._closes != closes
+            if not overtaken:
+                self._procs[spec.worker_id] = proc
+                self._forked[proc.pid] = spec.worker_id
+        if overtaken:  # closed while it forked: the launcher lives on, the worker goes
+            proc.kill()
+            proc.wait(timeout=10)
+            raise LauncherError("the backend was closed while the worker was forked")
         if proc.poll() is not None:  # exited before it was recorded: report it now
             self._exited(spec.worker_id)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _the_launcher(self, executor_id: str) -> Launcher:
-        """The launcher, started if need be; counts a fork as under way."""
+    def _the_launcher(self, *, counted: bool = True) -> Launcher:
+        """The program's launcher (`SharedLaunchers`), started if need be; ``counted``: a
+        fork of it is under way."""
         with self._lock:
             if self._launcher is None:
-                env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(),
-                       ENV_EXECUTOR_ID: executor_id}
+                env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid()}
                 try:
-                    self._launcher = Launcher(self.python, env, self._fork_exited,
-                                              self.flags)
+                    self._launcher = shared_launchers.get(self.python, env, self.flags)
                 except FileNotFoundError as exc:
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "
                         "pass python= to LocalBackend") from exc
-            self._spawning += 1
+            self._spawning += counted
             return self._launcher
 
     def _replaced(self, launcher: Launcher) -> bool:
@@ -336,7 +354,7 @@ class LocalBackend(Backend):
             self._launcher = None
             self._restarts += 1
             restarts = self._restarts
-        launcher.close()
+        shared_launchers.retire(launcher)
         ended = WorkerStatus(WorkerState.EXITED, exit_code=code).describe()
         log.warning("the worker launcher (pid %d) %s after it forked %d process(es); a new "
                     "one forks the next (replacement %d of %d)", launcher.proc.pid, ended,
@@ -392,19 +410,6 @@ class LocalBackend(Backend):
             except subprocess.TimeoutExpired:
                 proc.kill()
         proc.wait(timeout=10)  # reap: no zombie survives stop()
-        self._close_idle_launcher()
-
-    def _close_idle_launcher(self) -> None:
-        """No worker left and none being forked: the launcher goes too (a backend the user
-        passed in outlives its executors, and leaves no process behind them). One that has
-        forked other programs than the worker (a program's `Process`es, started batch after
-        batch, as the stdlib's forkserver serves them) stays until the backend closes."""
-        with self._lock:
-            if (self._procs or self._spawning or self._launcher is None
-                    or self._keep_launcher):
-                return
-            launcher, self._launcher = self._launcher, None
-        launcher.close()
 
     def signal(self, handle: WorkerHandle, sig: int) -> None:
         """Send ``sig`` to the worker process (nothing if it already exited)."""
@@ -454,10 +459,7 @@ class LocalBackend(Backend):
             self.stop(handle, grace=0.5)
         self._reaper.close()
         with self._lock:
-            launcher, self._launcher = self._launcher, None
-            self._keep_launcher = False
-        if launcher is not None:
-            launcher.close()
+            self._launcher = None  # the program's: it stays for the next (`SharedLaunchers`)
         if self._logdir is not None:
             shutil.rmtree(self._logdir, ignore_errors=True)
 

@@ -28,6 +28,7 @@ FULL: dict[str, int] = {
     "burst_n": 2000,
     "latency_n": 2000,
     "latency_warmup": 200,
+    "remake_n": 20,
     "array_n": 20,
     "objects_n": 8,
     "es_population": 256,
@@ -44,6 +45,7 @@ QUICK: dict[str, int] = {
     "burst_n": 500,
     "latency_n": 500,
     "latency_warmup": 50,
+    "remake_n": 6,
     "array_n": 5,
     "objects_n": 3,
     "es_population": 64,
@@ -222,6 +224,23 @@ def first_result(name: str, sizes: dict[str, int]) -> Metrics:
     return {"seconds": elapsed, "start_method": systems.start_method(name)}
 
 
+def remake(name: str, sizes: dict[str, int]) -> Metrics:
+    """Executors made one after another, as a program that makes a pool per generation
+    does: construct, 8 no-op tasks, shut down; the median of ``remake_n`` (the first, which
+    starts what later ones reuse, reported apart)."""
+    systems.preload(name)
+    times = []
+    for _ in range(sizes["remake_n"]):
+        start = time.perf_counter()
+        system = systems.make(name, WORKERS)
+        try:
+            system.wait_all([system.submit(tasks.noop) for _ in range(8)], TIMEOUT)
+        finally:
+            system.close()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "first_s": times[0], "n": len(times)}
+
+
 def shutdown_time(name: str, sizes: dict[str, int]) -> Metrics:
     system = systems.make(name, WORKERS)
     try:
@@ -300,6 +319,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "array": array_transfer,
     "objects": object_transfer,
     "first_result": first_result,
+    "remake": remake,
     "shutdown": shutdown_time,
     "es": es_generation,
     "es_8mb": es_large_vector,

@@ -1,7 +1,8 @@
 """The forking launcher: workers start at fork's pace and share the launcher's pages.
 
 Backends that start several workers on one host use it through `fiberexec.backend` (the
-local backend does). One launcher process per backend imports the worker program once (with
+local backend does). One launcher process per program (`SharedLaunchers`) imports the
+worker program once (with
 cloudpickle, which a function of the user's script needs to be rebuilt, and the modules
 named in ``FIBEREXEC_PRELOAD``), then forks each worker from itself, as the
 standard library's forkserver does: a worker starts in milliseconds, shares the launcher's
@@ -24,14 +25,15 @@ the request), as a child started afresh would, unless it logs to a file or its r
 hands it a descriptor of its own (a pipe the ssh host wrapper reads, to tag its output).
 
 The two talk over a private ``SOCK_SEQPACKET`` socket pair (one message per datagram, the
-child's pidfd passed along, so a signal never reaches a recycled pid). When the executor
-goes, the launcher's socket closes and it exits; its workers leave on their own as their
-connections to the executor close. A forked worker's command line is the launcher's, so
+child's pidfd passed along, so a signal never reaches a recycled pid). When the program
+ends, the launcher's socket closes and it exits; its workers leave on their own as their
+connections to their executors close. A forked worker's command line is the launcher's, so
 process listings and ``fiberexec cleanup`` still see ``python -m fiberexec.worker``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
@@ -49,6 +51,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
+# What a forked child's /proc/<pid>/environ names, as a worker started afresh names them
+# (``fiberexec cleanup`` reads them): the launcher starts with room for each, which a child
+# fills with its own (see `_shown_as`).
+SHOWN = ("FIBEREXEC_EXECUTOR_ID", "FIBEREXEC_WORKER_ID")
+SHOWN_WIDTH = 64
 LAUNCHER_FLAG = "--launcher"
 MAX_MESSAGE = 1 << 20
 SPAWN_TIMEOUT = 30.0
@@ -62,9 +69,10 @@ class LauncherError(OSError):
 class ForkedProcess:
     """A worker forked by the launcher, with the parts of `subprocess.Popen` the backend uses."""
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int, on_exit: Listener | None = None) -> None:
         self.pid = pid
         self._pidfd = pidfd
+        self._on_exit = on_exit
         self.returncode: int | None = None
         self._exited = threading.Event()
         self._lock = threading.Lock()
@@ -92,16 +100,24 @@ class ForkedProcess:
             self.returncode = code
             os.close(self._pidfd)
         self._exited.set()
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+
+Listener = Callable[[ForkedProcess], None]
 
 
 class Launcher:
     """The executor's side: starts the launcher process, asks it for workers, hears exits."""
 
     def __init__(self, python: str, env: Mapping[str, str],
-                 on_exit: Callable[[ForkedProcess], None], flags: Sequence[str] = ()) -> None:
+                 on_exit: Callable[[ForkedProcess], None] | None = None,
+                 flags: Sequence[str] = ()) -> None:
         """``flags``: the interpreter's options (``-O``, ``-W error``...), which every child
-        forked from it then has."""
+        forked from it then has. ``on_exit`` hears each child's exit, unless its `spawn`
+        names a listener of its own."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**env, **dict.fromkeys(SHOWN, " " * SHOWN_WIDTH)}
         self._sock = ours
         self._on_exit = on_exit
         try:
@@ -111,7 +127,8 @@ class Launcher:
                 process_group=0)  # out of the terminal's reach, in the caller's session
         finally:
             theirs.close()
-        self._waiting: deque[queue.SimpleQueue[tuple[Any, ...]]] = deque()  # in request order
+        # each request's reply slot and exit listener, in request order
+        self._waiting: deque[tuple[queue.SimpleQueue[tuple[Any, ...]], Listener | None]] = deque()
         self._children: dict[int, ForkedProcess] = {}
         self.forked = 0  # processes it forked: a launcher that did, then went, was killed
         self.gone = False  # its end of the socket closed: it exited (or is exiting)
@@ -122,7 +139,8 @@ class Launcher:
 
     def spawn(self, *, env: Mapping[str, str], cwd: str, memory: int | None,
               log: str | None, program: str = WORKER_PROGRAM,
-              output: int | None = None, group: int | None = None) -> ForkedProcess:
+              output: int | None = None, group: int | None = None,
+              on_exit: Listener | None = None) -> ForkedProcess:
         """Fork a worker (or another of fiberexec's programs, by module name). Several
         threads may ask at once: their requests are pipelined (the launcher forks them back
         to back), and replies come back in order. The child writes to the file ``log``,
@@ -130,7 +148,7 @@ class Launcher:
         It starts a process group of its own, or joins the process ``group`` given (a
         `fiberexec.multiprocessing.Process` joins its parent's, so the terminal's Ctrl-C
         reaches it as it reaches a stdlib child); either way in this process's session
-        (see `_detach`)."""
+        (see `_detach`). ``on_exit`` hears its exit (else the launcher's listener does)."""
         request = pickle.dumps(("spawn", dict(env), cwd, memory, log, program, group))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -140,7 +158,7 @@ class Launcher:
             except OSError as exc:
                 self.gone = True
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
-            self._waiting.append(slot)
+            self._waiting.append((slot, on_exit or self._on_exit))
         try:
             reply = slot.get(timeout=SPAWN_TIMEOUT)
         except queue.Empty:
@@ -150,11 +168,9 @@ class Launcher:
             raise LauncherError(f"the worker launcher could not fork: {reply[1]}")
         return reply[1]  # type: ignore[no-any-return]
 
-    def _reply(self, reply: tuple[Any, ...]) -> None:
+    def _next_waiting(self) -> tuple[queue.SimpleQueue[tuple[Any, ...]] | None, Listener | None]:
         with self._lock:
-            slot = self._waiting.popleft() if self._waiting else None
-        if slot is not None:
-            slot.put(reply)
+            return self._waiting.popleft() if self._waiting else (None, None)
 
     def _read(self) -> None:
         while True:
@@ -166,7 +182,7 @@ class Launcher:
                 self.gone = True
                 with self._lock:
                     waiting, self._waiting = list(self._waiting), deque()
-                for slot in waiting:
+                for slot, _listener in waiting:
                     slot.put(("gone", "the launcher exited"))
                 self._all_exited()
                 return
@@ -175,17 +191,20 @@ class Launcher:
     def _on_message(self, message: tuple[Any, ...], fds: list[int]) -> None:
         match message:
             case ("spawned", pid):
-                child = ForkedProcess(pid, fds[0])
-                self._children[pid] = child
+                with self._lock:  # never seen idle between the request and its child
+                    slot, listener = self._waiting.popleft() if self._waiting else (None, None)
+                    child = self._children[pid] = ForkedProcess(pid, fds[0], listener)
                 self.forked += 1
-                self._reply(("spawned", child))
+                if slot is not None:
+                    slot.put(("spawned", child))
             case ("failed", why):
-                self._reply(("failed", why))
+                slot, _listener = self._next_waiting()
+                if slot is not None:
+                    slot.put(("failed", why))
             case ("exited", pid, code):
                 gone = self._children.pop(pid, None)
                 if gone is not None:
                     gone.exited(code)
-                    self._on_exit(gone)
 
     def _all_exited(self) -> None:
         """The launcher is gone (killed?): its children are reported by their pidfds."""
@@ -199,7 +218,11 @@ class Launcher:
             pass
         self._children.pop(pid, child)
         child.exited(-signal.SIGKILL)  # its status went to the launcher, which is gone
-        self._on_exit(child)
+
+    def idle(self) -> bool:
+        """No child of its own alive and no fork asked of it under way."""
+        with self._lock:
+            return not self._children and not self._waiting
 
     def close(self, timeout: float = 5.0) -> None:
         with contextlib.suppress(OSError):
@@ -211,6 +234,93 @@ class Launcher:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(timeout)
+
+
+# ---------------------------------------------------------------------------- one per program
+
+
+class SharedLaunchers:
+    """This process's launchers, one per interpreter, options and preloaded modules, shared by
+    every backend that forks from one: started by the first that needs it and kept until the
+    program ends, as the standard library's forkserver is, so an executor made after another
+    (a pool per generation, a test suite) forks its workers at once instead of starting
+    interpreters. An idle launcher is a process with no children and only the worker program
+    loaded; one whose process ended (killed) is replaced at the next ask."""
+
+    def __init__(self) -> None:
+        self._launchers: dict[tuple[str, tuple[str, ...], str], Launcher] = {}
+        self._lock = threading.Lock()
+        self._closing = False  # the program is ending: start none
+        self._at_exit = False  # `close` registered to run at the program's end
+        os.register_at_fork(after_in_child=self._forget)
+
+    def get(self, python: str, env: Mapping[str, str], flags: Sequence[str] = ()) -> Launcher:
+        """The launcher for ``python`` with ``flags`` and the preload ``env`` names, started
+        with ``env`` if none runs. `LauncherError` once the program is ending."""
+        key = (python, tuple(flags), env.get(ENV_PRELOAD, "").strip(" ,"))
+        with self._lock:
+            if self._closing:
+                raise LauncherError("the program is ending: no launcher starts")
+            launcher = self._launchers.get(key)
+            if launcher is None or launcher.gone:
+                if not self._at_exit:
+                    self._at_exit = True
+                    atexit.register(self.close)
+                launcher = self._launchers[key] = Launcher(python, env, flags=flags)
+            return launcher
+
+    def running(self, python: str, preload: str, flags: Sequence[str] = ()) -> bool:
+        """Whether a launcher for these runs (a worker forked from it starts at once)."""
+        with self._lock:
+            launcher = self._launchers.get((python, tuple(flags), preload.strip(" ,")))
+            return launcher is not None and not launcher.gone
+
+    def pids(self) -> list[int]:
+        """The process ids of the launchers that run."""
+        with self._lock:
+            return [launcher.proc.pid for launcher in self._launchers.values()
+                    if not launcher.gone]
+
+    def retire(self, launcher: Launcher) -> None:
+        """``launcher`` died: the next `get` starts another."""
+        with self._lock:
+            for key, known in list(self._launchers.items()):
+                if known is launcher:
+                    del self._launchers[key]
+        launcher.close()
+
+    def close_idle(self) -> list[int]:
+        """Close every launcher with no child and no fork under way; their pids."""
+        with self._lock:
+            idle = {key: launcher for key, launcher in self._launchers.items()
+                    if launcher.idle()}
+            for key in idle:
+                del self._launchers[key]
+        for launcher in idle.values():
+            launcher.close()
+        return [launcher.proc.pid for launcher in idle.values()]
+
+    def close(self) -> None:
+        """At the program's end: every launcher goes (their workers leave as their
+        executors' connections close)."""
+        with self._lock:
+            self._closing = True
+            launchers, self._launchers = list(self._launchers.values()), {}
+        for launcher in launchers:
+            launcher.close()
+
+    def _forget(self) -> None:
+        """In a child forked from this process: its launchers are the parent's. The child
+        drops its copies of their sockets (so the parent's hang-up still ends them) and
+        starts its own when it needs one."""
+        launchers, self._launchers = list(self._launchers.values()), {}
+        self._lock = threading.Lock()
+        for launcher in launchers:
+            with contextlib.suppress(OSError):
+                launcher._sock.close()
+
+
+shared_launchers = SharedLaunchers()
 
 
 # ---------------------------------------------------------------------------- the launcher
@@ -340,6 +450,7 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
         _close(sorted(set(output)))
         os.chdir(cwd)
         _adopt_environment(env)
+        _shown_as(env)
         if memory is not None:
             _limit_address_space(memory)
         _run(program)
@@ -355,6 +466,34 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, st
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _shown_as(env: Mapping[str, str]) -> None:
+    """Write this child's `SHOWN` variables over the room the launcher's environment keeps
+    for them, where /proc/<pid>/environ reads (the environment the process started with,
+    in its own memory, as ``setproctitle`` rewrites a command line): a forked worker is
+    then named by its executor and worker id as a fresh one is. Nothing if the room is not
+    there as expected."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5): 50, 51)
+        with open("/proc/self/environ", "rb") as f:
+            block = f.read()
+    except (OSError, ValueError, IndexError):
+        return
+    if len(block) != end - start:
+        return
+    room = b" " * SHOWN_WIDTH
+    for name in SHOWN:
+        key = b"\0" + name.encode() + b"="
+        at = block.find(key)
+        if at < 0 or block[at + len(key):at + len(key) + SHOWN_WIDTH + 1] != room + b"\0":
+            continue
+        value = env.get(name, "").encode()[:SHOWN_WIDTH].ljust(SHOWN_WIDTH)
+        ctypes.memmove(start + at + len(key), value, SHOWN_WIDTH)
 
 
 def _detach(group: int | None) -> None:

@@ -56,6 +56,8 @@ from fiberexec._launcher import (
     ForkedProcess,
     Launcher,
     LauncherError,
+    SharedLaunchers,
+    shared_launchers,
 )
 from fiberexec._registry import (
     available_backends,
@@ -98,6 +100,7 @@ __all__ = [
     "Probe",
     "Resources",
     "RetryPolicy",
+    "SharedLaunchers",
     "SignalNotSupportedError",
     "Sweep",
     "TransientBackendError",
@@ -113,4 +116,5 @@ __all__ = [
     "lease_name",
     "load_backend",
     "parse_memory",
+    "shared_launchers",
 ]

@@ -19,7 +19,7 @@ import pytest
 from fiberexec import FiberExecutor, _cli, _cli_run
 from fiberexec._cli import find_benchmarks
 from fiberexec._config import BY_KEY
-from fiberexec.backend import MasterRequest
+from fiberexec.backend import MasterRequest, shared_launchers
 from fiberexec.backends import _docker_master, _k8s_master, _local_stray
 from fiberexec.backends.local import LocalBackend
 
@@ -314,8 +314,9 @@ def test_cleanup_local_spares_live_executors_and_other_programs() -> None:
     try:
         with FiberExecutor(1, backend=LocalBackend()) as ex:
             assert ex.submit(abs, -1).result(timeout=60) == 1
-            mine = [w for w in _local_stray.local_workers() if w.pid in _children()]
-            assert len(mine) == 1  # the worker (one worker starts afresh: no launcher)
+            mine = [w for w in _local_stray.local_workers() if w.pid in _children()
+                    and w.pid not in shared_launchers.pids()]  # (the program's, if any)
+            assert len(mine) == 1  # the worker
             assert not any(_local_stray.is_stray(w, _local_stray.listening_ports())
                            for w in mine)
             result = fiberexec("cleanup", "--backend", "local")

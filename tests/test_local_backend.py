@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from fiberexec import BrokenFiberExecutor
-from fiberexec.backend import Resources, WorkerSpec, WorkerState, WorkerStatus
+from fiberexec.backend import (
+    Resources,
+    WorkerSpec,
+    WorkerState,
+    WorkerStatus,
+    shared_launchers,
+)
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
@@ -164,6 +170,14 @@ time.sleep(600)
 """
 
 
+@pytest.fixture
+def no_launcher_yet() -> None:
+    """This process's launchers closed (`SharedLaunchers` keeps them for the next executor):
+    the test's executor is the first, whose first two workers start afresh."""
+    shared_launchers.close_idle()
+    assert not shared_launchers.pids(), "a launcher still forks for an executor"
+
+
 def _executor_program(*args: str) -> tuple[subprocess.Popen[str], list[int]]:
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHED, *args], stdout=subprocess.PIPE,
                             text=True,
@@ -197,6 +211,71 @@ def test_workers_are_forked_from_one_launcher_and_go_with_a_killed_executor() ->
         executor.communicate(timeout=30)
 
 
+ONE_AFTER_ANOTHER = """
+import json, os, sys
+from fiberexec import FiberExecutor
+from fiberexec.backend import shared_launchers
+from fiberexec.backends import _local_stray
+from tests import tasks
+
+def parents(workers):  # each worker's parent; its process shows its ids (for cleanup)
+    with FiberExecutor(workers) as ex:
+        seen = {}
+        for _ in range(40):
+            for f in [ex.submit(tasks.sleep_loaded, 0.1, "x") for _ in range(2 * workers)]:
+                pid, parent, _loaded = f.result(timeout=60)
+                seen[pid] = parent
+            if len(seen) == workers:
+                shown = {(w.executor_id, w.worker_id) for w in _local_stray.local_workers()
+                         if w.pid in seen}
+                ids = {(ex._pool.executor_id, w.worker_id) for w in ex.workers()}
+                assert shown == ids, (shown, ids)
+                return sorted(seen.values())
+    raise AssertionError(seen)
+
+report = {"me": os.getpid()}
+for name, workers in (("a", 2), ("b", 2), ("c", 4)):
+    report[name] = parents(workers)
+    report[name + " launchers"] = shared_launchers.pids()
+child = os.fork()
+if child == 0:  # a forked program starts launchers of its own
+    print(json.dumps({"me": os.getpid(), "d": parents(3),
+                      "d launchers": shared_launchers.pids()}), flush=True)
+    sys.exit(0)
+report["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_executors_made_one_after_another_fork_their_workers_from_one_launcher() -> None:
+    """A program that makes executors one after another (a pool per generation) gets its
+    workers forked at once after the first two executors, as the stdlib's forkserver serves
+    a program: the first executor's two workers start afresh and no launcher starts (a
+    program with one executor pays for none); the second's first starts afresh, with the
+    launcher beside it; every later worker is forked by it, and it ends with the program.
+    A process forked from the program starts launchers of its own. A forked worker's
+    process names its executor and worker, as a fresh one's does (`fiberexec cleanup`)."""
+    import json
+
+    import psutil
+
+    proc = subprocess.run([sys.executable, "-c", ONE_AFTER_ANOTHER], capture_output=True,
+                          text=True, timeout=120, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    child, parent = (json.loads(line) for line in proc.stdout.splitlines())
+    me = parent["me"]
+    assert parent["a"] == [me, me] and parent["a launchers"] == []
+    (launcher,) = parent["b launchers"]
+    assert me in parent["b"] and set(parent["b"]) <= {me, launcher}
+    assert parent["c"] == [launcher] * 4 and parent["c launchers"] == [launcher]
+    assert parent["child"] == 0
+    assert launcher not in child["d"] and len(child["d launchers"]) == 1
+    assert set(child["d"]) <= {child["me"], *child["d launchers"]}
+    assert child["d launchers"][0] in child["d"]  # its third worker at least
+    assert not psutil.pid_exists(launcher) or psutil.Process(launcher).status() == "zombie"
+
+
 def _loaded_in_each(ex: Any, workers: int, module: str) -> dict[int, tuple[int, bool]]:
     """For each of the executor's ``workers`` workers (by pid): its parent, and whether
     ``module`` was imported in it when it ran a task (rounds of sleeping tasks until each
@@ -212,6 +291,7 @@ def _loaded_in_each(ex: Any, workers: int, module: str) -> dict[int, tuple[int, 
     return seen
 
 
+@pytest.mark.usefixtures("no_launcher_yet")
 def test_a_forked_worker_has_what_a_scripts_function_needs_loaded(
         make_executor: ExecutorFactory) -> None:
     """A function of the script travels by value and needs cloudpickle to be rebuilt: the
@@ -221,8 +301,8 @@ def test_a_forked_worker_has_what_a_scripts_function_needs_loaded(
     seen = _loaded_in_each(make_executor(4), 4, "cloudpickle")
     forked = [loaded for parent, loaded in seen.values() if parent != os.getpid()]
     fresh = [loaded for parent, loaded in seen.values() if parent == os.getpid()]
-    assert len(forked) == 2 and all(forked)
-    assert fresh == [False, False]
+    assert len(forked) >= 2 and all(forked)  # (the second too, where the launcher runs)
+    assert fresh and not any(fresh)
 
 
 def test_with_modules_to_preload_every_worker_starts_with_them(
@@ -279,8 +359,9 @@ def _launched_parents(mp: Any, count: int, words: str) -> set[int]:
 def test_processes_fork_from_one_launcher_that_serves_batch_after_batch(
         capfd: pytest.CaptureFixture[str]) -> None:
     """`fiberexec.multiprocessing` processes are forked by the launcher, which stays for the
-    next batch (until the backend closes); a child writes to the stderr its parent has when
-    it starts it, not to the one the launcher was started with."""
+    next batch, and for the program after the backend closes (as the stdlib's forkserver);
+    a child writes to the stderr its parent has when it starts it, not to the one the
+    launcher was started with."""
     import psutil
 
     import fiberexec.multiprocessing as mp
@@ -298,8 +379,7 @@ def test_processes_fork_from_one_launcher_that_serves_batch_after_batch(
     finally:
         mp.set_default_backend(None)
         backend.close()
-    _gone, alive = psutil.wait_procs([launcher], timeout=10)
-    assert not alive, "the launcher outlived its backend"
+    assert launcher.pid in shared_launchers.pids()
 
 
 @pytest.mark.parametrize("system", ["stdlib", "fiberexec"])
@@ -377,6 +457,7 @@ def _pids_of_all(ex: Any, count: int, seen: set[int] | None = None) -> set[int]:
     raise AssertionError(f"only {len(found)} of {count} workers ran a task: {found}")
 
 
+@pytest.mark.usefixtures("no_launcher_yet")
 def test_a_killed_launcher_is_replaced_and_forks_the_next_worker(
         make_executor: ExecutorFactory, caplog: pytest.LogCaptureFixture) -> None:
     """The launcher killed from outside (its children live on), then a forked worker killed:
@@ -390,7 +471,7 @@ def test_a_killed_launcher_is_replaced_and_forks_the_next_worker(
     old = [p for p in psutil.Process().children() if "--launcher" in p.cmdline()]
     assert len(old) == 1
     forked = [pid for pid in pids if _parent(pid) == old[0].pid]
-    assert len(forked) == 2  # the first two start afresh
+    assert len(forked) >= 2  # the first (or two) start afresh
     old[0].kill()  # (not waited for here: its status is the backend's to read)
     os.kill(forked[0], signal.SIGKILL)
     (new_pid,) = _pids_of_all(ex, 1, seen=pids)

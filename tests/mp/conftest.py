@@ -24,7 +24,7 @@ def mp_backend(kit: BackendKit) -> Iterator[BackendKit]:
     for child in mp.active_children():
         child.kill()
         child.join(10)
-    mp.set_default_backend(kit.make_backend)  # closes the processes' backend (its launcher)
+    mp.set_default_backend(kit.make_backend)  # closes the processes' backend
     procs = _process_children()
     if procs:
         _, procs = psutil.wait_procs(procs, timeout=5)

@@ -22,7 +22,7 @@ def _no_leaks_after_the_suite() -> Iterator[None]:
     yield
     import fiberexec.multiprocessing as mp
 
-    mp.set_default_backend(None)  # closes the processes' backend (its launcher): as at exit
+    mp.set_default_backend(None)  # closes the processes' backend, as at exit
     leaked = _leaks()
     assert not leaked, f"the suite left these running: {leaked}"
     stray = _shm_files() - shm_before

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from fiberexec.backend import ENV_LOCAL_ADDRESS, WorkerHandle, WorkerSpec
+from fiberexec.backend import ENV_LOCAL_ADDRESS, WorkerHandle, WorkerSpec, shared_launchers
 from fiberexec.backends.local import LocalBackend
 from fiberexec.testing import Harness
 from tests.support.kit import BackendKit
@@ -47,7 +47,11 @@ def _is_launcher(proc: psutil.Process) -> bool:
 
 
 def _leaks() -> list[str]:
-    procs = descendants_running("fiberexec.worker")  # workers and launchers
+    """Workers and launchers left running, but for this process's launchers, which stay for
+    the next executor as the stdlib's forkserver does (`SharedLaunchers`): a worker they
+    forked and left running is a leak of its own."""
+    kept = set(shared_launchers.pids())
+    procs = [p for p in descendants_running("fiberexec.worker") if p.pid not in kept]
     if procs:  # workers exit within moments of shutdown(wait=False); give them that, bounded
         _, procs = psutil.wait_procs(procs, timeout=5)
     for proc in procs:
