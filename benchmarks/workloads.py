@@ -7,6 +7,7 @@ and bounds every wait with a timeout.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
