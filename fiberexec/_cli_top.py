@@ -68,10 +68,10 @@ def _unanswered(entry: ExecutorEntry, exc: ConnectionError) -> str:
 
 
 def _frame(view: Mapping[str, Any], terminal: bool) -> str:
-    """A terminal's screen, redrawn in place; else a plain frame (a file, a pipe), all of it
-    and followed by a blank line."""
+    """A terminal's screen, redrawn in place, each line fitted to its width; else a plain
+    frame (a file, a pipe), all of it, lines whole, and followed by a blank line."""
     if not terminal:
-        return render(view) + "\n"
+        return render(view, width=None) + "\n"
     size = shutil.get_terminal_size((120, 40))
     return _CLEAR + render(view, width=size.columns, height=size.lines, color=True)
 
@@ -91,8 +91,9 @@ def _choose(entries: Sequence[ExecutorEntry], wanted: str | None) -> ExecutorEnt
         if len(found) == 1:
             return found[0]
         if found:
-            print(f"fiberexec top: --executor {wanted!r} is the start of {len(found)} "
-                  f"executors' ids; give more of the id:\n{listing(found)}", file=sys.stderr)
+            print(f"fiberexec top: --executor {wanted!r} names {len(found)} executors (their "
+                  f"process, or the start of their ids); give more of an id:\n"
+                  f"{listing(found)}", file=sys.stderr)
             return None
         print(f"fiberexec top: no executor {wanted!r} (an id, the start of one, or a pid) "
               f"among:\n{listing(entries)}", file=sys.stderr)
@@ -113,9 +114,10 @@ def listing(entries: Sequence[ExecutorEntry]) -> str:
 # ---------------------------------------------------------------------------- drawing
 
 
-def render(view: Mapping[str, Any], *, width: int = 120, height: int | None = None,
+def render(view: Mapping[str, Any], *, width: int | None = 120, height: int | None = None,
            color: bool = False) -> str:
-    """One screen of ``view`` (a snapshot); ``height`` None: every worker."""
+    """One screen of ``view`` (a snapshot); ``width`` None: lines whole; ``height`` None:
+    every worker. A line or cell cut short ends in an ellipsis."""
     now = float(view["time"])
     workers = sorted(view["workers"], key=lambda w: (_ORDER.get(w["state"], 9),
                                                      -_running_for(w, now)))
@@ -147,7 +149,7 @@ def _header(view: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> li
 
 
 def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: float,
-                 width: int, color: bool) -> str:
+                 width: int | None, color: bool) -> str:
     task = worker["task"]
     running = _running_for(worker, now)
     what, late = "", False
@@ -168,23 +170,30 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
     return line
 
 
-def _failures(failures: Sequence[Mapping[str, Any]], width: int) -> list[str]:
+def _failures(failures: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
     if not failures:
         return []
     lines = ["", f"last failures ({len(failures)}):"]
     for f in failures[-5:]:
         where = f" on {f['worker_id']}" if f["worker_id"] else ""
-        lines.append(f"  task {f['task_id']}{where}: {f['function']}({f['arguments']}): "
-                     f"{f['error']}"[:width])
+        lines.append(_fit(f"  task {f['task_id']}{where}: {f['function']}"
+                          f"({f['arguments']}): {f['error']}", width))
     return lines
 
 
 _WIDTHS = (8, 14, 8, 9, 6, 5, 5, 7)  # every column but the last, TASK, which takes the rest
 
 
-def _row(cells: Sequence[str], width: int) -> str:
-    head = " ".join(c[:w].ljust(w) for c, w in zip(cells, _WIDTHS, strict=False))
-    return f"{head} {cells[-1]}"[:width].rstrip()
+def _row(cells: Sequence[str], width: int | None) -> str:
+    head = " ".join(_fit(c, w).ljust(w) for c, w in zip(cells, _WIDTHS, strict=False))
+    return _fit(f"{head} {cells[-1]}".rstrip(), width)
+
+
+def _fit(text: str, width: int | None) -> str:
+    """``text``, or as much as fits in ``width`` ending in an ellipsis (None: all of it)."""
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(0, width - 1)] + "\u2026"
 
 
 def _running_for(worker: Mapping[str, Any], now: float) -> float:

@@ -400,7 +400,8 @@ class FiberExecutor(Executor):
             timeout: seconds to wait for the answer.
 
         Raises:
-            LookupError: no connected worker has that id (unknown, still starting, or gone).
+            LookupError: no connected worker has that id (unknown, not connected yet, or
+                gone; one running its initializer answers).
             TimeoutError: no answer within ``timeout`` seconds.
 
         Example:

@@ -87,8 +87,9 @@ class WorkerInfo:
         state: ``"starting"`` (not connected, or in its initializer), ``"idle"``,
             ``"running"``, ``"lost"`` (died or cut off) or ``"retired"`` (left in order).
         task: the task it is running, or None.
-        tasks_done: tasks it finished with a result.
-        tasks_failed: tasks it finished with an exception.
+        tasks_done: tasks it finished with a result (a map's items, as `stats` counts them,
+            not the chunks that carried them).
+        tasks_failed: tasks it finished with an exception, or was running when it was lost.
         cpu_percent: its process's CPU use since its last report (100 is one core), or
             None before its first report.
         rss_bytes: its resident memory at its last report, or None.

@@ -33,6 +33,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import CANCELLED
 from functools import partial
 from typing import Any, cast
 
@@ -293,8 +294,11 @@ class Shard:
 
     @property
     def backlog(self) -> int:
-        """Tasks not yet running: queued here, or sent ahead to a worker behind its task."""
-        return len(self.queue) + len(self.incoming) + self._held() - self.running
+        """Tasks not yet running: queued here, or sent ahead to a worker behind its task;
+        not those cancelled while they waited in the queue (dropped when their turn comes)."""
+        waiting = [*self.queue, *self.incoming]  # (copies: the shard's thread changes them)
+        cancelled = sum(item.future._state == CANCELLED for item in waiting)
+        return len(waiting) - cancelled + self._held() - self.running
 
     @property
     def running(self) -> int:
@@ -443,10 +447,10 @@ class Shard:
             spans.append((item.task_id, worker_id, span_function(item), now - runtime, now, ok))
             counts[bisect_left(DURATION_BOUNDS, runtime)] += 1
             self.duration_total += runtime
-            if ok:
-                conn.tasks_done += 1
+            if ok:  # (map items, as stats() counts them)
+                conn.tasks_done += item.items
             else:
-                conn.tasks_failed += 1
+                conn.tasks_failed += item.items
                 self._record_failure(item, worker_id)
         conn.overstaying = False
         conn.head_since = self.clock()  # the next one it holds starts now
@@ -1130,7 +1134,7 @@ class Shard:
             error.__cause__ = remote_traceback(f'\n"""\n{_abrupt_end(conn)}\n"""')
             item.future.set_exception(error)
             self._count(item, False)
-            conn.tasks_failed += 1
+            conn.tasks_failed += item.items
             self._record_failure(item, conn.worker_id)
         failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import reprlib
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -80,24 +82,46 @@ def describe(item: WorkItem) -> str:
 
 
 def describe_call(item: WorkItem) -> tuple[str, str]:
-    """A task's function (``module.qualname``, the user's for a map chunk) and a short
-    repr of its arguments (at most 80 characters). Costly next to a tiny task: call it
-    only when someone asks (a failure, a snapshot), never on the way to a worker."""
+    """A task's function (``module.qualname``, the user's for a map chunk or a batch) and a
+    short repr of its arguments (at most 80 characters). Costly next to a tiny task: call
+    it only when someone asks (a failure, a snapshot), never on the way to a worker."""
     if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
         fn, chunk = item.args
         first = _short_repr.repr(chunk[0]) if chunk else ""
-        return function_key(fn), f"on a chunk of {len(chunk)} map items from {first}"
-    args = ", ".join([*map(_short_repr.repr, item.args),
-                      *(f"{k}={_short_repr.repr(v)}" for k, v in item.kwargs.items())])
-    if len(args) > 80:
-        args = args[:77] + "..."
-    return function_key(item.fn), args
+        items = "map item" if len(chunk) == 1 else "map items"
+        return function_key(fn), f"on a chunk of {len(chunk)} {items} from {first}"
+    fn, args, kwargs, calls = _the_call(item)
+    shown = ", ".join([*map(_short_repr.repr, args),
+                       *(f"{k}={_short_repr.repr(v)}" for k, v in kwargs.items())])
+    batch = f" [the first of a batch of {calls} calls]" if calls > 1 else ""
+    if len(shown) + len(batch) > 80:
+        shown = shown[:77 - len(batch)] + "..."
+    return function_key(fn), shown + batch
+
+
+def _the_call(item: WorkItem) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], int]:
+    """The call a task makes as its user wrote it, and how many it makes: through
+    `operator.call` and `functools.partial`; a batch of calls (a callable whose ``items``
+    are ``(function, args, kwargs)`` triples, as joblib's batches are) by its first."""
+    fn, args, kwargs, calls = item.fn, item.args, item.kwargs, 1
+    if fn is operator.call and args and callable(args[0]):
+        fn, args = args[0], args[1:]
+    batch = getattr(fn, "items", None)
+    if type(batch) is list and batch and type(batch[0]) is tuple and len(batch[0]) == 3:
+        (fn, args, kwargs), calls = batch[0], len(batch)
+    if isinstance(fn, functools.partial):
+        partial: functools.partial[Any] = fn
+        fn, args, kwargs = partial.func, (*partial.args, *args), {**partial.keywords, **kwargs}
+    return fn, tuple(args), dict(kwargs), calls
 
 
 def span_function(item: WorkItem) -> str:
-    """The function a finished task is shown under (its key, or the user's for a chunk)."""
+    """The function a finished task is shown under (its key, or the user's for a chunk or
+    a batch)."""
     if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
         return function_key(item.args[0])
+    if item.fn is operator.call:
+        return function_key(_the_call(item)[0])
     return item.key or function_key(item.fn)
 
 

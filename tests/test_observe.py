@@ -7,6 +7,7 @@ another (`tasks.hold_until`), so each state is looked at when it surely holds.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import multiprocessing
 import os
@@ -111,7 +112,7 @@ def test_a_running_chunk_of_a_map_is_shown_by_the_users_function(
         assert started.poll(30)
         task = only(ex).task
         assert task is not None and task.function == "tests.tasks.hold_until"
-        assert task.arguments.startswith("on a chunk of 1 map items")
+        assert task.arguments.startswith("on a chunk of 1 map item from")
         release.send(7)
         assert list(results) == [7]
     spans = ex.task_spans()
@@ -143,6 +144,46 @@ def test_spans_and_failures_say_what_ran_where_and_how_it_ended(
     assert failure.error == "ValueError: boom"
     assert "raise_value_error" in failure.traceback and "Traceback" in failure.traceback
     assert ex.failures(limit=0) == []
+    assert list(ex.map(tasks.square, range(6), chunksize=3)) == [0, 1, 4, 9, 16, 25]
+    worker = only(ex)  # a map's items, as stats() counts them: not the two chunks
+    assert (worker.tasks_done, worker.tasks_failed) == (7, 1)
+    assert (ex.stats().tasks_done, ex.stats().tasks_failed) == (7, 1)
+
+
+def test_tasks_cancelled_in_the_queue_are_not_pending(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1)
+    with held() as (args, started, release):
+        running = ex.submit(tasks.hold_until, *args)
+        assert started.poll(30)
+        queued = [ex.submit(tasks.square, i) for i in range(3)]
+        assert ex.stats().tasks_pending == 3
+        assert all(f.cancel() for f in queued[1:])
+        stats = ex.stats()
+        assert (stats.tasks_pending, stats.tasks_running) == (1, 1)
+        release.send(1)
+        assert running.result(timeout=30) == 1 and queued[0].result(timeout=30) == 0
+    assert ex.stats().tasks_pending == 0
+
+
+def test_a_call_is_shown_through_partials_and_batches() -> None:
+    """What runs is shown as its user wrote it: a partial with its own arguments and
+    keywords; a batch of calls (joblib's) by its first, through `operator.call`."""
+    import functools
+    import operator
+
+    from fiberexec._task import WorkItem, describe_call, span_function
+
+    def shown(fn: Any, *args: Any) -> tuple[str, str, str]:
+        item = WorkItem(1, concurrent.futures.Future(), fn, args, {})
+        return (*describe_call(item), span_function(item))
+
+    assert shown(functools.partial(tasks.square, tag="p"), 2) == (
+        "tests.tasks.square", "2, tag='p'", "tests.tasks.square")
+    joblib = pytest.importorskip("joblib")
+    batch = joblib.parallel.BatchedCalls(
+        [(tasks.square, (3,), {}), (tasks.square, (4,), {})], (None, None))
+    assert shown(operator.call, batch) == (
+        "tests.tasks.square", "3 [the first of a batch of 2 calls]", "tests.tasks.square")
 
 
 def test_task_durations_count_each_finished_task_in_its_bucket(

@@ -113,6 +113,28 @@ def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
     assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
 
 
+def test_lines_are_whole_in_a_file_and_cut_with_an_ellipsis_on_a_screen() -> None:
+    """A frame written to a file or pipe keeps every line whole (the seed at the end of a
+    task's arguments is what tells two apart); a screen cuts each to its width, and says so,
+    as a column too narrow for its cell does."""
+    task = {"task_id": 1, "function": "es.evaluate", "started": 99.0,
+            "arguments": "array([" + "1., " * 40 + "1.]), seed=1234"}
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 1, "throughput": 1.0, "medians": {},
+            "stats": {"tasks_pending": 0, "tasks_running": 1, "tasks_done": 0,
+                      "tasks_failed": 0, "tasks_retried": 0},
+            "workers": [{"worker_id": "w0", "host": "a-very-long-host-name.example",
+                         "state": "running", "tasks_done": 0, "tasks_failed": 0,
+                         "cpu_percent": 99.0, "rss_bytes": 1 << 20, "task": task}],
+            "failures": []}
+    whole = _cli_top._frame(view, terminal=False)
+    (line,) = [x for x in whole.splitlines() if x.startswith("w0")]
+    assert line.endswith("seed=1234)") and "a-very-long-h\u2026" in line  # a cell: marked
+    screen = _cli_top.render(view, width=80)
+    (cut,) = [x for x in screen.splitlines() if x.startswith("w0")]
+    assert len(cut) == 80 and cut.endswith("\u2026") and "a-very-long-h\u2026" in cut
+
+
 def _entry(executor_id: str, pid: int) -> ExecutorEntry:
     return ExecutorEntry(executor_id, pid, "127.0.0.1", 1, "t", 0.0, "python x.py", "local",
                          Path("/nonexistent"))
@@ -122,8 +144,8 @@ def test_a_start_of_several_ids_lists_them(capsys: pytest.CaptureFixture[str]) -
     entries = [_entry("3f2a01bc", 101), _entry("3f2a77de", 102), _entry("9c00aa11", 103)]
     assert _cli_top._choose(entries, "3f2a") is None
     error = capsys.readouterr().err
-    assert error.startswith("fiberexec top: --executor '3f2a' is the start of 2 executors' "
-                            "ids; give more of the id:\n")
+    assert error.startswith("fiberexec top: --executor '3f2a' names 2 executors (their "
+                            "process, or the start of their ids); give more of an id:\n")
     assert "3f2a01bc" in error and "3f2a77de" in error and "9c00aa11" not in error
     assert _cli_top._choose(entries, "3f2a7") == entries[1]
     assert _cli_top._choose(entries, "103") == entries[2]  # a pid
