@@ -88,6 +88,12 @@ LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to h
 _STARTED = [0]  # local backends of this process that started workers afresh
 
 
+def _key(worker_id: str, pid: int | str) -> str:
+    """A worker process's key in its backend: its id and pid (executors that share the
+    backend at once each have a ``w0``)."""
+    return f"{worker_id} {pid}"
+
+
 def _group_of(program: str) -> int | None:
     """The process group a forked ``program`` joins: a worker none (a group of its own,
     out of the terminal's reach); a `fiberexec.multiprocessing.Process` this process's, so
@@ -173,11 +179,13 @@ class LocalBackend(Backend):
                       if self.python == sys.executable else [])
         self.use_launcher = launcher
         self._launcher: Launcher | None = None
+        # "<worker id> <pid>" -> its process: executors that share the backend at once
+        # each have a w0 (see `_key`)
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
-        self._forked: dict[int, str] = {}  # pid of a forked worker -> its worker id
+        self._forked: dict[int, str] = {}  # pid of a forked worker -> its key
         self._spawning = 0  # forks asked of the launcher and not yet recorded
         self._fresh = 0  # workers started as new processes while the launcher starts
-        self._memory: dict[str, int] = {}  # worker id -> its address-space limit, when set
+        self._memory: dict[str, int] = {}  # key -> its address-space limit, when set
         self._closes = 0  # calls of close(): a start it overtook is not a launcher failure
         self._restarts = 0  # launchers replaced after they died (`LAUNCHER_RESTARTS`)
         self._lock = threading.Lock()
@@ -242,11 +250,12 @@ class LocalBackend(Backend):
             if output is not None:
                 os.close(output)  # the child has its copy; ours would leak one per worker
         pidfd = open_pidfd(proc)  # before anyone can reap it, so its pid is never recycled
+        key = _key(spec.worker_id, proc.pid)
         with self._lock:
-            self._procs[spec.worker_id] = proc
+            self._procs[key] = proc
             if spec.resources.memory is not None:
-                self._memory[spec.worker_id] = spec.resources.memory
-        self._reaper.add(spec.worker_id, pidfd, proc)
+                self._memory[key] = spec.resources.memory
+        self._reaper.add(key, pidfd, proc)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
     def _forks(self, spec: WorkerSpec) -> str | None:
@@ -310,15 +319,16 @@ class LocalBackend(Backend):
         with self._lock:
             self._spawning -= 1
             overtaken = self._closes != closes
+            key = _key(spec.worker_id, proc.pid)
             if not overtaken:
-                self._procs[spec.worker_id] = proc
-                self._forked[proc.pid] = spec.worker_id
+                self._procs[key] = proc
+                self._forked[proc.pid] = key
         if overtaken:  # closed while it forked: the launcher lives on, the worker goes
             proc.kill()
             proc.wait(timeout=10)
             raise LauncherError("the backend was closed while the worker was forked")
         if proc.poll() is not None:  # exited before it was recorded: report it now
-            self._exited(spec.worker_id)
+            self._exited(key)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
     def _the_launcher(self, *, counted: bool = True) -> Launcher:
@@ -363,13 +373,13 @@ class LocalBackend(Backend):
 
     def _fork_exited(self, proc: ForkedProcess) -> None:
         with self._lock:
-            worker_id = self._forked.pop(proc.pid, None)
-        if worker_id is not None:
-            self._exited(worker_id)
+            key = self._forked.pop(proc.pid, None)
+        if key is not None:
+            self._exited(key)
 
-    def _exit_status(self, worker_id: str, code: int) -> WorkerStatus:
+    def _exit_status(self, key: str, code: int) -> WorkerStatus:
         """An exit; one with Python's error status under a memory limit says what may be why."""
-        memory = self._memory.get(worker_id)
+        memory = self._memory.get(key)
         if code != 1 or memory is None:
             return WorkerStatus(WorkerState.EXITED, exit_code=code)
         return WorkerStatus(WorkerState.EXITED, exit_code=code, reason=(
@@ -387,20 +397,34 @@ class LocalBackend(Backend):
             self._logdir = Path(tempfile.mkdtemp(prefix="fiberexec-logs-"))
         return self._logdir / f"{worker_id}.log"
 
+    def _proc_of(self, handle: WorkerHandle
+                  ) -> tuple[str, subprocess.Popen[bytes] | ForkedProcess | None]:
+        """(Holding the lock.) The key and process ``handle`` names (by its pid; a handle
+        with none: the first of its worker id)."""
+        if handle.ref:
+            key = _key(handle.worker_id, handle.ref)
+            return key, self._procs.get(key)
+        key = next((k for k in self._procs if k.partition(" ")[0] == handle.worker_id), "")
+        return key, self._procs.get(key)
+
     def status(self, handle: WorkerHandle) -> WorkerStatus:
-        proc = self._procs.get(handle.worker_id)
+        with self._lock:
+            key, proc = self._proc_of(handle)
         if proc is None:
             return WorkerStatus(WorkerState.UNKNOWN, reason="no such worker")
         code = proc.poll()
         if code is None:
             return WorkerStatus(WorkerState.RUNNING)
-        return self._exit_status(handle.worker_id, code)
+        return self._exit_status(key, code)
 
     def stop(self, handle: WorkerHandle, *, grace: float = 2.0) -> None:
         self.unwatch(handle)
         with self._lock:
-            proc = self._procs.pop(handle.worker_id, None)
-            self._memory.pop(handle.worker_id, None)
+            key, proc = self._proc_of(handle)
+            if proc is not None:
+                del self._procs[key]
+                self._memory.pop(key, None)
+                self._forked.pop(proc.pid, None)
         if proc is None:
             return
         if proc.poll() is None:
@@ -414,7 +438,7 @@ class LocalBackend(Backend):
     def signal(self, handle: WorkerHandle, sig: int) -> None:
         """Send ``sig`` to the worker process (nothing if it already exited)."""
         with self._lock:
-            proc = self._procs.get(handle.worker_id)
+            _, proc = self._proc_of(handle)
         if proc is not None:
             proc.send_signal(sig)  # a no-op once the process was reaped
 
@@ -428,33 +452,37 @@ class LocalBackend(Backend):
             return "".join(deque(f, maxlen=tail))
 
     def watch(self, handle: WorkerHandle, listener: ExitListener) -> None:
-        proc = self._procs.get(handle.worker_id)
+        with self._lock:
+            key, proc = self._proc_of(handle)
         if proc is None:
             listener(handle, self.status(handle))
             return
         self._exit_watch.watch(handle, listener)
         code = proc.poll()  # it may have exited before it was registered
         if code is not None:
-            self._exit_watch.report(handle, self._exit_status(handle.worker_id, code))
+            self._exit_watch.report(handle, self._exit_status(key, code))
 
     def unwatch(self, handle: WorkerHandle) -> None:
         self._exit_watch.unwatch(handle)
 
-    def _exited(self, worker_id: str) -> None:
-        """The reaper saw the process exit; report it to its listener, if any (once)."""
+    def _exited(self, key: str) -> None:
+        """The reaper (or the launcher) saw the process of ``key`` exit; report it to its
+        listener, if any (once). Never waits (a reader of exits that did would hold up
+        every other's)."""
         with self._lock:
-            proc = self._procs.get(worker_id)
-        if proc is not None:
-            code = proc.wait()  # already exited: returns at once and reaps it
-            handle = WorkerHandle(worker_id, str(proc.pid))
-            self._exit_watch.report(handle, self._exit_status(handle.worker_id, code))
+            proc = self._procs.get(key)
+        code = None if proc is None else proc.poll()  # (reaps an exited child)
+        if proc is not None and code is not None:
+            worker_id, _, pid = key.partition(" ")
+            self._exit_watch.report(WorkerHandle(worker_id, pid), self._exit_status(key, code))
 
     def close(self) -> None:
         with self._lock:
             self._closes += 1
-            workers = list(self._procs)
-        for worker_id in workers:
-            self.stop(WorkerHandle(worker_id, ""), grace=1.0)
+            keys = list(self._procs)
+        for key in keys:
+            worker_id, _, pid = key.partition(" ")
+            self.stop(WorkerHandle(worker_id, pid), grace=1.0)
         for handle in self._exit_watch.clear():
             self.stop(handle, grace=0.5)
         self._reaper.close()

@@ -596,3 +596,25 @@ def test_a_workdir_that_is_not_there_is_named(make_executor: ExecutorFactory,
             BrokenFiberExecutor, match=rf"its working directory '{missing}' \(the workdir "
                                        r"setting\) is not a directory here"):
         ex.submit(tasks.square, 2).result(timeout=60)
+
+
+def test_executors_sharing_a_backend_keep_their_own_workers() -> None:
+    """Two executors alive at once on one backend both have a ``w0``: the first one's
+    shutdown stops its own workers, not the second's, and their exits, reported after the
+    second's workers took the ids, neither block the reports of every other worker (they
+    did: the launcher's reader waited for the second's ``w0`` to exit) nor count as its."""
+    from fiberexec import FiberExecutor
+
+    backend = LocalBackend()
+    try:
+        first = FiberExecutor(2, backend=backend)
+        _pids_of_all(first, 2)
+        with FiberExecutor(2, backend=backend) as second:
+            theirs = _pids_of_all(second, 2)
+            first.shutdown(wait=True)
+            assert _pids_of_all(second, 2) == theirs  # not one stopped, or replaced
+            assert second.stats().workers_lost == 0
+        with FiberExecutor(3, backend=backend) as third:  # forks are still answered
+            assert len(_pids_of_all(third, 3)) == 3
+    finally:
+        backend.close()
