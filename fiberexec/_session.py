@@ -7,6 +7,7 @@ workers; `fiberexec._supervisor.WorkerSupervisor` in production, a recorder in u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,9 +34,12 @@ class Lifecycle(Protocol):
         """The worker authenticated and may be given tasks."""
 
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
-                    lost: bool = False) -> None:
+                    lost: bool = False, waiting: Callable[[], bool] | None = None) -> None:
         """The worker left (or was ``lost``: died, cut off); start another one if
-        ``replace`` and work remains (replacements of lost workers are paced)."""
+        ``replace`` and work remains (replacements of lost workers are paced). One that
+        retired is replaced only while ``waiting()`` says tasks wait in its shard's queue
+        (asked under the lock a submit asks whether to start workers under: a task that came
+        while it retired is seen here, or starts a worker itself)."""
 
     def worker_failed_to_start(self, worker_id: str, status: WorkerStatus | None) -> None:
         """The worker ended, or timed out, before it authenticated."""

@@ -1039,11 +1039,17 @@ class Shard:
 
     def _maybe_retire(self, conn: Conn, now: float) -> None:
         idle = self.config.idle_timeout
-        if idle is None or conn.inflight or self.queue or now - conn.idle_since < idle:
+        if (idle is None or conn.inflight or self._tasks_wait()
+                or now - conn.idle_since < idle):
             return
         if self.lifecycle.may_retire(conn.worker_id):
+            log.debug("worker %s retires: idle for %ss", conn.worker_id, idle)
             self._stop_serving(conn, f"idle for {idle}s")
             self._send(conn, p.Bye("idle"))
+
+    def _tasks_wait(self) -> bool:
+        """Tasks wait for a worker here (queued, or just submitted)."""
+        return bool(self.queue or self.incoming)
 
     def _stop_serving(self, conn: Conn, leaving: str | None) -> None:
         """The worker gets no more tasks: it leaves once what it holds is done."""
@@ -1136,6 +1142,9 @@ class Shard:
             self._count(item, False)
             conn.tasks_failed += item.items
             self._record_failure(item, conn.worker_id)
+            # in the task stream as a failure, from when it started there (about)
+            self.spans.append((item.task_id, conn.worker_id, span_function(item),
+                               min(conn.head_since, self.clock()), self.clock(), False))
         failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
         orderly = conn.leaving is not None and conn.why is None
@@ -1143,7 +1152,7 @@ class Shard:
         # initializer, which a shutdown waits for: replacing for `min_workers` never ends).
         replace = not self.shutting_down or bool(self.queue or self.incoming)
         self.lifecycle.worker_gone(conn.worker_id, conn.handle, replace=replace,
-                                   lost=not orderly)
+                                   lost=not orderly, waiting=self._tasks_wait)
         if orderly:  # logged once the worker table says so too
             log.info("worker %s left: %s", conn.worker_id, conn.leaving)
         else:

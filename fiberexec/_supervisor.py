@@ -356,7 +356,7 @@ class WorkerSupervisor:
             self._fed()
 
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
-                    lost: bool = False) -> None:
+                    lost: bool = False, waiting: Callable[[], bool] | None = None) -> None:
         with self._lock:
             self._handles.pop(worker_id, None)
             self._unplace(worker_id)
@@ -367,9 +367,10 @@ class WorkerSupervisor:
                 self._starve()
             retired = worker_id in self._retiring
             self._retiring.discard(worker_id)
-            wanted = not retired and replace and self._known() < self.config.max_workers
-            wanted = wanted and (
-                self._known() < self.config.min_workers or self._outstanding() > 0
+            wanted = replace and self._known() < self.config.max_workers and (
+                # a worker that retired while a task came (a submit saw it and started none)
+                bool(waiting and waiting()) if retired
+                else self._known() < self.config.min_workers or self._outstanding() > 0
             )
         if handle is not None:
             self._in_background(self._stop, handle)

@@ -6,6 +6,10 @@ worker must not keep the backlog while the pool grows (nothing else knows the du
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 import time
 from collections import Counter
 
@@ -28,3 +32,40 @@ def test_a_growing_pool_shares_a_backlog_its_first_worker_took() -> None:
     assert max(per_worker.values()) <= 9, per_worker  # 6 each is fair; 24 on one was the bug
     assert peak <= 2 * 4 + 1, f"{peak} futures were running at once"
     assert stats.tasks_failed == 0 and stats.workers_lost == 0
+
+
+
+class _Said(logging.Handler):
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle, self.seen = needle, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+def test_a_task_that_comes_while_the_last_worker_retires_starts_another() -> None:
+    """A worker idle for ``idle_timeout`` retires; a task submitted while it leaves saw a
+    full pool and started none, and the leaving one was not replaced: the task waited
+    forever (and shutdown with it). The worker is stopped here so that it leaves only once
+    the task has come; the task now starts a worker as it goes."""
+    logger = logging.getLogger("fiberexec")
+    said, level = _Said("retires: idle"), logger.level
+    logger.addHandler(said)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with FiberExecutor(max_workers=1, min_workers=0, idle_timeout=0.2) as ex:
+            pid = ex.submit(tasks.sleep_pid, 0).result(timeout=60)
+            os.kill(pid, signal.SIGSTOP)  # it will hear that it retires only when resumed
+            try:
+                assert said.seen.wait(60)
+                late = ex.submit(tasks.square, 3)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert late.result(timeout=60) == 9
+            stats = ex.stats()
+        assert stats.tasks_failed == 0 and stats.workers_lost == 0
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)

@@ -137,7 +137,7 @@ class Recorder:
         self.calls.append(("ready", worker_id))
 
     def worker_gone(self, worker_id: str, handle: WorkerHandle | None, *, replace: bool,
-                    lost: bool = False) -> None:
+                    lost: bool = False, waiting: Callable[[], bool] | None = None) -> None:
         self.ready.discard(worker_id)
         self.calls.append(("gone", worker_id, replace))
 
