@@ -59,6 +59,10 @@ def _causes(losses: tuple[Loss, ...]) -> str:
     return "; ".join(f"worker {loss.worker_id} {loss.phrase}" for loss in losses)
 
 
+# signals a process gets for its own fault: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT
+_FAULTS = frozenset({11, 7, 8, 4, 6})
+
+
 def hint(losses: tuple[Loss, ...], retries: int) -> str:
     """What to do about a task that kept losing its workers, from how the first one ended
     (the first cause is the task's own; later ones may be a consequence)."""
@@ -66,9 +70,13 @@ def hint(losses: tuple[Loss, ...], retries: int) -> str:
     code = first.exit_code if first is not None else None
     reason = (first.reason or "") if first is not None else ""
     if code in {-9, 137} or "OOM" in reason or "memory" in reason.lower():
-        cause = "check the task's memory use (or raise memory=)"
+        cause = ("check the task's memory use (the kernel's out-of-memory killer sends "
+                 "SIGKILL; or raise memory=), or what else kills the workers")
+    elif code is not None and -code in _FAULTS:
+        cause = "the task crashes its process (a fault in native code)"
     elif code is not None and code < 0:
-        cause = "the task crashes its process (a fault in native code, or a signal)"
+        cause = ("the workers were signalled: by something outside them (a kill, the "
+                 "system or a scheduler stopping them), or by the task itself")
     elif code is not None:
         cause = "the task ends its process (sys.exit or os._exit in the task?)"
     else:

@@ -54,3 +54,20 @@ def test_the_summary_agrees_in_number(caplog: pytest.LogCaptureFixture) -> None:
     assert lines[FIRST].startswith("3 more workers lost in 10s (2 were killed by signal 9, "
                                    "1 exited with code 1)")
     assert lines[-1].startswith("1 more worker lost in 10s (1 exited with code 1)")
+
+
+@pytest.mark.parametrize(("code", "said"), [
+    (-11, "otherwise the task crashes its process (a fault in native code)"),
+    (-6, "otherwise the task crashes its process (a fault in native code)"),
+    (-9, "otherwise check the task's memory use (the kernel's out-of-memory killer"),
+    (-15, "otherwise the workers were signalled: by something outside them"),
+    (3, "otherwise the task ends its process (sys.exit or os._exit in the task?)"),
+])
+def test_the_hint_for_a_lost_task_follows_how_its_worker_ended(code: int, said: str) -> None:
+    """A SIGTERM from outside is not blamed on the task's native code, nor an exit status
+    on its memory."""
+    from fiberexec._backend import WorkerState, WorkerStatus
+    from fiberexec._crash import Loss, hint
+
+    status = WorkerStatus(WorkerState.EXITED, exit_code=code)
+    assert said in hint((Loss("w1", status.describe(), status),), 2)

@@ -218,6 +218,8 @@ def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
     assert failure.worker_id == lost and failure.function == "tests.tasks.kill_self"
     assert failure.error.startswith("WorkerLostError: ")
     assert f"worker {lost} terminated abruptly" in failure.traceback
+    spans = [(s.task_id, s.worker_id, s.function, s.ok) for s in ex.task_spans()]
+    assert spans[0] == (failure.task_id, lost, "tests.tasks.kill_self", False)  # a red bar
 
 
 def test_dump_stack_of_an_unknown_worker_names_the_connected_ones(

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import importlib
 import itertools
+import os
 import pickle
 import threading
 import warnings
@@ -41,6 +42,7 @@ from fiberexec.multiprocessing._backends import (
     note_unenforced,
 )
 from fiberexec.multiprocessing._errors import ProcessError, TimeoutError
+from fiberexec.multiprocessing._process import ENV_POOL_PARENT, current_process
 
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
 Callback = Callable[[Any], object] | None
@@ -344,6 +346,9 @@ class Pool:
         choice = self._backend_choice
         inner = new_backend(choice, options.pop("backend_options", None))
         self._backend, self._owns_backend = inner, not isinstance(choice, Backend)
+        # its workers say they are the pool's (`_process._pool_worker`)
+        options["env"] = {**(options.get("env") or {}), ENV_POOL_PARENT: (
+            f"{os.getpid()} {current_process().name}")}
         executor = FiberExecutor(self._processes, backend=inner, **options)
         # At interpreter exit the stdlib's pool is terminated (its workers are daemons), not
         # waited for: a script that ends, or is interrupted, without closing it stops now.

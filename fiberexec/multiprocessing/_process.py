@@ -44,6 +44,10 @@ ENV_SECRET = "FIBEREXEC_MP_SECRET"
 ENV_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
 ENV_PARENT = "FIBEREXEC_MP_PARENT"  # "<pid> <name>" of the parent
 ENV_LOG = "FIBEREXEC_MP_LOG"  # "<level> <to stderr: 0|1>" of the stdlib's multiprocessing logger
+# In a `Pool`'s worker: "<pid> <name>" of the process whose pool it is (see `_pool_worker`;
+# set through the executor's ``env``, which keeps FIBEREXEC_* names for the executor's own)
+ENV_POOL_PARENT = "_FIBER_POOL_PARENT"
+POOL_WORKER = "SpawnPoolWorker"  # its name, as the stdlib's pools of spawned workers name theirs
 COMMAND = ("python", "-m", "fiberexec.multiprocessing._process_main")
 _counter = itertools.count(1)
 _children: set[Process] = set()
@@ -170,7 +174,9 @@ class Process:
         self._target = target
         self._args = tuple(args)
         self._kwargs = dict(kwargs or {})
-        self._name = name or f"{type(self).__name__}-{next(_counter)}"
+        # as the stdlib's: each process counts, named or not; a child's count follows its own
+        self._identity: tuple[int, ...] = (*current_process()._identity, next(_counter))
+        self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
         self._daemon = bool(daemon) if daemon is not None else current_process().daemon
         self._authkey = current_process().authkey
         self._backend_choice = backend
@@ -399,6 +405,7 @@ class _MainProcess(Process):
         import multiprocessing
 
         self._name, self._daemon, self._fx, self._closed = "MainProcess", False, None, False
+        self._identity = ()
         self._child_pid = os.getpid()
         self._target, self._args, self._kwargs, self._backend_choice = None, (), {}, None
         self._authkey = bytes(multiprocessing.current_process().authkey)  # one key, as stdlib
@@ -411,14 +418,8 @@ class _ParentProcess:
         self.pid = self.ident = pid
         self.name, self.daemon, self.exitcode = name, False, None
         self._lost = lost
-        self._sentinel_r, sentinel_w = os.pipe()
-
-        def close_when_lost() -> None:
-            lost.wait()
-            os.close(sentinel_w)
-
-        threading.Thread(target=close_when_lost, daemon=True,
-                         name="fiberexec-parent-sentinel").start()
+        self._sentinel_r: int | None = None  # made when first asked for
+        self._lock = threading.Lock()
 
     def is_alive(self) -> bool:
         return not self._lost.is_set()
@@ -428,7 +429,19 @@ class _ParentProcess:
 
     @property
     def sentinel(self) -> int:
-        return self._sentinel_r
+        """A descriptor that becomes readable (end of file) once the parent is gone."""
+        with self._lock:
+            if self._sentinel_r is None:
+                self._sentinel_r, sentinel_w = os.pipe()
+                lost = self._lost
+
+                def close_when_lost() -> None:
+                    lost.wait()
+                    os.close(sentinel_w)
+
+                threading.Thread(target=close_when_lost, daemon=True,
+                                 name="fiberexec-parent-sentinel").start()
+            return self._sentinel_r
 
     def __repr__(self) -> str:
         return f"<_ParentProcess name={self.name!r} parent={self.pid} unknown>"
@@ -439,17 +452,45 @@ _parent: _ParentProcess | None = None
 
 
 def current_process() -> Process:
-    """The `Process` object of this process (``MainProcess`` where no Process started it)."""
+    """The `Process` object of this process (``MainProcess`` where no Process started it;
+    ``SpawnPoolWorker-N`` in a `Pool`'s worker)."""
     global _current
-    if _current is None:
-        _current = _MainProcess()
+    if _current is None or (type(_current) is _MainProcess
+                            and _current._child_pid != os.getpid()):  # forked: not ours
+        _current = _pool_worker() or _MainProcess()
     return _current
 
 
 def parent_process() -> _ParentProcess | None:
     """The parent of this process (name, pid, ``is_alive``, ``join``, ``sentinel``); None
     in the main process."""
+    current_process()  # (a pool's worker learns it here)
     return _parent
+
+
+def _pool_worker() -> Process | None:
+    """In a `Pool`'s worker (an executor's worker the pool's settings mark): this process
+    is ``SpawnPoolWorker-N``, a daemon, N its place in the pool counting from 1, with the
+    pool's process for parent, for us and for the stdlib (``%(processName)s`` in logs, and
+    ``current_process()._identity[0]``, which programs seed generators with), as in a
+    stdlib pool's worker."""
+    global _parent
+    import multiprocessing.process
+
+    from fiberexec._contract import ENV_WORKER_ID
+
+    marked, worker = os.environ.get(ENV_POOL_PARENT), os.environ.get(ENV_WORKER_ID, "")
+    if not marked or not worker[1:].isdigit():
+        return None
+    number = int(worker[1:]) + 1
+    process = _MainProcess()
+    process._name, process._identity, process._daemon = f"{POOL_WORKER}-{number}", (number,), True
+    pid, _, name = marked.partition(" ")
+    _parent = _ParentProcess(int(pid), name, threading.Event())  # gone: so is this worker
+    ours = multiprocessing.current_process()
+    ours.name, ours._identity = process.name, process._identity
+    multiprocessing.process._parent_process = _parent  # type: ignore[attr-defined]
+    return process
 
 
 def active_children() -> list[Process]:

@@ -264,9 +264,9 @@ class RpcClient:
             raise ConnectionError(
                 f"{self.address} stopped answering (no handshake within {timeout:.0f}s): its "
                 "process is stopped or overloaded, or its host is unreachable") from None
-        except (OSError, EOFError) as exc:
-            raise ConnectionError(f"cannot reach {self.address}: {exc}; is its owner "
-                                  "alive?") from None
+        except (OSError, EOFError) as exc:  # refused, reset...: said as the OS said it
+            kind = type(exc) if isinstance(exc, ConnectionError) else ConnectionError
+            raise kind(f"cannot reach {self.address}: {exc}; is its owner alive?") from None
         wire = Wire(sock)
         try:
             sock.settimeout(timeout)
@@ -285,8 +285,8 @@ class RpcClient:
         channel: _Channel | None = getattr(self._local, "channel", None)
         if channel is not None:
             return channel
-        if self.lost.is_set():
-            raise ConnectionError(self.why)
+        if self.lost.is_set():  # (the stdlib's proxies meet a closed pipe, as here)
+            raise BrokenPipeError(self.why)
         timeout = self._connect_timeout if limit is None else min(limit,
                                                                    self._connect_timeout)
         channel = self._local.channel = _Channel(self._connect(timeout))
@@ -294,7 +294,7 @@ class RpcClient:
             self._channels.add(channel)
         if self.lost.is_set():  # lost while connecting: `_close_channels` may have missed it
             self._forget(channel)
-            raise ConnectionError(self.why)
+            raise BrokenPipeError(self.why)
         return channel
 
     def _forget(self, channel: _Channel) -> None:
@@ -318,7 +318,7 @@ class RpcClient:
             ) from None
         except (OSError, EOFError, ProtocolError):
             self._forget(channel)
-            raise ConnectionError(self.why) from None
+            raise BrokenPipeError(self.why) from None
         except BaseException:  # Ctrl-C mid-call: the answer would come to the next call
             self._forget(channel)
             raise

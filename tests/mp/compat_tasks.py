@@ -313,3 +313,15 @@ def move_point(v: Any, raw: Any) -> None:
         v.x += 1.0
         v.y = 7
     raw.x = 9.5
+
+
+def who_am_i(module: str, _item: object) -> tuple[str, tuple[int, ...], bool, int | None, str]:
+    """How ``module`` (the stdlib's multiprocessing or ours) sees this process: its name,
+    identity, daemon flag, its parent's pid; and the name the stdlib's logging shows."""
+    import importlib
+    import multiprocessing
+
+    mpm = importlib.import_module(module)
+    me, parent = mpm.current_process(), mpm.parent_process()
+    return (me.name, me._identity, me.daemon, None if parent is None else parent.pid,
+            multiprocessing.current_process().name)
