@@ -516,11 +516,13 @@ def _ours(pid: int) -> tuple[str, str, bool] | None:
     if argv[1:3] != ["-m", "fiberexec.worker"]:
         return None
     environ = _read(f"/proc/{pid}/environ").decode(errors="replace").split("\0")
-    env = dict(e.partition("=")[::2] for e in environ if e)
+    env = {name: value.strip() for name, _, value in (  # (a forked worker's are padded)
+        e.partition("=") for e in environ if e)}
     if env.get(ENV_MARK) != "1":
         return None
-    # A forked worker's /proc environ is its launcher's: it names the executor, not the worker
-    what = "worker " + env["FIBEREXEC_WORKER_ID"] if "FIBEREXEC_WORKER_ID" in env else "worker"
+    # A forked worker's /proc environ is its launcher's, where it wrote its own ids
+    worker = env.get("FIBEREXEC_WORKER_ID", "")
+    what = f"worker {worker}" if worker else "worker"
     if _is_wrapper(_argv(_parent(pid))):
         what = "worker launcher" if "--launcher" in argv else what
     return what, env.get("FIBEREXEC_EXECUTOR_ID", ""), _wrapped(pid)

@@ -194,8 +194,8 @@ def test_remove_stray_stops_orphaned_workers(make_backend: Maker, make_executor:
     options = backend_options(lab)
     assert remove_stray(executor_id="someone-else", **options) == []
     removed = remove_stray(**options)  # its wrapper, the executor's lease there, is gone
-    assert removed == [f"removed worker of executor {executor_id} on {lab.site.target('w1')} "
-                       f"(pid {worker_pid})"], removed
+    assert removed == [f"removed worker w0 of executor {executor_id} on "
+                       f"{lab.site.target('w1')} (pid {worker_pid})"], removed
     gone, _ = psutil.wait_procs([psutil.Process(worker_pid)], timeout=10)
     assert gone
 
