@@ -261,13 +261,15 @@ class SharedLaunchers:
         with self._lock:
             if self._closing:
                 raise LauncherError("the program is ending: no launcher starts")
-            launcher = self._launchers.get(key)
+            launcher = stale = self._launchers.get(key)
             if launcher is None or launcher.gone:
                 if not self._at_exit:
                     self._at_exit = True
                     atexit.register(self.close)
                 launcher = self._launchers[key] = Launcher(python, env, flags=flags)
-            return launcher
+        if stale is not None and stale is not launcher:
+            stale.close()  # it exited (killed): its status read, its reader ended
+        return launcher
 
     def running(self, python: str, preload: str, flags: Sequence[str] = ()) -> bool:
         """Whether a launcher for these runs (a worker forked from it starts at once)."""
