@@ -190,7 +190,7 @@ class LocalBackend(Backend):
         self._restarts = 0  # launchers replaced after they died (`LAUNCHER_RESTARTS`)
         self._lock = threading.Lock()
         self._logdir: Path | None = None
-        self._exit_watch = ExitWatch()
+        self._exit_watch = ExitWatch(key=lambda handle: _key(handle.worker_id, handle.ref))
         self._reaper = Reaper(self._exited)
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:

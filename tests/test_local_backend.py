@@ -608,12 +608,15 @@ def test_executors_sharing_a_backend_keep_their_own_workers() -> None:
     backend = LocalBackend()
     try:
         first = FiberExecutor(2, backend=backend)
-        _pids_of_all(first, 2)
+        mine = _pids_of_all(first, 2)
         with FiberExecutor(2, backend=backend) as second:
             theirs = _pids_of_all(second, 2)
+            for pid in mine:  # their exits are the first's: it replaces them
+                os.kill(pid, signal.SIGKILL)
+            _pids_of_all(first, 2, seen=mine)
             first.shutdown(wait=True)
             assert _pids_of_all(second, 2) == theirs  # not one stopped, or replaced
-            assert second.stats().workers_lost == 0
+            assert (first.stats().workers_lost, second.stats().workers_lost) == (2, 0)
         with FiberExecutor(3, backend=backend) as third:  # forks are still answered
             assert len(_pids_of_all(third, 3)) == 3
     finally:
