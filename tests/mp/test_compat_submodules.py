@@ -66,31 +66,6 @@ def test_submodule_names_work_as_the_stdlib_ones(mpm: ModuleType) -> None:
     assert issubclass(_sub(mpm, "context").TimeoutError, multiprocessing.TimeoutError)
 
 
-def test_pool_workers_and_processes_are_named_and_counted_as_the_stdlibs(
-        mpm: ModuleType) -> None:
-    """A pool's worker is a daemon named ``<start method>PoolWorker-N`` (N its identity,
-    which programs seed with), the pool's process its parent, and logging's processName
-    says so; a Process counts whether it is named or not, and the main process is ()."""
-    import functools
-    import os
-
-    assert mpm.current_process()._identity == ()
-    with mpm.Pool(2) as pool:
-        seen = set(pool.map(functools.partial(t.who_am_i, mpm.__name__), range(40),
-                            chunksize=1))
-    assert seen, seen
-    for name, identity, daemon, parent, logged in seen:
-        assert len(identity) == 1 and name.endswith(f"PoolWorker-{identity[0]}"), seen
-        assert daemon and parent == os.getpid() and logged == name, seen
-    assert len({identity for _, identity, *_ in seen}) == len(seen)
-    first, named, third = (mpm.Process(target=t.cube, args=(1,), name=n)
-                           for n in (None, "named", None))
-    (count,) = first._identity
-    assert (named.name, named._identity, third._identity) == ("named", (count + 1,),
-                                                              (count + 2,))
-    assert third.name == f"{type(third).__name__}-{count + 2}"
-
-
 def test_shared_memory_manager_unlinks_its_segments_at_shutdown(
         mpm: ModuleType, mp_backend: BackendKit) -> None:
     from multiprocessing import shared_memory
