@@ -8,20 +8,22 @@ pods or jobs for each pool).
 from __future__ import annotations
 
 import functools
+import importlib
 import os
-from types import ModuleType
+
+import pytest
 
 from tests.mp import compat_tasks as t
-from tests.mp.compat import mpm
-
-__all__ = ["mpm"]
+from tests.mp.compat import MODULES
 
 
-def test_pool_workers_and_processes_are_named_and_counted_as_the_stdlibs(
-        mpm: ModuleType) -> None:
+@pytest.mark.parametrize("module", MODULES)
+def test_pool_workers_and_processes_are_named_and_counted_as_the_stdlibs(module: str) -> None:
     """A pool's worker is a daemon named ``<start method>PoolWorker-N`` (N its identity,
     which programs seed with), the pool's process its parent, and logging's processName
-    says so; a Process counts whether it is named or not, and the main process is ()."""
+    says so; a Process counts whether it is named or not, and the main process is ().
+    (The pool's workers end with it; the processes are never started.)"""
+    mpm = importlib.import_module(module)
     assert mpm.current_process()._identity == ()
     with mpm.Pool(2) as pool:
         seen = set(pool.map(functools.partial(t.who_am_i, mpm.__name__), range(40),
