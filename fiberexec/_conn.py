@@ -53,7 +53,7 @@ class Conn:
         self.shm = False
         self.initializing = False  # sent an initializer it has not reported finishing
         self.inflight: dict[int, WorkItem] = {}  # dispatch order == run order
-        self.dispatched = 0
+        self.dispatched = 0  # tasks sent it, less those it gave back unstarted
         self.load = 0.0  # estimated seconds of work held, over tasks of known length
         self.unknown = 0  # tasks held whose length is not known yet
         self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
@@ -128,6 +128,7 @@ class Conn:
         back then) and its number on the claim board (the worker numbers what it receives
         the same way)."""
         self.inflight[item.task_id] = item
+        self.dispatched += 1  # counted now: `admits` sees the tasks of a batch being built
         item.number = self.numbered
         self.numbered += 1
         if estimate is None:
@@ -136,6 +137,12 @@ class Conn:
         else:
             self.load += estimate
             item.cost = estimate
+
+    def give_back(self, cost: float) -> None:
+        """A task it held went back unstarted: it never counts towards max_tasks_per_child
+        (the worker counts what it ran, and leaves at its limit)."""
+        self.dispatched -= 1
+        self.release(cost)
 
     def release(self, cost: float) -> None:
         if cost < 0:

@@ -507,7 +507,7 @@ class Shard:
         one a `cancel` asked for (in ``answers``, which loses it) is cancelled instead."""
         back = []
         for item in given:
-            conn.release(item.cost)
+            conn.give_back(item.cost)
             item.requeued()
             answer = answers.pop(item.task_id, None)
             if (answer is not None and isinstance(item.future, TaskFuture)
@@ -965,7 +965,6 @@ class Shard:
         if policy is not None and policy.created:
             for item in items:
                 item.shm_names = policy.created
-        conn.dispatched += len(items)
         self._send(conn, frame)
 
     def _send(self, conn: Conn, message: p.Message | bytes) -> None:

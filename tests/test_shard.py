@@ -725,6 +725,40 @@ def test_tasks_held_behind_a_long_one_go_before_later_ones_when_no_worker_idles(
     assert [i.task_id for i in b.shard.queue] == [i.task_id for i in items[1:] + later[1:]]
 
 
+def test_a_worker_is_never_sent_more_tasks_than_max_tasks_per_child(bench: Any) -> None:
+    """Short tasks are sent in batches; a batch stops at the worker's limit (it leaves
+    there: more would wait on a worker that will not run them)."""
+    b = bench(max_tasks_per_child=4)
+    b.connect("w0")
+    for _ in range(2):  # the function looks short: it may hold three at once...
+        b.submit(job, 1)
+        b.step()
+        b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+        b.step()
+    b.submit(job, 6)
+    b.step()
+    assert len(b.tasks_sent("w0")) == 2  # ...but it has two left to run
+
+
+def test_tasks_given_back_unstarted_do_not_count_towards_max_tasks_per_child(
+    bench: Any,
+) -> None:
+    """The worker counts the tasks it ran and leaves at its limit: the shard must go on
+    sending it work until then, or both wait for each other."""
+    b = bench(max_tasks_per_child=5)  # two ran, three held
+    items = _send_three_behind_a_short_history(b)
+    b.clock.advance(0.5)  # the first runs long, and a free worker joins
+    b.connect("w1")
+    b.step()
+    (revoke,) = [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
+    b.links["w0"].deliver(p.Revoked(revoke.task_ids), b.pipes["w0"])  # gives both back
+    b.step()
+    b.tasks_sent("w1")
+    b.answer("w0", [items[0].task_id], runtime=0.5)  # w0 has run three of its five
+    b.step()
+    assert len(b.tasks_sent("w0")) == 1  # so it is sent one more: its last
+
+
 def test_a_task_sent_behind_another_runs_only_once_that_one_has_finished(bench: Any) -> None:
     b = bench()
     items = _send_three_behind_a_short_history(b)
