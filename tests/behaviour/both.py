@@ -10,13 +10,19 @@ from typing import Any
 import pytest
 
 from tests import tasks
-from tests.conftest import ExecutorFactory
+from tests.conftest import BACKEND, ExecutorFactory
 
 SPAWN = multiprocessing.get_context("spawn")
 Make = Callable[..., Executor]
 
 
-@pytest.fixture(params=["stdlib", "fiberexec"])
+def under_test(*names: str) -> list[str]:
+    """Which of ``names`` run in this env: the stdlib's runs (each name not starting with
+    ``fiberexec``) are the reference and use no backend, so they run once, in the local env."""
+    return [name for name in names if BACKEND == "local" or name.startswith("fiberexec")]
+
+
+@pytest.fixture(params=under_test("stdlib", "fiberexec"))
 def make(request: pytest.FixtureRequest,
          make_executor: ExecutorFactory) -> Iterator[Make]:
     if request.param == "fiberexec":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.both import under_test
 from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +45,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
 def test_workers_run_with_the_scripts_interpreter_options(tmp_path: Path, which: str) -> None:
     done = run_script(tmp_path, SCRIPT, which, options=("-O", "-W", "error::UserWarning"))
     assert done.stdout == "[(1, ('error::UserWarning',), 'raised', 'skipped')]\n", done.stdout

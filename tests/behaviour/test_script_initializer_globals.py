@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.both import under_test
 from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(240)
@@ -61,7 +62,8 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("which", ["stdlib", "fiberexec", "stdlib-pool", "fiberexec-pool"])
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec", "stdlib-pool",
+                                              "fiberexec-pool"))
 def test_an_initializers_globals_are_there_for_the_tasks(tmp_path: Path, which: str) -> None:
     done = run_script(tmp_path, SCRIPT, which)
     assert done.stdout.splitlines() == ["[('net', 'net', 0), ('net', 'net', 1)]", "5"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.both import under_test
 from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(240)
@@ -98,8 +99,8 @@ if __name__ == "__main__":
 EXPECTED = "[True, True, True, [1, 2], 42, 'Hidden', [[0, 2, 4, 6], [0, 2, 4, 6]]]"
 
 
-@pytest.mark.parametrize("which", ["stdlib", "fiberexec", "multiprocessing",
-                                   "fiberexec.multiprocessing"])
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec", "multiprocessing",
+                                              "fiberexec.multiprocessing"))
 def test_a_task_pickles_the_scripts_objects_by_reference(tmp_path: Path, which: str) -> None:
     done = run_script(tmp_path, SCRIPT, which, timeout=200)
     lines = done.stdout.splitlines()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.both import under_test
 from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,7 +38,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
 def test_a_main_script_task_shows_its_file_line_and_source(tmp_path: Path, which: str) -> None:
     done = run_script(tmp_path, SCRIPT, which)
     script = tmp_path / "script.py"
@@ -48,7 +49,7 @@ def test_a_main_script_task_shows_its_file_line_and_source(tmp_path: Path, which
     assert "<dynamic-code>" not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("which", ["stdlib", "fiberexec"])
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
 def test_a_task_of_a_script_read_from_stdin_names_stdin(tmp_path: Path, which: str) -> None:
     """``python - < script``: no file, and the traceback says ``<stdin>`` and the line."""
     done = subprocess.run([sys.executable, "-", which], cwd=tmp_path, input=SCRIPT,
