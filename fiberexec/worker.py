@@ -62,6 +62,7 @@ SLOW_TASK = 0.0002  # a task this slow sends its result at once: batching would 
 SEND_TIMEOUT = 30.0  # seconds a send may block on an executor that stopped reading
 LEAVE_TIMEOUT = 10.0  # seconds a leaving worker waits for the executor to hang up
 SETTLE_TIMEOUT = 5.0  # seconds a failing worker's exit handlers may take to flush its output
+THREADS_WAIT = 5.0  # seconds an ending worker waits for threads its tasks left running
 FAREWELL_WAIT = 0.5  # seconds a worker leaving a silent executor waits to say why
 OUTPUT_AGE = 0.05  # seconds a task's output line may wait for others to share its message
 WATCH_AFTER = 0.005  # seconds a stretch of tasks runs before a second thread reads the link
@@ -113,6 +114,7 @@ class Worker:
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
         self._tasks_lock = threading.Lock()  # the main thread takes, a revoke gives back
         self._last_check = 0.0
+        self._threads_seen = 0  # threading.active_count() when last looked at (`_mind_threads`)
         self.outbox = Outbox(self._send_frame, watch=self.check_executor)
 
     # ---------------------------------------------------------------- handshake
@@ -197,6 +199,7 @@ class Worker:
             self.doing = "running the initializer"
             fn(*args)
             self.doing = None
+            self._mind_threads()
         except BaseException as exc:
             # What the standard library's workers log, so handlers users attach still see it.
             logging.getLogger("concurrent.futures").critical(
@@ -208,6 +211,16 @@ class Worker:
             self.leave(EXIT_INIT_FAILED, f"initializer failed: {exc!r}")
         self.outbox.push_output()
         self.outbox.send(p.Initialized())
+
+    def _mind_threads(self) -> None:
+        """(Main thread.) While threads tasks started run (not daemons), the executor's stop
+        at shutdown (SIGTERM, just after it hung up) lets them finish first, as at any
+        orderly end (`_die`); SIGTERM's default action is back once none is left. A
+        handler a task installed is left alone."""
+        self._threads_seen = threading.active_count()
+        wanted = _when_stopped if _task_threads() else signal.SIG_DFL
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _when_stopped):
+            signal.signal(signal.SIGTERM, wanted)
 
     # ---------------------------------------------------------------- receiving
 
@@ -364,6 +377,8 @@ class Worker:
             self.doing = "running the task"
             result = self._run(task[0], task[1])
             self.doing = None
+            if threading.active_count() != self._threads_seen:  # a task started or ended one
+                self._mind_threads()
             del task  # its arguments' shared memory is free for the executor to fill again
             done += 1
             if self.max_tasks and done >= self.max_tasks:
@@ -725,7 +740,55 @@ def _settle_output() -> None:
             stream.flush()
 
 
+def _task_threads() -> list[threading.Thread]:
+    """The threads tasks started that are not daemons (this worker's own are)."""
+    skip = (threading.current_thread(), threading.main_thread())
+    return [t for t in threading.enumerate() if not t.daemon and t not in skip]
+
+
+def _when_stopped(signum: int, frame: object) -> None:
+    """SIGTERM while threads tasks started run: they finish (bounded), then SIGTERM ends
+    this process as it would have at once."""
+    _finish_what_tasks_left()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _finish_what_tasks_left() -> None:
+    """As the standard library's workers do when they end: run `multiprocessing`'s exit
+    hooks (a stdlib queue a task put to is flushed, the task's children are joined, daemonic
+    ones terminated), then wait for the threads tasks started that are not daemons (a
+    write in the background completes). Bounded by `THREADS_WAIT` (the stdlib's wait has
+    no bound). Meanwhile SIGTERM, the executor's stop at shutdown, is ignored: the stop's
+    SIGKILL after its grace still ends this process."""
+    threads = _task_threads()
+    std = sys.modules.get("multiprocessing.util")
+    ours = sys.modules.get("fiberexec.multiprocessing._process")
+    finalizers = std is not None and bool(getattr(std, "_finalizer_registry", None))
+    if not (threads or finalizers or ours is not None or multiprocessing.active_children()):
+        return
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def finish() -> None:
+        with contextlib.suppress(Exception):
+            if std is not None:
+                std._exit_function()
+        with contextlib.suppress(Exception):
+            if ours is not None:
+                ours.join_children()
+        for thread in threads:
+            thread.join()
+
+    runner = threading.Thread(target=finish, name="fiberexec-finish", daemon=True)
+    runner.start()
+    runner.join(THREADS_WAIT)
+
+
 def _die(code: int, why: str) -> NoReturn:
+    if not code:  # an orderly end: what the tasks left running finishes first
+        _finish_what_tasks_left()
     _shm.drop_pool()  # what this worker sent and a receiver still maps stays mapped there
     if code:  # the worker's own stderr (the backend keeps it), captured or not
         print(f"fiberexec worker: {why}", file=sys.__stderr__, flush=True)

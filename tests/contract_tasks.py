@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -27,6 +28,17 @@ def mark_then_sleep(path: str, seconds: float) -> None:
     with open(path, "w"):
         pass
     time.sleep(seconds)
+
+
+def write_in_a_thread(path: str, delay: float) -> bool:
+    """Leave a thread (not a daemon) that writes ``path`` after ``delay`` seconds."""
+    def write() -> None:
+        time.sleep(delay)
+        with open(path, "w") as f:
+            f.write("written")
+
+    threading.Thread(target=write).start()
+    return True
 
 
 def exit_process(code: int) -> NoReturn:

@@ -396,6 +396,17 @@ def test_force_shutdown_rejects_unknown_operation(make_executor: ExecutorFactory
         ex._force_shutdown(operation="invalid operation")
 
 
+def test_a_thread_a_task_left_running_finishes_before_shutdown_returns(
+        make_pool: PoolFactory, tmp_path: Path) -> None:
+    """As the stdlib's worker does when it ends: it waits for the threads its tasks started
+    that are not daemons, so a write a task left to one completes."""
+    ex = make_pool(1)
+    path = tmp_path / "written"
+    assert ex.submit(ct.write_in_a_thread, str(path), 0.3).result(timeout=60)
+    ex.shutdown(wait=True)
+    assert path.read_text() == "written"
+
+
 # ---------------------------------------------------------------- interpreter exit
 
 
