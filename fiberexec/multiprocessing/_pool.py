@@ -15,7 +15,6 @@ could not send becomes `multiprocessing.pool.MaybeEncodingError`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import itertools
@@ -27,6 +26,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 from fiberexec._backend import Backend, Resources, parse_memory
@@ -247,8 +247,12 @@ class IMapIterator:
 
     def _take(self, timeout: float | None) -> Future[list[Any]]:
         if self._ordered:
-            with contextlib.suppress(CancelledError):  # (its outcome says so)
-                self._inflight[0].exception(timeout)  # TimeoutError if not done by then
+            try:
+                self._inflight[0].exception(timeout)
+            except CancelledError:  # (its outcome says so)
+                pass
+            except FuturesTimeout:  # multiprocessing's, as the unordered wait raises
+                raise TimeoutError from None
             return self._inflight.popleft()
         with self._arrived:
             if not self._arrived.wait_for(lambda: self._finished, timeout):
@@ -490,8 +494,9 @@ class Pool:
         """Wait for the workers to finish; call `close` or `terminate` first."""
         if self._state == RUN:
             raise ValueError("Pool is still running")
-        for iterator in list(self._iterators):
-            iterator._drain()
+        if self._state != TERMINATE:  # (terminated: what was not submitted never runs)
+            for iterator in list(self._iterators):
+                iterator._drain()
         with self._lock:
             executor, backend = self._executor, self._backend
         if executor is not None:
