@@ -23,6 +23,7 @@ import fcntl
 import io
 import os
 import stat
+import sys
 import types
 from collections import ChainMap
 from collections.abc import Callable, Iterator
@@ -70,6 +71,17 @@ def _rebuild_semlock(cls: type[synchronize.SemLock], state: Any,
     return lock
 
 
+def _refuse_file(file: io.TextIOWrapper) -> Any:
+    """An open file is refused, in the standard library's words: cloudpickle would send a
+    readable one as a copy of what is left to read, where writes are lost unseen. (The
+    standard streams stay what cloudpickle makes them: the worker's own.)"""
+    if file is sys.stdout or file is sys.stderr or file is sys.stdin:
+        return cloudpickle.Pickler.dispatch_table[io.TextIOWrapper](file)
+    kind = type(file)
+    raise TypeError(f"cannot pickle '{kind.__module__}.{kind.__qualname__}' object: an open "
+                    "file stays in this process (pass its path, and open it in the task)")
+
+
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with code keeping its file's name, the standard library
     multiprocessing's reducers first (the
@@ -79,6 +91,7 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
         {types.CodeType: reduce_code},  # tracebacks name the real file (see `_codenames`)
+        {io.TextIOWrapper: _refuse_file},
         {kind: _reduce_semlock for kind in (synchronize.Lock, synchronize.RLock,
                                             synchronize.Semaphore, synchronize.BoundedSemaphore)},
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
