@@ -12,6 +12,7 @@ the value and what is allowed. Nothing below reads the environment after `resolv
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -466,9 +467,22 @@ def find_config_file(environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] 
     if (cwd / FILE_NAME).is_file():
         return cwd / FILE_NAME, "top level"
     pyproject = cwd / "pyproject.toml"
-    if pyproject.is_file() and "fiberexec" in _read_toml(pyproject).get("tool", {}):
+    if pyproject.is_file() and _names_us(pyproject):
         return pyproject, "[tool.fiberexec]"
     return None
+
+
+def _names_us(pyproject: Path) -> bool:
+    """Whether ``pyproject`` has a ``[tool.fiberexec]`` table. One that does not is other
+    tools' file: what they would reject (a TOML error) is theirs to say, so it is read as
+    ours only when its text names the table."""
+    try:
+        return "fiberexec" in _read_toml(pyproject).get("tool", {})
+    except ConfigurationError:
+        with contextlib.suppress(OSError):
+            if b"tool.fiberexec" not in pyproject.read_bytes().replace(b" ", b""):
+                return False
+        raise
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

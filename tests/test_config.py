@@ -82,6 +82,17 @@ def test_pyproject_without_table_is_no_config_file(tmp_path: Path) -> None:
     assert _resolve(tmp_path).config_file is None
 
 
+def test_a_pyproject_others_cannot_read_either_is_theirs_to_fix(tmp_path: Path) -> None:
+    """A TOML error in a pyproject.toml without our table is the other tools' business: no
+    executor fails for it. With our table in it, the error is ours to say."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = 1.0.0\n')
+    assert _resolve(tmp_path).config_file is None
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = 1.0.0\n\n'
+                                             '[tool.fiberexec]\nmax_workers = 4\n')
+    with pytest.raises(ConfigurationError, match="cannot read config file .*pyproject.toml"):
+        _resolve(tmp_path)
+
+
 def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.fiberexec]\nmax_workers = 4\n")
     (tmp_path / ".fiberexec.toml").write_text("max_workers = 5\nbackend = 'kubernetes'\n")
