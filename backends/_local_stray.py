@@ -35,6 +35,7 @@ class LocalWorker:
     worker_id: str
     address: str
     executor_pid: str = ""
+    launcher: bool = False  # the program's worker launcher (`fiberexec._launcher`)
 
     @property
     def port(self) -> int | None:
@@ -85,7 +86,8 @@ def _executor_alive(named: str) -> bool:
 
 def _worker(pid: int) -> LocalWorker | None:
     raw = _read(PROC / str(pid) / "cmdline")
-    if raw is None or not is_worker_cmdline(raw.decode(errors="replace").split("\0")[:-1]):
+    argv = [] if raw is None else raw.decode(errors="replace").split("\0")[:-1]
+    if not is_worker_cmdline(argv):
         return None
     environ = _read(PROC / str(pid) / "environ") or b""
     env = {name: value.strip() for name, _, value in (  # (a forked worker's are padded)
@@ -93,8 +95,9 @@ def _worker(pid: int) -> LocalWorker | None:
     address, owner = env.get(ENV_ADDRESS, ""), env.get(ENV_EXECUTOR_PID, "")
     if not (address or owner):
         return None
+    launcher = argv[-2:-1] == ["--launcher"] and not env.get(ENV_WORKER_ID)
     return LocalWorker(pid, env.get(ENV_EXECUTOR_ID, ""),
-                       env.get(ENV_WORKER_ID, ""), address, owner)
+                       env.get(ENV_WORKER_ID, ""), address, owner, launcher)
 
 
 def _same_namespace(pid: int, kind: str) -> bool:
@@ -177,6 +180,11 @@ def remove_stray_local(sweep: Sweep) -> list[str]:
             continue
         gone = sweep.dry_run or terminate(worker)
         verb = sweep.verb() if gone else "could not stop"
+        if worker.launcher:  # it forks a program's workers, and names no executor
+            program = worker.executor_pid.partition(":")[0] or "?"
+            lines.append(f"{verb} the worker launcher of program pid {program} "
+                         f"(pid {worker.pid}: {sweep.why(held)})")
+            continue
         dialing = f", dialing {worker.address}" if worker.address else ""
         lines.append(f"{verb} worker {worker.worker_id or '?'} of executor "
                      f"{worker.executor_id or '?'} (pid {worker.pid}{dialing}: "

@@ -341,6 +341,21 @@ def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
         executor.communicate(timeout=30)
 
 
+def test_cleanup_names_a_launcher_as_such(make_executor: ExecutorFactory) -> None:
+    """`cleanup --all` lists the program's launcher as what it is, not as a worker of
+    no known executor."""
+    from fiberexec.backend import Sweep, shared_launchers
+
+    _pids_of_all(make_executor(4), 4)  # the first start afresh, the others are forked
+    launchers = shared_launchers.pids()
+    assert launchers
+    lines = LocalBackend.remove_stray(Sweep(everything=True, dry_run=True))
+    for launcher in launchers:
+        said = [line for line in lines if f"(pid {launcher}:" in line]
+        assert said == [f"would remove the worker launcher of program pid {os.getpid()} "
+                        f"(pid {launcher}: --all)"], lines
+
+
 def _launched_parents(mp: Any, count: int, words: str) -> set[int]:
     from tests.mp import tasks as mp_tasks
 
