@@ -102,6 +102,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         seen = cleanup.survey(names, args.namespace)
         # a dry run refuses a live executor as the real one does (unless --force)
         executor = cleanup.pick_executor(executor, seen, force=args.force)
+        if executor not in seen:  # a typo, or a backend that cannot be surveyed knows it
+            print(f"no backend here reports workers of an executor whose id is or starts "
+                  f"with {executor!r}; sweeping for that id as given", file=sys.stderr,
+                  flush=True)
     sweep = Sweep(executor_id=executor, everything=args.all, dry_run=args.dry_run,
                   namespace=args.namespace)
     if args.all and not args.dry_run:

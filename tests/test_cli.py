@@ -378,6 +378,11 @@ def test_cleanup_takes_a_unique_start_of_an_executor_id() -> None:
         assert one.returncode == 0, one.stderr
         assert f"removed worker w0 of executor {prefix}b2 (pid {second.pid}" in one.stdout
         assert second.wait(timeout=10) == -signal.SIGTERM and first.poll() is None
+        assert "no backend here reports" not in one.stderr
+    typo = fiberexec("cleanup", "--backend", "local", "--executor", f"{prefix}zz", "--dry-run")
+    assert typo.returncode == 0 and typo.stderr == (
+        f"no backend here reports workers of an executor whose id is or starts with "
+        f"'{prefix}zz'; sweeping for that id as given\n")
 
 
 def test_cleanup_of_a_named_backend_that_fails_exits_1(tmp_path: Path) -> None:
