@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -261,10 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # (here, not at exit: a reader that left is said below)
     except ConfigurationError as exc:
         print(f"fiberexec {args.command_name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BackendError as exc:
         print(f"fiberexec {args.command_name}: {exc}", file=sys.stderr)
         return EXIT_BACKEND
+    except BrokenPipeError:  # the reader left (``fiberexec info --json | head``): as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)  # nothing more reaches it, at exit either
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
     return code

@@ -39,6 +39,17 @@ def fiberexec(*args: str, cwd: Path | None = None, env: dict[str, str] | None = 
 # ------------------------------------------------------------------ info
 
 
+def test_a_reader_that_leaves_ends_info_quietly_as_with_cat() -> None:
+    """``fiberexec info --json | head``: no traceback, the status of a SIGPIPE."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBEREXEC_")}
+    proc = subprocess.Popen([sys.executable, "-m", "fiberexec", "info", "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.close()  # gone before it writes
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (128 + signal.SIGPIPE, "")
+
+
 def test_info_shows_configuration_sources_and_backends(tmp_path: Path) -> None:
     (tmp_path / ".fiberexec.toml").write_text('image = "me/app:1"\n')
     result = fiberexec("info", cwd=tmp_path, env={**OFFLINE, "FIBEREXEC_MAX_WORKERS": "3"})
