@@ -41,7 +41,8 @@ def check_installed() -> None:
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigurationError(
-            f"dashboard= needs {' and '.join(missing)}, which is not installed; {INSTALL_HINT}"
+            f"dashboard= needs {' and '.join(missing)}, which "
+            f"{'are' if len(missing) > 1 else 'is'} not installed; {INSTALL_HINT}"
         )
 
 
