@@ -17,7 +17,7 @@ import threading
 import weakref
 from typing import Any
 
-from fiberexec._serialize import dumps_bytes, loads_bytes
+from fiberexec._serialize import dumps_as_stdlib, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
@@ -78,7 +78,7 @@ class Connection:
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
-        self.send_bytes(dumps_bytes(obj, what="object sent through the pipe"))
+        self.send_bytes(dumps_as_stdlib(obj, what="object sent through the pipe"))
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         """Send bytes from a bytes-like object (``offset``/``size`` select a slice)."""

@@ -35,7 +35,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from fiberexec import _inherit
-from fiberexec._serialize import NEEDS_STDLIB, dumps_bytes, loads_bytes
+from fiberexec._serialize import NEEDS_STDLIB, dumps_as_stdlib, loads_bytes
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._links import TIMING
 
@@ -58,7 +58,7 @@ class HostConnection(_mpc.Connection, Connection):  # type: ignore[misc]
     def send(self, obj: Any) -> None:
         self._check_closed()  # type: ignore[attr-defined]
         self._check_writable()  # type: ignore[attr-defined]
-        self._send_bytes(dumps_bytes(obj, what="object sent through the pipe"))  # type: ignore[attr-defined]
+        self._send_bytes(dumps_as_stdlib(obj, what="object sent through the pipe"))  # type: ignore[attr-defined]
 
     def recv(self) -> Any:
         self._check_closed()  # type: ignore[attr-defined]

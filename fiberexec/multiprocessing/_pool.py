@@ -157,8 +157,9 @@ class MapResult(ApplyResult):
         self._left = len(sizes)
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        if not sizes:
-            self._set(True, [])
+        if not sizes:  # done at once, and (as the stdlib's) without calling back
+            self._success, self._value = True, []
+            self._event.set()
 
     def _chunk_done(self, index: int, future: Future[Any]) -> None:
         success, value = _outcome(future)

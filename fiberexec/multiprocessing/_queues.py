@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fiberexec._serialize import dumps_bytes, loads_bytes
+from fiberexec._serialize import dumps_as_stdlib, loads_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
@@ -122,7 +122,7 @@ class Queue:
         returns (as the standard library's feeder thread does); items from one process
         arrive in the order they were put.
         """
-        self._put_raw(dumps_bytes(obj, what="queue item"), block, timeout)
+        self._put_raw(dumps_as_stdlib(obj, what="queue item"), block, timeout)
 
     def _put_raw(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
         if not self._maxsize:
@@ -231,9 +231,11 @@ class JoinableQueue(Queue):
         """Mark one item as processed; ValueError if called more times than items put."""
         self._call(calls.TaskDone)
 
-    def join(self, timeout: float | None = None) -> bool:
-        """Block until every item put has been marked done (``timeout``: an extension)."""
-        return _blocking(True, timeout, lambda w: bool(self._call(calls.Join, w, wait=w)[0]))
+    def join(self, timeout: float | None = None) -> bool | None:
+        """Block until every item put has been marked done; None, as the stdlib's. With
+        ``timeout`` (an extension): whether they were, within it."""
+        done = _blocking(True, timeout, lambda w: bool(self._call(calls.Join, w, wait=w)[0]))
+        return None if timeout is None else done
 
 
 class _End:

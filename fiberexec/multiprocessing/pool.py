@@ -9,12 +9,26 @@ from __future__ import annotations
 import multiprocessing.pool as _stdlib
 from multiprocessing.pool import ThreadPool
 
-from fiberexec.multiprocessing._pool import ApplyResult, AsyncResult, IMapIterator, MapResult, Pool
+from fiberexec.multiprocessing._pool import (
+    CLOSE,
+    RUN,
+    TERMINATE,
+    ApplyResult,
+    AsyncResult,
+    IMapIterator,
+    MapResult,
+    Pool,
+)
 
 MaybeEncodingError = _stdlib.MaybeEncodingError  # type: ignore[attr-defined]
 RemoteTraceback = _stdlib.RemoteTraceback  # type: ignore[attr-defined]
+INIT = "INIT"  # (the stdlib's states, as `Pool._state` holds them)
 
 __all__ = [
+    "CLOSE",
+    "INIT",
+    "RUN",
+    "TERMINATE",
     "ApplyResult",
     "AsyncResult",
     "IMapIterator",

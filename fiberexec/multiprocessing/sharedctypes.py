@@ -10,5 +10,13 @@ from fiberexec.multiprocessing._sharedctypes import (
     copy,
     synchronized,
 )
+from fiberexec.multiprocessing._synchronized import (
+    Synchronized,
+    SynchronizedArray,
+    SynchronizedString,
+)
 
-__all__ = ["Array", "RawArray", "RawValue", "Value", "copy", "synchronized"]
+SynchronizedBase = Synchronized  # (the stdlib's base of the three; ours is Synchronized)
+
+__all__ = ["Array", "RawArray", "RawValue", "Synchronized", "SynchronizedArray",
+           "SynchronizedBase", "SynchronizedString", "Value", "copy", "synchronized"]

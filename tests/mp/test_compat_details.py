@@ -1,0 +1,65 @@
+"""Details code written for the stdlib's `multiprocessing` meets: the errors it raises, what
+its calls return, the public names its submodules have."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from types import ModuleType
+
+import pytest
+
+from tests.mp import tasks
+from tests.mp.compat import mpm
+
+__all__ = ["mpm"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_sending_what_cannot_be_pickled_raises_the_picklers_error(mpm: ModuleType) -> None:
+    """`except TypeError` catches it, as with the stdlib (ours adds what was sent as a
+    note); the pipe and the queue go on."""
+    left, right = mpm.Pipe()
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
+        left.send(threading.Lock())
+    left.send("after")
+    assert right.recv() == "after"
+    queue = mpm.SimpleQueue()
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
+        queue.put(threading.Lock())
+    queue.put("after")
+    assert queue.get() == "after"
+    for end in (left, right):
+        end.close()
+    queue.close()
+
+
+def test_a_map_async_over_nothing_is_done_without_calling_back(mpm: ModuleType) -> None:
+    called: list[object] = []
+    with mpm.Pool(1) as pool:
+        result = pool.map_async(tasks.square, [], callback=called.append)
+        assert result.get(timeout=60) == [] and result.successful()
+        assert pool.apply(tasks.square, (3,)) == 9  # (a callback would have run by now)
+    assert called == []
+
+
+def test_joinable_queue_join_returns_none(mpm: ModuleType) -> None:
+    queue = mpm.JoinableQueue()
+    queue.put(1)
+    assert queue.get(timeout=30) == 1
+    queue.task_done()
+    assert queue.join() is None
+    queue.close()
+
+
+def test_public_names_beyond_all_are_there(mpm: ModuleType) -> None:
+    sharedctypes = importlib.import_module(f"{mpm.__name__}.sharedctypes")
+    assert isinstance(mpm.Value("i", 1), sharedctypes.Synchronized)
+    assert isinstance(mpm.Array("i", 3), sharedctypes.SynchronizedArray)
+    assert isinstance(mpm.Array("c", b"ab"), sharedctypes.SynchronizedString)
+    assert issubclass(sharedctypes.SynchronizedArray, sharedctypes.SynchronizedBase)
+    pool = importlib.import_module(f"{mpm.__name__}.pool")
+    assert (pool.INIT, pool.RUN, pool.CLOSE, pool.TERMINATE) == (
+        "INIT", "RUN", "CLOSE", "TERMINATE")
+    assert (mpm.SUBDEBUG, mpm.SUBWARNING) == (5, 25)
