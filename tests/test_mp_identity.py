@@ -19,19 +19,20 @@ from tests.mp.compat import MODULES
 
 @pytest.mark.parametrize("module", MODULES)
 def test_pool_workers_and_processes_are_named_and_counted_as_the_stdlibs(module: str) -> None:
-    """A pool's worker is a daemon named ``<start method>PoolWorker-N`` (N its identity,
-    which programs seed with), the pool's process its parent, and logging's processName
-    says so; a Process counts whether it is named or not, and the main process is ().
-    (The pool's workers end with it; the processes are never started.)"""
+    """A pool's worker is a daemon (to the stdlib's view too) named
+    ``<start method>PoolWorker-N`` (N its identity, which programs seed with), the pool's
+    process its parent, and logging's processName says so; a Process counts whether it is
+    named or not, and the main process is (). (The pool's workers end with it; the
+    processes are never started.)"""
     mpm = importlib.import_module(module)
     assert mpm.current_process()._identity == ()
     with mpm.Pool(2) as pool:
         seen = set(pool.map(functools.partial(t.who_am_i, mpm.__name__), range(40),
                             chunksize=1))
     assert seen, seen
-    for name, identity, daemon, parent, logged in seen:
+    for name, identity, daemon, parent, logged, stdlib_daemon in seen:
         assert len(identity) == 1 and name.endswith(f"PoolWorker-{identity[0]}"), seen
-        assert daemon and parent == os.getpid() and logged == name, seen
+        assert daemon and parent == os.getpid() and logged == name and stdlib_daemon, seen
     assert len({identity for _, identity, *_ in seen}) == len(seen)
     first, named, third = (mpm.Process(target=t.cube, args=(1,), name=n)
                            for n in (None, "named", None))

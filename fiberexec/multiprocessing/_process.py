@@ -489,6 +489,7 @@ def _pool_worker() -> Process | None:
     _parent = _ParentProcess(int(pid), name, threading.Event())  # gone: so is this worker
     ours = multiprocessing.current_process()
     ours.name, ours._identity = process.name, process._identity
+    ours._config["daemon"] = True  # type: ignore[attr-defined]  # (so it starts no child)
     multiprocessing.process._parent_process = _parent  # type: ignore[attr-defined]
     return process
 

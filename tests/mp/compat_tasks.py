@@ -315,13 +315,16 @@ def move_point(v: Any, raw: Any) -> None:
     raw.x = 9.5
 
 
-def who_am_i(module: str, _item: object) -> tuple[str, tuple[int, ...], bool, int | None, str]:
+def who_am_i(module: str,
+             _item: object) -> tuple[str, tuple[int, ...], bool, int | None, str, bool]:
     """How ``module`` (the stdlib's multiprocessing or ours) sees this process: its name,
-    identity, daemon flag, its parent's pid; and the name the stdlib's logging shows."""
+    identity, daemon flag, its parent's pid; and the name the stdlib's logging shows, and
+    the stdlib's daemon flag (which refuses a daemon children)."""
     import importlib
     import multiprocessing
 
     mpm = importlib.import_module(module)
     me, parent = mpm.current_process(), mpm.parent_process()
+    stdlib = multiprocessing.current_process()
     return (me.name, me._identity, me.daemon, None if parent is None else parent.pid,
-            multiprocessing.current_process().name)
+            stdlib.name, stdlib.daemon)
