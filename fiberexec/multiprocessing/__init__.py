@@ -65,11 +65,11 @@ allow_connection_pickling = _default_context.allow_connection_pickling
 set_executable = _default_context.set_executable
 set_forkserver_preload = _default_context.set_forkserver_preload
 
-# The stdlib's submodules, each with the same names (ours where we have our own, the
-# stdlib's where nothing is process-specific); imported on first use, as attributes too.
 # logging levels of multiprocessing's own (`log_to_stderr(SUBDEBUG)`), as the stdlib's has them
 SUBDEBUG, SUBWARNING = 5, 25
 
+# The stdlib's submodules, each with the same names (ours where we have our own, the
+# stdlib's where nothing is process-specific); imported on first use, as attributes too.
 _SUBMODULES = frozenset({"connection", "context", "dummy", "managers", "pool", "process",
                          "queues", "reduction", "shared_memory", "sharedctypes",
                          "synchronize", "util"})
