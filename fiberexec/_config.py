@@ -117,6 +117,13 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
+def _heartbeat(value: object) -> float:
+    try:
+        return _seconds(value)
+    except _Invalid:  # (the rule `_check_heartbeat` holds it to, said at once)
+        raise _Invalid(f"a number of seconds >= {HEARTBEAT_MIN}") from None
+
+
 def _cpu(value: object) -> float:
     try:
         return _seconds(value)
@@ -361,7 +368,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle_timeout", _optional(_seconds), None,
             "seconds after which an idle worker above ``min_workers`` is stopped.",
             none_means="never", types=NUMBER),
-    Setting("heartbeat", _seconds, 1.0,
+    Setting("heartbeat", _heartbeat, 1.0,
             "seconds between liveness messages when nothing else is sent (default 1).",
             types=NUMBER),
     Setting("silence_timeout", _seconds, 30.0,

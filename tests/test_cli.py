@@ -125,7 +125,7 @@ def test_info_lists_every_setting_flags_the_bad_ones_and_exits_2(tmp_path: Path)
     assert result.returncode == 2
     errors = ["max_workers must be an integer greater than 0, got 'lots' (from environment "
               "variable FIBEREXEC_MAX_WORKERS)",
-              "heartbeat must be a number of seconds > 0, got 'soon' (from environment "
+              "heartbeat must be a number of seconds >= 0.01, got 'soon' (from environment "
               "variable FIBEREXEC_HEARTBEAT)"]  # in the order of the settings
     assert result.stderr.splitlines() == [f"fiberexec info: {e}" for e in errors]
     lines = result.stdout.splitlines()

@@ -110,7 +110,7 @@ def test_dot_file_wins_over_pyproject_and_fiberexec_config_names_another(tmp_pat
          "(from environment variable FIBEREXEC_MAX_WORKERS)"),
         ({"FIBEREXEC_MAX_WORKERS": "0"}, "max_workers must be greater than 0, got '0'"),
         ({"FIBEREXEC_HEARTBEAT": "-1"},
-         "heartbeat must be a number of seconds > 0, got '-1' (from environment variable"),
+         "heartbeat must be a number of seconds >= 0.01, got '-1' (from environment variable"),
         ({"FIBEREXEC_MEMORY": "heaps"}, "memory must be bytes > 0 or a quantity like '512Mi'"),
         ({"FIBEREXEC_LABELS": "team"}, "labels must be comma-separated key=value pairs"),
         ({"FIBEREXEC_BACKEND_OPTIONS": "{"}, "backend_options must be a JSON object"),
