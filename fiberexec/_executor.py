@@ -133,6 +133,14 @@ class FiberExecutor(Executor):
         self._shutdown = False
         self._ids = itertools.count()
 
+    def __repr__(self) -> str:
+        """``<FiberExecutor max_workers=2 backend='local' running>``: what it is, at a glance."""
+        broken = self._broken
+        state = ("broken" if broken else "shut down" if self._shutdown
+                 else "not started" if self._pool is None else "running")
+        return (f"<{type(self).__name__} max_workers={self._config.max_workers} "
+                f"backend={self._config.backend!r} {state}>")
+
     @property
     def max_workers(self) -> int:
         return self._config.max_workers

@@ -108,6 +108,16 @@ def test_submit_after_shutdown_uses_stdlib_message(executor: FiberExecutor) -> N
         executor.submit(tasks.square, 1)
 
 
+def test_repr_says_what_it_is_and_how_it_stands(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(2)
+    name = repr(ex).split("backend=", 1)[1].split()[0]  # the backend under test's
+    assert repr(ex) == f"<FiberExecutor max_workers=2 backend={name} not started>"
+    assert ex.submit(tasks.square, 3).result(timeout=60) == 9
+    assert repr(ex) == f"<FiberExecutor max_workers=2 backend={name} running>"
+    ex.shutdown()
+    assert repr(ex) == f"<FiberExecutor max_workers=2 backend={name} shut down>"
+
+
 def test_shutdown_without_use_starts_nothing() -> None:
     ex = FiberExecutor(2)
     ex.shutdown()
