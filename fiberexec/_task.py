@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 import reprlib
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -125,7 +126,32 @@ def span_function(item: WorkItem) -> str:
     return item.key or function_key(item.fn)
 
 
-_short_repr = reprlib.Repr()
+_ADDRESS = re.compile(r"(?: object)? at 0x[0-9a-fA-F]+>$")
+_PACKAGE = re.compile(r"^<\w+\.(?=\w+\.)|^<\w+\.(?=\w+[ >])")
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib's, but an object's ``<...>`` repr keeps what tells it apart: its class.
+    ``<unlocked _thread.lock object at 0x7f..>`` reads ``<unlocked _thread.lock>``, and a
+    long ``<pkg.module.Class ...>`` drops its leading packages before its end is cut
+    (reprlib cuts the middle: ``<pkg.modu...x7f12>``)."""
+
+    def repr_instance(self, obj: Any, level: int) -> str:
+        try:
+            text = repr(obj)
+        except Exception:
+            return super().repr_instance(obj, level)
+        if not text.startswith("<"):
+            return super().repr_instance(obj, level)
+        text = _ADDRESS.sub(">", text)
+        while len(text) > self.maxother and (shorter := _PACKAGE.sub("<", text)) != text:
+            text = shorter
+        if len(text) > self.maxother:
+            text = text[:self.maxother - 4] + "...>"
+        return text
+
+
+_short_repr = _ShortRepr()
 _short_repr.maxstring = _short_repr.maxother = 24
 _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 4
 
