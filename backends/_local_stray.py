@@ -20,11 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiberexec.backend import ENV_ADDRESS, ENV_EXECUTOR_ID, ENV_WORKER_ID, Sweep
+from fiberexec.backend import (
+    ENV_ADDRESS,
+    ENV_EXECUTOR_ID,
+    ENV_LOCAL_ADDRESS,
+    ENV_WORKER_ID,
+    Sweep,
+)
 
 PROC = Path("/proc")
 ENV_EXECUTOR_PID = "FIBEREXEC_EXECUTOR_PID"
-LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+LISTEN, ESTABLISHED = "0A", "01"  # TCP states in /proc/net/tcp
 LOOPBACK_HOSTS = ("127.", "[::1]", "localhost")
 
 
@@ -36,6 +42,7 @@ class LocalWorker:
     address: str
     executor_pid: str = ""
     launcher: bool = False  # the program's worker launcher (`fiberexec._launcher`)
+    local_address: str = ""  # the abstract Unix name it may have connected on instead
 
     @property
     def port(self) -> int | None:
@@ -96,8 +103,8 @@ def _worker(pid: int) -> LocalWorker | None:
     if not (address or owner):
         return None
     launcher = argv[-2:-1] == ["--launcher"] and not env.get(ENV_WORKER_ID)
-    return LocalWorker(pid, env.get(ENV_EXECUTOR_ID, ""),
-                       env.get(ENV_WORKER_ID, ""), address, owner, launcher)
+    return LocalWorker(pid, env.get(ENV_EXECUTOR_ID, ""), env.get(ENV_WORKER_ID, ""),
+                       address, owner, launcher, env.get(ENV_LOCAL_ADDRESS, ""))
 
 
 def _same_namespace(pid: int, kind: str) -> bool:
@@ -117,23 +124,42 @@ def local_workers() -> Iterator[LocalWorker]:
 
 
 def listening_ports() -> set[int]:
-    """TCP ports something listens on in this network namespace."""
+    """TCP ports in use by a live process of this network namespace: listened on, or the
+    local end of a connection (an executor that took its worker's connection may listen on
+    that port no more; while it lives, the connection does)."""
     ports = set()
     for table in ("tcp", "tcp6"):
         raw = _read(PROC / "net" / table) or b""
         for line in raw.decode().splitlines()[1:]:
             fields = line.split()
-            if len(fields) > 3 and fields[3] == LISTEN:
+            if len(fields) > 3 and fields[3] in (LISTEN, ESTABLISHED):
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
 
-def is_stray(worker: LocalWorker, listening: set[int]) -> bool:
+def bound_unix_names() -> set[str]:
+    """The abstract Unix socket names bound in this network namespace (without the ``@``)."""
+    raw = _read(PROC / "net" / "unix") or b""
+    return {fields[-1][1:] for line in raw.decode(errors="replace").splitlines()[1:]
+            if len(fields := line.split()) > 7 and fields[-1].startswith("@")}
+
+
+def is_stray(worker: LocalWorker, listening: set[int], bound: set[str] | None = None) -> bool:
+    """Whether ``worker``'s executor is gone: by its pid if the worker names it (the local
+    backend's), else by the addresses it dials. A worker of another backend that runs here
+    (a pod of a cluster on this machine, an ssh host that is this one) is live while its
+    executor holds the connection: on the TCP port (listened on, or connected), or on the
+    abstract Unix name it may have connected on instead."""
     if worker.executor_pid:
         return not _executor_alive(worker.executor_pid)
     host = worker.address.removeprefix("tcp://")
-    return (host.startswith(LOOPBACK_HOSTS) and worker.port is not None
-            and worker.port not in listening and _same_namespace(worker.pid, "net"))
+    if not (host.startswith(LOOPBACK_HOSTS) and worker.port is not None
+            and worker.port not in listening and _same_namespace(worker.pid, "net")):
+        return False
+    if worker.local_address:
+        names = bound_unix_names() if bound is None else bound
+        return worker.local_address not in names
+    return True
 
 
 def stray_local_workers(executor_id: str | None = None) -> list[LocalWorker]:
@@ -143,8 +169,8 @@ def stray_local_workers(executor_id: str | None = None) -> list[LocalWorker]:
 
 def _judged() -> list[tuple[LocalWorker, bool]]:
     """Every worker here, and whether its executor holds its lease (still runs)."""
-    listening = listening_ports()
-    return [(w, not is_stray(w, listening)) for w in local_workers()]
+    listening, bound = listening_ports(), bound_unix_names()
+    return [(w, not is_stray(w, listening, bound)) for w in local_workers()]
 
 
 def _wait_exit(pidfd: int, timeout: float) -> bool:

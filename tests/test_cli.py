@@ -339,6 +339,24 @@ def test_cleanup_local_spares_live_executors_and_other_programs() -> None:
         bystander.wait(timeout=10)
 
 
+def test_a_worker_of_another_backend_connected_here_over_unix_is_not_stray() -> None:
+    """A pod of a cluster on this machine, or an ssh worker on this host, names no executor
+    pid; connected over the abstract Unix name, its TCP port is neither listened on nor
+    connected. It is live while its executor holds that name, stray once it is gone."""
+    name = f"fiberexec/{os.getpid()}/{secrets.token_hex(4)}/w0"
+    worker = _local_stray.LocalWorker(os.getpid(), "x", "w0",
+                                      f"tcp://127.0.0.1:{_closed_port()}",
+                                      local_address=name)
+    executor_end = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    executor_end.bind("\0" + name)
+    executor_end.listen()
+    try:
+        assert not _local_stray.is_stray(worker, _local_stray.listening_ports())
+    finally:
+        executor_end.close()
+    assert _local_stray.is_stray(worker, _local_stray.listening_ports())
+
+
 def _children() -> set[int]:
     import psutil
 
