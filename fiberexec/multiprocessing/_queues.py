@@ -199,7 +199,10 @@ class Queue:
         self._closed = True
 
     def join_thread(self) -> None:
-        """Nothing to join: ``put`` delivers before it returns (no feeder thread)."""
+        """Nothing to join: ``put`` delivers before it returns (no feeder thread). As the
+        stdlib's, only after `close`."""
+        if not self._closed:
+            raise AssertionError(f"Queue {self!r} not closed")
 
     def cancel_join_thread(self) -> None:
         """Nothing to cancel (no feeder thread)."""

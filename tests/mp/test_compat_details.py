@@ -63,3 +63,13 @@ def test_public_names_beyond_all_are_there(mpm: ModuleType) -> None:
     assert (pool.INIT, pool.RUN, pool.CLOSE, pool.TERMINATE) == (
         "INIT", "RUN", "CLOSE", "TERMINATE")
     assert (mpm.SUBDEBUG, mpm.SUBWARNING) == (5, 25)
+
+
+def test_join_thread_comes_after_close(mpm: ModuleType) -> None:
+    queue = mpm.Queue()
+    with pytest.raises(AssertionError, match="not closed"):
+        queue.join_thread()
+    queue.put(1)
+    assert queue.get(timeout=30) == 1
+    queue.close()
+    queue.join_thread()
