@@ -83,6 +83,7 @@ FRESH_FIRST = 2  # workers started as new processes before the launcher takes ov
 LAUNCHER_RESTARTS = 3  # launchers that forked workers and then died (killed) are replaced up
 # to this many times; after that, or if one fails before it forks, workers start afresh
 LAUNCHER_EXIT_WAIT = 1.0  # seconds a launcher whose socket closed is given to have exited
+EXIT_READ_WAIT = 1.0  # seconds an exit seen is given to be read while another thread reads it
 
 
 _STARTED = [0]  # local backends of this process that started workers afresh
@@ -472,6 +473,11 @@ class LocalBackend(Backend):
         with self._lock:
             proc = self._procs.get(key)
         code = None if proc is None else proc.poll()  # (reaps an exited child)
+        if proc is not None and code is None:
+            # It has exited (its pidfd said so), but another thread is reading its status
+            # this moment (`Popen.poll` then answers None): that ends at once.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=EXIT_READ_WAIT)
         if proc is not None and code is not None:
             worker_id, _, pid = key.partition(" ")
             self._exit_watch.report(WorkerHandle(worker_id, pid), self._exit_status(key, code))

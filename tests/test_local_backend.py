@@ -97,6 +97,27 @@ def test_one_reaper_thread_reports_every_exit() -> None:
     assert exits.empty()  # workers stopped on purpose are not reported
 
 
+def test_an_exit_read_while_another_thread_reads_it_is_still_reported() -> None:
+    """`Popen.poll` answers None while another thread holds the process's waitpid lock
+    (reading its exit at that moment): the reaper, which saw the exit on the pidfd, must
+    still report it (it once dropped it, and the executor waited start_timeout for a
+    worker long gone)."""
+    backend = LocalBackend(launcher=False)
+    exits: queue.Queue[WorkerStatus] = queue.Queue()
+    try:
+        handle = backend.start_worker(_spec("w0", "import sys; sys.stdin.read()"))
+        proc = backend._procs[f"w0 {handle.ref}"]
+        assert isinstance(proc, subprocess.Popen)
+        backend.watch(handle, lambda _, status: exits.put(status))
+        with proc._waitpid_lock:  # type: ignore[attr-defined]  # as another reader holds it
+            os.kill(proc.pid, signal.SIGKILL)
+            with pytest.raises(queue.Empty):
+                exits.get(timeout=0.3)  # the reaper saw it, and waits for the lock
+        assert exits.get(timeout=30) == WorkerStatus(WorkerState.EXITED, exit_code=-9)
+    finally:
+        backend.close()
+
+
 # -- memory= on local processes ------------------------------------------------------------------
 def test_memory_limits_each_worker_address_space(make_executor: ExecutorFactory) -> None:
     ex = make_executor(2, memory="300M")
