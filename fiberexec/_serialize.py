@@ -463,6 +463,13 @@ def loads_bytes(data: bytes | memoryview, *, what: str = "object") -> Any:
         ) from exc
 
 
+def loads_as_stdlib(data: bytes | memoryview) -> Any:
+    """Unpickle what a process received, as the standard library's connections, queues and
+    proxies do: whatever rebuilding it raises (`pickle.UnpicklingError`, or the error of
+    the object's own reduction) is raised as is, for ``except`` clauses written for it."""
+    return pickle.loads(data)
+
+
 def __getattr__(name: str) -> Any:
     if name == "RemoteTraceback":
         from concurrent.futures.process import _RemoteTraceback

@@ -17,7 +17,7 @@ import threading
 import weakref
 from typing import Any
 
-from fiberexec._serialize import dumps_as_stdlib, loads_bytes
+from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
@@ -121,7 +121,7 @@ class Connection:
 
     def recv(self) -> Any:
         """Receive one object sent with `send`; `EOFError` when the other end is closed."""
-        return loads_bytes(self._receive(), what="object received from the pipe")
+        return loads_as_stdlib(self._receive())
 
     def _subscribe(self, stream: st.Stream, cid: int) -> None:
         if not self._subscribed:

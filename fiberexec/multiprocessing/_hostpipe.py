@@ -35,7 +35,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from fiberexec import _inherit
-from fiberexec._serialize import NEEDS_STDLIB, dumps_as_stdlib, loads_bytes
+from fiberexec._serialize import NEEDS_STDLIB, dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._links import TIMING
 
@@ -64,7 +64,7 @@ class HostConnection(_mpc.Connection, Connection):  # type: ignore[misc]
         self._check_closed()  # type: ignore[attr-defined]
         self._check_readable()  # type: ignore[attr-defined]
         buf = self._recv_bytes()  # type: ignore[attr-defined]
-        return loads_bytes(buf.getbuffer(), what="object received from the pipe")
+        return loads_as_stdlib(buf.getbuffer())
 
     def __repr__(self) -> str:
         return f"<Connection fd={getattr(self, '_handle', None)}>"

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.managers import Token
 from typing import Any, ClassVar
 
-from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
+from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_as_stdlib
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._links import TIMING
@@ -57,7 +57,7 @@ class BaseProxy:
             new_oid, typeid = made  # the server counted this proxy's reference
             proxytype = _proxy_types.get(typeid, BaseProxy)
             return proxytype(endpoint.address, endpoint.secret, new_oid, typeid, self._fx_pool)
-        return loads_bytes(body, what=f"result of {methodname}()")
+        return loads_as_stdlib(body)
 
     @property
     def _token(self) -> Token:
@@ -69,7 +69,7 @@ class BaseProxy:
                 body: bytes = b"") -> Any:
         endpoint, oid, _ = self._fx
         _, out = endpoint.call(kind(oid, name), body, timeout=None)
-        return loads_bytes(out, what="attribute") if out else None
+        return loads_as_stdlib(out) if out else None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

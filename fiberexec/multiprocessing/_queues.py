@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fiberexec._serialize import dumps_as_stdlib, loads_bytes
+from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
@@ -150,7 +150,7 @@ class Queue:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Remove and return an item; `queue.Empty` if none arrives within ``timeout``."""
-        return loads_bytes(self._get_raw(block, timeout), what="queue item")
+        return loads_as_stdlib(self._get_raw(block, timeout))
 
     def _get_raw(self, block: bool = True, timeout: float | None = None) -> bytes:
         if self._closed:

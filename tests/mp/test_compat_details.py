@@ -73,3 +73,37 @@ def test_join_thread_comes_after_close(mpm: ModuleType) -> None:
     assert queue.get(timeout=30) == 1
     queue.close()
     queue.join_thread()
+
+
+class _RebuiltBadly:
+    """Pickles fine; rebuilding it raises the `ValueError` of ``int("not a number")``."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return int, ("not a number",)
+
+
+def test_what_cannot_be_rebuilt_raises_the_unpicklers_own_error(mpm: ModuleType) -> None:
+    """A received object whose rebuilding fails raises what rebuilding raised, and bytes
+    that are no pickle raise `pickle.UnpicklingError`, as the stdlib's `recv` and `get` do:
+    `except ValueError` (an exception class whose constructor takes other arguments, say)
+    catches it. The pipe and the queue go on."""
+    import pickle
+
+    left, right = mpm.Pipe()
+    left.send(_RebuiltBadly())
+    with pytest.raises(ValueError, match="not a number"):
+        right.recv()
+    left.send_bytes(b"no pickle")
+    with pytest.raises(pickle.UnpicklingError):
+        right.recv()
+    left.send("after")
+    assert right.recv() == "after"
+    for end in (left, right):
+        end.close()
+    for queue in (mpm.Queue(), mpm.SimpleQueue()):
+        queue.put(_RebuiltBadly())
+        with pytest.raises(ValueError, match="not a number"):
+            queue.get()
+        queue.put("after")
+        assert queue.get() == "after"
+        queue.close()
