@@ -24,9 +24,6 @@ to the standard output and error its requester has at the time it asks (passed a
 the request), as a child started afresh would, unless it logs to a file or its requester
 hands it a descriptor of its own (a pipe the ssh host wrapper reads, to tag its output).
 
-Installed libraries its children import for their tasks, the launcher learns and imports
-too, so the children after them start with them (`fiberexec._warmup`).
-
 The two talk over a private ``SOCK_SEQPACKET`` socket pair (one message per datagram, the
 child's pidfd passed along, so a signal never reaches a recycled pid). When the program
 ends, the launcher's socket closes and it exits; its workers leave on their own as their
@@ -48,13 +45,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-from fiberexec import _warmup
 
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
 # What a forked child's /proc/<pid>/environ names, as a worker started afresh names them
@@ -338,50 +332,21 @@ def serve(fd: int) -> None:
     """The launcher process: fork a worker per request until the executor hangs up."""
     sock = socket.socket(fileno=fd)
     _preload()
-    learner = _warmup.Learner()
     gc.freeze()  # what is loaded now stays put: a child's collections do not copy its pages
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    # A child's exit wakes the poll through the pipe; while the launcher imports
-    # libraries (`_warmup`), the handler reports it itself (no fork happens meanwhile).
-    signal.signal(signal.SIGCHLD,
-                  lambda *_: _reap(sock, learner.trials) if learner.learning else None)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the poll through the pipe
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    poller.register(learner.reader, select.POLLIN)
-    ours = (wake_r, wake_w, learner.reader.fileno())  # a child closes these, and ``sock``
-    closes = (fd, *ours, learner.writer.fileno())  # and a trial child these
-
-    def interrupted() -> bool:  # a request: the learner gives way
-        return bool(select.select([fd], [], [], 0)[0])
-
     while True:
-        trial = learner.trial_fd
-        events = poller.poll(_wait_ms(learner))
-        for ready, _ in events:
+        for ready, _ in poller.poll():
             if ready == wake_r:
                 os.read(wake_r, 4096)
-                _reap(sock, learner.trials)
-            elif ready == learner.reader.fileno():
-                learner.take()
-            elif ready != trial and not _serve_one(
-                    sock, (*ours, *learner.trial_fds()), learner.writer.fileno()):
+                _reap(sock)
+            elif not _serve_one(sock, (wake_r, wake_w)):
                 os._exit(0)
-        if trial is not None and learner.trial_read():
-            poller.unregister(trial)
-        # No request waiting: the libraries the children imported, for the next ones.
-        if learner.has_work and not interrupted() and learner.learn(closes, interrupted):
-            gc.freeze()
-        if learner.trial_fd is not None and learner.trial_fd != trial:
-            poller.register(learner.trial_fd, select.POLLIN)
-
-
-def _wait_ms(learner: _warmup.Learner) -> float | None:
-    """How long the launcher's poll waits: until a trial's time is up, or for ever."""
-    deadline = learner.deadline()
-    return None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
 
 
 def _preload() -> None:
@@ -397,9 +362,7 @@ def _preload() -> None:
             print(f"fiberexec launcher: cannot preload {name!r}: {exc!r}", file=sys.stderr)
 
 
-def _serve_one(sock: socket.socket, ours: tuple[int, ...], report: int) -> bool:
-    """Fork the child the next request asks for. ``ours``: the launcher's descriptors
-    but ``sock``, which the child closes; ``report``: where it tells what it imported."""
+def _serve_one(sock: socket.socket, pipe: tuple[int, int]) -> bool:
     try:
         data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
     except OSError:  # reset: the executor went with a request unread, as a hang-up
@@ -414,7 +377,7 @@ def _serve_one(sock: socket.socket, ours: tuple[int, ...], report: int) -> bool:
         _close(output)
         return _answer(sock, ("failed", repr(exc)))
     if pid == 0:
-        _become_worker(sock, ours, report, env, cwd, memory, log, program, output, group)
+        _become_worker(sock, pipe, env, cwd, memory, log, program, output, group)
     _close(output)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
@@ -454,8 +417,7 @@ def _load(program: str) -> None:
         print(f"fiberexec launcher: cannot preload {program!r}: {exc!r}", file=sys.stderr)
 
 
-def _reap(sock: socket.socket, trials: set[int]) -> None:
-    """Report the children that exited; ``trials`` are not workers (see `_warmup`)."""
+def _reap(sock: socket.socket) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -463,15 +425,11 @@ def _reap(sock: socket.socket, trials: set[int]) -> None:
             return
         if pid == 0:
             return
-        if pid in trials:
-            trials.discard(pid)
-            continue
         with contextlib.suppress(OSError):
             sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
 
 
-def _become_worker(sock: socket.socket, ours: tuple[int, ...], report: int,  # noqa: PLR0917
-                   env: dict[str, str],
+def _become_worker(sock: socket.socket, pipe: tuple[int, int], env: dict[str, str],  # noqa: PLR0917
                    cwd: str, memory: int | None, log: str | None, program: str,
                    output: list[int], group: int | None) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
@@ -483,9 +441,8 @@ def _become_worker(sock: socket.socket, ours: tuple[int, ...], report: int,  # n
             signal.signal(signal.SIGTTOU, signal.SIG_DFL)
             signal.signal(signal.SIGTTIN, signal.SIG_DFL)
         sock.close()
-        for fd in ours:
+        for fd in pipe:
             os.close(fd)
-        _warmup.attach(report)
         _detach(group)
         if log is not None:
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -42,7 +42,6 @@ from fiberexec import (
     _mainspace,
     _shm,
     _syspath,
-    _warmup,
 )
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
@@ -356,7 +355,6 @@ class Worker:
                 if not self.tasks:
                     watcher.unwatch()  # this thread waits on the link itself now
                     outbox.flush()
-                    _warmup.report()  # libraries the tasks imported, for the launcher
                     self.receive(block=True)
                 continue
             with self._tasks_lock:
@@ -789,7 +787,6 @@ def _finish_what_tasks_left() -> None:
 
 
 def _die(code: int, why: str) -> NoReturn:
-    _warmup.report()  # libraries the tasks imported, for the launcher's next children
     if not code:  # an orderly end: what the tasks left running finishes first
         _finish_what_tasks_left()
     _shm.drop_pool()  # what this worker sent and a receiver still maps stays mapped there

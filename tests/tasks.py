@@ -415,14 +415,3 @@ def mark(path: str) -> str:
     with open(path, "w"):
         pass
     return path
-
-
-def import_loaded(modules: list[str]) -> tuple[int, int, list[bool]]:
-    """Which worker ran the task, its parent, and whether each of ``modules`` was imported
-    in it before the task imported them."""
-    import importlib
-
-    loaded = [module in sys.modules for module in modules]
-    for module in modules:
-        importlib.import_module(module)
-    return os.getpid(), os.getppid(), loaded

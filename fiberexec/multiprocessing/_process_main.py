@@ -151,9 +151,6 @@ def _parent_gone(address: str) -> None:
 def _run(process: object) -> int:
     code = _guarded(process.run)  # type: ignore[attr-defined]
     _leaving.set()
-    from fiberexec import _warmup
-
-    _warmup.report()  # libraries it imported, for the launcher's next children
     from fiberexec.multiprocessing._connection import release_all
     from fiberexec.multiprocessing._process import join_children
 
