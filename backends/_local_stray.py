@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from fiberexec.backend import (
     ENV_LOCAL_ADDRESS,
     ENV_WORKER_ID,
     Sweep,
+    readable_within,
 )
 
 PROC = Path("/proc")
@@ -174,8 +174,7 @@ def _judged() -> list[tuple[LocalWorker, bool]]:
 
 
 def _wait_exit(pidfd: int, timeout: float) -> bool:
-    readable, _, _ = select.select([pidfd], [], [], timeout)  # a pidfd is readable on exit
-    return bool(readable)
+    return readable_within(pidfd, timeout)  # a pidfd is readable on exit
 
 
 def terminate(worker: LocalWorker, grace: float = 3.0) -> bool:

@@ -542,8 +542,10 @@ def _gone_within(pid: int, timeout: float) -> bool:
         fd = os.pidfd_open(pid)  # type: ignore[attr-defined,unused-ignore]
     except (AttributeError, OSError):  # old Python or kernel: report what we could not see
         return not os.path.exists(f"/proc/{pid}")
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
+    try:  # (poll: select refuses descriptors from 1024 on, which a busy host session has)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(max(0.0, timeout) * 1000))
     finally:
         os.close(fd)
 

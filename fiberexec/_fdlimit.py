@@ -8,6 +8,7 @@ when even the hard limit is too low, starting fails with a message that says so.
 from __future__ import annotations
 
 import resource
+import select
 
 from fiberexec._errors import ConfigurationError
 
@@ -31,3 +32,12 @@ def ensure(max_workers: int) -> None:
             f"limit is {hard} (ulimit -Hn); raise it, or lower max_workers"
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def readable_within(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds (None: wait for it).
+    With `poll`, not `select`, which refuses descriptors from 1024 on: an executor of many
+    workers, whose limit is raised above, holds those."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))

@@ -50,6 +50,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fiberexec._fdlimit import readable_within
+
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
 # What a forked child's /proc/<pid>/environ names, as a worker started afresh names them
 # (``fiberexec cleanup`` reads them): the launcher starts with room for each, which a child
@@ -212,10 +214,8 @@ class Launcher:
             threading.Thread(target=self._await_pidfd, args=(pid, child), daemon=True).start()
 
     def _await_pidfd(self, pid: int, child: ForkedProcess) -> None:
-        try:
-            select.select([child._pidfd], [], [])  # readable once the process is gone
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(OSError):
+            readable_within(child._pidfd, None)  # readable once the process is gone
         self._children.pop(pid, child)
         child.exited(-signal.SIGKILL)  # its status went to the launcher, which is gone
 

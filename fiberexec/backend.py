@@ -50,6 +50,7 @@ from fiberexec._errors import (
     PermanentBackendError,
     TransientBackendError,
 )
+from fiberexec._fdlimit import readable_within
 from fiberexec._launcher import (
     ENV_PRELOAD,
     WORKER_PROGRAM,
@@ -116,5 +117,6 @@ __all__ = [
     "lease_name",
     "load_backend",
     "parse_memory",
+    "readable_within",
     "shared_launchers",
 ]

@@ -657,3 +657,39 @@ def test_executors_sharing_a_backend_keep_their_own_workers() -> None:
             assert len(_pids_of_all(third, 3)) == 3
     finally:
         backend.close()
+
+
+def test_a_forked_workers_exit_is_awaited_on_a_descriptor_past_1024() -> None:
+    """With the launcher gone, each forked child's exit is awaited on its pidfd. An
+    executor of many workers holds descriptors past 1024, which `select` refuses: such a
+    child was reported dead at once, alive. It is reported when it exits."""
+    import resource
+    import types
+
+    from fiberexec.backend import ForkedProcess, Launcher
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard >= 2048, "this machine allows no fd 1500"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        high = os.dup2(pidfd, 1500)
+        os.close(pidfd)
+        child = ForkedProcess(proc.pid, high)
+        gone_launcher = types.SimpleNamespace(_children={proc.pid: child})
+        waiter = threading.Thread(target=Launcher._await_pidfd,
+                                  args=(gone_launcher, proc.pid, child), daemon=True)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and child.poll() is None  # it runs: nothing reported
+        assert proc.stdin is not None
+        proc.stdin.close()  # it exits
+        waiter.join(30)
+        assert child.poll() == -signal.SIGKILL  # (the status went to the launcher, gone)
+        assert not gone_launcher._children
+    finally:
+        proc.kill()
+        proc.wait(30)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
