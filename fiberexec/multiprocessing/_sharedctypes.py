@@ -11,7 +11,9 @@
                           round trip, and there is no buffer to hand to numpy)
 
 The file is removed when the creating process drops its object (or exits); processes that
-mapped it keep their mapping. `Value`/`Array` wrap the object with a lock (`RLock` by
+mapped it keep their mapping. A creator killed before that leaves it to the standard
+library's resource tracker, which removes it (and warns of it) as it does a leaked
+`SharedMemory`. `Value`/`Array` wrap the object with a lock (`RLock` by
 default), as `multiprocessing.sharedctypes` does.
 """
 
@@ -104,8 +106,28 @@ def _file_mapping(path: str, size: int) -> mmap.mmap | None:
         return None
     finally:
         os.close(fd)
-    weakref.finalize(mapping, _unlink, path)
+    tracked = _track(path)
+    weakref.finalize(mapping, _unlink, path, tracked)
     return mapping
+
+
+def _track(path: str) -> bool:
+    """Have the standard library's resource tracker remove a file in /dev/shm if this
+    process is killed before it does (as the tracker does for the stdlib's `SharedMemory`,
+    with the same warning). Whether it does."""
+    if os.path.dirname(path) != _shm.SHM_DIR:
+        return False
+    from multiprocessing import resource_tracker
+
+    try:
+        resource_tracker.register(_tracked_name(path), "shared_memory")
+    except OSError:  # no tracker could start: the file goes when dropped, as before
+        return False
+    return True
+
+
+def _tracked_name(path: str) -> str:
+    return "/" + os.path.basename(path)  # what shm_unlink(3) takes
 
 
 def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
@@ -114,9 +136,14 @@ def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
     return obj
 
 
-def _unlink(path: Any) -> None:
+def _unlink(path: Any, tracked: bool = False) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+    if tracked:
+        from multiprocessing import resource_tracker
+
+        with contextlib.suppress(OSError):
+            resource_tracker.unregister(_tracked_name(path), "shared_memory")
 
 
 def _reduce(obj: Any) -> tuple[Any, ...]:

@@ -436,3 +436,42 @@ def test_a_structure_the_script_defines_is_shared_with_a_child(
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["('Point', 4.5, True)", "0 2.5 42"]
+
+
+KILLED_WITH_SHARED_VALUES = """
+import importlib, os, signal, sys
+from multiprocessing import resource_tracker
+mp = importlib.import_module(sys.argv[1])
+value, array = mp.Value("d", 1.0), mp.Array("i", 10)
+tracker = resource_tracker._resource_tracker._pid or 0
+print(os.getpid(), tracker, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_program_killed_leaves_no_shared_value_behind(mpm: ModuleType) -> None:
+    """A program killed with values and arrays alive leaves nothing in /dev/shm: the
+    stdlib's are unlinked at once; ours, files others map by name, are removed by the
+    stdlib's resource tracker once the program is gone (as a leaked `SharedMemory` is)."""
+    import subprocess
+    import sys
+
+    from fiberexec.backend import readable_within
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_WITH_SHARED_VALUES, mpm.__name__],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pid, tracker = (int(word) for word in proc.stdout.split())
+    if tracker:  # it removes what the program left as it ends, which it does now
+        try:
+            pidfd = os.pidfd_open(tracker)
+        except ProcessLookupError:
+            pass
+        else:
+            try:
+                assert readable_within(pidfd, 30), "the resource tracker did not end"
+            finally:
+                os.close(pidfd)
+    left = [name for name in os.listdir("/dev/shm")
+            if name.startswith((f"fiberexec-mp{pid}-", f"pym-{pid}-"))]
+    assert not left
