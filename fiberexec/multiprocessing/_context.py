@@ -134,10 +134,12 @@ class BaseContext:
 
 
 class Context(BaseContext):
-    """A context for one start method name (all behave alike; see the module docstring)."""
+    """A context for one start method name (all behave alike; see the module docstring),
+    whose ``Process`` is named after it, as the standard library's (``SpawnProcess-1``)."""
 
     def __init__(self, method: str) -> None:
         self._name = method
+        self.Process = _process.BY_METHOD[method]
 
 
 class DefaultContext(BaseContext):

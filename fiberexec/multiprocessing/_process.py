@@ -400,6 +400,23 @@ class Process:
         return f"<{' '.join(info)}>"
 
 
+class SpawnProcess(Process):
+    """``get_context("spawn").Process``: a `Process`, named ``SpawnProcess-N`` as the
+    standard library's is (the method selects nothing else; see `_context`)."""
+
+
+class ForkProcess(Process):
+    """``get_context("fork").Process``, named ``ForkProcess-N``."""
+
+
+class ForkServerProcess(Process):
+    """``get_context("forkserver").Process``, named ``ForkServerProcess-N``."""
+
+
+BY_METHOD: dict[str, type[Process]] = {
+    "spawn": SpawnProcess, "fork": ForkProcess, "forkserver": ForkServerProcess}
+
+
 class _MainProcess(Process):
     def __init__(self) -> None:
         import multiprocessing

@@ -15,12 +15,16 @@ from fiberexec.multiprocessing._errors import (
     ProcessError,
     TimeoutError,
 )
+from fiberexec.multiprocessing._process import ForkProcess, ForkServerProcess, SpawnProcess
 
 __all__ = [
     "AuthenticationError",
     "BaseContext",
     "BufferTooShort",
+    "ForkProcess",
+    "ForkServerProcess",
     "ProcessError",
+    "SpawnProcess",
     "TimeoutError",
     "get_all_start_methods",
     "get_context",

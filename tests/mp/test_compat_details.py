@@ -107,3 +107,19 @@ def test_what_cannot_be_rebuilt_raises_the_unpicklers_own_error(mpm: ModuleType)
         queue.put("after")
         assert queue.get() == "after"
         queue.close()
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_a_contexts_process_is_named_after_its_method(mpm: ModuleType, method: str) -> None:
+    """``get_context("spawn").Process`` makes ``SpawnProcess-N``, the module's own
+    ``Process`` ``Process-N``, as the stdlib's (code and logs that read the names see the
+    same)."""
+    kind = {"spawn": "SpawnProcess", "fork": "ForkProcess",
+            "forkserver": "ForkServerProcess"}[method]
+    ctx = mpm.get_context(method)
+    proc = ctx.Process(target=tasks.square, args=(3,))
+    assert proc.name.startswith(f"{kind}-") and type(proc).__name__ == kind
+    assert mpm.Process(target=tasks.square, args=(3,)).name.startswith("Process-")
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
