@@ -4,7 +4,8 @@ It attaches to an executor of this user on this machine made with ``observe=True
 `fiberexec.observe`, and redraws in place with ANSI escapes every ``--interval`` seconds on a
 terminal; to a file or a pipe it writes plain frames, one after another (``--once``: one
 snapshot, no escapes). A task running more than `STRAGGLER` times its function's median run
-time is a straggler: marked ``!`` and shown in red on a terminal.
+time, and over `STRAGGLER_MIN` seconds, is a straggler (the dashboard's rule): marked ``!``
+and shown in red on a terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 from fiberexec.observe import ExecutorEntry, list_executors, snapshot
 
 STRAGGLER = 3.0  # times the function's median run time
+STRAGGLER_MIN = 1.0  # seconds: a 0.3 s chunk among 30 ms tasks is not held up (dashboard.js)
 EXIT_NONE, EXIT_USAGE, EXIT_UNANSWERED = 1, 2, 3
 NONE_RUNNING = ("no executor with observe=True is running for this user on this machine; "
                 "make one with FiberExecutor(observe=True) or FIBEREXEC_OBSERVE=1")
@@ -156,7 +158,8 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
     if task is not None:
         what = f"{task['function']}({task['arguments']})"
         median = medians.get(task["function"])
-        late = median is not None and running > STRAGGLER * max(median, 1e-3)
+        late = (median is not None and running > STRAGGLER_MIN
+                and running > STRAGGLER * max(median, 1e-3))
     cells = (worker["worker_id"], worker["host"], worker["state"],
              (_duration(running) + (" !" if late else "")) if task else "",
              str(worker["tasks_done"]), str(worker["tasks_failed"]),

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 SPANS_MAX = 10_000  # finished tasks remembered per shard, for task_spans()
 FAILURES_MAX = 100  # failed tasks remembered per shard, for failures()
 GONE_MAX = 256  # workers that left or were lost, remembered for workers()
+GONE = ("lost", "retired")  # the states of a worker that is gone (or going)
 
 # Upper bounds, in seconds, of the task duration histogram's buckets (as Prometheus' ``le``):
 # from a no-op's microseconds to an RL rollout's minutes; the last is unbounded.
@@ -91,8 +92,8 @@ class WorkerInfo:
             not the chunks that carried them).
         tasks_failed: tasks it finished with an exception, or was running when it was lost.
         cpu_percent: its process's CPU use since its last report (100 is one core), or
-            None before its first report.
-        rss_bytes: its resident memory at its last report, or None.
+            None before its first report and once it is lost or retired.
+        rss_bytes: its resident memory at its last report, or None (as ``cpu_percent``).
         last_heard: `time.time` of the last message from it, or None.
     """
 
@@ -236,11 +237,13 @@ def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
     reference = handle.ref if handle is not None else (f"{conn.host}:{conn.pid}"
                                                         if conn.pid else "")
     heard = conn.last_recv + offset if conn.host else None
+    state = _state(conn, task)
+    alive = state not in GONE  # a gone worker's last readings are not what it uses now
     return _worker(
-        conn.worker_id, backend, reference, conn.host, _state(conn, task), task,
+        conn.worker_id, backend, reference, conn.host, state, task,
         conn.tasks_done, conn.tasks_failed,
-        conn.cpu_percent if conn.cpu_percent >= 0 else None,
-        conn.rss_bytes or None, heard,
+        conn.cpu_percent if alive and conn.cpu_percent >= 0 else None,
+        (conn.rss_bytes or None) if alive else None, heard,
     )
 
 

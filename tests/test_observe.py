@@ -101,6 +101,7 @@ def test_a_worker_goes_from_starting_to_idle_running_and_retired(
     ex.shutdown()
     worker = only(ex)
     assert (worker.state, worker.tasks_done) == ("retired", 2)
+    assert (worker.cpu_percent, worker.rss_bytes) == (None, None)  # no process uses them
     with pytest.raises(LookupError, match="retired"):
         ex.dump_stack(worker.worker_id)
 
@@ -214,6 +215,8 @@ def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
     assert ex.submit(tasks.square, 2).result(timeout=30) == 4  # on a replacement
     states = {w.worker_id: w.state for w in ex.workers()}
     assert sorted(states.values()) == ["idle", "lost"], states
+    readings = {w.state: (w.cpu_percent, w.rss_bytes) for w in ex.workers()}
+    assert readings["lost"] == (None, None) and readings["idle"][1] is not None
     (failure,) = ex.failures()
     lost = next(w for w, state in states.items() if state == "lost")
     assert failure.worker_id == lost and failure.function == "tests.tasks.kill_self"

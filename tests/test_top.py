@@ -113,6 +113,22 @@ def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
     assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
 
 
+def test_a_task_under_a_second_is_no_straggler_however_quick_its_function() -> None:
+    """The dashboard's rule: over 3 times the median and over a second. A 0.5 s task of a
+    function whose tasks take 2 ms (a chunk of a map, say) is not flagged."""
+    task = {"task_id": 1, "function": "m.f", "arguments": "1", "started": 99.5}
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 1, "throughput": 1.0, "medians": {"m.f": 0.002},
+            "stats": {"tasks_pending": 0, "tasks_running": 1, "tasks_done": 50,
+                      "tasks_failed": 0, "tasks_retried": 0},
+            "workers": [{"worker_id": "w0", "host": "h", "state": "running",
+                         "tasks_done": 50, "tasks_failed": 0, "cpu_percent": 99.0,
+                         "rss_bytes": 1 << 20, "task": task}],
+            "failures": []}
+    (line,) = [x for x in _cli_top.render(view, color=True).splitlines() if "w0" in x]
+    assert "0.5s" in line and "!" not in line and "\x1b[1;31m" not in line
+
+
 def test_lines_are_whole_in_a_file_and_cut_with_an_ellipsis_on_a_screen() -> None:
     """A frame written to a file or pipe keeps every line whole (the seed at the end of a
     task's arguments is what tells two apart); a screen cuts each to its width, and says so,
