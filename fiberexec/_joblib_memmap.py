@@ -19,6 +19,9 @@ An array that already maps a file (a `numpy.memmap`, ``joblib.load(..., mmap_mod
 or a view of one), whatever its size, travels as that file, the offset and layout of its
 data and the map's mode (``"w+"`` opens as ``"r+"``): a task writing into it writes into
 the file the caller maps, joblib's documented way to collect results in shared memory.
+
+The folder is removed when the call ends; a program killed before that leaves it to joblib's
+resource tracker, which removes it once the program is gone, as it does for loky's.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class ArrayStore:
                 return known[1]
             if self.folder is None:
                 self.folder = tempfile.mkdtemp(prefix="fiberexec-joblib-", dir=self._where())
+                _track(self.folder, True)
             path = os.path.join(self.folder, f"{len(self._files)}.npy")
             _write(path, array)
             self._files[id(array)] = (weakref.ref(array), path)
@@ -175,6 +179,19 @@ class ArrayStore:
             self._files.clear()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+            _track(folder, False)
+
+
+def _track(folder: str, track: bool) -> None:
+    """Have joblib's resource tracker (loky's, which joblib's own backends use for their
+    memmap folders) remove ``folder`` if this process is killed before `ArrayStore.close`
+    does; or no longer."""
+    from joblib.externals.loky.backend import resource_tracker
+
+    try:
+        (resource_tracker.register if track else resource_tracker.unregister)(folder, "folder")
+    except OSError:  # no tracker could start: the folder goes at close, as before
+        pass
 
 
 class _MappingPickler(Pickler):

@@ -404,3 +404,55 @@ def test_large_arrays_reach_same_host_workers_as_one_read_only_map(
         ("memmap", False, 300_000.0)}
     assert len({filename for _, filename, _, _ in mapped}) == 1  # one file for every task
     assert unmapped[0] == "ndarray" and copies[0][0] == "ndarray"
+
+
+KILLED_IN_A_CALL = """
+import os, signal, sys, threading
+import numpy as np
+from joblib import Parallel, delayed
+from joblib.externals.loky.backend import resource_tracker
+import fiberexec.joblib  # noqa: F401  # registers "fiber"
+from tests import joblib_tasks as jt
+
+def kill_when_mapped():
+    while True:
+        folders = [n for n in os.listdir("/dev/shm") if n.startswith("fiberexec-joblib-")
+                   and os.stat("/dev/shm/" + n).st_uid == os.getuid()
+                   and n not in before]
+        if folders and resource_tracker._resource_tracker._pid:
+            print(folders[0], resource_tracker._resource_tracker._pid, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Event().wait(0.05)
+
+before = set(os.listdir("/dev/shm"))
+threading.Thread(target=kill_when_mapped, daemon=True).start()
+big = np.ones(2_000_000)
+Parallel(n_jobs=2, backend="fiber")(delayed(jt.sleep_return)(0.5, big) for _ in range(40))
+"""
+
+
+def test_a_program_killed_in_a_call_leaves_no_memmap_folder() -> None:
+    """Killed while its large arguments sit in a memmap folder, a program leaves it to
+    joblib's resource tracker, which removes it once the program is gone, as it does for
+    loky's folders."""
+    import signal
+    import subprocess
+    import sys
+
+    from fiberexec.backend import readable_within
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_IN_A_CALL], capture_output=True,
+                          text=True, timeout=120, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    folder, tracker = proc.stdout.split()
+    try:
+        pidfd = os.pidfd_open(int(tracker))
+    except ProcessLookupError:
+        pass
+    else:
+        try:
+            assert readable_within(pidfd, 60), "joblib's resource tracker did not end"
+        finally:
+            os.close(pidfd)
+    assert not os.path.exists(os.path.join("/dev/shm", folder))
