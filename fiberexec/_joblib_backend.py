@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from typing import Any
 
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import (
     AutoBatchingMixin,
     FallbackToBackend,
@@ -41,7 +42,7 @@ from joblib.parallel import (
 )
 
 from fiberexec._contract import ENV_ADDRESS
-from fiberexec._errors import ConfigurationError
+from fiberexec._errors import ConfigurationError, WorkerLostError
 from fiberexec._executor import FiberExecutor
 from fiberexec._joblib_memmap import ArrayStore, run_packed
 from fiberexec._observe import WorkerInfo
@@ -390,8 +391,24 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             self._futures.discard(future)
 
     def retrieve_result_callback(self, out: Future[Any]) -> Any:
-        """The batch's results, or the exception its task raised (traceback in ``__cause__``)."""
-        return out.result()
+        """The batch's results, or the exception its task raised (traceback in ``__cause__``).
+        A batch whose workers kept dying raises `WorkerLostError` that is also loky's
+        ``TerminatedWorkerError``, which code written for joblib's default backend catches."""
+        try:
+            return out.result()
+        except WorkerLostError as exc:
+            raise _as_terminated(exc) from exc.__cause__
+
+
+class TerminatedWorkerLostError(WorkerLostError, TerminatedWorkerError):  # type: ignore[misc]
+    """`WorkerLostError` that is also loky's ``TerminatedWorkerError`` (raised by joblib
+    calls on the fiber backend, so ``except TerminatedWorkerError`` catches it)."""
+
+
+def _as_terminated(exc: WorkerLostError) -> WorkerLostError:
+    error = TerminatedWorkerLostError(*exc.args)
+    error.__dict__.update(exc.__dict__)
+    return error.with_traceback(exc.__traceback__)
 
     # ------------------------------------------------------------ ending a call
 

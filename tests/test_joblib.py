@@ -456,3 +456,27 @@ def test_a_program_killed_in_a_call_leaves_no_memmap_folder() -> None:
         finally:
             os.close(pidfd)
     assert not os.path.exists(os.path.join("/dev/shm", folder))
+
+
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_a_task_that_ends_its_worker_raises_terminated_worker_error(
+        backend: str, opts: Options) -> None:
+    """loky's `TerminatedWorkerError` is what joblib code catches when a worker dies: on
+    the fiber backend, the `WorkerLostError` a call raises once the retries are spent is
+    one too (and still a `BrokenProcessPool`)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    from fiberexec import WorkerLostError
+
+    options = {"max_task_retries": 0, **opts} if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=2, **options), \
+            pytest.raises(TerminatedWorkerError) as raised:
+        Parallel()(delayed(jt.exit_now)(1) for _ in range(2))
+    assert isinstance(raised.value, BrokenProcessPool)
+    if backend == "fiber":
+        assert isinstance(raised.value, WorkerLostError)
+        assert "terminated abruptly" in str(raised.value) or "died" in str(raised.value)
+    with parallel_config(backend=backend, n_jobs=2, **options):
+        assert Parallel()(delayed(jt.square)(i) for i in range(3)) == [0, 1, 4]  # goes on
