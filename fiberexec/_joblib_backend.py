@@ -399,17 +399,6 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         except WorkerLostError as exc:
             raise _as_terminated(exc) from exc.__cause__
 
-
-class TerminatedWorkerLostError(WorkerLostError, TerminatedWorkerError):  # type: ignore[misc]
-    """`WorkerLostError` that is also loky's ``TerminatedWorkerError`` (raised by joblib
-    calls on the fiber backend, so ``except TerminatedWorkerError`` catches it)."""
-
-
-def _as_terminated(exc: WorkerLostError) -> WorkerLostError:
-    error = TerminatedWorkerLostError(*exc.args)
-    error.__dict__.update(exc.__dict__)
-    return error.with_traceback(exc.__traceback__)
-
     # ------------------------------------------------------------ ending a call
 
     def terminate(self) -> None:
@@ -452,6 +441,17 @@ def _as_terminated(exc: WorkerLostError) -> WorkerLostError:
 
 def _rebuild(nesting_level: int | None, reuse: bool, options: dict[str, Any]) -> FiberBackend:
     return FiberBackend(nesting_level=nesting_level, reuse=reuse, **options)
+
+
+class TerminatedWorkerLostError(WorkerLostError, TerminatedWorkerError):  # type: ignore[misc]
+    """`WorkerLostError` that is also loky's ``TerminatedWorkerError`` (raised by joblib
+    calls on the fiber backend, so ``except TerminatedWorkerError`` catches it)."""
+
+
+def _as_terminated(exc: WorkerLostError) -> WorkerLostError:
+    error = TerminatedWorkerLostError(*exc.args)
+    error.__dict__.update(exc.__dict__)
+    return error.with_traceback(exc.__traceback__)
 
 
 __all__ = ["FiberBackend", "in_worker", "shutdown_executors"]
