@@ -1141,9 +1141,14 @@ class Shard:
             self._count(item, False)
             conn.tasks_failed += item.items
             self._record_failure(item, conn.worker_id)
-            # in the task stream as a failure, from when it started there (about)
-            self.spans.append((item.task_id, conn.worker_id, span_function(item),
-                               min(conn.head_since, self.clock()), self.clock(), False))
+            # in the task stream and the durations as a failure, from when it started
+            # there (about), as a task that raised is
+            now = self.clock()
+            start = min(conn.head_since, now)
+            self.spans.append((item.task_id, conn.worker_id, span_function(item), start, now,
+                               False))
+            self.duration_counts[bisect_left(DURATION_BOUNDS, now - start)] += 1
+            self.duration_total += now - start
         failed, conn.doomed, conn.charged = bool(conn.doomed), [], None
         self._forget(conn)
         orderly = conn.leaving is not None and conn.why is None

@@ -224,6 +224,11 @@ def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
     assert f"worker {lost} terminated abruptly" in failure.traceback
     spans = [(s.task_id, s.worker_id, s.function, s.ok) for s in ex.task_spans()]
     assert spans[0] == (failure.task_id, lost, "tests.tasks.kill_self", False)  # a red bar
+    # the durations count it as the spans do: every finished task, the lost one too
+    kept = ex.task_spans()
+    durations = ex.task_durations()
+    assert durations.count == len(kept) == 2
+    assert durations.total == pytest.approx(sum(s.ended - s.started for s in kept), abs=1e-6)
 
 
 def test_dump_stack_of_an_unknown_worker_names_the_connected_ones(
