@@ -77,8 +77,6 @@ def name_task(exc: BaseException, item: WorkItem) -> BaseException:
 def describe(item: WorkItem) -> str:
     """A task as its user wrote it: ``module.function(short repr of the arguments)``."""
     function, arguments = describe_call(item)
-    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
-        return f"{function} {arguments}"
     return f"{function}({arguments})"
 
 
@@ -86,18 +84,23 @@ def describe_call(item: WorkItem) -> tuple[str, str]:
     """A task's function (``module.qualname``, the user's for a map chunk or a batch) and a
     short repr of its arguments (at most 80 characters). Costly next to a tiny task: call
     it only when someone asks (a failure, a snapshot), never on the way to a worker."""
-    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:
+    if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:  # shown by its first item's call
         fn, chunk = item.args
-        first = _short_repr.repr(chunk[0]) if chunk else ""
+        first = chunk[0] if chunk else ()
+        args = tuple(first) if item.fn is starmap_chunk else (first,)
         items = "map item" if len(chunk) == 1 else "map items"
-        return function_key(fn), f"on a chunk of {len(chunk)} {items} from {first}"
+        return function_key(fn), _shown(args, {}, f" [the first of a chunk of {len(chunk)} {items}]")
     fn, args, kwargs, calls = _the_call(item)
+    return function_key(fn), _shown(args, kwargs,
+                                    f" [the first of a batch of {calls} calls]" if calls > 1 else "")
+
+
+def _shown(args: tuple[Any, ...], kwargs: dict[str, Any], note: str) -> str:
     shown = ", ".join([*map(_short_repr.repr, args),
                        *(f"{k}={_short_repr.repr(v)}" for k, v in kwargs.items())])
-    batch = f" [the first of a batch of {calls} calls]" if calls > 1 else ""
-    if len(shown) + len(batch) > 80:
-        shown = shown[:77 - len(batch)] + "..."
-    return function_key(fn), shown + batch
+    if len(shown) + len(note) > 80:
+        shown = shown[:77 - len(note)] + "..."
+    return shown + note
 
 
 def _the_call(item: WorkItem) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], int]:

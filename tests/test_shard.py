@@ -970,6 +970,20 @@ def test_arguments_no_message_can_carry_fail_their_task_and_not_the_worker(
     assert b.tasks_sent("w0") == [small.task_id] and not link.closed
 
 
+def test_a_failed_map_chunk_is_named_by_its_first_items_call() -> None:
+    """As it reads in an error and inside ``f(...)`` on the dashboard and in ``top``."""
+    from fiberexec._chunks import map_chunk, starmap_chunk
+    from fiberexec._task import describe
+
+    def chunk(runner: Any, items: tuple[Any, ...]) -> WorkItem:
+        return WorkItem(1, TaskFuture(), runner, (job, items), {})
+
+    assert describe(chunk(starmap_chunk, ((1, "a"), (2, "b")))) == (
+        "tests.test_shard.job(1, 'a' [the first of a chunk of 2 map items])")
+    assert describe(chunk(map_chunk, ((1, "a"),))) == (
+        "tests.test_shard.job((1, 'a') [the first of a chunk of 1 map item])")
+
+
 def test_a_message_of_tasks_stops_growing_at_the_batch_room(
         bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside the tasks already in a message there is always room for one more of any size
