@@ -89,10 +89,11 @@ def describe_call(item: WorkItem) -> tuple[str, str]:
         first = chunk[0] if chunk else ()
         args = tuple(first) if item.fn is starmap_chunk else (first,)
         items = "map item" if len(chunk) == 1 else "map items"
-        return function_key(fn), _shown(args, {}, f" [the first of a chunk of {len(chunk)} {items}]")
+        note = f" [the first of a chunk of {len(chunk)} {items}]"
+        return function_key(fn), _shown(args, {}, note)
     fn, args, kwargs, calls = _the_call(item)
-    return function_key(fn), _shown(args, kwargs,
-                                    f" [the first of a batch of {calls} calls]" if calls > 1 else "")
+    note = f" [the first of a batch of {calls} calls]" if calls > 1 else ""
+    return function_key(fn), _shown(args, kwargs, note)
 
 
 def _shown(args: tuple[Any, ...], kwargs: dict[str, Any], note: str) -> str:
