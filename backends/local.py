@@ -76,6 +76,9 @@ os.execvp(sys.argv[2], sys.argv[2:])
 #: memory-limited worker has one arena unless its environment says otherwise.
 _ARENAS = "MALLOC_ARENA_MAX"
 
+#: Signals that end a worker because someone sent them, never because memory ran out.
+_STOPPED_BY_SOMEONE = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
+
 
 _PATH_FLAGS = frozenset({"-E", "-I", "-s", "-S", "-P"})
 FRESH_FIRST = 2  # workers started as new processes before the launcher takes over (as many
@@ -379,14 +382,16 @@ class LocalBackend(Backend):
             self._exited(key)
 
     def _exit_status(self, key: str, code: int) -> WorkerStatus:
-        """An exit; one with Python's error status under a memory limit says what may be why."""
+        """An exit; a failure under a memory limit says what may be why (an allocation
+        refused there ends the interpreter with its error status, or a crash in native code
+        that did not check for one)."""
         memory = self._memory.get(key)
-        if code != 1 or memory is None:
+        if code == 0 or memory is None or -code in _STOPPED_BY_SOMEONE:
             return WorkerStatus(WorkerState.EXITED, exit_code=code)
         return WorkerStatus(WorkerState.EXITED, exit_code=code, reason=(
-            f"its address space was limited to memory={memory} bytes (RLIMIT_AS); a "
-            "MemoryError in its output means the interpreter and imports need more, so "
-            "raise memory="))
+            f"its address space was limited to memory={memory} bytes (RLIMIT_AS); if its "
+            "output shows a MemoryError, or it ended before connecting, the interpreter, its "
+            "imports or the task need more, so raise memory="))
 
     def _output(self, worker_id: str) -> int | None:
         if not self.capture_output:

@@ -142,6 +142,19 @@ def _memory(value: object) -> int | None:
         raise _Invalid("bytes > 0 or a quantity like '512Mi' or '2G'") from None
 
 
+MIN_WORKER_MEMORY = 16 << 20  # no worker's interpreter runs in less, on any backend
+
+
+def _worker_memory(value: object) -> int | None:
+    size = _memory(value)
+    if size is not None and size < MIN_WORKER_MEMORY:
+        number = value if isinstance(value, int) else str(value).strip()
+        hint = (f" (a bare number is bytes: for {number} MiB write '{number}Mi')"
+                if str(number).isdigit() else "")
+        raise _Invalid(f"at least 16Mi per worker, as bytes or a quantity like '512Mi'{hint}")
+    return size
+
+
 def _cache_size(value: object) -> int:
     if value in (0, "0"):
         return 0
@@ -387,8 +400,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cpu", _optional(_cpu), None,
             "CPUs reserved or allowed per worker, where the backend can honour it.",
             none_means="no limit", types=NUMBER),
-    Setting("memory", _optional(_memory), None,
-            "memory per worker, as bytes or a quantity like ``\"512Mi\"``, where the "
+    Setting("memory", _optional(_worker_memory), None,
+            "memory per worker (at least ``\"16Mi\"``), as bytes or a quantity like "
+            "``\"512Mi\"``, where the "
             "backend can honour it; on the local backend it limits each worker process's "
             "address space (``RLIMIT_AS``, virtual memory: leave room for the interpreter "
             "and imports), and a task that allocates past it raises `MemoryError`.",

@@ -185,11 +185,11 @@ def test_workdir_default_is_shown_as_the_current_directory(
 def test_rows_hold_typed_values(tmp_path: Path) -> None:
     from fiberexec.config import rows as config_rows
 
-    env = {"FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5", "FIBEREXEC_MEMORY": "1Ki",
+    env = {"FIBEREXEC_MAX_WORKERS": "3", "FIBEREXEC_HEARTBEAT": "0.5", "FIBEREXEC_MEMORY": "64Mi",
            "FIBEREXEC_PORTS": "40000-40009", "FIBEREXEC_LABELS": "team=ml"}
     rows = {row.key: row for row in config_rows(_resolve(tmp_path, env), cwd="/here")}
     assert rows["max_workers"].value == 3 and rows["heartbeat"].value == 0.5
-    assert rows["memory"].value == 1024 and rows["ports"].value == [40000, 40009]
+    assert rows["memory"].value == 64 << 20 and rows["ports"].value == [40000, 40009]
     assert rows["labels"].value == {"team": "ml"} and rows["image"].value is None
     assert rows["start_retry"].value["attempts"] == RetryPolicy().attempts
     assert (rows["cpu"].value, rows["cpu"].note) == (None, "no limit")
@@ -332,6 +332,10 @@ def test_config_defaults_and_docstring_come_from_the_settings_table() -> None:
 @pytest.mark.parametrize(("argument", "value", "rule"), [
     ("image", 5, "image must be a non-empty string"),
     ("memory", "lots", "memory must be bytes > 0 or a quantity like '512Mi'"),
+    ("memory", 100, "memory must be at least 16Mi per worker, as bytes or a quantity like "
+                    r"'512Mi' \(a bare number is bytes: for 100 MiB write '100Mi'\), got 100"),
+    ("memory", "8M", "memory must be at least 16Mi per worker, as bytes or a quantity like "
+                     "'512Mi', got '8M'"),
     ("gpu", -1, "gpu must be >= 0"),
     ("labels", {1: "x"}, r"labels must be a dict of strings \(argument\)"),
     ("backend_options", ["x"], r"backend_options must be a dict \(argument\)"),

@@ -170,6 +170,29 @@ def test_a_worker_that_cannot_start_under_its_limit_says_why() -> None:
     assert "memory=33554432 bytes (RLIMIT_AS)" in status.reason and "raise memory=" in status.reason
 
 
+@pytest.mark.parametrize(("program", "code", "said"), [
+    ("import ctypes; ctypes.string_at(0)", -signal.SIGSEGV, True),  # a crash in native code
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, False),
+    ("pass", 0, False),
+])
+def test_a_memory_limited_worker_that_fails_names_the_limit(program: str, code: int,
+                                                            said: bool) -> None:
+    """Unless someone stopped it, or it ended well: then its limit is no part of why."""
+    backend = LocalBackend()
+    exits: queue.Queue[WorkerStatus] = queue.Queue()
+    spec = WorkerSpec(worker_id="w0", executor_id="local-test",
+                      command=("python", "-c", program), resources=Resources(memory=1 << 30))
+    try:
+        handle = backend.start_worker(spec)
+        backend.watch(handle, lambda _, status: exits.put(status))
+        status = exits.get(timeout=30)
+    finally:
+        backend.close()
+    assert status.exit_code == code
+    assert (status.reason is not None and "memory=1073741824 bytes (RLIMIT_AS)" in status.reason
+            and "raise memory=" in status.reason) is said, status.reason
+
+
 # -- the forking launcher ----------------------------------------------------------------------
 LAUNCHED = """
 import os, sys, time
