@@ -33,7 +33,7 @@ class Stats:
     messages_rejected: int  # unauthenticated, malformed or oversized
     throughput: float
     args_kept_bytes: int = 0  # large arguments sent to workers that keep them (arg_cache)
-    args_saved_bytes: int = 0  # large arguments not sent: the worker kept them already
+    args_saved_bytes: int = 0  # large arguments not sent: the worker kept them (per send)
     bytes_sent: int = 0  # to workers, over their links (shared-memory payloads not counted)
     bytes_received: int = 0  # from workers, likewise
     tasks_submitted: int = 0  # every task (map item) submitted: the five above, and cancelled
