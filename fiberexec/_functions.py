@@ -9,7 +9,9 @@ bytes only while nothing it reads can have changed.)
 That holds for the function a task runs (`Tasks.functions`) and for one a task takes as an
 argument: a chunk of ``map`` (the map's function rides with its items), a pool's callable,
 a key function. The arguments' pickler sends such a function as its by-value bytes
-(`reduce`), and the worker rebuilds it with `by_value`, from the same cache: so a chunked
+(`reduce`; the shard puts a `Kept` in its place first, so that the standard library's
+pickler, not cloudpickle, pickles the items around it), and the worker rebuilds it with
+`by_value`, from the same cache: so a chunked
 map of a script's function pickles and unpickles it once, not once per chunk (it was
 40 us a chunk both ways), and within a worker it stays one function object, as a forked
 stdlib worker's ``__main__`` function does.
@@ -49,6 +51,40 @@ def load(payload: Payload) -> Any:
 def by_value(data: bytes) -> Any:
     """(Unpickling) A function an argument carried as its by-value bytes (see `reduce`)."""
     return load(Payload(data))
+
+
+class Kept:
+    """A function by value, as its kept bytes: pickles as a call of `by_value`, so the
+    standard library's pickler (no cloudpickle, no Python code per object) can pickle the
+    arguments around it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return by_value, (self.data,)
+
+
+def kept_functions(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
+    """``args`` with each function among them that travels by value as a `Kept` (a chunk
+    of ``map`` carries the map's function first), and how often ``__main__`` is in their
+    bytes (those marks are no sign of the script's objects by reference: see `dumps`)."""
+    kept: list[Any] | None = None
+    marks, seen = 0, set()
+    for i, arg in enumerate(args):
+        if type(arg) is not types.FunctionType:
+            continue
+        data = by_value_bytes(arg)
+        if data is not None:
+            if kept is None:
+                kept = list(args)
+            kept[i] = Kept(data)
+            if id(data) not in seen:  # the same bytes twice are pickled once
+                seen.add(id(data))
+                marks += data.count(MAIN_MARK)
+    return (args, 0) if kept is None else (tuple(kept), marks)
 
 
 def reduce(fn: Any) -> tuple[Any, tuple[bytes]] | None:

@@ -62,7 +62,7 @@ class Payload(Record):
 
 
 def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
-          by_value: bool = False) -> Payload:
+          by_value: bool = False, main_marks: int = 0) -> Payload:
     """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
 
     A ``SystemExit`` raised by an object's ``__reduce__`` is let through, as the standard
@@ -70,7 +70,9 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
     (a task's arguments): a function in ``obj`` pickled by value travels as its kept bytes,
     which a worker rebuilds once (`fiberexec._functions`). ``by_value``: go straight to the
     pickler that pickles by value (the caller expects the plain one to meet the script's
-    objects, and would pickle everything twice: see `by_value_needed`).
+    objects, and would pickle everything twice: see `by_value_needed`). ``main_marks``: how
+    often ``__main__`` is in bytes ``obj`` carries on purpose (functions by value, as
+    `fiberexec._functions.Kept`); more in the plain pickle is the script's by reference.
     """
     buffers: list[pickle.PickleBuffer] = []
     apart = _Buffers(buffers)
@@ -81,7 +83,7 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
         if MP_MAIN in data:  # by reference to a script that workers cannot import
             _mp_main_by_value()
-        elif b"__main__" not in data and NEEDS_STDLIB not in data:
+        elif data.count(b"__main__") == main_marks and NEEDS_STDLIB not in data:
             if apart.readonly and "numpy" in sys.modules:
                 buffers.clear()
                 data = _writable_arrays(obj, apart)
@@ -115,10 +117,11 @@ class _ByValue(Exception):  # (not an error: the plain pickler is skipped)
     """Raised where the plain pickler would run, when the caller asked to skip it."""
 
 
-def by_value_needed(payload: Payload) -> bool:
-    """Whether ``payload`` carries something of the script (``__main__``) by value: the
-    next arguments of the same kind likely do too (pass ``by_value`` to `dumps`)."""
-    return b"__main__" in payload.data
+def by_value_needed(payload: Payload, main_marks: int = 0) -> bool:
+    """Whether ``payload`` carries something of the script (``__main__``) by value, beyond
+    ``main_marks`` (see `dumps`): the next arguments of the same kind likely do too (pass
+    ``by_value`` to `dumps`)."""
+    return payload.data.count(b"__main__") > main_marks
 
 
 def script_objects(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -52,6 +52,7 @@ from fiberexec._errors import (
     SerializationError,
     WorkerLostError,
 )
+from fiberexec._functions import kept_functions
 from fiberexec._future import CANCEL_WAIT, Answer, TaskFuture
 from fiberexec._losslog import LossLog
 from fiberexec._observe import DURATION_BOUNDS
@@ -885,10 +886,11 @@ class Shard:
         """``item``'s arguments, pickled once: straight by value where the last arguments
         of its function carried the script's objects (the plain pickler would meet them,
         and everything would be pickled twice)."""
-        by_value = key in self.by_value_args or script_objects(item.args, item.kwargs)
-        args = dumps((item.args, item.kwargs), what="arguments", functions_as_bytes=True,
-                     by_value=by_value)
-        if by_value_needed(args) != by_value:
+        positional, marks = kept_functions(item.args)  # (a map chunk's function: its bytes)
+        by_value = key in self.by_value_args or script_objects(positional, item.kwargs)
+        args = dumps((positional, item.kwargs), what="arguments", functions_as_bytes=True,
+                     by_value=by_value, main_marks=marks)
+        if by_value_needed(args, marks) != by_value:
             self.by_value_args.symmetric_difference_update((key,))
         return args
 

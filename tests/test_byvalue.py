@@ -294,3 +294,46 @@ def test_arguments_holding_the_scripts_objects_are_pickled_once(
     monkeypatch.setattr(_Reduced, "__module__", __name__)  # (rebuilt here by reference)
     (values,), _ = loads(payload)
     assert [v.value for v in values] == [1, 2]
+
+
+def test_arguments_around_a_kept_function_pickle_plainly_unless_they_hold_the_script(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the shard pickles a chunk of a map (`fiberexec._functions.kept_functions`): the
+    function as its kept bytes, the items with the standard library's pickler; an item of
+    the script's own, which that pickler would name as ``__main__``, sends everything by
+    value, although the function's bytes say ``__main__`` too."""
+    from fiberexec._functions import kept_functions
+    from fiberexec._serialize import by_value_needed, dumps
+
+    def scaled(x: Any) -> Any:
+        return x * SCALE
+
+    scaled.__module__ = "__main__"  # as a script's function: its bytes say so
+
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+        def __mul__(self, k: int) -> int:
+            return self.x * k
+
+    Point.__module__, Point.__qualname__ = "__main__", "Point"
+    monkeypatch.setattr(sys.modules["__main__"], "Point", Point, raising=False)
+
+    def send(chunk: tuple[Any, ...]) -> tuple[Any, bool]:
+        positional, marks = kept_functions((scaled, chunk))
+        assert marks >= 1  # the function's bytes name __main__
+        payload = dumps((positional, {}), what="arguments", functions_as_bytes=True,
+                        main_marks=marks)
+        return payload, by_value_needed(payload, marks)
+
+    payload, by_value = send((1, 2))
+    (fn, chunk), _ = loads(payload)
+    assert [fn(x) for x in chunk] == [3, 6] and not by_value  # plainly pickled
+    assert kept_functions((1, sum)) == ((1, sum), 0)  # nothing by value: as they were
+
+    payload, by_value = send((Point(2),))  # the plain pickler finds __main__.Point here...
+    monkeypatch.delattr(sys.modules["__main__"], "Point")  # ...a worker has no such name
+    (fn, chunk), _ = loads(payload)
+    assert fn(chunk[0]) == 6 and by_value  # the point came by value, and the function
