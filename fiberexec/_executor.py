@@ -9,14 +9,16 @@ import logging
 import multiprocessing.context
 import operator
 import os
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from fiberexec import _observe
+from fiberexec import _future, _observe
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import ARGUMENT, BY_KEY, NOT_SETTINGS, document, resolve
@@ -40,11 +42,17 @@ _global_shutdown = False
 
 def _python_exit() -> None:
     """At interpreter exit, finish what was submitted, as the standard library's executor
-    does; a `multiprocessing.Pool`'s executor is terminated, as the stdlib's pool is."""
+    does; a `multiprocessing.Pool`'s executor is terminated, as the stdlib's pool is. A
+    program that Ctrl-C ended (an uncaught ``KeyboardInterrupt``, or one that cut a wait for
+    a task short) waits for no task: see `FiberExecutor.__exit__`."""
     global _global_shutdown
     _global_shutdown = True
     pools = list(_live_pools)
+    interrupted = (isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
+                   or _future.INTERRUPTED.is_set())
     for pool in pools:
+        if interrupted:
+            pool.interrupt()
         if pool.terminate_at_exit:
             pool.break_executor("the interpreter exited before the pool was closed", None,
                                 level=logging.INFO)
@@ -301,6 +309,20 @@ class FiberExecutor(Executor):
             runner, chunks = starmap_chunk, _chunks(zip(*iterables, strict=False), chunksize)
         results = _map(self, runner, zip(itertools.repeat(fn), chunks), timeout, buffersize)
         return itertools.chain.from_iterable(results)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                 exc_tb: TracebackType | None) -> bool | None:
+        """`shutdown`, as any executor's ``with`` block ends; one that Ctrl-C ends (a
+        ``KeyboardInterrupt``) first cancels what has not started and interrupts each
+        running task (``KeyboardInterrupt`` in it), as a terminal's Ctrl-C, reaching the
+        standard library's workers too, does: workers here run out of the terminal's
+        reach, so the program passes it on, and waits for no task to its end."""
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            with self._lock:
+                pool = self._pool
+            if pool is not None:
+                pool.interrupt()
+        return super().__exit__(exc_type, exc_val, exc_tb)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop accepting tasks; with ``wait``, return once workers are gone."""

@@ -49,6 +49,11 @@ COLLECT_MAX = 0.005
 # done-callbacks are the shard's thread's to run
 _DEFERRED = threading.local()
 
+# Set once Ctrl-C (a KeyboardInterrupt) cut a wait for a task short: a terminal's Ctrl-C
+# reaches the standard library's workers too, and ends their tasks; here the program's exit
+# interrupts those still running rather than waiting for them (`_executor._python_exit`).
+INTERRUPTED = threading.Event()
+
 
 class Holder(Protocol):
     def ask_back(self, key: object, future: TaskFuture[Any], *, wait: bool = True) -> bool:
@@ -131,14 +136,23 @@ class TaskFuture(Future[T]):
         super().add_done_callback(fn)  # done: the stdlib's calls it now, as it would
 
     def result(self, timeout: float | None = None) -> T:
-        if self._sent is not None:
-            timeout = self._collect(timeout)
-        return super().result(timeout)
+        try:
+            if self._sent is not None:
+                timeout = self._collect(timeout)
+            return super().result(timeout)
+        except KeyboardInterrupt as exc:
+            if exc is not self._exception:  # (not the task's own)
+                INTERRUPTED.set()
+            raise
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._sent is not None:
-            timeout = self._collect(timeout)
-        return super().exception(timeout)
+        try:
+            if self._sent is not None:
+                timeout = self._collect(timeout)
+            return super().exception(timeout)
+        except KeyboardInterrupt:
+            INTERRUPTED.set()
+            raise
 
     def _collect(self, timeout: float | None) -> float | None:
         """Read the answer on this thread if it can be done; what is left of ``timeout``."""

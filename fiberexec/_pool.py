@@ -201,6 +201,13 @@ class TaskPool:
         self.shutdown(wait=False, cancel_futures=True)
         self.break_executor(message, None, level=logging.INFO)
 
+    def interrupt(self) -> None:
+        """Cancel what has not started and interrupt what runs (`Shard.interrupt`)."""
+        if self._inherited():
+            return
+        for shard in self.shards:
+            shard.post(ev.Call(shard.interrupt))
+
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once everything is stopped (from the shutdown thread)."""
         self._on_close.append(callback)

@@ -22,6 +22,7 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       |                                 |   that follows them)
       | <-- DumpStack(request_id) ----  |   the Python stack of every thread, please
       | -- Stack(request_id, text) --->  |   answered by a thread not running the task
+      | <-- Interrupt() --------------  |   Ctrl-C for the running task: KeyboardInterrupt
       | <-- Revoke(task_ids) ---------  |   give back tasks not started yet (for idle workers)
       | -- Revoked(task_ids) --------->  |   the ones it gave back (it runs the others)
       | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
@@ -44,7 +45,7 @@ from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 6  # 6: a task's exception is pickled on its own inside its payload
+VERSION = 7  # 7: Interrupt
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -80,6 +81,7 @@ class Kind(enum.IntEnum):
     REVOKED = 12
     DUMP_STACK = 13
     STACK = 14
+    INTERRUPT = 15
 
 
 class Status(enum.IntEnum):
@@ -199,8 +201,14 @@ class Stack(NamedTuple):
     text: str
 
 
+class Interrupt(NamedTuple):
+    """What a terminal's Ctrl-C does to a standard library worker, for the task running
+    (none: nothing happens): ``KeyboardInterrupt`` in it (SIGINT, so the task's own handler,
+    if it set one, runs instead). Sent when the program's Ctrl-C ends its executor."""
+
+
 Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
-           | Initialized | Revoke | Revoked | DumpStack | Stack)
+           | Initialized | Revoke | Revoked | DumpStack | Stack | Interrupt)
 
 
 def check_fits(payload: Payload, shared: bool, what: str) -> int:
@@ -366,7 +374,7 @@ def _enc_results(w: _Writer, m: Results) -> None:
             parts.append(data.data)
 
 
-def _enc_empty(w: _Writer, m: Initialized) -> None:
+def _enc_empty(w: _Writer, m: object) -> None:
     pass
 
 
@@ -414,11 +422,12 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     Heartbeat: (Kind.HEARTBEAT, _enc_heartbeat),  # type: ignore[dict-item]
     Bye: (Kind.BYE, _enc_bye),  # type: ignore[dict-item]
     InitFailed: (Kind.INIT_FAILED, _enc_init_failed),  # type: ignore[dict-item]
-    Initialized: (Kind.INITIALIZED, _enc_empty),  # type: ignore[dict-item]
+    Initialized: (Kind.INITIALIZED, _enc_empty),
     Revoke: (Kind.REVOKE, _enc_ids),  # type: ignore[dict-item]
     Revoked: (Kind.REVOKED, _enc_ids),  # type: ignore[dict-item]
     DumpStack: (Kind.DUMP_STACK, _enc_dump_stack),  # type: ignore[dict-item]
     Stack: (Kind.STACK, _enc_stack),  # type: ignore[dict-item]
+    Interrupt: (Kind.INTERRUPT, _enc_empty),
 }
 
 # ---------------------------------------------------------------------------- decoding
@@ -629,4 +638,5 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.REVOKED: lambda r: Revoked(_dec_ids(r)),
     Kind.DUMP_STACK: lambda r: DumpStack(r.uint("!Q")),
     Kind.STACK: _dec_stack,
+    Kind.INTERRUPT: lambda r: Interrupt(),
 }

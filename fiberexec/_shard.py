@@ -755,15 +755,16 @@ class Shard:
             self._take_incoming()
             self.queue = self._cancel_queued()
 
-    def _cancel_queued(self) -> deque[WorkItem]:
-        """Cancel queued tasks, keeping what the standard library's call queue would hold.
+    def _cancel_queued(self, *, everything: bool = False) -> deque[WorkItem]:
+        """Cancel queued tasks, keeping what the standard library's call queue would hold
+        (none with ``everything``).
 
         `ProcessPoolExecutor` moves up to ``max_workers + 1`` tasks into its call queue (and
         marks them running) as soon as they are submitted; ``cancel_futures`` cannot cancel
         those, so they still run. The same number, less what workers already hold, runs here.
         """
         held = sum(len(c.inflight) for c in self.conns.values())
-        room = max(0, self.config.max_workers + 1 - held)
+        room = 0 if everything else max(0, self.config.max_workers + 1 - held)
         keep: deque[WorkItem] = deque()
         for item in self.queue:
             if item.started or (len(keep) < room and item.start()):
@@ -772,6 +773,17 @@ class Shard:
                 item.future.cancel()
                 item.start()  # tells its waiters: `wait` and `as_completed` see it done
         return keep
+
+    def interrupt(self) -> None:
+        """(Its thread.) The program's Ctrl-C ends its use of the executor: what has not
+        started is cancelled, and each running task is interrupted (`p.Interrupt`), as a
+        terminal's Ctrl-C reaches a standard library worker, so none is waited for to its end.
+        """
+        self._take_incoming()
+        self.queue = self._cancel_queued(everything=True)
+        for conn in list(self.conns.values()):
+            if conn.state is State.READY and conn.inflight:
+                self._send(conn, p.Interrupt())
 
     def _give_away(self, thief: Shard) -> None:
         if not self.ready_workers:

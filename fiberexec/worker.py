@@ -109,6 +109,7 @@ class Worker:
         self.claims: ClaimBoard | None = None  # with the executor on this host
         self.stopping = False
         self.doing: str | None = None  # what the main thread runs (None: it waits)
+        self.interruptible = False  # a task's own code runs: SIGINT interrupts it
         self._leaving: tuple[int, str] | None = None  # exit code and words, once leaving
         self.last_heard = time.monotonic()
         self._recv_lock = threading.Lock()  # one receiver at a time: main or outbox thread
@@ -303,6 +304,17 @@ class Worker:
         elif isinstance(message, p.DumpStack):
             stacks = format_stacks(threading.main_thread().ident, doing=self.doing)
             self.outbox.send(p.Stack(message.request_id, stacks))
+        elif isinstance(message, p.Interrupt) and self.interruptible:
+            # (From the watcher: the main thread runs the task.) As a terminal's Ctrl-C
+            # reaches a standard library worker: whatever handler the task has runs.
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def on_sigint(self, signum: int, frame: object) -> None:
+        """SIGINT (`Interrupt`, or someone's ``kill -INT``): ``KeyboardInterrupt`` in the
+        task running, which fails with it; none running, nothing happens, where Python's
+        default would end this worker between tasks."""
+        if self.interruptible:
+            raise KeyboardInterrupt
 
     def _give_back(self, wanted: set[int]) -> None:
         """Hand back the wanted tasks this worker has not started (it runs the rest)."""
@@ -422,10 +434,13 @@ class Worker:
             args, kwargs = loads(task.args, what="arguments")
             if _functions.MAIN_MARK in task.args.data:  # an object of the caller's script, by value
                 args, kwargs = _mainspace.settle(args, kwargs)
+            self.interruptible = True
             value = fn(*args, **kwargs)
+            self.interruptible = False
             payload, status = dumps(value, what="result"), p.Status.OK
             p.check_fits(payload, self.shm.executor_id is not None, "the result and its buffers")
         except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
+            self.interruptible = False
             if isinstance(exc, MemoryError):
                 _note_memory_limit(exc)
             payload, status = dumps_exception(exc), p.Status.RAISED
@@ -863,6 +878,7 @@ def run() -> None:
         return
     worker.outbox.beat()  # the executor knows its resource use before anything else
     worker.redirect_output(setup.output)
+    signal.signal(signal.SIGINT, worker.on_sigint)  # (an initializer may set its own)
     timer = partial(worker.outbox.run_timer, worker.heartbeat)
     threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
     worker.run_initializer(setup)

@@ -49,6 +49,7 @@ messages = st.one_of(
     st.builds(p.Revoked, st.lists(st.integers(0, 2**64 - 1), max_size=20)),
     st.builds(p.InitFailed, payloads),
     st.just(p.Initialized()),
+    st.just(p.Interrupt()),
 )
 
 

@@ -1,0 +1,80 @@
+"""A program that Ctrl-C interrupts while it waits for long tasks (tests/test_interrupt.py).
+
+``python -m tests.interrupt_program SYSTEM MODE TASKS DIR``: SYSTEM is ``stdlib`` or
+``fiberexec``; MODE ``with`` (the executor's ``with`` block ends with the interrupt) or
+``bare`` (the program catches it and ends, leaving the executor to the interpreter's exit);
+TASKS long tasks are submitted to two workers. It prints ``ready`` once two of them run,
+then waits for the first; the test sends SIGINT as a terminal does. Each task writes
+``DIR/started-PID``, and ``DIR/ended-PID`` when it ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+from pathlib import Path
+
+LONG = 120.0  # seconds a task would run if nothing interrupted it
+READY_WAIT = 60.0  # seconds the program waits for two tasks to start
+
+
+def long_task(folder: str) -> str:
+    (Path(folder) / f"started-{os.getpid()}").touch()
+    with open(Path(folder) / "ready", "wb", buffering=0) as fifo:
+        fifo.write(b"x")
+    try:
+        time.sleep(LONG)
+        return "finished"
+    finally:
+        (Path(folder) / f"ended-{os.getpid()}").touch()
+
+
+def make(system: str) -> Executor:
+    if system == "stdlib":
+        return ProcessPoolExecutor(2)
+    from fiberexec import FiberExecutor
+
+    return FiberExecutor(2)
+
+
+def main() -> None:
+    system, mode, tasks, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    # A terminal's program gets Ctrl-C as KeyboardInterrupt (one started in the background
+    # by a shell would ignore SIGINT: not what is tested here).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.mkfifo(Path(folder) / "ready")
+    ex = make(system)
+    try:
+        if mode == "with":
+            with ex:
+                wait_for_long_tasks(ex, tasks, folder)
+        else:
+            wait_for_long_tasks(ex, tasks, folder)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+
+
+def wait_for_long_tasks(ex: Executor, tasks: int, folder: str) -> None:
+    fd = os.open(Path(folder) / "ready", os.O_RDONLY | os.O_NONBLOCK)
+    ours = os.open(Path(folder) / "ready", os.O_WRONLY)  # so a task's close is no end-of-file
+    try:
+        futures = [ex.submit(long_task, folder) for _ in range(tasks)]
+        deadline, seen = time.monotonic() + READY_WAIT, b""
+        while len(seen) < 2:  # a byte from each task that started
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SystemExit("the tasks did not start")
+            seen += os.read(fd, 2)
+    finally:
+        os.close(ours)
+        os.close(fd)
+    print("ready", flush=True)
+    futures[0].result()
+
+
+if __name__ == "__main__":
+    main()
