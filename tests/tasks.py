@@ -102,6 +102,12 @@ def record_init(path: str) -> None:
         f.write(f"{worker_id()}\n")
 
 
+def record_pid(path: str) -> None:
+    """An initializer for any executor: this process's pid, one line."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
 def fail_init() -> None:
     raise RuntimeError("initializer refused")
 

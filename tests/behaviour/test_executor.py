@@ -172,6 +172,16 @@ def test_initializer_must_be_callable(cls: type[cf.Executor]) -> None:
         cls(1, initializer=5)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("cls", [cf.ProcessPoolExecutor, FiberExecutor])
+def test_initializer_and_initargs_pass_by_position(cls: type[cf.Executor],
+                                                   tmp_path: Path) -> None:
+    """``(max_workers, mp_context, initializer, initargs)``, the stdlib's signature."""
+    record = tmp_path / "init.txt"
+    with cls(1, None, tasks.record_pid, (str(record),)) as ex:  # type: ignore[call-arg]
+        pid = ex.submit(tasks.pid).result(timeout=60)
+    assert record.read_text().split() == [str(pid)]  # the one worker ran it, with that path
+
+
 def test_bad_options_name_rule_and_value() -> None:
     with pytest.raises(ConfigurationError, match="min_workers must be between 0 and max_workers=2"):
         FiberExecutor(2, min_workers=5)
