@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing.context
+import numbers
 import operator
 import os
 import sys
@@ -292,8 +293,9 @@ class FiberExecutor(Executor):
             raise ValueError("buffersize must be None or > 0")
         try:
             chunksize = operator.index(chunksize)  # (what the stdlib's islice takes)
-        except TypeError:
-            raise ValueError(f"chunksize must be a whole number >= 1, got {chunksize!r}") from None
+        except TypeError:  # the stdlib's: ValueError for 2.5 (islice's), TypeError for "2"
+            kind = ValueError if isinstance(chunksize, numbers.Real) else TypeError
+            raise kind(f"chunksize must be a whole number >= 1, got {chunksize!r}") from None
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if chunksize == 1:

@@ -24,6 +24,7 @@ import io
 import os
 import stat
 import sys
+import threading
 import types
 from collections import ChainMap
 from collections.abc import Callable, Iterator
@@ -82,6 +83,43 @@ def _refuse_file(file: io.TextIOWrapper) -> Any:
                     "file stays in this process (pass its path, and open it in the task)")
 
 
+class _Anew:
+    """A lock or a thread-local that a function pickled by value reads as a global: made
+    anew where it arrives (unlocked, empty), as a worker that imported the script would
+    make it. Passed as an argument instead, such an object still cannot be pickled: the
+    task could only think it shares it."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+    def __reduce__(self) -> tuple[Callable[[], Any], tuple[()]]:
+        return self.make, ()
+
+
+_ANEW: dict[type, Callable[[], Any]] = {
+    type(threading.Lock()): threading.Lock,
+    type(threading.RLock()): threading.RLock,
+    threading.local: threading.local,
+}
+
+
+def _globals_anew(reduced: Any) -> Any:
+    """cloudpickle's reduction of a function by value (``(make, args, (state, slotstate),
+    ...)``, its globals a dict made for the pickle), with its locks and thread-locals as
+    `_Anew`."""
+    state = reduced[2] if type(reduced) is tuple and len(reduced) > 2 else None
+    slots = state[1] if type(state) is tuple and len(state) == 2 else None
+    space = slots.get("__globals__") if type(slots) is dict else None
+    if type(space) is dict:
+        for name, value in space.items():
+            make = _ANEW.get(type(value))
+            if make is not None:
+                space[name] = _Anew(make)
+    return reduced
+
+
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with code keeping its file's name, the standard library
     multiprocessing's reducers first (the
@@ -109,6 +147,8 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             reduced = _functions.reduce(obj)
             if reduced is not None:
                 return reduced
+        if type(obj) is types.FunctionType:
+            return _globals_anew(super().reducer_override(obj))
         return super().reducer_override(obj)
 
 

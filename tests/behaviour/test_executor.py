@@ -67,6 +67,9 @@ def test_map_refuses_a_chunksize_that_is_not_a_whole_number(make: Make) -> None:
     ex = make(1)
     with pytest.raises(ValueError):
         list(ex.map(tasks.square, range(4), chunksize=2.5))
+    for not_a_number in ("2", None):  # as the stdlib's comparison with 1 raises
+        with pytest.raises(TypeError):
+            list(ex.map(tasks.square, range(4), chunksize=not_a_number))  # type: ignore[arg-type]
 
 
 def test_map_over_arguments_that_raise_midway_runs_those_before(
