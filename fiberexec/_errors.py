@@ -142,6 +142,13 @@ def _rebuild_as_also(base: type[BaseException], args: tuple[Any, ...]) -> BaseEx
     return PicklingError(*args) if kind is None else kind(*args)
 
 
+class PerformanceWarning(UserWarning):
+    """Something about how tasks are written makes them much slower than they need be (a
+    script's function that brings megabytes of globals with every batch of tasks). Shown
+    once per function, at its definition; ``warnings.filterwarnings("ignore",
+    category=fiberexec.PerformanceWarning)`` turns it off."""
+
+
 class LinkClosed(ConnectionError):
     """The other end of a link hung up (internal: workers exit on it, shards lose the peer)."""
 

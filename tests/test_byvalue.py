@@ -77,21 +77,26 @@ def test_a_mutable_global_is_pickled_every_time() -> None:
 TABLE = bytearray(2 << 20)  # 2 MiB that can change in place
 
 
-def test_a_function_sent_again_and_again_with_large_globals_is_said_once(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_function_sent_again_and_again_with_large_globals_is_said_once() -> None:
     """Pickled by value, a function travels with what it reads; a global that can change in
-    place is pickled again for every batch of tasks. At a MiB or more that is said (once,
-    on fiberexec's logger), naming the global and what to do."""
+    place is pickled again for every batch of tasks. At a MiB or more that is said (once, as
+    a `PerformanceWarning` at the function's definition), naming the global and what to
+    do."""
+    from fiberexec import PerformanceWarning
+
     def lookup(i: int) -> int:
         return TABLE[i] + len(WEIGHTS)
 
-    with caplog.at_level("WARNING", logger="fiberexec"):
+    with pytest.warns(PerformanceWarning) as said:
         for _ in range(4):
             assert sent(lookup)(0) == 2
-    said = [r.getMessage() for r in caplog.records if "lookup()" in r.getMessage()]
     assert len(said) == 1
-    assert "TABLE (bytearray of 2.0 MiB)" in said[0] and "initializer" in said[0]
-    assert "WEIGHTS (list of 2 items)" in said[0]
+    text = str(said[0].message)
+    assert text.startswith("test_a_function_sent_again_and_again_with_large_globals_is_said_"
+                           "once.<locals>.lookup() is sent by value")
+    assert "TABLE (bytearray of 2.0 MiB)" in text and "initializer" in text
+    assert "WEIGHTS (list of 2 items)" in text
+    assert (said[0].filename, said[0].lineno) == (__file__, lookup.__code__.co_firstlineno)
 
 
 def test_a_closure_cell_bound_again_is_sent_anew() -> None:
