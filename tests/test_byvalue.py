@@ -88,9 +88,8 @@ def test_a_function_sent_again_and_again_with_large_globals_is_said_once() -> No
         return TABLE[i] + len(WEIGHTS)
 
     with pytest.warns(PerformanceWarning) as said:
-        for _ in range(4):
-            assert sent(lookup)(0) == 2
-    assert len(said) == 1
+        results = [sent(lookup)(0) for _ in range(4)]
+    assert results == [2] * 4 and len(said) == 1
     text = str(said[0].message)
     assert text.startswith("test_a_function_sent_again_and_again_with_large_globals_is_said_"
                            "once.<locals>.lookup() is sent by value")
