@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any
+from typing import Any, cast
 
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
@@ -58,11 +58,20 @@ def _chunks(iterable: Iterable[Any], size: int) -> Iterator[tuple[Any, ...]]:
         yield chunk
 
 
-def _outcome(future: Future[Any]) -> tuple[bool, Any]:
+def _outcome(future: Future[Any], *, item: bool = False) -> tuple[bool, Any]:
+    """What ``future`` gave, as the pool's result; ``item``: one map item run alone (an
+    unpicklable result is shown in a list, as in the standard library, which sends a chunk
+    of one item as a list)."""
     if future.cancelled():
         return False, ProcessError("the pool was terminated before this task finished")
     exc = future.exception()
-    return (True, future.result()) if exc is None else (False, _as_stdlib(exc))
+    if exc is None:
+        return True, future.result()
+    error = _as_stdlib(exc)
+    if item and isinstance(error, _MAYBE_ENCODING) and len(error.args) == 2:
+        shown = f"[{error.args[1]}]"  # (its args are the reprs it shows)
+        error.args, error.value = (error.args[0], shown), shown  # type: ignore[attr-defined]
+    return False, error
 
 
 _STD_POOL = vars(importlib.import_module("multiprocessing.pool"))  # these are not in typeshed
@@ -149,11 +158,14 @@ AsyncResult = ApplyResult
 
 
 class MapResult(ApplyResult):
-    """The result of `Pool.map_async` / `starmap_async`: a list once every chunk is back."""
+    """The result of `Pool.map_async` / `starmap_async`: a list once every chunk is back
+    (``items``: each task ran one item, and gave its value rather than a chunk's list)."""
 
-    def __init__(self, sizes: list[int], callback: Callback, error_callback: Callback) -> None:
+    def __init__(self, sizes: list[int], callback: Callback, error_callback: Callback,
+                 *, items: bool = False) -> None:
         super().__init__(callback, error_callback)
-        self._parts: list[list[Any]] = [[] for _ in sizes]
+        self._items = items
+        self._parts: list[Any] = [[] for _ in sizes]
         self._left = len(sizes)
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -162,7 +174,7 @@ class MapResult(ApplyResult):
             self._event.set()
 
     def _chunk_done(self, index: int, future: Future[Any]) -> None:
-        success, value = _outcome(future)
+        success, value = _outcome(future, item=self._items)
         with self._lock:
             if success:
                 self._parts[index] = value
@@ -172,7 +184,8 @@ class MapResult(ApplyResult):
             last = self._left == 0
         if last:
             if self._error is None:
-                self._set(True, list(itertools.chain.from_iterable(self._parts)))
+                self._set(True, self._parts if self._items
+                          else list(itertools.chain.from_iterable(self._parts)))
             else:
                 self._set(False, self._error)
 
@@ -181,13 +194,15 @@ class IMapIterator:
     """Results of `Pool.imap` / `imap_unordered`, pulling the input lazily.
 
     At most ``window`` chunks are in flight; more are taken from the input as results are
-    consumed, so an endless generator works with a bounded consumer.
+    consumed, so an endless generator works with a bounded consumer. ``items``: each task
+    runs one item and gives its value, not a chunk's list.
     """
 
-    def __init__(self, submit: Callable[[tuple[Any, ...]], Future[list[Any]]],
-                 source: Iterator[tuple[Any, ...]], window: int, ordered: bool) -> None:
+    def __init__(self, submit: Callable[[tuple[Any, ...]], Future[Any]],
+                 source: Iterator[tuple[Any, ...]], window: int, ordered: bool,
+                 items: bool = False) -> None:
         self._submit, self._source = submit, source
-        self._window, self._ordered = window, ordered
+        self._window, self._ordered, self._items = window, ordered, items
         self._inflight: deque[Future[list[Any]]] = deque()
         self._finished: deque[Future[list[Any]]] = deque()  # unordered: as they finish
         self._arrived = threading.Condition(threading.Lock())
@@ -240,10 +255,13 @@ class IMapIterator:
                     raise StopIteration
                 future = self._take(timeout)
                 self._fill()
-                success, value = _outcome(future)
+                success, value = _outcome(future)  # (the stdlib's imap too runs an item alone)
                 if not success:
                     raise value
-                self._ready.extend(value)
+                if self._items:
+                    self._ready.append(value)
+                else:
+                    self._ready.extend(value)
             return self._ready.popleft()
 
     def _take(self, timeout: float | None) -> Future[list[Any]]:
@@ -410,10 +428,18 @@ class Pool:
             chunksize = self._default_chunksize(len(items)) or 1
         elif chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
-        chunks = list(_chunks(items, chunksize))
-        result = MapResult([len(c) for c in chunks], callback, error_callback)
-        # all at once: each worker gets its share of the chunks in one message
-        futures = self._get_executor(func)._submit_all(star, [(func, c) for c in chunks])
+        executor = self._get_executor(func)
+        if chunksize == 1:  # each item a task of its own: ``func`` travels once a message,
+            # and the item alone is pickled, as a plain call's arguments are
+            calls = [(item,) for item in items] if star is _mapstar else [
+                tuple(args) for args in cast("Iterable[Iterable[Any]]", items)]
+            result = MapResult([1] * len(calls), callback, error_callback, items=True)
+            futures = executor._submit_all(func, calls)
+        else:
+            chunks = list(_chunks(items, chunksize))
+            result = MapResult([len(c) for c in chunks], callback, error_callback)
+            # all at once: each worker gets its share of the chunks in one message
+            futures = executor._submit_all(star, [(func, c) for c in chunks])
         for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(result._chunk_done, index))
         return result
@@ -452,11 +478,13 @@ class Pool:
             raise TypeError("buffersize must be an integer or None")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
-        iterator = IMapIterator(
-            lambda chunk: self._submit(_mapstar, func, chunk),
-            _chunks(iterable, chunksize), window=buffersize or max(IMAP_AHEAD, 2 * self._processes),
-            ordered=ordered,
-        )
+        window = buffersize or max(IMAP_AHEAD, 2 * self._processes)
+        if chunksize == 1:  # each item a task of its own (see `_map_async`)
+            iterator = IMapIterator(lambda chunk: self._submit(func, *chunk),
+                                    _chunks(iterable, 1), window, ordered, items=True)
+        else:
+            iterator = IMapIterator(lambda chunk: self._submit(_mapstar, func, chunk),
+                                    _chunks(iterable, chunksize), window, ordered)
         self._iterators.add(iterator)
         return iterator
 

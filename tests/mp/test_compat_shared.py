@@ -314,6 +314,14 @@ def test_pool_errors_have_stdlib_types(mpm: ModuleType) -> None:
         assert unsent.value.exc.startswith("TypeError(") and "_thread.lock" in unsent.value.exc
         assert unsent.value.value.startswith("<unlocked _thread.lock object at 0x")
         assert str(unsent.value).startswith("Error sending result: '<unlocked _thread.lock")
+        # A map's chunk is sent as a list, even of one item; imap sends an item alone
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError) as unsent:
+            pool.map(t.make_lock_for, [1], chunksize=1)
+        assert unsent.value.value.startswith("[<unlocked _thread.lock object at 0x")
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError) as unsent:
+            list(pool.imap(t.make_lock_for, [1]))
+        assert unsent.value.value.startswith("<unlocked _thread.lock object at 0x")
+        assert pool.map(abs, [-1, -2], chunksize=1) == list(pool.imap(abs, [-1, -2])) == [1, 2]
 
 
 # ---------------------------------------------------------------- fiberexec only, on purpose
