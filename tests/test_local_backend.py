@@ -153,35 +153,20 @@ def test_without_memory_no_limit_is_set(make_executor: ExecutorFactory) -> None:
     assert not hasattr(raised.value, "__notes__")  # no limit, nothing to say about one
 
 
-def test_a_worker_that_cannot_start_under_its_limit_says_why() -> None:
-    backend = LocalBackend()
-    exits: queue.Queue[WorkerStatus] = queue.Queue()
-    spec = WorkerSpec(worker_id="w0", executor_id="local-test",
-                      command=("python", "-c", "bytearray(64 << 20)"),
-                      resources=Resources(memory=32 * 2**20))
-    try:
-        handle = backend.start_worker(spec)
-        backend.watch(handle, lambda _, status: exits.put(status))
-        status = exits.get(timeout=30)
-    finally:
-        backend.close()
-    assert status.exit_code == 1
-    assert status.reason is not None
-    assert "memory=33554432 bytes (RLIMIT_AS)" in status.reason and "raise memory=" in status.reason
-
-
-@pytest.mark.parametrize(("program", "code", "said"), [
-    ("import ctypes; ctypes.string_at(0)", -signal.SIGSEGV, True),  # a crash in native code
-    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, False),
-    ("pass", 0, False),
+@pytest.mark.parametrize(("program", "memory", "code", "said"), [
+    ("bytearray(64 << 20)", 32 << 20, 1, True),  # cannot start under its limit
+    ("import ctypes; ctypes.string_at(0)", 1 << 30, -signal.SIGSEGV, True),  # a native crash
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 1 << 30, -signal.SIGTERM,
+     False),
+    ("pass", 1 << 30, 0, False),
 ])
-def test_a_memory_limited_worker_that_fails_names_the_limit(program: str, code: int,
-                                                            said: bool) -> None:
+def test_a_memory_limited_worker_that_fails_names_the_limit(program: str, memory: int,
+                                                            code: int, said: bool) -> None:
     """Unless someone stopped it, or it ended well: then its limit is no part of why."""
     backend = LocalBackend()
     exits: queue.Queue[WorkerStatus] = queue.Queue()
     spec = WorkerSpec(worker_id="w0", executor_id="local-test",
-                      command=("python", "-c", program), resources=Resources(memory=1 << 30))
+                      command=("python", "-c", program), resources=Resources(memory=memory))
     try:
         handle = backend.start_worker(spec)
         backend.watch(handle, lambda _, status: exits.put(status))
@@ -189,7 +174,7 @@ def test_a_memory_limited_worker_that_fails_names_the_limit(program: str, code: 
     finally:
         backend.close()
     assert status.exit_code == code
-    assert (status.reason is not None and "memory=1073741824 bytes (RLIMIT_AS)" in status.reason
+    assert (status.reason is not None and f"memory={memory} bytes (RLIMIT_AS)" in status.reason
             and "raise memory=" in status.reason) is said, status.reason
 
 
