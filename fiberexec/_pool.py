@@ -203,7 +203,7 @@ class TaskPool:
 
     def interrupt(self) -> None:
         """Cancel what has not started and interrupt what runs (`Shard.interrupt`)."""
-        if self._inherited():
+        if self._inherited() or self._closed.is_set():  # (its shards' threads are gone)
             return
         for shard in self.shards:
             shard.post(ev.Call(shard.interrupt))
