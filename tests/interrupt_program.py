@@ -3,8 +3,8 @@
 ``python -m tests.interrupt_program SYSTEM MODE TASKS DIR``: SYSTEM is ``stdlib`` or
 ``fiberexec``; MODE ``with`` (the executor's ``with`` block ends with the interrupt) or
 ``bare`` (the program catches it and ends, leaving the executor to the interpreter's exit);
-TASKS long tasks are submitted to two workers. It prints ``ready`` once two of them run,
-then waits for the first; the test sends SIGINT as a terminal does. Each task writes
+TASKS long tasks are submitted to two workers. Once two of them run, it waits for the first
+and prints ``ready`` (`say_when_waiting`); the test sends SIGINT as a terminal does. Each task writes
 ``DIR/started-PID``, and ``DIR/ended-PID`` when it ends, however it ends.
 """
 
@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
@@ -72,8 +73,25 @@ def wait_for_long_tasks(ex: Executor, tasks: int, folder: str) -> None:
     finally:
         os.close(ours)
         os.close(fd)
-    print("ready", flush=True)
+    threading.Thread(target=say_when_waiting, args=(threading.main_thread(),),
+                     daemon=True).start()
     futures[0].result()
+
+
+def say_when_waiting(main: threading.Thread) -> None:
+    """Print ``ready`` once the main thread waits in ``result()``: a Ctrl-C a moment
+    earlier would interrupt the program elsewhere, which is not what is tested."""
+    deadline, pause = time.monotonic() + READY_WAIT, threading.Event()
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main.ident or 0)
+        names = set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if {"result", "wait"} <= names:
+            print("ready", flush=True)
+            return
+        pause.wait(0.01)  # (bounded: READY_WAIT)
 
 
 if __name__ == "__main__":
