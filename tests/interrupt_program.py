@@ -4,8 +4,8 @@
 ``fiberexec``; MODE ``with`` (the executor's ``with`` block ends with the interrupt) or
 ``bare`` (the program catches it and ends, leaving the executor to the interpreter's exit);
 TASKS long tasks are submitted to two workers. Once two of them run, it waits for the first
-and prints ``ready`` (`say_when_waiting`); the test sends SIGINT as a terminal does. Each task writes
-``DIR/started-PID``, and ``DIR/ended-PID`` when it ends, however it ends.
+and prints ``ready`` (`say_when_waiting`); the test sends SIGINT as a terminal does. Each
+task writes ``DIR/started-PID``, and ``DIR/ended-PID`` when it ends, however it ends.
 """
 
 from __future__ import annotations
