@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from fiberexec._dashboard import Dashboard, Source
 
 T = TypeVar("T")
+SUBMIT_AFTER = 0.002  # seconds a map reads its input before it hands over what it read
 _live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
 _global_shutdown = False
 
@@ -242,16 +243,23 @@ class FiberExecutor(Executor):
         """``submit(fn, *args)`` for each of ``calls``, handed to the scheduler together: a
         map's tasks go out to each worker in one message, not one by one as they come (an
         argument iterator that raises midway leaves those before it submitted, as the
-        stdlib's map does)."""
+        stdlib's map does). The first call goes at once, and calls read over more than
+        `SUBMIT_AFTER` (a slow generator) go as they come, so no task waits to start for the
+        input's end (nor a generator that waits for the first task's doing)."""
         futures: list[Future[T]] = []
         items: list[WorkItem] = []
         with self._lock:  # (fails now, before the arguments are read, if it must)
             self._pool_to_submit_to()
         try:
+            since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
                 future: Future[T] = TaskFuture()
                 items.append(WorkItem(next(self._ids), future, fn, args, {}))
                 futures.append(future)
+                if (now := time.monotonic()) - since > SUBMIT_AFTER or len(futures) == 1:
+                    with self._lock:
+                        self._pool_to_submit_to().submit_all(items)
+                    items, since = [], now
         finally:
             with self._lock:
                 self._pool_to_submit_to().submit_all(items)

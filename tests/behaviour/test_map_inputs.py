@@ -3,7 +3,10 @@ read during the call. Over `ProcessPoolExecutor` and ours."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,20 @@ def test_map_reads_a_list_during_the_call(make: Make, chunksize: int) -> None:
         results = ex.map(tasks.square, items, chunksize=chunksize, timeout=60)
         items[:] = [0] * 20  # changed once map returned: its tasks have their items
         assert list(results) == [i * i for i in range(20)]
+
+
+def test_map_starts_tasks_while_a_slow_input_is_still_read(make: Make, tmp_path: Path) -> None:
+    """The first task runs before the input ends: here the input waits for what it does
+    (up to 30 s, then says so), as an input can that is fed by its own tasks' results."""
+    flag = tmp_path / "flag"
+
+    def items() -> Iterator[str]:
+        yield str(flag)
+        deadline, pause = time.monotonic() + 30, threading.Event()
+        while not flag.exists() and time.monotonic() < deadline:
+            pause.wait(0.01)  # (bounded: the deadline)
+        yield "saw the flag" if flag.exists() else "the first task never ran"
+
+    with make(2) as ex:
+        assert list(ex.map(tasks.touch_path, items(), timeout=60)) == [
+            str(flag), "saw the flag"]
