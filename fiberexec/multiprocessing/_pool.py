@@ -65,13 +65,7 @@ def _outcome(future: Future[Any], *, item: bool = False) -> tuple[bool, Any]:
     if future.cancelled():
         return False, ProcessError("the pool was terminated before this task finished")
     exc = future.exception()
-    if exc is None:
-        return True, future.result()
-    error = _as_stdlib(exc)
-    if item and isinstance(error, _MAYBE_ENCODING) and len(error.args) == 2:
-        shown = f"[{error.args[1]}]"  # (its args are the reprs it shows)
-        error.args, error.value = (error.args[0], shown), shown  # type: ignore[attr-defined]
-    return False, error
+    return (True, future.result()) if exc is None else (False, _as_stdlib(exc, in_list=item))
 
 
 _STD_POOL = vars(importlib.import_module("multiprocessing.pool"))  # these are not in typeshed
@@ -79,21 +73,44 @@ _REMOTE_TRACEBACK: type[Exception] = _STD_POOL["RemoteTraceback"]
 _MAYBE_ENCODING: type[Exception] = _STD_POOL["MaybeEncodingError"]
 
 
-def _as_stdlib(exc: BaseException) -> BaseException:
-    """The error as `multiprocessing.Pool` raises it (see the module docstring)."""
+def _as_stdlib(exc: BaseException, *, in_list: bool = False) -> BaseException:
+    """The error as `multiprocessing.Pool` raises it (see the module docstring);
+    ``in_list``: an unpicklable result is shown in a list (`_outcome`)."""
     cause = exc.__cause__
     if _is_remote_traceback(cause) and not isinstance(cause, _REMOTE_TRACEBACK):
         exc.__cause__ = _REMOTE_TRACEBACK(str(cause))
     if isinstance(exc, SerializationError | pickle.PicklingError):
         if "pickle the result" in str(exc):  # as the stdlib's: the pickler's error, the value
             shown, reason = getattr(exc, "shown", None), getattr(exc, "reason", None)
+            shown = shown or "<the result>"
             unsent = _MAYBE_ENCODING(_Shown(reason or repr(exc)),
-                                     _Shown(shown or "<the result>"))
+                                     _Shown(f"[{shown}]" if in_list else shown))
+            unsent.__cause__ = exc
+            return unsent
+        if "cannot be pickled to be sent back" in str(exc):  # the task's exception: also
+            # the stdlib's MaybeEncodingError (the exception, and what pickling it raised)
+            what, _, reason = str(exc).partition(", which cannot be pickled to be sent back: ")
+            unsent = _MAYBE_ENCODING(_Shown(reason), _Shown(what.removeprefix("the task raised ")))
             unsent.__cause__ = exc
             return unsent
         if "pickle the arguments" in str(exc):
             return pickler_error(exc)  # the stdlib raises what the pickler raised
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: see `_ended_worker`
+        return _ended_worker(exc)
     return exc
+
+
+def _ended_worker(exc: BaseException) -> ProcessError:
+    """A task's ``SystemExit`` or ``KeyboardInterrupt``, as the pool's error: in the
+    standard library's pool it ends the worker and the task's result never comes (``get``
+    waits for ever); re-raised here, it would end the program that asked (``except
+    Exception`` lets it through). So it fails the task, naming what it raised."""
+    error = ProcessError(
+        f"the task raised {exc!r}, which in multiprocessing.Pool ends its worker (the "
+        "standard library's pool never returns that task's result); raise an Exception "
+        "to fail a task")
+    error.__cause__ = exc
+    return error
 
 
 class _Shown(str):
@@ -194,11 +211,12 @@ class IMapIterator:
     """Results of `Pool.imap` / `imap_unordered`, pulling the input lazily.
 
     At most ``window`` chunks are in flight; more are taken from the input as results are
-    consumed, so an endless generator works with a bounded consumer. ``items``: each task
+    consumed (once half the window is free: they go to the workers together, a message a
+    worker), so an endless generator works with a bounded consumer. ``items``: each task
     runs one item and gives its value, not a chunk's list.
     """
 
-    def __init__(self, submit: Callable[[tuple[Any, ...]], Future[Any]],
+    def __init__(self, submit: Callable[[Iterator[tuple[Any, ...]]], list[Future[Any]]],
                  source: Iterator[tuple[Any, ...]], window: int, ordered: bool,
                  items: bool = False) -> None:
         self._submit, self._source = submit, source
@@ -208,28 +226,38 @@ class IMapIterator:
         self._arrived = threading.Condition(threading.Lock())
         self._ready: deque[Any] = deque()
         self._exhausted = False
+        self._input_failed: Future[Any] | None = None  # unordered: given after the rest
         self._lock = threading.Lock()
         self._fill()
 
     def _fill(self, limit: int | None = None) -> None:
         limit = self._window if limit is None else limit
-        while not self._exhausted and len(self._inflight) < limit:
+        if self._exhausted or len(self._inflight) > limit // 2:
+            return
+        for future in self._submit(self._read(limit - len(self._inflight))):
+            self._inflight.append(future)
+            if not self._ordered:  # told as it finishes: no wait over every one in flight
+                future.add_done_callback(self._note)
+        if self._input_failed is not None:
+            self._inflight.append(self._input_failed)
+
+    def _read(self, n: int) -> Iterator[tuple[Any, ...]]:
+        """Up to ``n`` chunks of the input, as they are read (submitted as they come: see
+        `FiberExecutor._submit_all`)."""
+        for _ in range(n):
             try:
                 chunk = next(self._source)
             except StopIteration:
                 self._exhausted = True
                 return
-            except Exception as exc:  # the input raised: that position raises it
-                failed: Future[list[Any]] = Future()
+            except Exception as exc:  # the input raised: that position raises it (unordered:
+                # once every result before it is given, as the stdlib's gives them)
+                failed: Future[Any] = Future()
                 failed.set_exception(exc)
-                self._inflight.append(failed)
-                self._note(failed)
+                self._input_failed = failed
                 self._exhausted = True
                 return
-            future = self._submit(chunk)
-            self._inflight.append(future)
-            if not self._ordered:  # told as it finishes: no wait over every one in flight
-                future.add_done_callback(self._note)
+            yield chunk
 
     def _note(self, future: Future[list[Any]]) -> None:
         with self._arrived:
@@ -273,10 +301,13 @@ class IMapIterator:
             except FuturesTimeout:  # multiprocessing's, as the unordered wait raises
                 raise TimeoutError from None
             return self._inflight.popleft()
+        failed = self._input_failed
+        last = failed is not None and len(self._inflight) == 1  # (it is in flight until given)
         with self._arrived:
-            if not self._arrived.wait_for(lambda: self._finished, timeout):
+            if not last and not self._arrived.wait_for(lambda: self._finished, timeout):
                 raise TimeoutError
-            future = self._finished.popleft()
+            future = self._finished.popleft() if not last else failed
+        assert future is not None
         self._inflight.remove(future)
         return future
 
@@ -479,12 +510,14 @@ class Pool:
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
         window = buffersize or max(IMAP_AHEAD, 2 * self._processes)
+        executor = self._get_executor(func)
         if chunksize == 1:  # each item a task of its own (see `_map_async`)
-            iterator = IMapIterator(lambda chunk: self._submit(func, *chunk),
+            iterator = IMapIterator(functools.partial(executor._submit_all, func),
                                     _chunks(iterable, 1), window, ordered, items=True)
         else:
-            iterator = IMapIterator(lambda chunk: self._submit(_mapstar, func, chunk),
-                                    _chunks(iterable, chunksize), window, ordered)
+            iterator = IMapIterator(
+                lambda chunks: executor._submit_all(_mapstar, ((func, c) for c in chunks)),
+                _chunks(iterable, chunksize), window, ordered)
         self._iterators.add(iterator)
         return iterator
 

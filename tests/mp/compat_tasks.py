@@ -332,3 +332,21 @@ def who_am_i(module: str,
     stdlib = multiprocessing.current_process()
     return (me.name, me._identity, me.daemon, None if parent is None else parent.pid,
             stdlib.name, stdlib.daemon)
+
+
+class HoldsALock(Exception):
+    """An exception a pool cannot send back: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        import threading
+
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raise_holding_a_lock(_: object) -> None:
+    raise HoldsALock("query failed")
+
+
+def exit_with(code: int) -> None:
+    raise SystemExit(code)
