@@ -292,6 +292,7 @@ class BaseManager:
     def start(self, initializer: Callable[..., object] | None = None,
               initargs: tuple[Any, ...] = ()) -> None:
         """Start the server process(es) and wait until they listen."""
+        self._check_not_shut_down()
         if self._servers.procs or self._servers.addresses:
             raise ProcessError("Already started server")
         if initializer is not None and not callable(initializer):
@@ -385,9 +386,15 @@ class BaseManager:
         return "".join(self._ask_servers(calls.DebugInfo()))
 
     def __enter__(self) -> BaseManager:
+        self._check_not_shut_down()
         if not self._servers.addresses:
             self.start()
         return self
+
+    def _check_not_shut_down(self) -> None:
+        """A manager shut down is not started again (the stdlib's words)."""
+        if self._finalizer is not None and not self._finalizer.alive:
+            raise ProcessError("Manager has shut down")
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()

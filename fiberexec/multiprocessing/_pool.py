@@ -344,7 +344,10 @@ class Pool:
         backend: BackendLike | None = None,
         **options: Any,
     ) -> None:
-        if processes is not None and (not isinstance(processes, int) or processes < 1):
+        if processes is not None and not isinstance(processes, int):  # (the stdlib's: a
+            # TypeError for "2" and for 2.0)
+            raise TypeError(f"processes must be a whole number >= 1, got {processes!r}")
+        if processes is not None and processes < 1:
             raise ValueError(f"Number of processes must be at least 1, got {processes!r}")
         if maxtasksperchild is not None and (
                 not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):

@@ -77,3 +77,19 @@ def test_a_task_that_exits_fails_and_the_program_goes_on() -> None:
             pool.apply(t.exit_with, (3,))
         assert isinstance(info.value.__cause__, SystemExit)
         assert pool.apply(abs, (-2,)) == 2
+
+
+@pytest.mark.parametrize("processes", ["2", 2.0])
+def test_a_pool_size_that_is_not_a_whole_number_is_a_type_error(
+        mpm: ModuleType, processes: object) -> None:
+    with pytest.raises(TypeError):
+        mpm.Pool(processes)
+
+
+def test_a_manager_shut_down_is_not_started_again(mpm: ModuleType) -> None:
+    manager = mpm.Manager()
+    manager.shutdown()
+    with pytest.raises(multiprocessing.ProcessError, match="Manager has shut down"):
+        manager.start()
+    with pytest.raises(multiprocessing.ProcessError, match="Manager has shut down"), manager:
+        pass
