@@ -178,15 +178,15 @@ class MapResult(ApplyResult):
     """The result of `Pool.map_async` / `starmap_async`: a list once every chunk is back
     (``items``: each task ran one item, and gave its value rather than a chunk's list)."""
 
-    def __init__(self, sizes: list[int], callback: Callback, error_callback: Callback,
+    def __init__(self, tasks: int, callback: Callback, error_callback: Callback,
                  *, items: bool = False) -> None:
         super().__init__(callback, error_callback)
         self._items = items
-        self._parts: list[Any] = [[] for _ in sizes]
-        self._left = len(sizes)
+        self._parts: list[Any] = [None] * tasks  # each task's value (a chunk's: its list)
+        self._left = tasks
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        if not sizes:  # done at once, and (as the stdlib's) without calling back
+        if not tasks:  # done at once, and (as the stdlib's) without calling back
             self._success, self._value = True, []
             self._event.set()
 
@@ -467,11 +467,11 @@ class Pool:
             # and the item alone is pickled, as a plain call's arguments are
             calls = [(item,) for item in items] if star is _mapstar else [
                 tuple(args) for args in cast("Iterable[Iterable[Any]]", items)]
-            result = MapResult([1] * len(calls), callback, error_callback, items=True)
+            result = MapResult(len(calls), callback, error_callback, items=True)
             futures = executor._submit_all(func, calls)
         else:
             chunks = list(_chunks(items, chunksize))
-            result = MapResult([len(c) for c in chunks], callback, error_callback)
+            result = MapResult(len(chunks), callback, error_callback)
             # all at once: each worker gets its share of the chunks in one message
             futures = executor._submit_all(star, [(func, c) for c in chunks])
         for index, future in enumerate(futures):
