@@ -113,6 +113,24 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
     return _payload(data, buffers)
 
 
+_SCALARS = frozenset((int, float, bool, complex, type(None)))
+SHORT_TEXT = 4096  # a str or bytes argument this long or shorter counts as a scalar
+
+
+def dumps_scalars(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Payload | None:
+    """``(args, kwargs)`` pickled at once when every value is a number, None, or a short
+    str or bytes (the exact types), which is what most tasks take: nothing in them can be
+    the script's, a function, a buffer or a stream long enough to travel apart, so none of
+    `dumps`' looks is needed. None for anything else (`dumps` is for those)."""
+    scalars = _SCALARS
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        kind = type(value)
+        if kind not in scalars and not ((kind is str or kind is bytes)
+                                        and len(value) <= SHORT_TEXT):
+            return None
+    return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+
+
 class _ByValue(Exception):  # (not an error: the plain pickler is skipped)
     """Raised where the plain pickler would run, when the caller asked to skip it."""
 

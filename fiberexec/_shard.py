@@ -61,6 +61,7 @@ from fiberexec._serialize import (
     by_value_needed,
     dumps,
     dumps_function,
+    dumps_scalars,
     loads_exception,
     remote_traceback,
     script_objects,
@@ -897,7 +898,10 @@ class Shard:
     def _pickle_arguments(self, item: WorkItem, key: str) -> Payload:
         """``item``'s arguments, pickled once: straight by value where the last arguments
         of its function carried the script's objects (the plain pickler would meet them,
-        and everything would be pickled twice)."""
+        and everything would be pickled twice); numbers and short text at once."""
+        plain = dumps_scalars(item.args, item.kwargs)
+        if plain is not None:
+            return plain
         positional, marks = kept_functions(item.args)  # (a map chunk's function: its bytes)
         by_value = key in self.by_value_args or script_objects(positional, item.kwargs)
         args = dumps((positional, item.kwargs), what="arguments", functions_as_bytes=True,

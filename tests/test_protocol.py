@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from fiberexec import ProtocolError
 from fiberexec import _protocol as p
 from fiberexec._record import Record
-from fiberexec._serialize import Payload
+from fiberexec._serialize import SHORT_TEXT, Payload, dumps, dumps_scalars, loads
 
 payloads = st.builds(
     Payload,
@@ -107,3 +107,30 @@ def test_shared_memory_names_from_peers_are_confined() -> None:
         raise AssertionError("a path outside /dev/shm was accepted")
     except ProtocolError as exc:
         assert "unavailable" in str(exc) or "stray" in str(exc)
+
+
+scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
+                    st.complex_numbers(allow_nan=False), st.text(max_size=50),
+                    st.binary(max_size=50))
+
+
+@given(st.lists(scalars, max_size=6).map(tuple), st.dictionaries(texts, scalars, max_size=3))
+def test_scalar_arguments_pickle_at_once_and_round_trip(args: tuple[object, ...],
+                                                         kwargs: dict[str, object]) -> None:
+    payload = dumps_scalars(args, kwargs)
+    assert payload is not None and not payload.buffers
+    assert loads(payload) == (args, kwargs)
+
+
+def _script_function() -> None: ...
+
+
+_script_function.__module__ = "__main__"
+
+
+@given(st.sampled_from([[1], (2,), {"a": 1}, "x" * (SHORT_TEXT + 1), b"y" * (SHORT_TEXT + 1),
+                        _script_function, bytearray(b"z"), True.__class__, object()]))
+def test_anything_but_numbers_and_short_text_takes_the_full_path(value: object) -> None:
+    assert dumps_scalars((1, value), {}) is None
+    assert dumps_scalars((), {"k": value}) is None
+    assert dumps((value,), what="arguments") is not None  # (which takes every kind)
