@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from resource import RUSAGE_THREAD, getrusage, struct_rusage
 from typing import Any, NoReturn, TypeVar
 
 from fiberexec import (
@@ -356,6 +357,7 @@ class Worker:
         outbox = self.outbox
         watcher = Watcher(self.link.fileno(), self.take_in)
         slow = False  # the last task ran long enough for more to be sent meanwhile
+        watch_after = WATCH_AFTER  # when the watcher starts reading, as the next task runs
         alone = False  # and none were: it came as `Tasks.alone`
         while not self.stopping or self.tasks:
             if not self.tasks:
@@ -369,23 +371,19 @@ class Worker:
                     outbox.flush()
                     self.receive(block=True)
                 continue
-            with self._tasks_lock:
-                if not self.tasks:
-                    continue
-                task = self.tasks.popleft()
-            if self.claims is not None and not self._claim(task[3]):
-                del task  # the executor took it back: it runs elsewhere
+            task = self._next_task()
+            if task is None:
                 continue
             # While it runs, the executor may send more to wait behind it, and ask for
             # some back: the watcher reads for this thread. (If the executor sends nothing
             # to wait behind it, only a stack request can come: the watcher starts late.)
             alone = task[2]
-            watcher.watch(WATCH_ALONE if alone else WATCH_AFTER)
-            # After a slow task, this one's CPU time is taken too (two system calls, which a
-            # quick task does without: the first slow one after quick ones counts as waiting).
-            # Not for one sent alone: its result goes out from here in any case.
+            watcher.watch(WATCH_ALONE if alone else watch_after)
+            # After a slow task, this one's use of the CPU is taken too (two system calls,
+            # which a quick task does without: the first slow one after quick ones counts as
+            # waiting). Not for one sent alone: its result goes out from here in any case.
             timed = slow and not alone
-            cpu = time.thread_time() if timed else 0.0
+            before = getrusage(RUSAGE_THREAD) if timed else None
             self.doing = "running the task"
             result = self._run(task[0], task[1])
             self.doing = None
@@ -407,18 +405,34 @@ class Worker:
             # the GIL from it (a forced switch, a wait of up to the switch interval): send
             # it here. One that waited (sleep, I/O, released the GIL) leaves the sending to
             # the outbox thread, beside the next task.
-            busy = slow and timed and time.thread_time() - cpu >= result.runtime / 2
+            busy = slow and before is not None and _kept_on_cpu(before, result.runtime)
             outbox.add(result, alone=busy or not self.tasks, slow=slow)
+            watch_after = WATCH_AFTER
             if busy:
                 # Likewise the watcher: it would wake for each message only to wait for
                 # the GIL. Between such tasks this thread takes in what arrived itself
-                # (with none left, the loop's top does).
+                # (with none left, the loop's top does), and during the next the watcher
+                # starts only once it outruns this one twice (when the executor would ask
+                # for what waits behind it): on a machine with more busy processes than
+                # cores, such tasks outlast `WATCH_AFTER`, and the watcher woke for each.
                 watcher.unwatch()
+                watch_after = min(max(WATCH_AFTER, 2 * result.runtime), WATCH_ALONE)
                 if self.tasks:
                     self.receive(block=False)
         watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
+
+    def _next_task(self) -> tuple[p.Task, _Functions, bool, int] | None:
+        """The next task to run, or None: none is left, or the executor took it back (it
+        runs elsewhere)."""
+        with self._tasks_lock:
+            if not self.tasks:
+                return None
+            task = self.tasks.popleft()
+        if self.claims is not None and not self._claim(task[3]):
+            return None
+        return task
 
     def _claim(self, number: int) -> bool:
         """Whether task ``number`` is still this worker's to run (see `fiberexec._claims`)."""
@@ -623,6 +637,19 @@ class Outbox:
         want the outbox's (to send when much is held)."""
         if self.capture is not None:
             self.capture.flush_streams()
+
+
+def _kept_on_cpu(before: struct_rusage, runtime: float) -> bool:
+    """Whether the task run since ``before`` (this thread's `getrusage`) kept the thread
+    on the CPU: it never waited of its own accord (a sleep, I/O, the GIL taken by another
+    thread), or it used the CPU at least half its time. Not the CPU time alone: on a
+    machine with more busy processes than cores, a task that never waits may run only
+    half the time it takes, and that is still a task that would keep the GIL."""
+    after = getrusage(RUSAGE_THREAD)
+    if after.ru_nvcsw == before.ru_nvcsw:
+        return True
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return cpu >= runtime / 2
 
 
 class Watcher:
