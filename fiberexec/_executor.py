@@ -513,6 +513,8 @@ def _map(
     deadline = None if timeout is None else time.monotonic() + timeout
     head = itertools.islice(args, buffersize) if buffersize else args
     submit_all = getattr(executor, "_submit_all", None)  # (ours: all at once)
+    if getattr(executor.submit, "__func__", None) is not FiberExecutor.submit:
+        submit_all = None  # a subclass's or a wrapper's submit sees each call, as in the stdlib
     futures = collections.deque(submit_all(fn, head) if submit_all is not None
                                 else (executor.submit(fn, *a) for a in head))
     ref = weakref.ref(executor)  # the iterator must not keep the executor alive

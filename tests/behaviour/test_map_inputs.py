@@ -66,3 +66,23 @@ def test_map_starts_tasks_while_a_slow_input_is_still_read(make: Make, tmp_path:
     with make(2) as ex:
         assert list(ex.map(tasks.touch_path, items(), timeout=60)) == [
             str(flag), "saw the flag"]
+
+
+@pytest.mark.parametrize("chunksize", [1, 4])
+def test_map_submits_through_a_submit_replaced_on_the_executor(make: Make,
+                                                                chunksize: int) -> None:
+    """The stdlib's `Executor.map` calls ``self.submit`` for each task (each chunk), and
+    libraries count on it: tqdm's progress bars wrap ``submit``, as do subclasses that trace
+    or throttle submissions."""
+    with make(2) as ex:
+        seen: list[tuple[object, ...]] = []
+        own = ex.submit
+
+        def counting(fn: Callable[..., object], /, *args: object) -> object:
+            seen.append(args)
+            return own(fn, *args)
+
+        ex.submit = counting  # type: ignore[method-assign,assignment]
+        assert list(ex.map(tasks.square, range(10), chunksize=chunksize)) == [
+            tasks.square(i) for i in range(10)]
+    assert len(seen) == -(-10 // chunksize)
