@@ -69,7 +69,7 @@ class TaskPool:
         initializer = None
         if config.initializer is not None:
             initializer = dumps_for_workers((config.initializer, config.initargs),
-                                            what="initializer")
+                                            what="initializer and its initargs")
         self.session = Session(
             config=config,
             executor_id=secrets.token_hex(4),

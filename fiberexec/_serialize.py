@@ -107,7 +107,7 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
             exc = first
         error = pickling_error(
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
-            "tasks need picklable functions, arguments and results", exc)
+            f"{_advice(exc) or 'tasks need picklable functions, arguments and results'}", exc)
         error.shown, error.reason = _shown(obj), repr(exc)
         raise error from exc
     return _payload(data, buffers)
@@ -129,6 +129,22 @@ def dumps_scalars(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Payload | No
                                         and len(value) <= SHORT_TEXT):
             return None
     return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+
+
+_FORK_SEMLOCK = "A SemLock created in a fork context"  # (the stdlib's message starts so)
+
+
+def _advice(exc: BaseException) -> str:
+    """What to do about a pickling failure, where there is more to say than that it must
+    be picklable ("" otherwise): for a lock, queue or semaphore that only a forked child
+    can open, where to make one that workers can."""
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_FORK_SEMLOCK):
+        return ("it is a multiprocessing lock, semaphore, condition, event or queue made "
+                "for forked children (the default 'fork' start method), which only "
+                "processes forked from this one can open, and workers are not: make it "
+                "with fiberexec.multiprocessing (fiberexec.multiprocessing.RLock(), "
+                "...) or multiprocessing.get_context('spawn')")
+    return ""
 
 
 class _ByValue(Exception):  # (not an error: the plain pickler is skipped)
@@ -258,7 +274,9 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
         data = _inherit.dumps(obj, protocol=PROTOCOL, buffer_callback=_Buffers(buffers),
                               dup_fd=_inherit.HostFd)
     except Exception as exc:
-        raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}") from exc
+        advice = _advice(exc)
+        raise PicklingError(f"cannot pickle the {what}: {type(exc).__name__}: {exc}"
+                            + (f"; {advice}" if advice else "")) from exc
     return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
 
 

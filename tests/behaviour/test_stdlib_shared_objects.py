@@ -46,6 +46,17 @@ def test_a_stdlib_lock_of_the_fork_start_method_is_refused_with_the_stdlib_error
         ex.submit(tasks.square, 2).result(timeout=60)
 
 
+def test_a_refused_fork_lock_is_named_with_where_to_make_one_workers_open(
+        make_executor: ExecutorFactory) -> None:
+    """tqdm's process_map hands its default-context lock over as initargs: the error says
+    which argument it is, and how to make a lock that workers can open."""
+    lock = multiprocessing.get_context("fork").RLock()
+    refused = pytest.raises(Exception, match=r"initargs: RuntimeError: A SemLock created in a "
+                            r"fork context.*made for forked children.*fiberexec\.multiprocessing")
+    with refused, make_executor(1, initializer=tasks.identity, initargs=(lock,)) as ex:
+        ex.submit(tasks.square, 2).result(timeout=60)
+
+
 def test_a_stdlib_connection_as_a_task_argument_is_the_same_pipe_there(
         make: Make, make_executor: ExecutorFactory) -> None:
     reader, writer = multiprocessing.Pipe(duplex=False)
