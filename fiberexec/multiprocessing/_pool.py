@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import multiprocessing.pool
 import os
 import pickle
 import threading
@@ -27,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
@@ -124,9 +125,14 @@ def _is_remote_traceback(cause: object) -> bool:
     return isinstance(cause, Exception) and type(cause).__name__.endswith("RemoteTraceback")
 
 
+if TYPE_CHECKING:  # (the stdlib's is generic only in its stubs)
+    _IMapBase = multiprocessing.pool.IMapIterator[Any]
+else:
+    _IMapBase = multiprocessing.pool.IMapIterator
+
 IMAP_AHEAD = 64  # chunks imap keeps submitted ahead of the results consumed (at least)
 
-class ApplyResult:
+class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
     """The result of `Pool.apply_async` (``AsyncResult`` in the standard library)."""
 
     def __init__(self, callback: Callback = None, error_callback: Callback = None) -> None:
@@ -174,7 +180,7 @@ class ApplyResult:
 AsyncResult = ApplyResult
 
 
-class MapResult(ApplyResult):
+class MapResult(ApplyResult, multiprocessing.pool.MapResult[Any]):
     """The result of `Pool.map_async` / `starmap_async`: a list once every chunk is back
     (``items``: each task ran one item, and gave its value rather than a chunk's list)."""
 
@@ -207,7 +213,7 @@ class MapResult(ApplyResult):
                 self._set(False, self._error)
 
 
-class IMapIterator:
+class IMapIterator(_IMapBase):
     """Results of `Pool.imap` / `imap_unordered`, pulling the input lazily.
 
     At most ``window`` chunks are in flight; more are taken from the input as results are
@@ -272,8 +278,8 @@ class IMapIterator:
     def __iter__(self) -> IMapIterator:
         return self
 
-    def __next__(self) -> Any:
-        return self.next()
+    def __next__(self, timeout: float | None = None) -> Any:  # (the stdlib's takes one too)
+        return self.next(timeout)
 
     def next(self, timeout: float | None = None) -> Any:
         """The next result; `TimeoutError` if none arrives within ``timeout`` seconds."""
@@ -312,7 +318,7 @@ class IMapIterator:
         return future
 
 
-class Pool:
+class Pool(multiprocessing.pool.Pool):
     """A pool of job-backed workers with the `multiprocessing.Pool` API.
 
     Args:
@@ -503,9 +509,11 @@ class Pool:
         return self._map_async(_starmapstar, func, iterable, chunksize, callback,
                                error_callback)
 
-    def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
+    def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None,
               ordered: bool, buffersize: int | None) -> IMapIterator:
         self._check_running()
+        if not isinstance(chunksize, int):  # (None, "2": the stdlib's TypeError too)
+            raise TypeError(f"chunksize must be a whole number >= 1, got {chunksize!r}")
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         if buffersize is not None and not isinstance(buffersize, int):
@@ -525,7 +533,7 @@ class Pool:
         return iterator
 
     def imap(self, func: Callable[..., Any], iterable: Iterable[Any],
-             chunksize: int = 1, buffersize: int | None = None) -> IMapIterator:
+             chunksize: int | None = 1, buffersize: int | None = None) -> IMapIterator:
         """Lazy `map`: results in order; the input is read only as results are consumed.
 
         ``buffersize`` (Python 3.14's argument) is how many tasks (chunks) run ahead of the
@@ -534,7 +542,8 @@ class Pool:
         return self._imap(func, iterable, chunksize, ordered=True, buffersize=buffersize)
 
     def imap_unordered(self, func: Callable[..., Any], iterable: Iterable[Any],
-                       chunksize: int = 1, buffersize: int | None = None) -> IMapIterator:
+                       chunksize: int | None = 1, buffersize: int | None = None
+                       ) -> IMapIterator:
         """Like `imap`, yielding results as they finish."""
         return self._imap(func, iterable, chunksize, ordered=False, buffersize=buffersize)
 

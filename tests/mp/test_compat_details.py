@@ -123,3 +123,25 @@ def test_a_contexts_process_is_named_after_its_method(mpm: ModuleType, method: s
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
+
+
+def test_a_pool_and_its_results_are_the_stdlibs_kinds(mpm: ModuleType) -> None:
+    """Libraries tell a pool from an executor by ``isinstance(pool,
+    multiprocessing.pool.Pool)`` (dask's ``config.set(pool=...)``), and results by
+    `AsyncResult`; a pool cannot be pickled, as the stdlib's says."""
+    import multiprocessing.pool
+    import pickle
+
+    with mpm.Pool(1) as pool:
+        assert isinstance(pool, multiprocessing.pool.Pool)
+        applied = pool.apply_async(tasks.square, (3,))
+        mapped = pool.map_async(tasks.square, [1, 2])
+        lazy = pool.imap(tasks.square, [4], chunksize=1)
+        assert isinstance(applied, multiprocessing.pool.AsyncResult)
+        assert isinstance(mapped, multiprocessing.pool.MapResult)
+        assert isinstance(lazy, multiprocessing.pool.IMapIterator)
+        assert (applied.get(60), mapped.get(60), lazy.__next__(60)) == (9, [1, 4], 16)
+        with pytest.raises(NotImplementedError, match="cannot be passed between processes"):
+            pickle.dumps(pool)
+        with pytest.raises(TypeError):
+            pool.imap(tasks.square, [1], chunksize=None)
