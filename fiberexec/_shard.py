@@ -812,10 +812,14 @@ class Shard:
             self._maybe_revoke()  # what waits behind a task that overstays goes first
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))
+        served = set()  # each its share once a turn: an idle worker is hungry too
         for conns in (self.idle, hungry):  # a worker with nothing to do before any prefetch
             for worker_id, conn in list(conns.items()):
                 if not self.queue:
                     return
+                if worker_id in served:
+                    continue
+                served.add(worker_id)
                 self._send_tasks(conn, share)
                 if self.queue and not self._admits(conn, self.queue[0]):
                     hungry.pop(worker_id, None)  # back once a result returns

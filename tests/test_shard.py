@@ -300,6 +300,32 @@ def test_known_short_tasks_fill_the_time_window_after_a_slow_start(bench: Any) -
     assert first == 1
 
 
+def test_a_burst_goes_half_to_the_idle_worker_and_half_to_the_one_holding_a_task(
+        bench: Any) -> None:
+    """A map of 8 known short tasks, the first already at one worker: the other, idle,
+    gets its share, and the first the rest. (An idle worker is hungry too, and was served
+    twice in one turn: 7 of the 8 ran on it, one after another, while the other idled.)"""
+    b = bench()
+    b.connect("w0")
+    b.submit(job, 30)
+    b.step()
+    _held_per_round(b, "w0", 6)  # it is known short, and trusted
+    while b.shard.conns["w0"].inflight:
+        b.answer("w0", list(b.shard.conns["w0"].inflight), runtime=SHORT)
+        b.step()
+        b.tasks_sent("w0")
+    b.connect("w1")
+    b.submit(job, 2)
+    b.step()
+    [first] = b.tasks_sent("w0")
+    assert len(b.tasks_sent("w1")) == 1
+    b.answer("w0", [first], runtime=SHORT)
+    b.step()  # w0 idles, w1 holds a task
+    b.submit(job, 7)
+    b.step()
+    assert [len(b.tasks_sent(w)) for w in ("w0", "w1")] == [4, 3]
+
+
 def test_a_far_worker_holds_two_round_trips_more(bench: Any) -> None:
     b = bench()
     b.connect("w0", rtt=0.004)
