@@ -297,18 +297,19 @@ class Shard:
     @property
     def backlog(self) -> int:
         """Tasks not yet running: queued here, or sent ahead to a worker behind its task;
-        not those cancelled while they waited in the queue (dropped when their turn comes)."""
+        not those cancelled while they waited in the queue (dropped when their turn comes).
+        A chunked map's items count one by one, as in `Stats`."""
         waiting = [*self.queue, *self.incoming]  # (copies: the shard's thread changes them)
-        cancelled = sum(item.future._state == CANCELLED for item in waiting)
-        return len(waiting) - cancelled + self._held() - self.running
+        return (sum(item.items for item in waiting if item.future._state != CANCELLED)
+                + sum(item.items for item in self._held() if not item.started))
 
     @property
     def running(self) -> int:
-        return sum(i.started for c in list(self.conns.values())
-                   for i in list(c.inflight.values()))
+        """Tasks started (or next to start) at a worker; a chunk's items one by one."""
+        return sum(item.items for item in self._held() if item.started)
 
-    def _held(self) -> int:
-        return sum(len(c.inflight) for c in list(self.conns.values()))
+    def _held(self) -> list[WorkItem]:
+        return [item for c in list(self.conns.values()) for item in list(c.inflight.values())]
 
     # ------------------------------------------------------------ the loop
 

@@ -23,8 +23,8 @@ class Stats:
 
     workers: int  # connected and ready (past the initializer)
     workers_starting: int
-    tasks_pending: int  # submitted, not yet sent to a worker
-    tasks_running: int  # sent to a worker, no result yet
+    tasks_pending: int  # submitted, not yet started (queued, or held at a worker behind one)
+    tasks_running: int  # started at a worker (or next to start there), no result yet
     tasks_done: int  # finished with a result (a chunked map's items count one by one)
     tasks_failed: int  # finished with an exception (raised, unpicklable, worker lost)
     tasks_retried: int  # re-sent after their worker died (run there, or only held there)

@@ -169,6 +169,22 @@ def test_tasks_cancelled_in_the_queue_are_not_pending(make_executor: ExecutorFac
     assert ex.stats().tasks_pending == 0
 
 
+def test_a_chunked_maps_counts_add_up_while_it_runs(make_executor: ExecutorFactory) -> None:
+    """Pending and running count a chunk's items one by one, as done and submitted do, so
+    the four add up to what was submitted at every moment (they counted chunks)."""
+    ex = make_executor(1)
+    with held() as (args, started, release):
+        ex.submit(tasks.hold_until, *args)
+        assert started.poll(30)
+        results = ex.map(tasks.square, range(20), chunksize=5)
+        stats = ex.stats()
+        assert (stats.tasks_pending, stats.tasks_running, stats.tasks_submitted) == (20, 1, 21)
+        release.send(1)
+        assert list(results) == [i * i for i in range(20)]
+    stats = ex.stats()
+    assert (stats.tasks_pending, stats.tasks_running, stats.tasks_done) == (0, 0, 21)
+
+
 def test_a_call_is_shown_through_partials_and_batches() -> None:
     """What runs is shown as its user wrote it: a partial with its own arguments and
     keywords; a batch of calls (joblib's) by its first, through `operator.call`."""
