@@ -217,7 +217,8 @@ class FiberExecutor(Executor):
         """The dashboard's address with its token, or None when ``dashboard`` is off.
 
         The dashboard starts with the executor's workers (the first ``submit``), or here,
-        if this is asked first; it stops when the executor shuts down.
+        if this is asked first; it serves until the executor's shutdown has ended (its
+        workers are gone), so a run held up at its end by a straggler can be watched.
 
         Example:
             >>> ex = FiberExecutor(4, dashboard=True)  # doctest: +SKIP
@@ -225,10 +226,12 @@ class FiberExecutor(Executor):
             'http://127.0.0.1:40123/?token=...'
         """
         with self._lock:
-            if self._config.dashboard is None or self._shutdown:
-                return None  # off, or stopped (or stopping) with the executor
-            self._get_pool()
-            return None if self._dashboard is None else self._dashboard.url
+            if self._config.dashboard is None:
+                return None
+            if not self._shutdown:
+                self._get_pool()
+            dashboard = self._dashboard
+            return None if dashboard is None or dashboard.stopped else dashboard.url
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""

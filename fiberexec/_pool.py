@@ -231,8 +231,6 @@ class TaskPool:
 
     def _finish(self) -> None:
         try:
-            if self.control is not None:
-                self.control.close()
             for shard in self.shards:
                 if shard.thread.is_alive():
                     shard.thread.join()
@@ -251,6 +249,8 @@ class TaskPool:
             _shm.remove_all(self.executor_id)
         finally:
             try:
+                if self.control is not None:  # `fiberexec top` sees it to the end
+                    self.control.close()
                 for callback in self._on_close:
                     callback()
             finally:

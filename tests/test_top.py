@@ -57,6 +57,25 @@ def test_top_once_shows_the_workers_and_the_running_task(
     assert gone.returncode == 1 and "no executor with observe=True" in gone.stderr
 
 
+def test_top_sees_an_executor_whose_shutdown_waits_for_a_straggler(
+        make_executor: ExecutorFactory, runtime: Path) -> None:
+    """The end of a run held up by one task is when a researcher looks: the executor is
+    there until its shutdown has ended (it said no executor was running)."""
+    ex = make_executor(1, observe=True)
+    with held() as (args, started, release):
+        future = ex.submit(tasks.hold_until, *args)
+        assert started.poll(30), "the task did not start"
+        closing = threading.Thread(target=ex.shutdown)
+        closing.start()
+        shown = top("--once")
+        assert shown.returncode == 0, shown.stderr
+        assert "tests.tasks.hold_until(" in shown.stdout
+        release.send(None)
+        future.result(timeout=30)
+        closing.join(timeout=60)
+    assert not closing.is_alive() and not list(runtime.glob("*.json"))
+
+
 def test_several_executors_are_listed_and_one_is_picked_by_id(
         make_executor: ExecutorFactory, runtime: Path) -> None:
     first, second = make_executor(1, observe=True), make_executor(1, observe=True)

@@ -58,8 +58,10 @@ class Dashboard:
 
     url: str
     server: DashboardServer
+    stopped: bool = False
 
     def stop(self) -> None:
+        self.stopped = True
         self.server.stop()
 
 

@@ -22,6 +22,7 @@ from fiberexec._dashboard import split
 from tests import tasks
 from tests.conftest import ExecutorFactory
 from tests.dashboard.conftest import request
+from tests.test_observe import held
 
 
 def _threads() -> list[threading.Thread]:
@@ -57,6 +58,23 @@ def test_it_starts_with_the_pool_and_stops_at_shutdown(make_executor: ExecutorFa
     ex.shutdown(wait=True)
     assert not thread.is_alive() and _refused(url)
     assert ex.dashboard_url is None
+
+
+def test_it_serves_until_a_shutdown_waiting_for_a_task_has_ended(
+        make_executor: ExecutorFactory) -> None:
+    ex = make_executor(1, dashboard=True)
+    with held() as (args, started, release):
+        future = ex.submit(tasks.hold_until, *args)
+        assert started.poll(30), "the task did not start"
+        url = ex.dashboard_url
+        assert url is not None
+        closing = threading.Thread(target=ex.shutdown)
+        closing.start()
+        assert ex.dashboard_url == url and request(url).status == 200
+        release.send(None)
+        future.result(timeout=30)
+        closing.join(timeout=60)
+    assert not closing.is_alive() and ex.dashboard_url is None and _refused(url)
 
 
 def test_asking_for_the_address_first_starts_no_worker(make_executor: ExecutorFactory) -> None:
