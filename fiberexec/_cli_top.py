@@ -125,7 +125,7 @@ def render(view: Mapping[str, Any], *, width: int | None = 120, height: int | No
                                                      -_running_for(w, now)))
     lines = [*_header(view, workers), "", _row(("WORKER", "HOST", "STATE", "FOR", "DONE",
                                                 "FAIL", "CPU%", "RSS", "TASK"), width)]
-    failures = _failures(view["failures"], width)
+    failures = _failures(view["failures"], view["stats"]["tasks_failed"], width)
     room = None if height is None else max(1, height - len(lines) - len(failures) - 2)
     shown = workers if room is None else workers[:room]
     for worker in shown:
@@ -173,17 +173,21 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
     return line
 
 
-def _failures(failures: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+def _failures(failures: Sequence[Mapping[str, Any]], failed: int,
+              width: int | None) -> list[str]:
+    """The latest few failures, under a head saying how many of how many failed."""
     if not failures:
         return []
-    lines = ["", f"last failures ({len(failures)}):"]
-    for f in failures[-5:]:
+    shown = failures[-FAILURES_SHOWN:]
+    lines = ["", f"last failures ({len(shown)} of {max(failed, len(shown))} failed):"]
+    for f in shown:
         where = f" on {f['worker_id']}" if f["worker_id"] else ""
         lines.append(_fit(f"  task {f['task_id']}{where}: {f['function']}"
                           f"({f['arguments']}): {f['error']}", width))
     return lines
 
 
+FAILURES_SHOWN = 5
 _WIDTHS = (8, 14, 8, 9, 6, 5, 5, 7)  # every column but the last, TASK, which takes the rest
 
 

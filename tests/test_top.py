@@ -132,6 +132,20 @@ def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
     assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
 
 
+def test_the_failures_head_says_how_many_are_shown_of_how_many() -> None:
+    failures = [{"task_id": i, "worker_id": "w0", "function": "m.f", "arguments": str(i),
+                 "error": "ValueError: no"} for i in range(10)]
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 1, "throughput": 1.0, "medians": {},
+            "stats": {"tasks_pending": 0, "tasks_running": 0, "tasks_done": 0,
+                      "tasks_failed": 13, "tasks_retried": 0},
+            "workers": [], "failures": failures}
+    lines = _cli_top.render(view).splitlines()
+    head = lines.index("last failures (5 of 13 failed):")
+    shown = [x.split(":")[0] for x in lines[head + 1:]]
+    assert shown == [f"  task {i} on w0" for i in range(5, 10)]
+
+
 def test_a_task_under_a_second_is_no_straggler_however_quick_its_function() -> None:
     """The dashboard's rule: over 3 times the median and over a second. A 0.5 s task of a
     function whose tasks take 2 ms (a chunk of a map, say) is not flagged."""
