@@ -154,7 +154,7 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
                  width: int | None, color: bool) -> str:
     task = worker["task"]
     running = _running_for(worker, now)
-    what, late = "", False
+    what, late = worker.get("ended") or "", False  # (how a gone one ended)
     if task is not None:
         what = f"{task['function']}({task['arguments']})"
         median = medians.get(task["function"])

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiberexec._conn import Conn, State
+from fiberexec._crash import phrase_of
 from fiberexec._serialize import RemoteTraceback
 from fiberexec._stats import rounded_repr
 from fiberexec._task import WorkItem, describe_call
@@ -95,6 +96,10 @@ class WorkerInfo:
             None before its first report and once it is lost or retired.
         rss_bytes: its resident memory at its last report, or None (as ``cpu_percent``).
         last_heard: `time.time` of the last message from it, or None.
+        ended: how a lost worker ended (``"was killed by signal 9 (SIGKILL)"``, ``"exited
+            with code 3"``, ``"lost its connection"`` until its exit status is known), or
+            why a retired one left (``"idle"``, ``"max_tasks_per_child reached"``, ...);
+            None while it lives.
     """
 
     worker_id: str
@@ -108,6 +113,7 @@ class WorkerInfo:
     cpu_percent: float | None
     rss_bytes: int | None
     last_heard: float | None
+    ended: str | None = None
 
     __repr__ = rounded_repr
 
@@ -244,7 +250,16 @@ def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
         conn.tasks_done, conn.tasks_failed,
         conn.cpu_percent if alive and conn.cpu_percent >= 0 else None,
         (conn.rss_bytes or None) if alive else None, heard,
+        None if alive else _ended(conn, state),
     )
+
+
+def _ended(conn: Conn, state: str) -> str:
+    """How a gone (or going) worker ended: what happened to a lost one, why a retired one
+    left."""
+    if state == "lost":
+        return phrase_of(conn.why or conn.describe_exit(), conn.worker_id)
+    return conn.leaving or "left"
 
 
 def _running_task(conn: Conn, offset: float) -> TaskInfo | None:

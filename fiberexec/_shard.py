@@ -1254,6 +1254,7 @@ class Shard:
             self._finalize(conn)  # its exit status did not come in time: log it as it is
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
+                conn.leaving = conn.leaving or "the executor shut down"
                 self._send(conn, p.Bye("shutdown"))
         for conn in list(self.conns.values()):
             self._unasked(conn)

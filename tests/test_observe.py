@@ -78,8 +78,8 @@ def test_a_worker_goes_from_starting_to_idle_running_and_retired(
         init_release.send(None)
         assert first.result(timeout=30) == 9
     worker = only(ex)
-    assert (worker.state, worker.task, worker.tasks_done, worker.tasks_failed) == (
-        "idle", None, 1, 0)
+    assert (worker.state, worker.task, worker.tasks_done, worker.tasks_failed,
+            worker.ended) == ("idle", None, 1, 0, None)
     assert worker.rss_bytes is not None and worker.rss_bytes > 1 << 20
     assert worker.cpu_percent is not None and worker.cpu_percent >= 0
     assert worker.last_heard is not None and abs(worker.last_heard - time.time()) < 30
@@ -100,7 +100,8 @@ def test_a_worker_goes_from_starting_to_idle_running_and_retired(
         assert future.result(timeout=30) == "done"
     ex.shutdown()
     worker = only(ex)
-    assert (worker.state, worker.tasks_done) == ("retired", 2)
+    assert (worker.state, worker.tasks_done, worker.ended) == (
+        "retired", 2, "the executor shut down")
     assert (worker.cpu_percent, worker.rss_bytes) == (None, None)  # no process uses them
     with pytest.raises(LookupError, match="retired"):
         ex.dump_stack(worker.worker_id)
@@ -235,6 +236,9 @@ def test_a_lost_worker_is_listed_as_lost_and_its_task_as_a_failure(
     assert sorted(states.values()) == ["idle", "lost"], states
     readings = {w.state: (w.cpu_percent, w.rss_bytes) for w in ex.workers()}
     assert readings["lost"] == (None, None) and readings["idle"][1] is not None
+    # how it ended is its record's, whether or not a task ran on it
+    assert {w.state: w.ended for w in ex.workers()} == {
+        "lost": "was killed by signal 9 (SIGKILL)", "idle": None}
     (failure,) = ex.failures()
     lost = next(w for w, state in states.items() if state == "lost")
     assert failure.worker_id == lost and failure.function == "tests.tasks.kill_self"
@@ -307,12 +311,12 @@ def test_the_info_values_print_rounded_and_keep_every_digit() -> None:
         "WorkerInfo(worker_id='w1', backend='local', reference='10', host='vm', "
         "state='running', task=TaskInfo(task_id=3, function='m.f', arguments='1', "
         "started=1795923217.1), tasks_done=2, tasks_failed=0, cpu_percent=35.7, "
-        "rss_bytes=17264640, last_heard=1795923217.1)")
+        "rss_bytes=17264640, last_heard=1795923217.1, ended=None)")
     assert info.cpu_percent == 35.72123379705076 and task.started == 1795923217.1384485
     assert repr(Durations((0.001, math.inf), (1, 2), 0.0123456)) == (
         "Durations(bounds=(0.001, inf), counts=(1, 2), total=0.0123)")
     assert repr(WorkerInfo("w2", "local", "", "", "starting", None, 0, 0, None, None, None)
-                ).endswith("cpu_percent=None, rss_bytes=None, last_heard=None)")
+                ).endswith("cpu_percent=None, rss_bytes=None, last_heard=None, ended=None)")
 
 
 def test_multiprocessing_pool_shows_its_workers() -> None:

@@ -132,6 +132,19 @@ def test_a_task_over_three_times_its_median_is_a_straggler() -> None:
     assert "1.0G" in slow and "task 3 on w0: m.f(0): ValueError: no" in lines[-1]
 
 
+def test_a_gone_worker_shows_how_it_ended_where_its_task_was() -> None:
+    gone = {"worker_id": "w3", "host": "h", "state": "lost", "tasks_done": 4,
+            "tasks_failed": 0, "cpu_percent": None, "rss_bytes": None, "task": None,
+            "ended": "was killed by signal 9 (SIGKILL)"}
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 1, "throughput": 1.0, "medians": {},
+            "stats": {"tasks_pending": 0, "tasks_running": 0, "tasks_done": 4,
+                      "tasks_failed": 0, "tasks_retried": 0},
+            "workers": [gone], "failures": []}
+    (line,) = [x for x in _cli_top.render(view).splitlines() if x.startswith("w3")]
+    assert line.split()[2] == "lost" and line.endswith("was killed by signal 9 (SIGKILL)")
+
+
 def test_the_failures_head_says_how_many_are_shown_of_how_many() -> None:
     failures = [{"task_id": i, "worker_id": "w0", "function": "m.f", "arguments": str(i),
                  "error": "ValueError: no"} for i in range(10)]

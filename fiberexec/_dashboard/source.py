@@ -41,7 +41,7 @@ class Source(Protocol):
 # millisecond: a thousand workers a second cost a third of what objects would.
 COLUMNS = {
     "workers": ("id", "backend", "reference", "host", "state", "done", "failed", "cpu", "rss",
-                "heard", "task"),
+                "heard", "task", "ended"),
     "task": ("id", "function", "arguments", "started"),
     "spans": ("task", "worker", "function", "started", "ended", "ok"),
 }
@@ -70,7 +70,7 @@ def worker(w: WorkerInfo) -> list[Any]:
     return [w.worker_id, w.backend, w.reference, w.host, w.state, w.tasks_done, w.tasks_failed,
             w.cpu_percent, w.rss_bytes, _ms(w.last_heard),
             None if task is None else
-            [task.task_id, task.function, task.arguments, _ms(task.started)]]
+            [task.task_id, task.function, task.arguments, _ms(task.started)], w.ended]
 
 
 def span(s: TaskSpan) -> list[Any]:

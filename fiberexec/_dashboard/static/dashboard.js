@@ -311,7 +311,7 @@
     setCell(row, 0, wk.id);
     setCell(row, 1, wk.host);
     setCell(row, 2, wk.state);
-    setCell(row, 3, task ? `${task.function}(${task.arguments})` : "");
+    setCell(row, 3, task ? `${task.function}(${task.arguments})` : (wk.ended || ""));
     setCell(row, 4, task ? seconds(now - task.started) : "");
     setCell(row, 5, String(wk.done));
     setCell(row, 6, String(wk.failed));
