@@ -19,7 +19,7 @@ from concurrent.futures import Executor, Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from fiberexec import _future, _observe
+from fiberexec import _future, _interrupts, _observe
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import ARGUMENT, BY_KEY, NOT_SETTINGS, document, resolve
@@ -39,21 +39,27 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 SUBMIT_AFTER = 0.002  # seconds a map reads its input before it hands over what it read
 _live_pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
+# Executors whose ``with`` block the main thread is in: one still here at exit was left by
+# an exception that cut its ``__exit__`` short, a signal's (a second Ctrl-C). Held, not
+# weakly: the program that caught that exception may have dropped the executor since.
+_main_blocks: set[FiberExecutor] = set()
 _global_shutdown = False
 
 
 def _python_exit() -> None:
     """At interpreter exit, finish what was submitted, as the standard library's executor
     does; a `multiprocessing.Pool`'s executor is terminated, as the stdlib's pool is. A
-    program that Ctrl-C ended (an uncaught ``KeyboardInterrupt``, or one that cut a wait for
-    a task short) waits for no task: see `FiberExecutor.__exit__`."""
+    program that Ctrl-C ended (an uncaught ``KeyboardInterrupt``, one that cut a wait for a
+    task short, or one that cut a ``with`` block's end short) waits for no task: see
+    `FiberExecutor.__exit__`."""
     global _global_shutdown
     _global_shutdown = True
     pools = list(_live_pools)
     interrupted = (isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
                    or _future.INTERRUPTED.is_set())
+    cut_short = {id(ex._pool) for ex in list(_main_blocks)}
     for pool in pools:
-        if interrupted:
+        if interrupted or id(pool) in cut_short:
             pool.interrupt()
         if pool.terminate_at_exit:
             pool.break_executor("the interpreter exited before the pool was closed", None,
@@ -331,11 +337,26 @@ class FiberExecutor(Executor):
         standard library's workers too, does: workers here run out of the terminal's
         reach, so the program passes it on, and waits for no task to its end."""
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            with self._lock:
-                pool = self._pool
-            if pool is not None:
-                pool.interrupt()
-        return super().__exit__(exc_type, exc_val, exc_tb)
+            # Passed on with signals held, and noted first: a second Ctrl-C cutting this
+            # short must not leave the tasks to run to their end (the exit's shutdown
+            # interrupts them, as the first one asked; see `_main_blocks` too).
+            _future.INTERRUPTED.set()
+            held = _interrupts.hold()
+            try:
+                with self._lock:
+                    pool = self._pool
+                if pool is not None:
+                    pool.interrupt()
+            finally:
+                _interrupts.release(held)
+        ended = super().__exit__(exc_type, exc_val, exc_tb)
+        _main_blocks.discard(self)
+        return ended
+
+    def __enter__(self) -> FiberExecutor:
+        if threading.current_thread() is threading.main_thread():  # where Ctrl-C lands
+            _main_blocks.add(self)
+        return self
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop accepting tasks; with ``wait``, return once workers are gone."""

@@ -215,13 +215,20 @@ class TaskPool:
     def shutdown(self, *, wait: bool, cancel_futures: bool) -> None:
         if self._inherited():
             return
-        with self._lock:
-            already = self._closing
-            self._closing = True
-        if not already:
-            for shard in self.shards:
-                shard.post(ev.Shutdown(cancel_futures))
-            threading.Thread(target=self._finish, name="fiberexec-shutdown", daemon=True).start()
+        # A Ctrl-C once closing is marked, before the thread that finishes it runs, would
+        # leave every later shutdown (the one at exit too) waiting for an end none brings.
+        held = _interrupts.hold()
+        try:
+            with self._lock:
+                already = self._closing
+                self._closing = True
+            if not already:
+                for shard in self.shards:
+                    shard.post(ev.Shutdown(cancel_futures))
+                threading.Thread(target=self._finish, name="fiberexec-shutdown",
+                                 daemon=True).start()
+        finally:
+            _interrupts.release(held)
         if wait:
             if any(shard.on_its_thread() for shard in self.shards):
                 # a done-callback: the shard's thread would wait for itself (as the stdlib's

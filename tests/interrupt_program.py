@@ -1,11 +1,13 @@
 """A program that Ctrl-C interrupts while it waits for long tasks (tests/test_interrupt.py).
 
 ``python -m tests.interrupt_program SYSTEM MODE TASKS DIR``: SYSTEM is ``stdlib`` or
-``fiberexec``; MODE ``with`` (the executor's ``with`` block ends with the interrupt) or
-``bare`` (the program catches it and ends, leaving the executor to the interpreter's exit);
-TASKS long tasks are submitted to two workers. Once two of them run, it waits for the first
-and prints ``ready`` (`say_when_waiting`); the test sends SIGINT as a terminal does. Each
-task writes ``DIR/started-PID``, and ``DIR/ended-PID`` when it ends, however it ends.
+``fiberexec``; MODE ``with`` (the executor's ``with`` block ends with the interrupt),
+``bare`` (the program catches it and ends, leaving the executor to the interpreter's exit)
+or ``sleep`` (as ``with``, the block sleeping rather than waiting for a task); TASKS long
+tasks are submitted to two workers. Once two of them run, it waits for the first and
+prints ``ready`` (`say_when_waiting`; at once with ``sleep``); the test sends SIGINT as a
+terminal does. Each task writes ``DIR/started-PID``, and ``DIR/ended-PID`` when it ends,
+however it ends.
 """
 
 from __future__ import annotations
@@ -50,16 +52,17 @@ def main() -> None:
     os.mkfifo(Path(folder) / "ready")
     ex = make(system)
     try:
-        if mode == "with":
+        if mode in ("with", "sleep"):
             with ex:
-                wait_for_long_tasks(ex, tasks, folder)
+                wait_for_long_tasks(ex, tasks, folder, sleep=mode == "sleep")
         else:
             wait_for_long_tasks(ex, tasks, folder)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
 
 
-def wait_for_long_tasks(ex: Executor, tasks: int, folder: str) -> None:
+def wait_for_long_tasks(ex: Executor, tasks: int, folder: str, *, sleep: bool = False
+                        ) -> None:
     fd = os.open(Path(folder) / "ready", os.O_RDONLY | os.O_NONBLOCK)
     ours = os.open(Path(folder) / "ready", os.O_WRONLY)  # so a task's close is no end-of-file
     try:
@@ -73,6 +76,10 @@ def wait_for_long_tasks(ex: Executor, tasks: int, folder: str) -> None:
     finally:
         os.close(ours)
         os.close(fd)
+    if sleep:
+        print("ready", flush=True)
+        time.sleep(LONG)
+        return
     threading.Thread(target=say_when_waiting, args=(threading.main_thread(),),
                      daemon=True).start()
     futures[0].result()
