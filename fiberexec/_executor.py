@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from fiberexec import _future, _interrupts, _observe
 from fiberexec._backend import Backend
@@ -353,7 +353,7 @@ class FiberExecutor(Executor):
         _main_blocks.discard(self)
         return ended
 
-    def __enter__(self) -> FiberExecutor:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():  # where Ctrl-C lands
             _main_blocks.add(self)
         return self

@@ -98,7 +98,8 @@ class WorkerInfo:
         last_heard: `time.time` of the last message from it, or None.
         ended: how a lost worker ended (``"was killed by signal 9 (SIGKILL)"``, ``"exited
             with code 3"``, ``"lost its connection"`` until its exit status is known), or
-            why a retired one left (``"idle"``, ``"max_tasks_per_child reached"``, ...);
+            why a retired one left (``"idle for 60.0s"``, ``"max_tasks_per_child
+            reached"``, ``"the executor shut down"``);
             None while it lives.
     """
 
