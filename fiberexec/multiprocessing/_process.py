@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -94,6 +95,13 @@ class _Runtime:
     @property
     def sentinel(self) -> int:
         return self.sentinel_r
+
+    def close_sentinel(self) -> None:
+        """Close the parent's end of the sentinel pipe (once: the `Process`'s close, or its
+        collection, whichever comes first)."""
+        fd, self.sentinel_r = self.sentinel_r, -1
+        if fd >= 0:
+            os.close(fd)
 
     def poll(self, flag: int = 0) -> int | None:
         return self.exitcode
@@ -236,6 +244,9 @@ class Process:
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)
         self._fx = runtime
+        # As the stdlib's: a process object dropped without `close` gives its descriptor
+        # back (a loop starting environments anew ran out of them).
+        weakref.finalize(self, runtime.close_sentinel)
         # as the stdlib: the parent lets go of what the child runs (a target that refers
         # to the process object would otherwise keep both alive)
         del self._target, self._args, self._kwargs
@@ -323,7 +334,7 @@ class Process:
             if not self._fx.done.is_set():
                 raise ValueError("Cannot close a process while it is still running. "
                                  "You should first call join() or terminate().")
-            os.close(self._fx.sentinel_r)
+            self._fx.close_sentinel()
         self._closed = True
 
     @property

@@ -145,3 +145,30 @@ def test_a_pool_and_its_results_are_the_stdlibs_kinds(mpm: ModuleType) -> None:
             pickle.dumps(pool)
         with pytest.raises(TypeError):
             pool.imap(tasks.square, [1], chunksize=None)
+
+
+def test_a_process_dropped_without_close_gives_its_descriptors_back(mpm: ModuleType) -> None:
+    """An RL loop that starts environments anew and never calls ``close()``: the stdlib's
+    process objects close their sentinel when collected (ours held a pipe each until
+    ``close()``, so such a loop ran out of descriptors)."""
+    import gc
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    for _ in range(3):  # whatever the first start opens for good (the broker, a launcher)
+        warm = mpm.Process(target=tasks.square, args=(1,))
+        warm.start()
+        warm.join(60)
+    del warm
+    gc.collect()
+    before = open_fds()
+    for _ in range(20):
+        process = mpm.Process(target=tasks.square, args=(2,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+    del process
+    gc.collect()
+    assert open_fds() <= before + 2
