@@ -157,7 +157,8 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
     what, late = worker.get("ended") or "", False  # (how a gone one ended)
     if task is not None:
         what = f"{task['function']}({task['arguments']})"
-        median = medians.get(task["function"])
+        # a function none of whose tasks has finished: judged by every task's median
+        median = medians.get(task["function"], medians.get("*"))
         late = (median is not None and running > STRAGGLER_MIN
                 and running > STRAGGLER * max(median, 1e-3))
     cells = (worker["worker_id"], worker["host"], worker["state"],

@@ -310,16 +310,21 @@ def task_spans(shards: Iterable[Shard], since: float,
 
 
 def span_summary(shards: Iterable[Shard], window: float) -> tuple[dict[str, float], float]:
-    """The median run time of each function over the spans kept, and tasks finished per
-    second over the last ``window`` seconds."""
+    """The median run time of each function over the spans kept (and of every task, under
+    ``"*"``, which is no function's name), and tasks finished per second over the last
+    ``window`` seconds."""
     durations: dict[str, list[float]] = {}
+    every: list[float] = []
     recent = 0
     for shard in shards:
         since = shard.clock() - window
         for _, _, function, start, end, _ in list(shard.spans):
             durations.setdefault(function, []).append(end - start)
+            every.append(end - start)
             recent += end >= since
     medians = {f: sorted(d)[len(d) // 2] for f, d in durations.items()}
+    if every:
+        medians["*"] = sorted(every)[len(every) // 2]
     return medians, recent / window
 
 

@@ -159,6 +159,27 @@ def test_the_failures_head_says_how_many_are_shown_of_how_many() -> None:
     assert shown == [f"  task {i} on w0" for i in range(5, 10)]
 
 
+def test_a_task_of_a_function_with_no_finished_run_is_judged_by_every_tasks_median() -> None:
+    """One odd function in a run of short tasks (or the first of a kind): it has no median
+    of its own, and 8 s against tasks of a quarter of a second is a straggler all the same."""
+    def worker(wid: str, function: str) -> dict[str, object]:
+        return {"worker_id": wid, "host": "h", "state": "running", "tasks_done": 1,
+                "tasks_failed": 0, "cpu_percent": 1.0, "rss_bytes": 1 << 20,
+                "task": {"task_id": 1, "function": function, "arguments": "",
+                         "started": 92.0}}
+
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 2, "throughput": 2.0, "medians": {"m.evaluate": 0.25, "*": 0.25},
+            "stats": {"tasks_pending": 0, "tasks_running": 2, "tasks_done": 9,
+                      "tasks_failed": 0, "tasks_retried": 0},
+            "workers": [worker("w0", "m.straggler")], "failures": []}
+    (line,) = [x for x in _cli_top.render(view).splitlines() if x.startswith("w0")]
+    assert "8.0s !" in line
+    view["medians"] = {}  # nothing finished at all: nothing to judge by
+    (line,) = [x for x in _cli_top.render(view).splitlines() if x.startswith("w0")]
+    assert "!" not in line
+
+
 def test_a_task_under_a_second_is_no_straggler_however_quick_its_function() -> None:
     """The dashboard's rule: over 3 times the median and over a second. A 0.5 s task of a
     function whose tasks take 2 ms (a chunk of a map, say) is not flagged."""

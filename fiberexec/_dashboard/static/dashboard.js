@@ -75,13 +75,14 @@
     }
   }
 
-  function medians() {
-    const by = new Map();
+  function medians() {  // by function, and of every task under "*" (no function's name)
+    const by = new Map([["*", []]]);
     for (const s of spans) {
       if (!s.ok) continue;
       let list = by.get(s.function);
       if (!list) by.set(s.function, (list = []));
       list.push(s.ended - s.started);
+      by.get("*").push(s.ended - s.started);
     }
     const found = new Map();
     for (const [name, list] of by) {
@@ -265,7 +266,9 @@
     for (const wk of workers) {
       const task = wk.task;
       if (!task) continue;
-      const running = now - task.started, median = typical.get(task.function);
+      // a function none of whose tasks has finished is judged by every task's median
+      const running = now - task.started;
+      const median = typical.get(task.function) ?? typical.get("*");
       if (running > STRAGGLER_MIN && median !== undefined && running > STRAGGLER * median) {
         late.add(wk.id);
       }
