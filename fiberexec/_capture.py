@@ -22,6 +22,7 @@ still reaches the worker's own output, which the backend keeps (`Backend.logs`).
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import sys
@@ -167,6 +168,21 @@ class _Stream(io.RawIOBase):
         return self._stream
 
 
+def _escape_bytes(error: UnicodeError) -> tuple[str | bytes, int]:
+    """The encoding's error handler of captured output: a byte a task decoded with
+    ``surrogateescape`` (a file name, binary junk) goes out as that byte, as it would to a
+    terminal of the standard library's worker; any other character that cannot be encoded
+    as its escape, where the task would otherwise fail for printing it."""
+    try:
+        return _SURROGATEESCAPE(error)
+    except UnicodeError:
+        return codecs.backslashreplace_errors(error)
+
+
+_SURROGATEESCAPE = codecs.lookup_error("surrogateescape")
+codecs.register_error("fiberexec.output", _escape_bytes)
+
+
 def install(capture: Capture | None) -> None:
     """Point ``sys.stdout`` and ``sys.stderr`` at ``capture``, or at nothing (None)."""
     sys.stdout.flush()
@@ -178,7 +194,7 @@ def install(capture: Capture | None) -> None:
     out, err = (
         io.TextIOWrapper(io.BufferedWriter(_Stream(capture, stream), BUFFER),  # type: ignore[type-var]
                          encoding="utf-8",
-                         errors="backslashreplace", line_buffering=stream == STDERR)
+                         errors="fiberexec.output", line_buffering=stream == STDERR)
         for stream in (STDOUT, STDERR)
     )
     capture.streams = (out, err)

@@ -96,6 +96,19 @@ def test_a_line_a_task_leaves_unfinished_arrives_with_the_task(
         assert (tmp_path / "out" / f"{worker.worker_id}.out").read_text() == "first\nlast\n"
 
 
+def test_a_byte_decoded_with_surrogateescape_goes_out_as_that_byte(
+        make_executor: ExecutorFactory, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    """A file name or binary junk a task decoded with ``surrogateescape`` prints as its
+    bytes, as to a terminal of a stdlib worker; what no encoding can write, escaped (the
+    task does not fail for printing it)."""
+    ex = make_executor(1, output="forward")
+    assert ex.submit(print, "name \udcff\udcfe, lone \ud800").result(timeout=60) is None
+    (worker,) = ex.workers()
+    ex.shutdown()
+    prefix = f"[{worker.worker_id} {socket.gethostname()}] ".encode()
+    assert prefix + b"name \xff\xfe, lone \\ud800" in capfdbinary.readouterr().out.splitlines()
+
+
 def test_local_workers_inherit_output_by_default(
         make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
     ex = make_executor(1)
