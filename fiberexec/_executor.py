@@ -337,10 +337,9 @@ class FiberExecutor(Executor):
         standard library's workers too, does: workers here run out of the terminal's
         reach, so the program passes it on, and waits for no task to its end."""
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            # Passed on with signals held, and noted first: a second Ctrl-C cutting this
-            # short must not leave the tasks to run to their end (the exit's shutdown
-            # interrupts them, as the first one asked; see `_main_blocks` too).
-            _future.INTERRUPTED.set()
+            # Passed on with signals held: a second Ctrl-C must not cut it short. One that
+            # cuts this block's end short before it (or the shutdown after) leaves the
+            # executor in `_main_blocks`, whose tasks the exit interrupts.
             held = _interrupts.hold()
             try:
                 with self._lock:
