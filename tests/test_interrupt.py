@@ -45,7 +45,10 @@ def interrupted(system: str, mode: str, tasks: int, folder: Path, *,
             program.wait(timeout=10)
         if program.stdout is not None:
             program.stdout.close()
-    assert program.returncode == 0, out
+    # A terminal's second Ctrl-C may come once more through ``timeout`` (it passes a
+    # signal on to its child and to its whole group): a third interrupt can then end the
+    # program in its own ``except`` block, as it would end one on the standard library.
+    assert program.returncode == 0 or (twice and program.returncode == -signal.SIGINT), out
     return out
 
 
@@ -98,4 +101,4 @@ def test_a_second_ctrl_c_during_the_with_blocks_shutdown_ends_the_program_too(
         folder = tmp_path / str(round_)
         folder.mkdir()
         out = interrupted("fiberexec", "sleep", 6, folder, twice=True)  # (ends: no hang)
-        assert "interrupted" in out.splitlines(), out
+        assert "interrupted" in out.splitlines() or "KeyboardInterrupt" in out, out
