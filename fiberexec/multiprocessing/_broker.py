@@ -503,8 +503,8 @@ class Broker:
                 result = self._stream()
             case calls.Fetch(proc_id, os_pid):
                 return None, self._fetch(proc_id, os_pid)
-            case calls.NewObject(kind, args, lock_id):
-                result = self._obj_new(body, kind, args, lock_id)
+            case calls.NewObject(kind, args):
+                result = self._obj_new(body, kind, args)
             case calls.ObjectAttr(oid, name):
                 obj = self.obj(oid)
                 result = _sync_server.describe(obj) if name == "_describe" else getattr(
@@ -876,11 +876,8 @@ class Broker:
             if count > 0 and cid in self.chans:
                 self.unref(cid, "", count)
 
-    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...],
-                 lock_id: int | None) -> int:
+    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...]) -> int:
         kwargs: dict[str, Any] = {}
-        if lock_id is not None:
-            kwargs["lock"] = self.obj(lock_id)
         if body:
             kwargs["action"] = loads_bytes(body, what="barrier action")
         return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind)

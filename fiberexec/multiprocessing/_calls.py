@@ -17,8 +17,8 @@ answered with an error that names it.
     streams and processes     Route (where a writer may send directly, `_route`),
                               OpenStream (the stream listener, `_stream`), Fetch (a
                               child's process object; the broker learns its pid)
-    a broker's objects        NewObject (a `_sync_server.KINDS` object; a condition's
-                              lock, a barrier's action in the body), CallObject,
+    a broker's objects        NewObject (a `_sync_server.KINDS` object; a barrier's
+                              action in the body), CallObject,
                               ObjectAttr, Incref, Decref, ReadBuffer, WriteBuffer (a
                               shared value's bytes)
     a manager's server        Create (the body's ``(args, kwds)``), CallMethod (the
@@ -126,7 +126,6 @@ class Fetch(Call):
 class NewObject(Call):
     kind: str
     args: tuple[Any, ...]
-    lock_id: int | None = None
 
 
 @dataclass(frozen=True)

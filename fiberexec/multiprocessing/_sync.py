@@ -1,25 +1,35 @@
 """`Lock`, `RLock`, `Semaphore`, `BoundedSemaphore`, `Condition`, `Event`, `Barrier`.
 
-    Lock()           -> the creating process's broker holds a `_sync_server` object
-    lock.acquire()   -> `_calls.CallObject(id, "acquire")` to that broker: a direct call in the
-                        creating process, an authenticated round trip from anywhere else
-    pickle(lock)     -> (broker address, secret, id): works in a Process, a Pool task or a
-                        manager call, on every backend, because every process can reach
-                        the broker that started it
-    del lock         -> the broker frees the object once no copy of the handle is left in
-                        any process (`_sync_server.ObjectTable`), as a manager frees the
-                        referent of its last proxy
+    Lock()           -> the creating process's broker makes a kernel semaphore, the standard
+                        library's named one (`_sync_server.KernelSemaphore`), and counts the
+                        handles to it
+    lock.acquire()   -> in a process of the creator's host, the semaphore itself (as fast as
+                        the standard library's); anywhere else, `_calls.CallObject(id,
+                        "acquire")` to the broker, which acquires the same semaphore there
+    pickle(lock)     -> (broker address, secret, id, the semaphore's name): works in a
+                        Process, a Pool task or a manager call, on every backend, because every
+                        process can reach the broker that started it; a process that cannot
+                        open the name (another host, a container with its own /dev/shm) calls
+    del lock         -> the broker frees the object, and removes the name, once no copy of
+                        the handle is left in any process (`_sync_server.ObjectTable`), as a
+                        manager frees the referent of its last proxy
 
-Blocking calls that may be retried (acquire, Event.wait) wait in the broker in slices of at
-most `Timing.slice` seconds, so a client that vanishes holds a server thread for one slice.
-`Condition.wait` and `Barrier.wait` cannot be split without changing their meaning, so they
-wait in one call for the whole timeout.
+`Condition` and `Event` are made of these, as the standard library makes them of its
+semaphores, so they are as fast where the semaphores are; `Barrier` is held by the broker.
+Blocking calls to the broker that may be retried (acquire) wait there in slices of at most
+`Timing.slice` seconds, so a client that vanishes holds a server thread for one slice.
+`Barrier.wait` cannot be split without changing its meaning, so it waits in one call for
+the whole timeout. Where the host cannot make a kernel semaphore, the broker holds a lock
+of its own and every process calls it.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,6 +39,7 @@ from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import Endpoint
+from fiberexec.multiprocessing._sync_server import _multiprocessing
 
 BrokenBarrierError = threading.BrokenBarrierError
 T = TypeVar("T")
@@ -39,12 +50,10 @@ class _Shared:
 
     _kind = ""
 
-    def __init__(self, *args: Any, ctx: object = None, _lock_id: int | None = None,
-                 _action: bytes = b"") -> None:
+    def __init__(self, *args: Any, _action: bytes = b"") -> None:
         broker = b.get_broker()
         self._endpoint: Endpoint = broker.endpoint
-        self._oid: int = self._endpoint.call(
-            calls.NewObject(self._kind, args, _lock_id), _action)[0]
+        self._oid: int = self._endpoint.call(calls.NewObject(self._kind, args), _action)[0]
         _releaser.watch(self, self._endpoint.address, self._endpoint.secret, self._oid)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -77,31 +86,14 @@ def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shar
     return obj
 
 
-class _Acquirer(_Shared):
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        """Acquire; with ``block=False`` or a ``timeout``, False if it could not."""
-        return self._blocking("acquire", block, timeout)
-
-    def release(self) -> None:
-        self._call("release")
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
-
-    def _owner_name(self, owner: Any) -> str:
-        return "None" if owner is None else "SomeOtherProcess"
-
-
 class _SemLockView:
-    """``_semlock``: what the standard library's own code reads of a lock or semaphore it
-    was given, answered by the broker that holds it. The stdlib's `queues.Queue` made with
-    this module's context (as `concurrent.futures.ProcessPoolExecutor` makes its call
-    queue) asks ``_is_zero()`` in ``full()`` and ``_get_value()`` in ``qsize()``."""
+    """``_semlock`` of a lock or semaphore this process calls the broker for: what the
+    standard library's own code reads of a lock it was given (its `queues.Queue` made with
+    this module's context asks ``_is_zero()`` in ``full()``), and what `Condition` reads,
+    answered by the broker. Where the semaphore is open here, ``_semlock`` is the standard
+    library's own `_multiprocessing.SemLock`."""
 
-    def __init__(self, owner: _Acquirer) -> None:
+    def __init__(self, owner: _SemLock) -> None:
         self._owner = owner
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
@@ -125,10 +117,130 @@ class _SemLockView:
         return int(self._owner._call("_semlock_count"))
 
 
-class _SemLock(_Acquirer):
+# The kernel semaphores open in this process, by name, with the count of handles here that
+# use each: the handles of one name share one `SemLock`, whose count of a thread's
+# acquisitions is how an `RLock` (and `Condition.wait`) knows its owner.
+_opened: dict[str, list[Any]] = {}
+_opened_lock = threading.Lock()
+
+
+def _open(name: str, kind: int, maxvalue: int, sem: Any = None) -> Any:
+    """The semaphore ``name`` for one more handle here: ``sem`` (the creator's own), the
+    one open already, or opened now; None where it cannot be opened (another host, a
+    container with a /dev/shm of its own, the name gone): that handle calls the broker."""
+    with _opened_lock:
+        entry = _opened.get(name)
+        if entry is None:
+            if sem is None:
+                try:
+                    sem = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)
+                except OSError:
+                    return None
+            entry = _opened[name] = [sem, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _close(name: str) -> None:
+    """A handle of ``name`` here was dropped (the semaphore closes with its last)."""
+    with _opened_lock:
+        entry = _opened.get(name)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _opened[name]
+
+
+def _forked() -> None:
+    """In a forked child no thread holds what its parent's threads held (as the standard
+    library's locks reset in a child)."""
+    for sem, _ in list(_opened.values()):
+        sem._after_fork()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class _SemLock(_Shared):
+    """A lock or semaphore: the kernel semaphore itself where it can be opened here, else
+    calls to the broker that holds it (see the module)."""
+
+    _sem: Any = None  # the `_multiprocessing.SemLock`, or None: calls to the broker
+    _name = ""  # the kernel semaphore's name ("": the broker's own lock)
+    _sem_kind = 0
+
+    def __init__(self, *args: Any, maxvalue: int) -> None:
+        super().__init__(*args)
+        self._maxvalue = maxvalue
+        held = b.get_broker().obj(self._oid)  # (this process's broker: no call)
+        if hasattr(held, "sem"):
+            self._attach(held.name, held.kind, held.sem)
+
+    def _attach(self, name: str, kind: int, sem: Any = None) -> None:
+        self._name, self._sem_kind = name, kind
+        self._sem = _open(name, kind, self._maxvalue, sem)
+        if self._sem is not None:
+            weakref.finalize(self, _close, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        ep = self._endpoint
+        return (_rebuild_semlock, (type(self), ep.address, ep.secret, self._oid,
+                                   (self._name, self._sem_kind, self._maxvalue)))
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        """Acquire; with ``block=False`` or a ``timeout``, False if it could not."""
+        sem = self._sem
+        if sem is not None:
+            return bool(sem.acquire(block, timeout))
+        return self._blocking("acquire", block, timeout)
+
+    def release(self) -> None:
+        sem = self._sem
+        if sem is not None:
+            sem.release()
+        else:
+            self._call("release")
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
     @property
-    def _semlock(self) -> _SemLockView:
-        return _SemLockView(self)
+    def _semlock(self) -> Any:
+        return self._sem if self._sem is not None else _SemLockView(self)
+
+    def _owner(self) -> str:
+        """Who holds it, in the words of the standard library's reprs."""
+        semlock = self._semlock
+        if semlock._is_mine():
+            name = _process_name()
+            if threading.current_thread() is not threading.main_thread():
+                name += "|" + threading.current_thread().name
+            return name
+        if semlock._get_value() == 1:
+            return "None"
+        return "SomeOtherThread" if semlock._count() > 0 else "SomeOtherProcess"
+
+
+def _process_name() -> str:
+    from fiberexec.multiprocessing import current_process
+
+    return str(current_process().name)
+
+
+def _rebuild_semlock(cls: type[_SemLock], address: str, secret: bytes, oid: int,
+                     sem: tuple[str, int, int]) -> _Shared:
+    """A copy (see `_rebuild`) that opens the kernel semaphore ``(name, kind, maxvalue)``
+    if it can."""
+    name, kind, maxvalue = sem
+    obj = _rebuild(cls, address, secret, oid)
+    assert isinstance(obj, _SemLock)
+    obj._maxvalue = maxvalue
+    if name:
+        obj._attach(name, kind)
+    return obj
 
 
 class Semaphore(_SemLock):
@@ -137,19 +249,33 @@ class Semaphore(_SemLock):
     _kind = "Semaphore"
 
     def __init__(self, value: int = 1, *, ctx: object = None) -> None:
-        super().__init__(value)
+        super().__init__(value, maxvalue=_multiprocessing.SemLock.SEM_VALUE_MAX)
 
     def get_value(self) -> int:
-        return int(self._call("get_value"))
+        return int(self._semlock._get_value())
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__}(value={self._get('_describe')[0]})>"
+        try:
+            value: object = self.get_value()
+        except Exception:
+            value = "unknown"
+        return f"<{type(self).__name__}(value={value})>"
 
 
 class BoundedSemaphore(Semaphore):
     """A `Semaphore` whose ``release`` past its initial value raises ValueError."""
 
     _kind = "BoundedSemaphore"
+
+    def __init__(self, value: int = 1, *, ctx: object = None) -> None:
+        _SemLock.__init__(self, value, maxvalue=value)
+
+    def __repr__(self) -> str:
+        try:
+            value: object = self.get_value()
+        except Exception:
+            value = "unknown"
+        return f"<{type(self).__name__}(value={value}, maxvalue={self._maxvalue})>"
 
 
 class Lock(_SemLock):
@@ -161,11 +287,14 @@ class Lock(_SemLock):
     _kind = "Lock"
 
     def __init__(self, *, ctx: object = None) -> None:
-        super().__init__()
+        super().__init__(maxvalue=1)
 
     def __repr__(self) -> str:
-        value, owner = self._get("_describe")
-        return f"<Lock(owner={self._owner_name(owner) if value == 0 else None})>"
+        try:
+            owner = self._owner()
+        except Exception:
+            owner = "unknown"
+        return f"<{type(self).__name__}(owner={owner})>"
 
 
 class RLock(_SemLock):
@@ -174,34 +303,66 @@ class RLock(_SemLock):
     _kind = "RLock"
 
     def __init__(self, *, ctx: object = None) -> None:
-        super().__init__()
+        super().__init__(maxvalue=1)
 
     def __repr__(self) -> str:
-        count, owner = self._get("_describe")
-        return f"<RLock({self._owner_name(owner)}, {count})>"
+        try:
+            owner = self._owner()
+            count: object = (self._semlock._count() if owner not in
+                             ("None", "SomeOtherThread", "SomeOtherProcess") else
+                             0 if owner == "None" else "nonzero")
+        except Exception:
+            owner, count = "unknown", "unknown"
+        return f"<{type(self).__name__}({owner}, {count})>"
 
 
-class Condition(_Acquirer):
-    """A condition variable shared by processes (`multiprocessing.Condition`).
+class Condition:
+    """A condition variable shared by processes (`multiprocessing.Condition`), made of
+    semaphores as the standard library's is (with its names): a waiter counts itself in
+    ``_sleeping_count`` while it holds the lock, so a notify (which needs the lock) sees
+    every waiter that has begun; it wakes up to n of them through ``_wait_semaphore`` and
+    waits until each has said so in ``_woken_count`` (a waiter whose timeout ran out says
+    so too).
 
     Args:
         lock: a `Lock` or `RLock` of this module to use (default: a new `RLock`).
     """
 
-    _kind = "Condition"
-
     def __init__(self, lock: Lock | RLock | None = None, *, ctx: object = None) -> None:
-        if lock is None:
-            super().__init__()
-            return
-        if not isinstance(lock, Lock | RLock):
+        if lock is not None and not isinstance(lock, Lock | RLock):
             raise TypeError(f"lock must be a Lock or RLock of this module, got {lock!r}")
-        self._endpoint, self._oid = lock._endpoint, 0  # held by the lock's broker
-        self._oid = self._endpoint.call(calls.NewObject(self._kind, (), lock._oid))[0]
+        self._lock: Lock | RLock = lock if lock is not None else RLock()
+        self._sleeping_count = Semaphore(0)
+        self._woken_count = Semaphore(0)
+        self._wait_semaphore = Semaphore(0)
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return self._lock.acquire(block, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Release the lock, wait for a notify or ``timeout``, re-acquire; True if notified."""
-        return bool(self._call("wait", timeout, wait=timeout))
+        semlock = self._lock._semlock
+        if not semlock._is_mine():
+            raise AssertionError("must acquire() condition before using wait()")
+        self._sleeping_count.release()
+        depth = semlock._count()  # an RLock held n times is released n times, and retaken
+        for _ in range(depth):
+            self._lock.release()
+        try:
+            return self._wait_semaphore.acquire(True, timeout)
+        finally:
+            self._woken_count.release()
+            for _ in range(depth):
+                self._lock.acquire()
 
     def wait_for(self, predicate: Callable[[], T], timeout: float | None = None) -> T:
         """Wait until ``predicate()`` is true (it is evaluated here, holding the lock)."""
@@ -218,35 +379,66 @@ class Condition(_Acquirer):
         return result
 
     def notify(self, n: int = 1) -> None:
-        self._call("notify", n)
+        if not self._lock._semlock._is_mine():
+            raise AssertionError("lock is not owned")
+        while self._woken_count.acquire(False):  # waiters gone since (timed out)
+            self._sleeping_count.acquire(False)
+        woken = 0
+        while woken < n and self._sleeping_count.acquire(False):
+            self._wait_semaphore.release()
+            woken += 1
+        for _ in range(woken):
+            self._woken_count.acquire()  # each one woken (or timed out meanwhile) says so
+        while self._wait_semaphore.acquire(False):  # a wake left by a waiter that timed out
+            pass
 
     def notify_all(self) -> None:
-        self._call("notify_all")
+        self.notify(sys.maxsize)
 
     def __repr__(self) -> str:
-        return f"<Condition id={self._oid}>"
+        try:
+            waiters: object = self._sleeping_count.get_value() - self._woken_count.get_value()
+        except Exception:
+            waiters = "unknown"
+        return f"<{type(self).__name__}({self._lock}, {waiters})>"
 
 
-class Event(_Shared):
-    """A flag processes can set, clear and wait for (`multiprocessing.Event`)."""
-
-    _kind = "Event"
+class Event:
+    """A flag processes can set, clear and wait for (`multiprocessing.Event`): a
+    semaphore guarded by a `Condition`, as the standard library's."""
 
     def __init__(self, *, ctx: object = None) -> None:
-        super().__init__()
+        self._cond = Condition(Lock())
+        self._flag = Semaphore(0)
 
     def is_set(self) -> bool:
-        return bool(self._call("is_set"))
+        with self._cond:
+            if self._flag.acquire(False):
+                self._flag.release()
+                return True
+            return False
 
     def set(self) -> None:
-        self._call("set")
+        with self._cond:
+            self._flag.acquire(False)
+            self._flag.release()
+            self._cond.notify_all()
 
     def clear(self) -> None:
-        self._call("clear")
+        with self._cond:
+            self._flag.acquire(False)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the flag is set or ``timeout`` passes; return the flag."""
-        return b.wait_slices(timeout, lambda w: bool(self._call("wait", w, wait=w)))
+        with self._cond:
+            if self._flag.acquire(False):
+                self._flag.release()
+                return True
+            self._cond.wait(timeout)
+            if self._flag.acquire(False):
+                self._flag.release()
+                return True
+            return False
 
     def __repr__(self) -> str:
         state = "set" if self.is_set() else "unset"

@@ -9,14 +9,21 @@ types and words, so a client re-raises exactly what `multiprocessing` would.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import itertools
+import os
+import secrets
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from fiberexec.multiprocessing._rpc import Caller
 
+# the standard library's semaphores (no type stubs: it is a C module of the stdlib's own)
+_multiprocessing: Any = importlib.import_module("_multiprocessing")
 caller = threading.local()  # .value: the Caller of the call running on this thread
 TOO_MANY = "semaphore or lock released too many times"
 
@@ -137,8 +144,85 @@ class RLock:
         return self._count, self._owner
 
 
+class KernelSemaphore:
+    """A lock or semaphore in the kernel: the standard library's named POSIX semaphore
+    (``_multiprocessing.SemLock``, in /dev/shm). Processes of this host open it by its name
+    and use it directly, at the standard library's speed (`_sync`); the broker serves it to
+    the others, on the thread that serves the caller (one a client thread), which is the
+    thread an `RLock` counts as its owner. The name is removed when the last handle
+    anywhere is dropped, or at this process's exit, and registered with the standard
+    library's resource tracker meanwhile, which removes it if this process is killed."""
+
+    RECURSIVE, COUNTING = 0, 1  # SemLock's kinds: RLock; Lock and the semaphores
+
+    def __init__(self, kind: int, value: int, maxvalue: int) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        # named as this process's shared values are (`_sharedctypes`): the creator's pid
+        self.name = f"/fiberexec-mp{os.getpid()}-sem{secrets.token_hex(6)}"
+        self.kind, self.maxvalue = kind, maxvalue
+        self.sem = _multiprocessing.SemLock(kind, value, maxvalue, self.name, False)
+        tracked = _track_semaphore(self.name)
+        weakref.finalize(self, _unlink_semaphore, self.name, tracked)
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        return bool(self.sem.acquire(block, timeout))
+
+    def release(self) -> None:
+        self.sem.release()
+
+    def get_value(self) -> int:
+        return int(self.sem._get_value())
+
+    def _is_mine(self) -> bool:
+        return bool(self.sem._is_mine())
+
+    def _semlock_value(self) -> int:
+        return int(self.sem._get_value())
+
+    def _semlock_count(self) -> int:
+        return int(self.sem._count())
+
+    def _describe(self) -> tuple[Any, ...]:
+        return self.get_value(), None
+
+
+def _track_semaphore(name: str) -> bool:
+    from multiprocessing import resource_tracker
+
+    try:
+        resource_tracker.register(name, "semaphore")
+    except OSError:  # no tracker could start: the name goes when dropped, as before
+        return False
+    return True
+
+
+def _unlink_semaphore(name: str, tracked: bool) -> None:
+    with contextlib.suppress(OSError):
+        _multiprocessing.sem_unlink(name)
+    if tracked:
+        from multiprocessing import resource_tracker
+
+        with contextlib.suppress(OSError):
+            resource_tracker.unregister(name, "semaphore")
+
+
+def _kernel_or(kind: int, value: int, maxvalue: int,
+               fallback: Callable[[], Semaphore | RLock]) -> KernelSemaphore | Semaphore | RLock:
+    """A `KernelSemaphore`, or where this host cannot make one (no writable /dev/shm, no
+    semaphores left) the broker's own object, which every process calls."""
+    try:
+        return KernelSemaphore(kind, value, maxvalue)
+    except OSError:
+        return fallback()
+
+
+_MAX = _multiprocessing.SemLock.SEM_VALUE_MAX
+
+
 class Condition:
-    """A condition variable over a `Semaphore` (used as a Lock) or an `RLock`."""
+    """A condition variable over a `Semaphore` (used as a Lock) or an `RLock` (what a
+    manager's ``Condition`` is, with `threading`'s errors: `ThreadCondition`)."""
 
     _errors: tuple[type[Exception], str, str] = (
         AssertionError, "must acquire() condition before using wait()", "lock is not owned")
@@ -208,13 +292,18 @@ def describe(obj: object) -> tuple[Any, ...]:
     return fn() if fn is not None else ()
 
 
+def _semaphore(value: int = 1, bounded: bool = False) -> KernelSemaphore | Semaphore | RLock:
+    top = value if bounded else None
+    return _kernel_or(KernelSemaphore.COUNTING, value, _MAX if top is None else top,
+                      lambda: Semaphore(value, top))
+
+
+# what a broker holds for `_sync` (a condition and an event are made of these, by `_sync`)
 KINDS: dict[str, Callable[..., Any]] = {
-    "Lock": lambda: Semaphore(1, 1),
-    "RLock": RLock,
-    "Semaphore": lambda value=1: Semaphore(value),
-    "BoundedSemaphore": lambda value=1: Semaphore(value, value),
-    "Condition": Condition,
-    "Event": threading.Event,
+    "Lock": lambda: _kernel_or(KernelSemaphore.COUNTING, 1, 1, lambda: Semaphore(1, 1)),
+    "RLock": lambda: _kernel_or(KernelSemaphore.RECURSIVE, 1, 1, RLock),
+    "Semaphore": _semaphore,
+    "BoundedSemaphore": lambda value=1: _semaphore(value, bounded=True),
     "Barrier": lambda parties, timeout=None, action=None: Barrier(parties, action, timeout),
 }
 

@@ -19,6 +19,25 @@ def increment(lock: Any, counter: Any, times: int) -> None:
             counter.value += 1
 
 
+def increment_and_report_calls(lock: Any, counter: Any, times: int, q: Any) -> None:
+    """`increment`, then put how many calls this process made to a broker meanwhile."""
+    from fiberexec.multiprocessing import _rpc
+
+    made = []
+    original = _rpc.RpcClient.call
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(args[0])
+        return original(self, *args, **kwargs)
+
+    _rpc.RpcClient.call = counted  # type: ignore[method-assign]
+    try:
+        increment(lock, counter, times)
+    finally:
+        _rpc.RpcClient.call = original  # type: ignore[method-assign]
+    q.put(len(made))
+
+
 def wait_event_then_put(event: Any, q: Any) -> None:
     q.put(event.wait(30))
 

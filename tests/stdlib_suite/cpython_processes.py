@@ -38,9 +38,6 @@ DIFFERENT = {
     ("TestQueue", "test_queue_feeder_donot_stop_onexc"):
         "Queue.put of an object that cannot be pickled raises at once (the stdlib's feeder "
         "thread prints the error later and drops the item)",
-    ("TestCondition", "test_notify"): "reads the stdlib Condition's private semaphores",
-    ("TestCondition", "test_notify_all"): "reads the stdlib Condition's private semaphores",
-    ("TestCondition", "test_notify_n"): "reads the stdlib Condition's private semaphores",
     ("TestPool", "test_make_pool"):
         "reads Pool._pool, the stdlib's list of worker processes (ours start on demand)",
 }
