@@ -139,14 +139,14 @@ class OutputSink:
             return
         for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
             if data:
-                _write_to(stream, data)
+                write_to(stream, data)
 
     def _note(self, text: bytes) -> None:
         with contextlib.suppress(Exception):
             if self.directory is not None:
                 self._file("fiberexec.err").write(text)
             else:
-                _write_to(sys.stderr, text)
+                write_to(sys.stderr, text)
 
     def _file(self, name: str) -> BinaryIO:
         f = self._files.get(name)
@@ -157,7 +157,7 @@ class OutputSink:
         return f
 
 
-def _write_to(stream: IO[str] | None, data: bytes) -> None:
+def write_to(stream: IO[str] | None, data: bytes) -> None:
     if stream is None:
         return
     stream.flush()  # what this process wrote to it comes first

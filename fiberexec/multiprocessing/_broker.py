@@ -27,7 +27,7 @@ from typing import Any
 from fiberexec import _auth
 from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing import _sync_server, _tally
+from fiberexec.multiprocessing import _forward, _sync_server, _tally
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
     Count,
@@ -503,6 +503,8 @@ class Broker:
                 result = self._stream()
             case calls.Fetch(proc_id, os_pid):
                 return None, self._fetch(proc_id, os_pid)
+            case calls.Output(stdout):
+                _forward.write(body[:stdout], body[stdout:])
             case calls.NewObject(kind, args):
                 result = self._obj_new(body, kind, args)
             case calls.ObjectAttr(oid, name):

@@ -16,7 +16,9 @@ answered with an error that names it.
                               caller unpickled it), Unref (the caller closed a copy)
     streams and processes     Route (where a writer may send directly, `_route`),
                               OpenStream (the stream listener, `_stream`), Fetch (a
-                              child's process object; the broker learns its pid)
+                              child's process object; the broker learns its pid),
+                              Output (a child's stdout and stderr lines, in the body:
+                              `_forward`)
     a broker's objects        NewObject (a `_sync_server.KINDS` object; a barrier's
                               action in the body), CallObject,
                               ObjectAttr, Incref, Decref, ReadBuffer, WriteBuffer (a
@@ -120,6 +122,14 @@ class Fetch(Call):
 
 
 # ----------------------------------------------------------------- held objects
+
+
+@dataclass(frozen=True)
+class Output(Call):
+    """Lines a child wrote: the body's first ``stdout`` bytes to stdout, the rest to
+    stderr."""
+
+    stdout: int
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from fiberexec._backend import (
 )
 from fiberexec._errors import SerializationError
 from fiberexec._serialize import dumps_bytes, pickler_error
-from fiberexec.multiprocessing import _backends, _main
+from fiberexec.multiprocessing import _backends, _forward, _main
 from fiberexec.multiprocessing._broker import get_broker
 from fiberexec.multiprocessing._links import TIMING
 
@@ -240,7 +240,8 @@ class Process:
                            owns_backend=choice is not None and not isinstance(choice, Backend))
         runtime.tickets = [(cid, t) for address, cid, t in tickets if address == broker.address]
         runtime.keys = keys
-        spec = self._spec(broker.address, broker.secret, runtime.proc_id)
+        spec = self._spec(broker.address, broker.secret, runtime.proc_id,
+                          forward=not backend.workers_share_host)
         _backends.note_unenforced(backend, spec.resources)
         runtime.handle = backend.start_worker(spec)
         self._fx = runtime
@@ -256,7 +257,10 @@ class Process:
         # process is collectable at once, while the backend's watch thread unwinds
         backend.watch(runtime.handle, runtime.on_exit)
 
-    def _spec(self, address: str, secret: bytes, proc_id: int) -> WorkerSpec:
+    def _spec(self, address: str, secret: bytes, proc_id: int, *, forward: bool
+              ) -> WorkerSpec:
+        """The child's job; ``forward``: it sends its output here (`_forward`), where
+        nobody would see it otherwise (workers not on this host)."""
         hint = _backends.meta_of(self._target) or _backends.meta_of(type(self).run)
         resources = hint.resources() if hint else Resources()
         return WorkerSpec(
@@ -268,7 +272,8 @@ class Process:
             env={ENV_ADDRESS: address, ENV_PROCESS: str(proc_id), "FIBEREXEC_BACKEND": "local",
                  "FIBEREXEC_BACKEND_OPTIONS": "{}",
                  ENV_PARENT: f"{os.getpid()} {current_process().name}",
-                 _syspath.ENV_SYS_PATH: _syspath.export(), **_logging_env()},
+                 _syspath.ENV_SYS_PATH: _syspath.export(), **_logging_env(),
+                 **({_forward.ENV_OUTPUT: "forward"} if forward else {})},
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
             image=_backends.configuration().image,
             workdir=os.getcwd(),

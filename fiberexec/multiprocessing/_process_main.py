@@ -23,6 +23,9 @@ def _exit(code: int) -> None:
         sys.stdout.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+    from fiberexec.multiprocessing import _forward
+
+    _forward.finish()  # where the output goes to the parent: what is left of it
     os._exit(code)
 
 
@@ -39,7 +42,7 @@ def main() -> None:
     from fiberexec import _auth
     from fiberexec._serialize import loads_bytes
     from fiberexec.multiprocessing import _calls as calls
-    from fiberexec.multiprocessing import _process, _rpc
+    from fiberexec.multiprocessing import _forward, _process, _rpc
 
     try:
         address = os.environ[_process.ENV_ADDRESS]
@@ -50,6 +53,8 @@ def main() -> None:
     authkey = bytes.fromhex(os.environ.pop(_process.ENV_AUTHKEY, ""))
     client = _rpc.client_for(address, secret)
     client.on_lost(lambda: _parent_gone(address))
+    if os.environ.get(_forward.ENV_OUTPUT) == "forward":
+        _forward.start(_rpc.Endpoint(address, secret))
     _set_parent(client.lost)
     from fiberexec.multiprocessing import _shared_memory
 

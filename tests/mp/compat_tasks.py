@@ -20,14 +20,17 @@ def increment(lock: Any, counter: Any, times: int) -> None:
 
 
 def increment_and_report_calls(lock: Any, counter: Any, times: int, q: Any) -> None:
-    """`increment`, then put how many calls this process made to a broker meanwhile."""
+    """`increment`, then put whether ``lock`` opened its kernel semaphore here, and how
+    many calls on a broker's object (a lock's) this process made meanwhile."""
     from fiberexec.multiprocessing import _rpc
+    from fiberexec.multiprocessing._calls import CallObject
 
     made = []
     original = _rpc.RpcClient.call
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        made.append(args[0])
+        if isinstance(args[0], CallObject):  # (not a shared value's bytes, say)
+            made.append(args[0])
         return original(self, *args, **kwargs)
 
     _rpc.RpcClient.call = counted  # type: ignore[method-assign]
@@ -35,7 +38,7 @@ def increment_and_report_calls(lock: Any, counter: Any, times: int, q: Any) -> N
         increment(lock, counter, times)
     finally:
         _rpc.RpcClient.call = original  # type: ignore[method-assign]
-    q.put(len(made))
+    q.put((lock._sem is not None, len(made)))
 
 
 def wait_event_then_put(event: Any, q: Any) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import BACKEND
+
 pytestmark = pytest.mark.timeout(240)
 
 HELPER = '''
@@ -117,3 +119,45 @@ def test_a_script_run_from_elsewhere_behaves_as_with_the_stdlib(tmp_path: Path) 
         "raised: raised in a worker",
         "joined 0",
     ]
+
+
+PRINTING = '''
+import sys
+
+if sys.argv[1] == "stdlib":
+    import multiprocessing as mp
+else:
+    import fiberexec.multiprocessing as mp
+
+
+def speak(code):
+    print("out one")
+    print("err one", file=sys.stderr)
+    print("out two", flush=True)
+    print("out three")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    for code in (0, 3):
+        p = mp.Process(target=speak, args=(code,))
+        p.start()
+        p.join(60)
+        print("exit", p.exitcode, flush=True)
+'''
+
+
+@pytest.mark.parametrize("module", ["stdlib", "fiberexec"] if BACKEND == "local"
+                         else ["fiberexec"])  # (the stdlib's run is the same everywhere)
+def test_what_a_child_prints_reaches_the_parents_output(module: str, tmp_path: Path) -> None:
+    """On every backend: a child in a container, a pod, a job or on another host sends its
+    lines to its parent, which writes them as a stdlib child's reach the shared terminal,
+    before the child is reported ended."""
+    script = tmp_path / "printing.py"
+    script.write_text(PRINTING)
+    done = subprocess.run([sys.executable, str(script), module], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=200, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["out one", "out two", "out three", "exit 0",
+                                        "out one", "out two", "out three", "exit 3"]
+    assert done.stderr.count("err one\n") == 2, done.stderr
