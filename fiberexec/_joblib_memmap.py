@@ -27,6 +27,7 @@ resource tracker, which removes it once the program is gone, as it does for loky
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import shutil
@@ -120,6 +121,9 @@ class ArrayStore:
         self.temp_folder = temp_folder
         self.folder: str | None = None
         self._files: dict[int, tuple[weakref.ref[Any], str]] = {}  # id(array) -> its file
+        # file names are never reused in a call: an array made for one task (``X[idx]``)
+        # and freed leaves its id to the next, but its file is still to be read
+        self._names = itertools.count()
         self._lock = threading.Lock()
 
     @property
@@ -161,7 +165,7 @@ class ArrayStore:
             if self.folder is None:
                 self.folder = tempfile.mkdtemp(prefix="fiberexec-joblib-", dir=self._where())
                 _track(self.folder, True)
-            path = os.path.join(self.folder, f"{len(self._files)}.npy")
+            path = os.path.join(self.folder, f"{next(self._names)}.npy")
             _write(path, array)
             self._files[id(array)] = (weakref.ref(array), path)
             return path

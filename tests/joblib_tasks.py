@@ -90,3 +90,8 @@ def thread_limits(_: object = None) -> dict[str, str | None]:
 def exit_now(code: int) -> None:
     """End the worker process at once, as a crash in native code would."""
     os._exit(code)
+
+
+def first_item(array: Any) -> int:
+    """The array's first item, as an int."""
+    return round(float(array.flat[0]))

@@ -183,6 +183,21 @@ def test_tasks_write_into_a_memory_map_the_caller_passes(tmp_path: Any, backend:
     assert large[100:108].tolist() == [100.0, 0.0, 101.0, 0.0, 102.0, 0.0, 103.0, 0.0]
 
 
+@pytest.mark.parametrize("backend", ["loky", "fiber"])
+def test_large_arrays_made_for_each_task_reach_each_its_own(opts: Options, backend: str) -> None:
+    """A large array made as the tasks are (``X + k``, ``X[idx]``: bootstrap samples) is
+    freed once sent, and the next one may get its id: each must still travel as its own
+    file. Every task got the next one's data, or a file being written (EOFError), when a
+    file name was reused."""
+    np = pytest.importorskip("numpy")
+    base = np.zeros((2000, 100))  # 1.6 MB: over joblib's default max_nbytes
+    extra = opts if backend == "fiber" else {}
+    with parallel_config(backend=backend, n_jobs=2, **extra):
+        for _ in range(3):
+            got = Parallel()(delayed(jt.first_item)(base + k) for k in range(24))
+            assert got == list(range(24))
+
+
 def test_workers_share_the_cpus_among_their_thread_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     """As joblib sets them for loky (`ParallelBackendBase._prepare_worker_env`): the CPUs
     shared among the workers, or ``inner_max_num_threads``; a limit the caller's
