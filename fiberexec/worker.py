@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -905,6 +906,9 @@ def run() -> None:
         return
     worker.outbox.beat()  # the executor knows its resource use before anything else
     worker.redirect_output(setup.output)
+    # A task that crashes the interpreter (a fault in native code) says where, as loky's
+    # workers do: on the worker's own stderr (the terminal, or the backend's log).
+    faulthandler.enable(sys.__stderr__ or sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, worker.on_sigint)  # (an initializer may set its own)
     timer = partial(worker.outbox.run_timer, worker.heartbeat)
     threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()

@@ -74,6 +74,9 @@ def test_lines_a_task_flushed_before_crashing_its_worker_arrive(system: str, how
     assert out == [f"{system}: last words",
                    f"raised {'BrokenProcessPool' if system == 'stdlib' else 'WorkerLostError'}"]
     assert f"{system}: on stderr" in [line.split("] ")[-1] for line in done.stderr.splitlines()]
+    if system == "fiberexec" and how == "segfault":  # where it crashed, as loky's workers say
+        assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
+        assert "in say_then_die" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("into", ["forward", "directory"])
