@@ -252,8 +252,9 @@ class DockerBackend(Backend):
             default: ``DOCKER_HOST`` or the local socket.
         client: a ``docker.DockerClient`` to use instead (it is not closed by `close`).
         mount_workdir: bind-mount the spec's workdir (or the current directory) at the same
-            path and start there, so workers import the same user modules. Only meaningful
-            when the engine runs on this machine.
+            path and start there, and the program's script's directory if it is elsewhere,
+            so workers import the same user modules. Only meaningful when the engine runs on
+            this machine.
         ipc_host: share the host's IPC namespace and ``/dev/shm`` (large payloads travel
             through shared memory).
         init: run Docker's init as PID 1, so SIGTERM reaches the worker and zombies are reaped.
@@ -429,6 +430,9 @@ class DockerBackend(Backend):
             workdir = spec.workdir or os.getcwd()
             kwargs["volumes"] = {workdir: {"bind": workdir, "mode": "rw"}}
             kwargs["working_dir"] = workdir
+            script = spec.script_dir  # a script run from elsewhere imports modules beside it
+            if script and os.path.isdir(script) and not _inside(script, workdir):
+                kwargs["volumes"][script] = {"bind": script, "mode": "rw"}
         elif spec.workdir:
             kwargs["working_dir"] = spec.workdir
         kwargs.update(self._resource_kwargs(spec.resources))
@@ -682,3 +686,9 @@ def _force_remove(api: Any, ref: str) -> None:
             raise
         with contextlib.suppress(_import_docker().errors.NotFound):
             api.wait(ref, condition="removed", timeout=60)
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or within it."""
+    return os.path.commonpath([os.path.abspath(path), os.path.abspath(folder)]) == \
+        os.path.abspath(folder)

@@ -73,6 +73,9 @@ class WorkerSpec:
     ``env`` is plain configuration; ``secret_env`` holds values (the executor's secret) that a
     backend must deliver without exposing them in a job description (a Kubernetes Secret, not a
     literal in the pod spec). Both are environment variables inside the worker.
+    ``script_dir`` is the directory of the program's main script (None: an interactive
+    session, or ``python -m``): workers import modules beside the script from there, as a
+    spawned stdlib child does, so a backend that mounts ``workdir`` mounts it too.
     """
 
     worker_id: str
@@ -84,6 +87,7 @@ class WorkerSpec:
     workdir: str | None = None
     resources: Resources = Resources()
     labels: Mapping[str, str] = field(default_factory=dict)
+    script_dir: str | None = None
 
     def all_labels(self) -> dict[str, str]:
         """The spec's labels plus the ones that name the executor and the worker."""

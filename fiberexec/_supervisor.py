@@ -260,6 +260,7 @@ class WorkerSupervisor:
             },
             image=cfg.image,
             workdir=cfg.workdir or os.getcwd(),
+            script_dir=_syspath.script_dir(),
             resources=cfg.resources,
             labels=cfg.labels,
         )

@@ -50,6 +50,12 @@ def main_origin() -> dict[str, str]:
     return {"path": os.path.abspath(path)} if isinstance(path, str) and path else {}
 
 
+def script_dir() -> str | None:
+    """The directory of this program's main script (None: ``-m``, or interactive)."""
+    path = main_origin().get("path")
+    return os.path.dirname(path) if path else None
+
+
 def adopt(value: str | None) -> dict[str, str]:
     """Add the parent's path entries (`export`) that exist here to ``sys.path``; take its
     ``sys.argv``; return its main module's origin (`main_origin`)."""

@@ -277,6 +277,7 @@ class Process:
             secret_env={ENV_SECRET: secret.hex(), ENV_AUTHKEY: self._authkey.hex()},
             image=_backends.configuration().image,
             workdir=os.getcwd(),
+            script_dir=_syspath.script_dir(),
             resources=resources,
             labels={"fiberexec.process": label_value(self._name)},
         )

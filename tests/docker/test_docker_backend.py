@@ -32,14 +32,18 @@ SLEEP = ("python", "-c", "import time; time.sleep(120)")
 def test_container_settings(
     backend: DockerBackend, make_spec: SpecFactory, client: Any, tmp_path: Any
 ) -> None:
+    script_dir = tmp_path / "project"  # a script run from elsewhere: its modules are there
+    script_dir.mkdir()
     spec = make_spec(
         *SLEEP,
         env={"PLAIN": "1"},
         secret_env={"FIBEREXEC_SECRET": "s3cret"},
         labels={"team": "es"},
-        workdir=str(tmp_path),
+        workdir=str(tmp_path / "run"),
+        script_dir=str(script_dir),
         resources=Resources(cpu=0.5, memory=256 * 2**20),
     )
+    (tmp_path / "run").mkdir()
     handle = backend.start_worker(spec)
     info = client.api.inspect_container(handle.ref)
     config, host = info["Config"], info["HostConfig"]
@@ -47,8 +51,9 @@ def test_container_settings(
     assert config["Labels"].items() >= spec.all_labels().items()
     assert config["Labels"]["team"] == "es"
     assert {"PLAIN=1", "FIBEREXEC_SECRET=s3cret"} <= set(config["Env"])
-    assert config["WorkingDir"] == str(tmp_path)
-    assert f"{tmp_path}:{tmp_path}:rw" in host["Binds"]
+    assert config["WorkingDir"] == str(tmp_path / "run")
+    assert {f"{tmp_path}/run:{tmp_path}/run:rw", f"{script_dir}:{script_dir}:rw"} <= set(
+        host["Binds"])
     assert (host["NetworkMode"], host["IpcMode"], host["AutoRemove"]) == ("host", "host", True)
     assert (host["NanoCpus"], host["Memory"]) == (500_000_000, 256 * 2**20)
     assert backend.status(handle).state is WorkerState.RUNNING
