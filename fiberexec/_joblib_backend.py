@@ -12,7 +12,9 @@ thread: joblib's callback consumes the caller's iterator to dispatch more work, 
 must not stall scheduling.
 
 Executors are kept warm across `Parallel` calls (as joblib's loky backend reuses its workers),
-one per set of executor options; `shutdown_executors()` stops them, and so does interpreter exit.
+one per set of executor options (a call with another ``n_jobs`` replaces an idle one of the same
+options, as loky resizes its one); `shutdown_executors()` stops them, and so does interpreter
+exit.
 Warm executors default to ``min_workers=0, idle_timeout=300`` so idle workers go away, as loky's
 do after ``idle_worker_timeout=300``.
 """
@@ -155,14 +157,21 @@ class _WarmExecutors:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Hashable, FiberExecutor] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, Hashable], FiberExecutor] = OrderedDict()
 
     def get(self, n_jobs: int, options: Mapping[str, Any]) -> FiberExecutor:
-        key = (n_jobs, _freeze(options))
+        """The warm executor of ``n_jobs`` workers and ``options``. One of the same options
+        and another size that is idle makes way for it, as loky's one executor is resized:
+        a program whose calls vary ``n_jobs`` keeps one pool, not one per size."""
+        frozen = _freeze(options)
+        key = (n_jobs, frozen)
         evicted: list[FiberExecutor] = []
         with self._lock:
             executor = self._entries.get(key)
             if executor is None:
+                for (size, other), old in list(self._entries.items()):
+                    if other == frozen and size != n_jobs and _idle(old):
+                        evicted.append(self._entries.pop((size, other)))
                 executor = FiberExecutor(n_jobs, **{**_WARM_DEFAULTS, **options})
                 self._entries[key] = executor
                 while len(self._entries) > MAX_WARM:
@@ -191,6 +200,12 @@ class _WarmExecutors:
         if wait:
             for executor in executors:
                 executor.shutdown(wait=True)
+
+
+def _idle(executor: FiberExecutor) -> bool:
+    """Whether no task of ``executor`` is queued or running (no call is using it)."""
+    stats = executor.stats()
+    return stats.tasks_pending == 0 and stats.tasks_running == 0
 
 
 _relay = _CallbackRelay()

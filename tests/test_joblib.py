@@ -230,6 +230,18 @@ def test_warm_executor_is_reused_across_calls(opts: Options) -> None:
     assert a == b
 
 
+def test_a_call_with_another_n_jobs_replaces_the_idle_executor(opts: Options) -> None:
+    """As loky resizes its one executor: calls that vary ``n_jobs`` keep one pool (they
+    kept one per size, each with its idle workers, until the idle timeout)."""
+    from fiberexec._joblib_backend import _warm
+
+    for n_jobs in (2, 3, 2, 4):
+        with parallel_config(backend="fiber", n_jobs=n_jobs, **opts):
+            assert Parallel()(delayed(jt.square)(i) for i in range(8)) == [
+                i * i for i in range(8)]
+        assert [ex.max_workers for ex in _warm.executors()] == [n_jobs]
+
+
 def test_reuse_false_leaves_nothing_running(kit: BackendKit, opts: Options) -> None:
     backend = fj.FiberBackend(reuse=False, **opts)
     assert Parallel(n_jobs=2, backend=backend)(delayed(jt.square)(i) for i in range(5)) == [
