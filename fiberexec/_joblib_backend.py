@@ -398,7 +398,14 @@ class FiberBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             except Exception:
                 packed = None
             if packed is not None:
-                return executor.submit(run_packed, packed)
+                payload, done = packed
+                try:
+                    future = executor.submit(run_packed, payload)
+                except BaseException:
+                    done()
+                    raise
+                future.add_done_callback(lambda _: done())
+                return future
         return executor.submit(operator.call, func)
 
     def _forget(self, future: Future[Any]) -> None:

@@ -21,11 +21,14 @@ data and the map's mode (``"w+"`` opens as ``"r+"``): a task writing into it wri
 the file the caller maps, joblib's documented way to collect results in shared memory.
 
 The folder is removed when the call ends; a program killed before that leaves it to joblib's
-resource tracker, which removes it once the program is gone, as it does for loky's.
+resource tracker, which removes it once the program is gone, as it does for loky's. Within a
+call, a file goes as soon as its array is gone and every batch that carried it is done (an
+array made for each task, ``X[idx]``, would otherwise fill ``/dev/shm`` in a long call).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import os
@@ -121,6 +124,8 @@ class ArrayStore:
         self.temp_folder = temp_folder
         self.folder: str | None = None
         self._files: dict[int, tuple[weakref.ref[Any], str]] = {}  # id(array) -> its file
+        self._carried: dict[str, int] = {}  # file -> batches in flight that carry it
+        self._orphans: set[str] = set()  # files whose arrays are gone: removed once not carried
         # file names are never reused in a call: an array made for one task (``X[idx]``)
         # and freed leaves its id to the next, but its file is still to be read
         self._names = itertools.count()
@@ -130,15 +135,41 @@ class ArrayStore:
     def active(self) -> bool:
         return self.max_nbytes is not None and self.mode is not None
 
-    def pack(self, batch: Any) -> bytes | None:
+    def pack(self, batch: Any) -> tuple[bytes, Callable[[], None]] | None:
         """The batch pickled with its large arrays and its arrays that map files as
-        references to files, or None when it holds none (then it travels as it is)."""
+        references to files, and what to call once the batch is done (its files may go);
+        or None when it holds none (then it travels as it is)."""
         if not any((self.active and self._mapped(a)) or file_backed(a) is not None
                    for a in _arrays(_task_arguments(batch))):
             return None
         buffer = io.BytesIO()
-        _MappingPickler(buffer, self).dump(batch)
-        return buffer.getvalue()
+        pickler = _MappingPickler(buffer, self)
+        pickler.dump(batch)
+        carried = frozenset(pickler.carried)
+        with self._lock:
+            for path in carried:
+                self._carried[path] = self._carried.get(path, 0) + 1
+        return buffer.getvalue(), lambda: self._done(carried)
+
+    def _done(self, carried: frozenset[str]) -> None:
+        """A batch that carried ``carried`` is done: remove the files no array and no batch
+        in flight needs any more."""
+        with self._lock:
+            for path in carried:
+                left = self._carried.get(path, 0) - 1
+                if left > 0:
+                    self._carried[path] = left
+                else:
+                    self._carried.pop(path, None)
+            for key, (ref, path) in list(self._files.items()):
+                if ref() is None:
+                    del self._files[key]
+                    self._orphans.add(path)
+            gone = [path for path in self._orphans if path not in self._carried]
+            self._orphans.difference_update(gone)
+        for path in gone:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _mapped(self, array: Any) -> bool:
         assert self.max_nbytes is not None
@@ -146,8 +177,9 @@ class ArrayStore:
             return False
         return bool(array.nbytes >= self.max_nbytes)
 
-    def reduce(self, array: Any) -> tuple[Any, ...] | None:
-        """How the pickler sends ``array``: as its file, or (None) as it is."""
+    def reduce(self, array: Any, carried: set[str]) -> tuple[Any, ...] | None:
+        """How the pickler sends ``array``: as its file (a file of this store's is added
+        to ``carried``), or (None) as it is."""
         backed = file_backed(array)
         if backed is not None:
             path, mode, offset = backed
@@ -155,13 +187,17 @@ class ArrayStore:
                                     offset)
         if not self.active or not self._mapped(array):
             return None
-        return open_map, (self._file_for(array), self.mode)
+        path = self._file_for(array)
+        carried.add(path)
+        return open_map, (path, self.mode)
 
     def _file_for(self, array: Any) -> str:
         with self._lock:
             known = self._files.get(id(array))
-            if known is not None and known[0]() is array:
-                return known[1]
+            if known is not None:
+                if known[0]() is array:
+                    return known[1]
+                self._orphans.add(known[1])  # its array is gone; the id is another's now
             if self.folder is None:
                 self.folder = tempfile.mkdtemp(prefix="fiberexec-joblib-", dir=self._where())
                 _track(self.folder, True)
@@ -181,6 +217,8 @@ class ArrayStore:
         with self._lock:
             folder, self.folder = self.folder, None
             self._files.clear()
+            self._carried.clear()
+            self._orphans.clear()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
             _track(folder, False)
@@ -202,10 +240,11 @@ class _MappingPickler(Pickler):
     def __init__(self, file: io.BytesIO, store: ArrayStore) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.store = store
+        self.carried: set[str] = set()  # the store's files this batch refers to
 
     def reducer_override(self, obj: Any) -> Any:
         if _is_array(obj):
-            reduced = self.store.reduce(obj)
+            reduced = self.store.reduce(obj, self.carried)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
