@@ -21,7 +21,9 @@ PPO-style rollout of ``examples/ppo_rollout.py``
 per environment step, and method calls on a `Manager` dict's proxy. Then the RL rows of
 `benchmarks.mp_rl`: a hand-written `Pipe`/`Process` vector env and gymnasium's
 ``AsyncVectorEnv`` (steps per second, 4 environments), and the seconds to start and join 4
-processes (a ceiling: fiberexec's time over the stdlib's ``spawn``). ``--rows a,b`` runs some.
+processes (a ceiling: fiberexec's time over the stdlib's ``spawn``). Then synchronisation:
+``Event.is_set()`` calls per second in a child, and increments per second of a shared
+`Value` under its lock by 4 children at once. ``--rows a,b`` runs some.
 
 The pipe row times 40,000 round trips and the 10 us rollout 4,000 steps (a second or two
 each): a run of a few hundred milliseconds mostly catches the two processes of a pair still
@@ -48,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"pipe_roundtrips": 0.9, "pipe_roundtrips_children": 0.9, "queue_items": 0.5,
            "queue_items_to_child": 0.8, "queue_items_children": 0.5, "rollout_1ms": 0.9,
            "rollout_10us": 0.9, "manager_calls": 0.5, "pipe_vector_env": 0.9,
-           "gym_vector_env": 0.9, "start_join_4": 2.0}
+           "gym_vector_env": 0.9, "start_join_4": 2.0, "event_checks": 0.5,
+           "locked_counter_4": 0.5}
 LOWER_IS_BETTER = {"start_join_4"}  # seconds, not a rate: the target is a ceiling
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
@@ -194,6 +197,53 @@ def manager_calls(mp: Any, n: int) -> float:
         return n / (time.perf_counter() - start)
 
 
+def check_event(event: Any, n: int, out: Any) -> None:
+    start = time.perf_counter()
+    for _ in range(n):
+        event.is_set()
+    out.put(n / (time.perf_counter() - start))
+
+
+def event_checks(mp: Any, n: int) -> float:
+    """``Event.is_set()`` calls per second in a child (a loop that checks a stop flag each
+    step)."""
+    event, out = mp.Event(), mp.Queue()
+    child = mp.Process(target=check_event, args=(event, n, out))
+    child.start()
+    rate = float(out.get(timeout=120))
+    child.join(60)
+    return rate
+
+
+def count_under_lock(counter: Any, n: int, ready: Any, go: Any) -> None:
+    ready.put(None)
+    go.wait(120)
+    for _ in range(n):
+        with counter.get_lock():
+            counter.value += 1
+
+
+def locked_counter(mp: Any, n: int, children: int = 4) -> float:
+    """Increments per second of a shared `Value` under its own lock, by ``children``
+    processes at once (a step counter kept by every environment), timed from the moment
+    all of them have started (the stdlib's spawned children start far apart, and would
+    otherwise hardly contend)."""
+    counter, ready, go = mp.Value("i", 0), mp.Queue(), mp.Event()
+    procs = [mp.Process(target=count_under_lock, args=(counter, n, ready, go))
+             for _ in range(children)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    start = time.perf_counter()
+    go.set()
+    for proc in procs:
+        proc.join(120)
+    elapsed = time.perf_counter() - start
+    assert counter.value == n * children, counter.value
+    return n * children / elapsed
+
+
 def measure(row: str, system: str, quick: bool) -> float:
     # spawn for both: a forked child would also hold the parent's pipe ends open
     mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
@@ -218,6 +268,10 @@ def measure(row: str, system: str, quick: bool) -> float:
         return mp_rl.gym_vector_env(mp, 4, 500 * scale)
     if row == "start_join_4":
         return mp_rl.start_join(mp, 4)
+    if row == "event_checks":
+        return event_checks(mp, 50000 * scale)
+    if row == "locked_counter_4":
+        return locked_counter(mp, 5000 * scale)
     return rollout(mp, 1000 * scale, 1e-5)
 
 

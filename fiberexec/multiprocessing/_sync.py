@@ -181,6 +181,9 @@ class _SemLock(_Shared):
         self._sem = _open(name, kind, self._maxvalue, sem)
         if self._sem is not None:
             weakref.finalize(self, _close, name)
+            # the semaphore's own methods, as the stdlib's locks have them: no Python call
+            # in between on the hot path (a handle pickles by `__reduce__`, without these)
+            self.acquire, self.release = self._sem.acquire, self._sem.release  # type: ignore[method-assign]
 
     def __reduce__(self) -> tuple[Any, ...]:
         ep = self._endpoint
@@ -202,10 +205,15 @@ class _SemLock(_Shared):
             self._call("release")
 
     def __enter__(self) -> bool:
-        return self.acquire()
+        sem = self._sem
+        return bool(sem.__enter__()) if sem is not None else self.acquire()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.release()
+        sem = self._sem
+        if sem is not None:
+            sem.__exit__(*exc_info)
+        else:
+            self.release()
 
     @property
     def _semlock(self) -> Any:

@@ -36,15 +36,23 @@ class Synchronized:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} wrapper for {self._obj!r}>"
 
+    # (``acquire``/``release``, not ``with``: a lock open on this host binds its
+    # semaphore's own methods, so a read is a C call either side, as in the stdlib)
     @property
     def value(self) -> Any:
-        with self._lock:
+        self.acquire()
+        try:
             return self._obj.value
+        finally:
+            self.release()
 
     @value.setter
     def value(self, value: Any) -> None:
-        with self._lock:
+        self.acquire()
+        try:
             self._obj.value = value
+        finally:
+            self.release()
 
 
 class SynchronizedArray(Synchronized):
@@ -54,12 +62,18 @@ class SynchronizedArray(Synchronized):
         return len(self._obj)
 
     def __getitem__(self, key: Any) -> Any:
-        with self._lock:
+        self.acquire()
+        try:
             return self._obj[key]
+        finally:
+            self.release()
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        with self._lock:
+        self.acquire()
+        try:
             self._obj[key] = value
+        finally:
+            self.release()
 
 
 class SynchronizedString(SynchronizedArray):
