@@ -105,6 +105,16 @@ def _group_of(program: str) -> int | None:
     return None if program == WORKER_PROGRAM else os.getpgrp()
 
 
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group a worker leads (it is alive: its grace ran out), so what
+    it forked goes with it: a task that left a fork-context pool open left its workers, hung
+    in the worker's exit and then orphaned, holding the program's stdout (a pipe into
+    ``| cat`` never ended). A `Process` child, in its parent's group, leads none."""
+    with contextlib.suppress(OSError):  # gone meanwhile: its group goes on below, or is empty
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+
+
 def _executor_pid() -> str:
     """This process, as its workers name it (for ``fiberexec cleanup``: see _local_stray)."""
     pid = os.getpid()
@@ -438,6 +448,7 @@ class LocalBackend(Backend):
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
                 proc.kill()
         proc.wait(timeout=10)  # reap: no zombie survives stop()
 

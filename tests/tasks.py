@@ -428,3 +428,15 @@ def mark(path: str) -> str:
     with open(path, "w"):
         pass
     return path
+
+
+def start_child_then_hang_at_exit(_: object = None) -> int:
+    """Start a long child process (in the worker's process group, as a forked pool's
+    workers are) and make the worker's own exit hang (a thread that is not a daemon and
+    does not end, as such a pool's manager thread joining hung workers); the child's pid."""
+    import subprocess
+    import threading
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    threading.Thread(target=time.sleep, args=(120,), daemon=False).start()
+    return child.pid

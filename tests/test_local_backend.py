@@ -701,3 +701,22 @@ def test_a_forked_workers_exit_is_awaited_on_a_descriptor_past_1024() -> None:
         proc.kill()
         proc.wait(30)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_worker_whose_exit_hangs_goes_with_what_it_forked(
+        make_executor: ExecutorFactory) -> None:
+    """When a worker's exit outlasts the stop's grace, its whole process group is killed:
+    a task that left a fork-context pool open left that pool's workers, hung and then
+    orphaned, holding the program's stdout (``python prog.py | cat`` never ended)."""
+    import psutil
+
+    ex = make_executor(1)
+    child = ex.submit(tasks.start_child_then_hang_at_exit).result(timeout=60)
+    assert psutil.pid_exists(child)
+    ex.shutdown(wait=True)
+    try:
+        proc = psutil.Process(child)
+        proc.wait(timeout=10)  # (killed with the worker: gone at once, or a zombie reaped)
+    except psutil.NoSuchProcess:
+        pass
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
