@@ -9,7 +9,7 @@ which writes them, unprefixed as a stdlib child's, to its own ``sys.stdout`` and
 ``sys.stderr``:
 
     print() -> capture: whole lines; a flushed line, or any on stderr, goes at once
-               (a budget a second), else within `AGE`; past 256 KiB the writer sends
+               (a budget a second), else within a second; past 256 KiB the writer sends
     exit    -> the streams flushed, what is left sent (lines not ended too), then exit
 
 What a child writes to its file descriptors directly (native code, a subprocess) stays in
@@ -25,11 +25,10 @@ import threading
 from fiberexec import _capture
 from fiberexec._output import write_to
 from fiberexec.multiprocessing import _calls as calls
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
 
 ENV_OUTPUT = "FIBEREXEC_MP_OUTPUT"  # "forward": this child sends its output to its parent
-AGE = 1.0  # seconds a line printed without a flush waits, at most, before it is sent
-FINAL_WAIT = 10.0  # seconds the last lines may take to reach the parent at exit
 
 
 class Forwarder:
@@ -39,7 +38,7 @@ class Forwarder:
     def __init__(self, endpoint: Endpoint) -> None:
         self._endpoint = endpoint
         self._sending = threading.Lock()
-        self._due = threading.Event()  # a line is held: the thread sends it within AGE
+        self._due = threading.Event()  # a line is held: the thread sends it soon
         self._closed = False
         self.capture = _capture.Capture(send=self.send, wake=self._due.set)
         _capture.install(self.capture)
@@ -56,9 +55,10 @@ class Forwarder:
                                     **({} if timeout is None else {"timeout": timeout}))
 
     def _run(self) -> None:
-        """Send lines printed without a flush (held in the streams' buffers) within AGE."""
+        """Send lines printed without a flush (held in the streams' buffers) within
+        ``Timing.output_age``."""
         while not self._closed:
-            self._due.wait(AGE)
+            self._due.wait(TIMING.output_age)
             self._due.clear()
             self.capture.flush_streams()
             self.send()
@@ -67,7 +67,7 @@ class Forwarder:
         """The process exits: send what is left, lines not ended yet too."""
         self._closed = True
         self.capture.flush_streams()
-        self.send(everything=True, timeout=FINAL_WAIT)
+        self.send(everything=True, timeout=TIMING.output_final)
 
 
 _forwarder: Forwarder | None = None

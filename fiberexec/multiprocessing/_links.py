@@ -97,6 +97,8 @@ class Timing:
     pid: float = 30.0  # a started child reports its pid within this
     manager_start: float = 120.0  # a manager's server process starts and says where it is
     manager_shutdown: float = 5.0  # a manager's server shuts down and exits
+    output_age: float = 1.0  # a line a child printed without a flush waits this at most
+    output_final: float = 10.0  # a child's last lines reach its parent as it exits
 
 
 TIMING = Timing()
