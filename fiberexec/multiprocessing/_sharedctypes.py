@@ -107,7 +107,7 @@ def _file_mapping(path: str, size: int) -> mmap.mmap | None:
     finally:
         os.close(fd)
     tracked = _track(path)
-    weakref.finalize(mapping, _unlink, path, tracked)
+    weakref.finalize(mapping, _unlink, path, tracked, os.getpid())
     return mapping
 
 
@@ -136,7 +136,11 @@ def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
     return obj
 
 
-def _unlink(path: Any, tracked: bool = False) -> None:
+def _unlink(path: Any, tracked: bool = False, creator: int | None = None) -> None:
+    """Remove the file (as a finalizer, in its ``creator`` only: a forked child that exits
+    normally runs the finalizers it inherited, and must leave its parent's files alone)."""
+    if creator is not None and os.getpid() != creator:
+        return
     with contextlib.suppress(OSError):
         os.unlink(path)
     if tracked:

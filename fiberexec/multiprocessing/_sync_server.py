@@ -163,7 +163,7 @@ class KernelSemaphore:
         self.kind, self.maxvalue = kind, maxvalue
         self.sem = _multiprocessing.SemLock(kind, value, maxvalue, self.name, False)
         tracked = _track_semaphore(self.name)
-        weakref.finalize(self, _unlink_semaphore, self.name, tracked)
+        weakref.finalize(self, _unlink_semaphore, self.name, tracked, os.getpid())
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         return bool(self.sem.acquire(block, timeout))
@@ -197,7 +197,11 @@ def _track_semaphore(name: str) -> bool:
     return True
 
 
-def _unlink_semaphore(name: str, tracked: bool) -> None:
+def _unlink_semaphore(name: str, tracked: bool, creator: int) -> None:
+    """Remove the name (in its creator only: a forked child that exits normally runs the
+    finalizers it inherited, and must leave its parent's semaphores alone)."""
+    if os.getpid() != creator:
+        return
     with contextlib.suppress(OSError):
         _multiprocessing.sem_unlink(name)
     if tracked:

@@ -316,3 +316,28 @@ def test_locks_are_as_fast_as_the_kernel_allows_in_a_process_of_this_host() -> N
         assert calls == (0 if opened else 2 * times), (opened, calls)
         assert opened or handle is not lock or BACKEND != "local"
     assert counter.value == 505
+
+
+FORKS_THEN_EXITS = """
+import os, sys
+import fiberexec.multiprocessing as fmp
+lock, value = fmp.Lock(), fmp.Value("i", 3)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a normal exit: atexit, and the finalizers the child inherited, run
+os.waitpid(pid, 0)
+print(os.path.exists("/dev/shm/sem." + lock._name[1:]), flush=True)
+"""
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_semaphores_alone() -> None:
+    """It ran the finalizers it inherited: it removed its parent's semaphore names (later
+    children could not open them) and the resource tracker complained of each (KeyError)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORKS_THEN_EXITS], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
+    assert "KeyError" not in done.stderr and "Traceback" not in done.stderr, done.stderr
