@@ -190,19 +190,13 @@ class _SemLock(_Shared):
         return (_rebuild_semlock, (type(self), ep.address, ep.secret, self._oid,
                                    (self._name, self._sem_kind, self._maxvalue)))
 
+    # (a handle whose semaphore is open here has the semaphore's own two instead: `_attach`)
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         """Acquire; with ``block=False`` or a ``timeout``, False if it could not."""
-        sem = self._sem
-        if sem is not None:
-            return bool(sem.acquire(block, timeout))
         return self._blocking("acquire", block, timeout)
 
     def release(self) -> None:
-        sem = self._sem
-        if sem is not None:
-            sem.release()
-        else:
-            self._call("release")
+        self._call("release")
 
     def __enter__(self) -> bool:
         sem = self._sem
