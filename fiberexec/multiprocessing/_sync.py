@@ -261,7 +261,8 @@ class Semaphore(_SemLock):
             value: object = self.get_value()
         except Exception:
             value = "unknown"
-        return f"<{type(self).__name__}(value={value})>"
+        bound = f", maxvalue={self._maxvalue}" if isinstance(self, BoundedSemaphore) else ""
+        return f"<{type(self).__name__}(value={value}{bound})>"
 
 
 class BoundedSemaphore(Semaphore):
@@ -271,13 +272,6 @@ class BoundedSemaphore(Semaphore):
 
     def __init__(self, value: int = 1, *, ctx: object = None) -> None:
         _SemLock.__init__(self, value, maxvalue=value)
-
-    def __repr__(self) -> str:
-        try:
-            value: object = self.get_value()
-        except Exception:
-            value = "unknown"
-        return f"<{type(self).__name__}(value={value}, maxvalue={self._maxvalue})>"
 
 
 class Lock(_SemLock):

@@ -341,3 +341,14 @@ def test_a_forked_child_that_exits_leaves_its_parents_semaphores_alone() -> None
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"]
     assert "KeyError" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_reprs_say_who_holds_what(mpm: ModuleType) -> None:
+    lock, rlock = mpm.Lock(), mpm.RLock()
+    assert repr(lock) == "<Lock(owner=None)>" and repr(rlock) == "<RLock(None, 0)>"
+    with lock, rlock, rlock:
+        assert repr(lock) == "<Lock(owner=MainProcess)>"
+        assert repr(rlock) == "<RLock(MainProcess, 2)>"
+    assert repr(mpm.Semaphore(2)) == "<Semaphore(value=2)>"
+    assert repr(mpm.BoundedSemaphore(3)) == "<BoundedSemaphore(value=3, maxvalue=3)>"
+    assert repr(mpm.Condition(rlock)) == "<Condition(<RLock(None, 0)>, 0)>"
