@@ -53,6 +53,7 @@ Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[Call, bytes, Caller], tuple[Any, bytes]]
 
 _local_servers: dict[str, RpcServer] = {}
+serving = threading.local()  # .sock: the connection this server thread answers (`_serve`)
 _clients: dict[str, RpcClient] = {}
 # re-entrant: a garbage collection inside it (say while a client is made) may run a dropped
 # manager's or proxy's finalizer in this very thread, and that calls a server too
@@ -88,6 +89,20 @@ def _split(frame: bytes) -> tuple[Any, memoryview]:
     (size,) = _LEN.unpack_from(view, 1)
     head = pickle.loads(view[1 + _LEN.size : 1 + _LEN.size + size])
     return head, view[1 + _LEN.size + size :]
+
+
+def caller_gone() -> bool:
+    """Whether the client this server thread answers has hung up (its process ended while
+    its call waited here); False on any other thread (a call in the server's own process)."""
+    sock: socket.socket | None = getattr(serving, "sock", None)
+    if sock is None:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # nothing to read: it waits for the answer
+    except OSError:
+        return True  # reset
 
 
 def _tcp_address(address: str) -> tuple[str, int]:
@@ -139,6 +154,7 @@ class RpcServer:
                 return
             self._conns.add(sock)
         wire = Wire(sock)
+        serving.sock = sock
         try:
             wire.send_parts([b"K", self.local_name.encode()])
             while True:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fiberexec.multiprocessing._rpc import Caller
+from fiberexec.multiprocessing._rpc import Caller, caller_gone
 
 # the standard library's semaphores (no type stubs: it is a C module of the stdlib's own)
 _multiprocessing: Any = importlib.import_module("_multiprocessing")
@@ -52,6 +52,8 @@ class Semaphore:
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         with self._cond:
             if not self._cond.wait_for(lambda: self._value > 0, _wait_time(block, timeout)):
+                return False
+            if block and caller_gone():  # killed while it waited (see `KernelSemaphore`)
                 return False
             self._value -= 1
             self._owner = _me()
@@ -107,6 +109,8 @@ class RLock:
                 return True
             if not self._cond.wait_for(lambda: self._owner is None,
                                        _wait_time(block, timeout)):
+                return False
+            if block and caller_gone():  # killed while it waited (see `KernelSemaphore`)
                 return False
             self._owner, self._count = me, 1
             return True
@@ -166,7 +170,12 @@ class KernelSemaphore:
         weakref.finalize(self, _unlink_semaphore, self.name, tracked, os.getpid())
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        return bool(self.sem.acquire(block, timeout))
+        if not self.sem.acquire(block, timeout):
+            return False
+        if block and caller_gone():  # killed while it waited here: it would hold it forever
+            self.sem.release()
+            return False
+        return True
 
     def release(self) -> None:
         self.sem.release()

@@ -372,3 +372,9 @@ def raise_holding_a_lock(_: object) -> None:
 
 def exit_with(code: int) -> None:
     raise SystemExit(code)
+
+
+def say_then_acquire(lock: Any, q: Any) -> None:
+    """Say so, then wait to acquire ``lock`` (until killed)."""
+    q.put(os.getpid())
+    lock.acquire()

@@ -352,3 +352,26 @@ def test_reprs_say_who_holds_what(mpm: ModuleType) -> None:
     assert repr(mpm.Semaphore(2)) == "<Semaphore(value=2)>"
     assert repr(mpm.BoundedSemaphore(3)) == "<BoundedSemaphore(value=3, maxvalue=3)>"
     assert repr(mpm.Condition(rlock)) == "<Condition(<RLock(None, 0)>, 0)>"
+
+
+def test_a_process_killed_while_it_waits_through_the_broker_takes_nothing() -> None:
+    """The broker waits on the semaphore for a process that cannot open it; if that one is
+    killed meanwhile, what the broker then acquires for it is given back, not held for a
+    process that is gone (nothing else could ever acquire it again)."""
+    import os
+    import signal
+    import time
+
+    import fiberexec.multiprocessing as fmp
+
+    for kind in ("Lock", "RLock", "Semaphore"):
+        lock, q = getattr(fmp, kind)(), fmp.Queue()
+        assert lock.acquire()
+        p = _run(fmp, t.say_then_acquire, _through_broker(lock), q)
+        q.get(timeout=60)
+        time.sleep(0.3)  # (it waits in the broker by now: there is no sign to wait for)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(60)
+        lock.release()
+        assert lock.acquire(timeout=10), kind
+        lock.release()
