@@ -23,9 +23,13 @@ def _exit(code: int) -> None:
         sys.stdout.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    from fiberexec.multiprocessing import _forward
+    from fiberexec.multiprocessing import _forward, _sharedctypes, _sync_server
 
     _forward.finish()  # where the output goes to the parent: what is left of it
+    # its locks and values end with it (their names, as its finalizers would; holders
+    # elsewhere keep what they opened), without its resource tracker's warnings
+    _sync_server.remove_names()
+    _sharedctypes.remove_files()
     os._exit(code)
 
 

@@ -107,8 +107,17 @@ def _file_mapping(path: str, size: int) -> mmap.mmap | None:
     finally:
         os.close(fd)
     tracked = _track(path)
-    weakref.finalize(mapping, _unlink, path, tracked, os.getpid())
+    _files[path] = weakref.finalize(mapping, _unlink, path, tracked, os.getpid())
     return mapping
+
+
+_files: dict[str, weakref.finalize[Any, Any]] = {}  # this process's value files, by path
+
+
+def remove_files() -> None:
+    """Remove this process's value files now (see `_sync_server.remove_names`)."""
+    for finalizer in list(_files.values()):
+        finalizer()
 
 
 def _track(path: str) -> bool:
@@ -141,6 +150,7 @@ def _unlink(path: Any, tracked: bool = False, creator: int | None = None) -> Non
     normally runs the finalizers it inherited, and must leave its parent's files alone)."""
     if creator is not None and os.getpid() != creator:
         return
+    _files.pop(path, None)
     with contextlib.suppress(OSError):
         os.unlink(path)
     if tracked:

@@ -167,7 +167,8 @@ class KernelSemaphore:
         self.kind, self.maxvalue = kind, maxvalue
         self.sem = _multiprocessing.SemLock(kind, value, maxvalue, self.name, False)
         tracked = _track_semaphore(self.name)
-        weakref.finalize(self, _unlink_semaphore, self.name, tracked, os.getpid())
+        _names[self.name] = weakref.finalize(self, _unlink_semaphore, self.name, tracked,
+                                             os.getpid())
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         if not self.sem.acquire(block, timeout):
@@ -196,6 +197,17 @@ class KernelSemaphore:
         return self.get_value(), None
 
 
+_names: dict[str, weakref.finalize[Any, Any]] = {}  # this process's semaphores, by name
+
+
+def remove_names() -> None:
+    """Remove the names of this process's semaphores now (it exits without running its
+    finalizers, as a `Process` child does: its resource tracker would remove them, and
+    warn of each as leaked)."""
+    for finalizer in list(_names.values()):
+        finalizer()
+
+
 def _track_semaphore(name: str) -> bool:
     from multiprocessing import resource_tracker
 
@@ -211,6 +223,7 @@ def _unlink_semaphore(name: str, tracked: bool, creator: int) -> None:
     finalizers it inherited, and must leave its parent's semaphores alone)."""
     if os.getpid() != creator:
         return
+    _names.pop(name, None)
     with contextlib.suppress(OSError):
         _multiprocessing.sem_unlink(name)
     if tracked:

@@ -375,3 +375,40 @@ def test_a_process_killed_while_it_waits_through_the_broker_takes_nothing() -> N
         lock.release()
         assert lock.acquire(timeout=10), kind
         lock.release()
+
+
+CHILD_HANDS_OVER = """
+import fiberexec.multiprocessing as mp
+
+
+def make(q, done):
+    made = (mp.Lock(), mp.Event(), mp.Value("i", 3))  # (kept until the parent has them)
+    q.put(made)
+    done.wait(60)
+
+
+if __name__ == "__main__":
+    q, done = mp.Queue(), mp.Event()
+    p = mp.Process(target=make, args=(q, done))
+    p.start()
+    lock, event, value = q.get(timeout=60)
+    done.set()
+    p.join(60)
+    print(p.exitcode, lock.acquire(timeout=5), value.value, flush=True)
+"""
+
+
+def test_a_child_whose_locks_are_held_elsewhere_exits_without_warnings(tmp_path: Any) -> None:
+    """Its locks and values end with it (their names go; what others opened works on), as
+    its finalizers would have ended them: its resource tracker found them left and warned
+    of "leaked semaphore objects" at every such exit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hands_over.py"
+    script.write_text(CHILD_HANDS_OVER)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "3"]
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
