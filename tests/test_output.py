@@ -75,8 +75,9 @@ def test_lines_a_task_flushed_before_crashing_its_worker_arrive(system: str, how
                    f"raised {'BrokenProcessPool' if system == 'stdlib' else 'WorkerLostError'}"]
     assert f"{system}: on stderr" in [line.split("] ")[-1] for line in done.stderr.splitlines()]
     if system == "fiberexec" and how == "segfault":  # where it crashed, as loky's workers say
-        assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
-        assert "in say_then_die" in done.stderr, done.stderr
+        # (the executor's own writes of forwarded lines may land inside the report)
+        for part in ("Fatal Python error: ", "Segmentation fault", "in say_then_die"):
+            assert part in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("into", ["forward", "directory"])
