@@ -508,9 +508,7 @@ class Broker:
             case calls.NewObject(kind, args):
                 result = self._obj_new(body, kind, args)
             case calls.ObjectAttr(oid, name):
-                obj = self.obj(oid)
-                result = _sync_server.describe(obj) if name == "_describe" else getattr(
-                    obj, name)
+                result = getattr(self.obj(oid), name)
             case calls.Incref(oid):
                 self.objects.incref(oid)
             case calls.Decref(oids):

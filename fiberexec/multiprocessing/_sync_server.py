@@ -86,9 +86,6 @@ class Semaphore:
     def _acquire_restore(self, _state: int) -> None:
         self.acquire()
 
-    def _describe(self) -> tuple[Any, ...]:
-        return self._value, self._owner
-
 
 class RLock:
     """A lock owned by the calling client thread, reentrant."""
@@ -144,9 +141,6 @@ class RLock:
         with self._cond:
             self._count = count
 
-    def _describe(self) -> tuple[Any, ...]:
-        return self._count, self._owner
-
 
 class KernelSemaphore:
     """A lock or semaphore in the kernel: the standard library's named POSIX semaphore
@@ -192,9 +186,6 @@ class KernelSemaphore:
 
     def _semlock_count(self) -> int:
         return int(self.sem._count())
-
-    def _describe(self) -> tuple[Any, ...]:
-        return self.get_value(), None
 
 
 _names: dict[str, weakref.finalize[Any, Any]] = {}  # this process's semaphores, by name
@@ -311,11 +302,6 @@ class ThreadCondition(Condition):
 
 class Barrier(threading.Barrier):
     """`threading.Barrier`; the action (if any) runs in the process that holds it."""
-
-
-def describe(obj: object) -> tuple[Any, ...]:
-    fn: Callable[[], tuple[Any, ...]] | None = getattr(obj, "_describe", None)
-    return fn() if fn is not None else ()
 
 
 def _semaphore(value: int = 1, bounded: bool = False) -> KernelSemaphore | Semaphore | RLock:
