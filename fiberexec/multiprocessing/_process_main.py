@@ -23,13 +23,12 @@ def _exit(code: int) -> None:
         sys.stdout.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    from fiberexec.multiprocessing import _forward, _sharedctypes, _sync_server
+    from fiberexec.multiprocessing import _forward, _owned
 
     _forward.finish()  # where the output goes to the parent: what is left of it
     # its locks and values end with it (their names, as its finalizers would; holders
     # elsewhere keep what they opened), without its resource tracker's warnings
-    _sync_server.remove_names()
-    _sharedctypes.remove_files()
+    _owned.remove_all()
     os._exit(code)
 
 

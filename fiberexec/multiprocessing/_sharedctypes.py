@@ -32,6 +32,7 @@ from typing import Any
 
 from fiberexec import _shm
 from fiberexec.multiprocessing import _broker as b
+from fiberexec.multiprocessing import _owned
 from fiberexec.multiprocessing._rpc import Endpoint
 
 HEADER = b.SHARED_HEADER  # a token: "the same file", not "a file of the same name"
@@ -106,37 +107,10 @@ def _file_mapping(path: str, size: int) -> mmap.mmap | None:
         return None
     finally:
         os.close(fd)
-    tracked = _track(path)
-    _files[path] = weakref.finalize(mapping, _unlink, path, tracked, os.getpid())
+    in_shm = os.path.dirname(path) == _shm.SHM_DIR  # the tracker removes only those
+    _owned.own(mapping, path, os.unlink,
+               ("/" + os.path.basename(path), "shared_memory") if in_shm else None)
     return mapping
-
-
-_files: dict[str, weakref.finalize[Any, Any]] = {}  # this process's value files, by path
-
-
-def remove_files() -> None:
-    """Remove this process's value files now (see `_sync_server.remove_names`)."""
-    for finalizer in list(_files.values()):
-        finalizer()
-
-
-def _track(path: str) -> bool:
-    """Have the standard library's resource tracker remove a file in /dev/shm if this
-    process is killed before it does (as the tracker does for the stdlib's `SharedMemory`,
-    with the same warning). Whether it does."""
-    if os.path.dirname(path) != _shm.SHM_DIR:
-        return False
-    from multiprocessing import resource_tracker
-
-    try:
-        resource_tracker.register(_tracked_name(path), "shared_memory")
-    except OSError:  # no tracker could start: the file goes when dropped, as before
-        return False
-    return True
-
-
-def _tracked_name(path: str) -> str:
-    return "/" + os.path.basename(path)  # what shm_unlink(3) takes
 
 
 def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
@@ -145,19 +119,9 @@ def _view(type_: Any, mapping: mmap.mmap, name: str, token: bytes) -> Any:
     return obj
 
 
-def _unlink(path: Any, tracked: bool = False, creator: int | None = None) -> None:
-    """Remove the file (as a finalizer, in its ``creator`` only: a forked child that exits
-    normally runs the finalizers it inherited, and must leave its parent's files alone)."""
-    if creator is not None and os.getpid() != creator:
-        return
-    _files.pop(path, None)
+def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-    if tracked:
-        from multiprocessing import resource_tracker
-
-        with contextlib.suppress(OSError):
-            resource_tracker.unregister(_tracked_name(path), "shared_memory")
 
 
 def _reduce(obj: Any) -> tuple[Any, ...]:

@@ -9,17 +9,16 @@ types and words, so a client re-raises exactly what `multiprocessing` would.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import itertools
 import os
 import secrets
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fiberexec.multiprocessing import _owned
 from fiberexec.multiprocessing._rpc import Caller, caller_gone
 
 # the standard library's semaphores (no type stubs: it is a C module of the stdlib's own)
@@ -160,9 +159,7 @@ class KernelSemaphore:
         self.name = f"/fiberexec-mp{os.getpid()}-sem{secrets.token_hex(6)}"
         self.kind, self.maxvalue = kind, maxvalue
         self.sem = _multiprocessing.SemLock(kind, value, maxvalue, self.name, False)
-        tracked = _track_semaphore(self.name)
-        _names[self.name] = weakref.finalize(self, _unlink_semaphore, self.name, tracked,
-                                             os.getpid())
+        _owned.own(self, self.name, _multiprocessing.sem_unlink, (self.name, "semaphore"))
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         if not self.sem.acquire(block, timeout):
@@ -186,42 +183,6 @@ class KernelSemaphore:
 
     def _semlock_count(self) -> int:
         return int(self.sem._count())
-
-
-_names: dict[str, weakref.finalize[Any, Any]] = {}  # this process's semaphores, by name
-
-
-def remove_names() -> None:
-    """Remove the names of this process's semaphores now (it exits without running its
-    finalizers, as a `Process` child does: its resource tracker would remove them, and
-    warn of each as leaked)."""
-    for finalizer in list(_names.values()):
-        finalizer()
-
-
-def _track_semaphore(name: str) -> bool:
-    from multiprocessing import resource_tracker
-
-    try:
-        resource_tracker.register(name, "semaphore")
-    except OSError:  # no tracker could start: the name goes when dropped, as before
-        return False
-    return True
-
-
-def _unlink_semaphore(name: str, tracked: bool, creator: int) -> None:
-    """Remove the name (in its creator only: a forked child that exits normally runs the
-    finalizers it inherited, and must leave its parent's semaphores alone)."""
-    if os.getpid() != creator:
-        return
-    _names.pop(name, None)
-    with contextlib.suppress(OSError):
-        _multiprocessing.sem_unlink(name)
-    if tracked:
-        from multiprocessing import resource_tracker
-
-        with contextlib.suppress(OSError):
-            resource_tracker.unregister(name, "semaphore")
 
 
 def _kernel_or(kind: int, value: int, maxvalue: int,
