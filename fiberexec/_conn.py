@@ -39,6 +39,7 @@ class Conn:
         self.state = State.AWAIT_HELLO
         self.handle: WorkerHandle | None = None
         self.status: WorkerStatus | None = None
+        self.fault = ""  # the interpreter's report of the fault that ended it, if one came
         self.pipe: Any = None  # the nng pipe of the peer that is (being) authenticated
         self.nonce = b""
         self.worker_nonce = b""

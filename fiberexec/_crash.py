@@ -61,6 +61,21 @@ def _causes(losses: tuple[Loss, ...]) -> str:
 
 # signals a process gets for its own fault: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT
 _FAULTS = frozenset({11, 7, 8, 4, 6})
+FAULT_LINES = 60  # of a worker's log, read for its fault report
+
+
+def faulted(status: WorkerStatus) -> bool:
+    """Whether a fault in native code ended the worker: its own signal, or a container's or
+    shell's 128 + that signal."""
+    code = status.exit_code
+    return code is not None and (-code in _FAULTS or (code > 128 and code - 128 in _FAULTS))
+
+
+def fault_report(log: str) -> str:
+    """The last report `faulthandler` wrote in a worker's log (from its "Fatal Python
+    error" line on), or "" if there is none."""
+    start = log.rfind("Fatal Python error")
+    return log[start:].strip() if start >= 0 else ""
 
 
 def hint(losses: tuple[Loss, ...], retries: int) -> str:
@@ -72,7 +87,7 @@ def hint(losses: tuple[Loss, ...], retries: int) -> str:
     if code in {-9, 137} or "OOM" in reason or "memory" in reason.lower():
         cause = ("check the task's memory use (the kernel's out-of-memory killer sends "
                  "SIGKILL; or raise memory=), or what else kills the workers")
-    elif code is not None and -code in _FAULTS:
+    elif first is not None and faulted(first):
         cause = "the task crashes its process (a fault in native code)"
     elif code is not None and code < 0:
         cause = ("the workers were signalled: by something outside them (a kill, the "

@@ -86,10 +86,12 @@ class PipeDown:
 
 @dataclass(frozen=True, slots=True)
 class Exited:
-    """The backend saw the worker end."""
+    """The backend saw the worker end; ``fault`` is the interpreter's own report of a fault
+    that ended it (`faulthandler`), from the backend's log, where one was kept."""
 
     worker_id: str
     status: WorkerStatus
+    fault: str = ""
 
 
 @dataclass(frozen=True, slots=True)

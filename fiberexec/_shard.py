@@ -694,8 +694,8 @@ class Shard:
                     self._forget(self.conns.get(worker_id), lost=True)
                 case ev.PipeDown(worker_id, pipe_id):
                     self._pipe_down(worker_id, pipe_id)
-                case ev.Exited(worker_id, status):
-                    self._exited(worker_id, status)
+                case ev.Exited(worker_id, status, fault):
+                    self._exited(worker_id, status, fault)
                 case ev.Shutdown(cancel_futures):
                     self._shutdown(cancel_futures)
                 case ev.Exiting():
@@ -735,11 +735,11 @@ class Shard:
         elif conn.state in (State.READY, State.RETIRING):
             self._lose(conn, None)
 
-    def _exited(self, worker_id: str, status: WorkerStatus) -> None:
+    def _exited(self, worker_id: str, status: WorkerStatus, fault: str = "") -> None:
         conn = self.conns.get(worker_id)
         if conn is None:
             return
-        conn.status = status
+        conn.status, conn.fault = status, fault
         if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
             self._forget(conn, lost=True)
             self.lifecycle.worker_failed_to_start(conn.worker_id, status)
@@ -1281,5 +1281,6 @@ def _abrupt_end(conn: Conn) -> str:
     if status is None or status.exit_code is None:
         return f"worker {conn.worker_id} terminated abruptly ({conn.why or 'connection lost'})"
     reason = f" ({status.reason})" if status.reason else ""
+    report = f"; the interpreter reported:\n\n{conn.fault}" if conn.fault else ""
     return (f"worker {conn.worker_id} terminated abruptly with exit code "
-            f"{status.exit_code}{reason}")
+            f"{status.exit_code}{reason}{report}")

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import tenacity
@@ -36,6 +37,7 @@ import tenacity
 from fiberexec import _contract, _syspath
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
+from fiberexec._crash import FAULT_LINES, fault_report, faulted
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
 from fiberexec._output import OutputSink
@@ -300,7 +302,24 @@ class WorkerSupervisor:
             return
         log.info("started worker %s (%s)", spec.worker_id, handle.ref)
         shard.post(ev.Started(spec.worker_id, handle))
-        self.backend.watch(handle, lambda h, status: shard.post(ev.Exited(h.worker_id, status)))
+        self.backend.watch(handle, partial(self._exited, shard))
+
+    def _exited(self, shard: Shard, handle: WorkerHandle, status: WorkerStatus) -> None:
+        """Tell the shard; a worker that a fault in native code ended wrote where in its log
+        (`faulthandler`): read it off the backend's thread, and send it along."""
+        if not faulted(status):
+            shard.post(ev.Exited(handle.worker_id, status))
+            return
+
+        def with_report() -> None:
+            try:
+                report = fault_report(self.backend.logs(handle, tail=FAULT_LINES))
+            except Exception as exc:  # an engine or cluster that cannot say: no report
+                log.debug("could not read worker %s's log: %s", handle.worker_id, exc)
+                report = ""
+            shard.post(ev.Exited(handle.worker_id, status, report))
+
+        self._in_background(with_report)
 
     def _close_endpoint(self, worker_id: str) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from fiberexec.backend import WorkerHandle, WorkerSpec
 from fiberexec.backends.local import LocalBackend
 from tests import tasks
 from tests.conftest import ExecutorFactory
+from tests.support.kit import BackendKit
 
 
 def test_task_exception_carries_remote_traceback(executor: FiberExecutor) -> None:
@@ -104,6 +105,24 @@ def test_killed_worker_names_the_signal(make_executor: ExecutorFactory) -> None:
     # Kubernetes reports a signal as its container runtime does: 128 + 9
     with pytest.raises(WorkerLostError, match=r"signal 9 .SIGKILL.|exited with code 137"):
         ex.submit(tasks.kill_self).result(timeout=60)
+
+
+def test_a_fault_that_ends_a_worker_says_where_in_the_error(kit: BackendKit) -> None:
+    """The interpreter's own report of a fault in native code (`faulthandler`: the signal
+    and the task's frames), from the worker's log, is in the error's cause: on a remote
+    backend the worker's stderr is in its log, not on the user's terminal."""
+    backend = kit.contract.make_backend()  # one that keeps its workers' output (local too)
+    try:
+        with (FiberExecutor(1, backend=backend, max_task_retries=0, heartbeat=0.5,
+                            **kit.executor_kwargs) as ex,
+              pytest.raises(WorkerLostError, match=r"signal 11|code 139") as info):
+            ex.submit(tasks.segfault_after, 0.0).result(timeout=60)
+    finally:
+        backend.close()
+    cause = str(info.value.__cause__)
+    if kit.contract.logs_after_exit:  # else kept only when the read wins the race
+        assert "Fatal Python error: Segmentation fault" in cause, cause
+        assert 'tasks.py", line' in cause and "in segfault_after" in cause, cause
 
 
 def test_worker_killed_mid_map_costs_nothing(
