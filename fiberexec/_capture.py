@@ -33,7 +33,7 @@ from collections.abc import Callable
 STDOUT, STDERR = 1, 2
 SEND_AT = 256 << 10  # bytes held before the writing thread sends them itself
 LONG_LINE = 1 << 20  # a line without its end yet, longer than this, goes in pieces
-PROMPT_BURST = 20  # flushed lines sent at once, before PROMPT_RATE applies
+PROMPT_BURST = 100  # flushed lines sent at once, before PROMPT_RATE applies
 PROMPT_RATE = 20.0  # flushed lines sent at once per second, on average, after the burst
 BUFFER = 64 << 10  # bytes a task's stdout holds before they reach the capture
 

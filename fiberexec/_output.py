@@ -10,19 +10,26 @@
 Workers prefix their own lines: the executor does no work per line.
 
 A task's lines come in the message before its result's, and a few lines are written on the
-shard's thread before it reads on: so what a task printed is on the terminal before its
-future is done, and the program's own ``print(f.result())`` comes after it. More than
-`DIRECT_MAX` at once goes to the writer thread, so a terminal or pipe that does not keep up
-with much output holds up only that thread. What it has not written is bounded by
+shard's thread before it reads on, where that write cannot block (`room_for`): so what a
+task printed is on the terminal before its future is done, and the program's own
+``print(f.result())`` comes after it. More than `DIRECT_MAX` at once, or more than a pipe or
+terminal has room for now, goes to the writer thread, so a reader that does not keep up
+(``| less`` left unscrolled, a paused terminal) holds up only that thread, never dispatch
+and the workers' heartbeats. What it has not written is bounded by
 `HELD_MAX`; past that, output is dropped and the drop is said in the output itself, once
 per stretch, so nothing disappears silently.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
+import select
+import stat
 import sys
+import termios
 import threading
 from collections import deque
 from typing import IO, BinaryIO
@@ -31,6 +38,9 @@ HELD_MAX = 64 << 20  # bytes of output waiting for the writer thread
 DIRECT_MAX = 256 << 10  # bytes a shard's thread writes itself when the writer has nothing
 #                        (a worker's message holds about this much: see `_capture.SEND_AT`)
 CLOSE_WAIT = 5.0  # seconds shutdown waits for the writer to finish writing
+TTY_DIRECT_MAX = 4096  # bytes written on a shard's thread to a terminal ready for output
+PENDING_MAX = 16 << 10  # what the program's own stream may hold unwritten (its flush first)
+PAGE = 4096  # a pipe holds its bytes in pages: a short one still takes a whole slot
 
 
 class OutputSink:
@@ -67,7 +77,8 @@ class OutputSink:
                 return
             # Written on this thread if little, and nothing is queued or being written (so
             # lines keep their order): before the result that follows them is handed over.
-            if size <= DIRECT_MAX and not self._queue and not self._writing:
+            if (size <= DIRECT_MAX and not self._queue and not self._writing
+                    and self._room_for(stdout, stderr)):
                 self._writing += 1
             else:
                 self._enqueue((worker_id, host, stdout, stderr), size)
@@ -79,6 +90,12 @@ class OutputSink:
             with self._cond:
                 self._writing -= 1
                 self._cond.notify()
+
+    def _room_for(self, stdout: bytes, stderr: bytes) -> bool:
+        if self.directory is not None:
+            return True  # files
+        return ((not stdout or room_for(sys.stdout, len(stdout)))
+                and (not stderr or room_for(sys.stderr, len(stderr))))
 
     def _enqueue(self, batch: tuple[str, str, bytes, bytes], size: int) -> None:
         """(With the lock held) for the writer thread."""
@@ -168,3 +185,45 @@ def write_to(stream: IO[str] | None, data: bytes) -> None:
     else:
         stream.write(data.decode("utf-8", "replace"))
         stream.flush()
+
+
+def room_for(stream: IO[str] | None, size: int) -> bool:
+    """Whether writing ``size`` bytes to ``stream`` now (after what the program's own
+    stream holds) returns at once: a file, memory, /dev/null; a pipe with that much room
+    left; a terminal ready for output, for a few lines."""
+    if stream is None:
+        return True
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):  # in memory, or closed: never waits
+        return True
+    if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
+        return True
+    if stat.S_ISFIFO(mode):
+        return size + PENDING_MAX <= _pipe_room(fd)
+    if stat.S_ISCHR(mode) and not os.isatty(fd):  # /dev/null and the like
+        return True
+    return size <= TTY_DIRECT_MAX and _ready(fd)  # a terminal, a socket
+
+
+def _pipe_room(fd: int) -> int:
+    """Bytes a write to the pipe takes without waiting, at the least: its free pages (the
+    ones partly read or written count as full)."""
+    unread = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, unread, True)
+        capacity = fcntl.fcntl(fd, 1032)  # F_GETPIPE_SZ
+    except OSError:
+        return 0
+    used = -(-unread[0] // PAGE) + 1
+    return max(0, (capacity // PAGE - used - 1) * PAGE)
+
+
+def _ready(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return False

@@ -53,6 +53,14 @@ def say_then_die(tag: str, how: str) -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def log_then_die(lines: int) -> None:
+    """Log ``lines`` lines to stderr (flushed, each), say last words, and die at once."""
+    for i in range(lines):
+        print(f"step {i}", file=sys.stderr)
+    print("last words", flush=True)
+    os._exit(3)
+
+
 def kill_self(_: object = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fiberexec import ConfigurationError, FiberExecutor
+from fiberexec import ConfigurationError, FiberExecutor, WorkerLostError
 from fiberexec._capture import LONG_LINE, PROMPT_BURST, Capture
 from tests import tasks
 from tests.conftest import ExecutorFactory
@@ -47,6 +48,42 @@ def test_what_a_task_printed_is_written_before_the_program_has_its_result(
                                              f"result {i}")]
 
 
+STALLED_READER = """
+import sys
+from fiberexec import FiberExecutor
+from tests import tasks
+
+with FiberExecutor(3, output="forward", heartbeat=0.5, silence_timeout=3) as ex:
+    ex.submit(tasks.chatter, 20000, "burst").result(timeout=60)  # ~200 KB: > a pipe holds
+    for _ in range(3):  # longer than the workers' silence_timeout
+        assert list(ex.map(tasks.sleep_return, [0.5] * 6, range(6))) == list(range(6))
+    print("mapped", ex.stats().workers_lost, ex.stats().tasks_retried, file=sys.stderr,
+          flush=True)
+"""
+
+
+def test_a_reader_that_stops_reading_holds_up_only_the_output(tmp_path: Path) -> None:
+    """With the program's stdout a pipe nobody reads (``| less`` left unscrolled), tasks
+    are still dispatched and their results come: the forwarded lines wait (the stdlib's
+    workers would block in their own writes; here the executor's writer thread does), and
+    no worker hears so little that it leaves."""
+    child = subprocess.Popen([sys.executable, "-c", STALLED_READER], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stderr is not None and child.stdout is not None
+        # stdout unread until then; the maps take ~1.5 s
+        ready, _, _ = select.select([child.stderr], [], [], 90)
+        assert ready, "the tasks did not finish while the program's stdout was not read"
+        said = child.stderr.readline()
+        assert said.split() == [b"mapped", b"0", b"0"], said + child.stderr.read()
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+        child.wait(60)
+    assert child.returncode == 0, err
+    assert out.count(b"] line ") == 20000
+
+
 LAST_WORDS = """
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -78,6 +115,20 @@ def test_lines_a_task_flushed_before_crashing_its_worker_arrive(system: str, how
         # (the executor's own writes of forwarded lines may land inside the report)
         for part in ("Fatal Python error: ", "Segmentation fault", "in say_then_die"):
             assert part in done.stderr, done.stderr
+
+
+def test_last_words_after_a_burst_of_log_lines_arrive(
+        make_executor: ExecutorFactory, capfd: pytest.CaptureFixture[str]) -> None:
+    """A task that logged a few dozen lines, then crashed its worker: every line arrives,
+    as from a stdlib worker (each flushed line goes at once while the budget lasts)."""
+    ex = make_executor(1, output="forward", max_task_retries=0)
+    with pytest.raises(WorkerLostError, match="code 3"):
+        ex.submit(tasks.log_then_die, 60).result(timeout=60)
+    ex.shutdown()
+    out, err = capfd.readouterr()
+    assert [line.split("] ")[-1] for line in err.splitlines() if "] step " in line] == [
+        f"step {i}" for i in range(60)]
+    assert any(line.endswith("] last words") for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize("into", ["forward", "directory"])
