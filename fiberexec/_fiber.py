@@ -151,7 +151,10 @@ class ConfigModule(ModuleType):
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in KEYS:
+        """A Fiber key sets it (`init`); so does a name that is neither the module's own
+        nor private, which `init` refuses, listing Fiber's keys (a misspelt key is not
+        kept silently)."""
+        if name in KEYS or not (name.startswith("_") or name in self.__dict__):
             init(**{name: value})
         else:
             super().__setattr__(name, value)

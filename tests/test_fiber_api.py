@@ -91,6 +91,9 @@ def test_init_and_config_map_fibers_keys_onto_the_settings(clean_settings: None)
     assert ex._config.image == "me/env:1"
     with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['bakcend'\]"):
         fiber.init(bakcend="docker")
+    with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['imgae'\]"):
+        fiber.config.imgae = "me/env:2"  # as misspelt on the module
+    assert not hasattr(fiber.config, "imgae")
     with pytest.raises(ConfigurationError, match="cpu_per_job=0.*cpu must be"):
         fiber.init(cpu_per_job=0)
     assert fiber.config.cpu_per_job == 2.0  # a refused value leaves the last one

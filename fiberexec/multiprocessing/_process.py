@@ -246,8 +246,10 @@ class Process:
         runtime.handle = backend.start_worker(spec)
         self._fx = runtime
         # As the stdlib's: a process object dropped without `close` gives its descriptor
-        # back (a loop starting environments anew ran out of them).
-        weakref.finalize(self, runtime.close_sentinel)
+        # back (a loop starting environments anew ran out of them). Not at exit: the
+        # stdlib's exit function, which runs after weakref's, still waits on the sentinels
+        # of live processes (a stdlib `Pool` given this context does).
+        weakref.finalize(self, runtime.close_sentinel).atexit = False
         # as the stdlib: the parent lets go of what the child runs (a target that refers
         # to the process object would otherwise keep both alive)
         del self._target, self._args, self._kwargs
@@ -579,9 +581,15 @@ def _install_exit_hook() -> None:
 
 
 def _exit_function(pid: int) -> None:
-    """At exit, terminate daemonic children and join the others, as the stdlib does."""
+    """At exit, terminate daemonic children and join the others, as the stdlib does. Its
+    exit function first runs the finalizers of priority 0 and up (a stdlib `Pool` given this
+    context stops its threads and its workers there): they run here first too, since this
+    hook, registered later, runs before the stdlib's."""
     if os.getpid() != pid:
         return
+    from multiprocessing import util
+
+    util._run_finalizers(0)  # type: ignore[attr-defined]  # (the stdlib's exit function's first step)
     join_children()
 
 

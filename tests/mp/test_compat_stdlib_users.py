@@ -36,6 +36,32 @@ def test_the_stdlib_pool_runs_on_the_module_context(mpm: ModuleType) -> None:
         pool.join()
 
 
+LEFT_OPEN = """
+import multiprocessing.pool
+import sys
+import time
+import importlib
+
+mp = importlib.import_module(sys.argv[1])
+if __name__ == "__main__":
+    pool = multiprocessing.pool.Pool(2, context=mp.get_context())
+    print(pool.map(abs, [-1, -2]), flush=True)
+    pool.map_async(time.sleep, [0.5] * 8)  # still running at exit
+"""
+
+
+def test_a_stdlib_pool_left_open_ends_with_the_program(mpm: ModuleType) -> None:
+    """Neither closed nor joined: the stdlib's exit function terminates it (its threads
+    wait on the workers' sentinels until then) and the program ends, with no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, mpm.__name__],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert (done.returncode, done.stdout) == (0, "[1, 2]\n"), done.stderr
+    assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
+
+
 def test_the_stdlib_pool_replaces_workers_after_maxtasksperchild(mpm: ModuleType) -> None:
     with multiprocessing.pool.Pool(1, maxtasksperchild=2, context=mpm.get_context()) as pool:
         assert [pool.apply(t.c_long, (i,)) for i in range(5)] == list(range(5))
