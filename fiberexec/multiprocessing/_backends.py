@@ -95,8 +95,18 @@ def shared_backend() -> Backend:
     with _lock:
         if _shared is None:
             _shared = new_backend()
-            atexit.register(_shared.close)
+            atexit.register(_close_at_exit, _shared)
         return _shared
+
+
+def _close_at_exit(backend: Backend) -> None:
+    """(atexit) Close it; a later use (an exit handler registered before this one) gets a
+    new backend."""
+    global _shared
+    with _lock:
+        if _shared is backend:
+            _shared = None
+    backend.close()
 
 
 ENV_PARENT_ADDRESS = "FIBEREXEC_MP_ADDRESS"  # in a child: its parent's broker (see `_process`)

@@ -940,12 +940,15 @@ _broker: Broker | None = None
 _broker_lock = threading.Lock()
 
 
+_closed: list[Broker] = []  # closed at exit, before a later exit handler made another
+
+
 def local_broker(endpoint: Endpoint) -> Broker | None:
     """This process's broker if ``endpoint`` is it (its objects are then called directly)."""
-    broker = _broker
-    if broker is not None and broker.address == endpoint.address and (
-            broker.secret == endpoint.secret):
-        return broker
+    for broker in (_broker, *_closed):
+        if broker is not None and broker.address == endpoint.address and (
+                broker.secret == endpoint.secret):
+            return broker
     return None
 
 
@@ -962,7 +965,14 @@ def get_broker() -> Broker:
 
 
 def _close_at_exit(broker: Broker, pid: int) -> None:
+    """(atexit) Close it; a use after this one (an exit handler registered before this
+    one, which runs after it) gets a new broker, not one that no longer answers."""
+    global _broker
     if os.getpid() == pid:
+        with _broker_lock:
+            if _broker is broker:
+                _broker = None
+                _closed.append(broker)  # what it made is still its own, called directly
         broker.close()
 
 

@@ -62,6 +62,39 @@ def test_a_stdlib_pool_left_open_ends_with_the_program(mpm: ModuleType) -> None:
     assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
 
 
+EXIT_HANDLER = """
+import atexit
+import importlib
+import sys
+
+mp = importlib.import_module(sys.argv[1])
+
+
+def handler():
+    child = mp.Process(target=print, args=("at exit",))
+    child.start()
+    child.join(60)
+    print("exitcode", child.exitcode, flush=True)
+
+
+if __name__ == "__main__":
+    atexit.register(handler)  # before the module's first use: it runs after its cleanup
+    child = mp.Process(target=print, args=("in main",))
+    child.start()
+    child.join()
+"""
+
+
+def test_a_process_started_by_an_exit_handler_runs(mpm: ModuleType) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EXIT_HANDLER, mpm.__name__],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["in main", "at exit", "exitcode 0"], done.stderr
+
+
 def test_the_stdlib_pool_replaces_workers_after_maxtasksperchild(mpm: ModuleType) -> None:
     with multiprocessing.pool.Pool(1, maxtasksperchild=2, context=mpm.get_context()) as pool:
         assert [pool.apply(t.c_long, (i,)) for i in range(5)] == list(range(5))
