@@ -162,8 +162,9 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread(seconds: float
 
     A task that another process preempts while it spins never waits of its own accord, and
     counts as one that keeps the CPU; a busy machine can still add wake-ups to a round of
-    tasks (a task preempted for longer than twice the one before), so up to three rounds
-    are run and the quietest one is judged. The old behaviour woke 80 to 120 times in
+    tasks (a task preempted for longer than twice the one before), so up to five rounds
+    are run and the quietest one is judged (a run of the whole suite in parallel
+    environments once saw 9, 7 and 7 in three). The old behaviour woke 80 to 120 times in
     every round."""
     from fiberexec import FiberExecutor
     from tests import tasks
@@ -174,7 +175,7 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread(seconds: float
         # preempted by it waits more than it runs, and is treated as one that waits).
         for future in [ex.submit(tasks.spin, seconds) for _ in range(5 * count)]:
             future.result(timeout=60)
-        while len(rounds) < 3 and (not rounds or min(rounds) >= count // 4):
+        while len(rounds) < 5 and (not rounds or min(rounds) >= count // 4):
             before = ex.submit(tasks.thread_switches).result(timeout=60)
             futures = [ex.submit(tasks.spin, seconds, i) for i in range(count)]
             assert [f.result(timeout=60) for f in futures] == list(range(count))
