@@ -40,7 +40,7 @@ from fiberexec import (
     _capture,
     _contract,
     _functions,
-    _joblib_hook,
+    _import_hooks,
     _mainspace,
     _shm,
     _syspath,
@@ -894,7 +894,7 @@ def run() -> None:
     _ready_for_a_full_address_space()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
     _mainspace.install(origin)  # the caller's script's names, not this program's (see there)
-    _joblib_hook.install()  # a task of the script may name joblib's "fiber" backend
+    _import_hooks.install()  # joblib's "fiber" backend; shared memory attached untracked
     try:
         worker = Worker(config)
     except LinkClosed as exc:

@@ -159,6 +159,27 @@ def remember_shared(queue: Any, counter: Any) -> None:
     queue.put(("init", 0))
 
 
+def attach_segment(name: str) -> None:
+    """An initializer: attach a stdlib shared memory segment by name, and keep it."""
+    from multiprocessing import shared_memory
+
+    global _segment
+    _segment = shared_memory.SharedMemory(name=name)
+
+
+def segment_byte_and_tracker(index: int) -> tuple[int, int | None]:
+    """The attached segment's byte at ``index``, and the pid of the resource tracker this
+    process registers with (None: none)."""
+    from multiprocessing import resource_tracker
+
+    assert _segment is not None, "the initializer did not run"
+    tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+    return _segment.buf[index], tracker._pid
+
+
+_segment: Any = None
+
+
 def report_and_count(x: int) -> int:
     assert _shared is not None, "the initializer did not run"
     queue, counter = _shared

@@ -18,10 +18,12 @@ UNDER_TEST = MODULES if BACKEND == "local" else MODULES[1:]
 
 @pytest.fixture(params=UNDER_TEST)
 def mpm(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    """Each test runs once per module; the stdlib's children are cleaned up like ours."""
+    """Each test runs once per module; the stdlib's children are cleaned up like ours
+    (those the test started: not, say, the workers of loky's reusable executor)."""
     module = importlib.import_module(request.param)
+    before = set(multiprocessing.active_children())
     yield module
     if module is multiprocessing:
-        for child in multiprocessing.active_children():
+        for child in set(multiprocessing.active_children()) - before:
             child.kill()
             child.join(10)

@@ -84,6 +84,18 @@ def attach_and_write(shm: Any) -> None:
     shm.close()
 
 
+def attach_read_tracker(name: str) -> tuple[int, int | None]:
+    """Attach a segment by name, read its first byte, close it; and the pid of the
+    resource tracker this process registers with (None: none)."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    segment = shared_memory.SharedMemory(name=name)
+    try:
+        return segment.buf[0], resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
+    finally:
+        segment.close()
+
+
 def attach_and_unlink(name: str) -> None:
     from multiprocessing import resource_tracker, shared_memory
 
