@@ -65,8 +65,8 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
           by_value: bool = False, main_marks: int = 0) -> Payload:
     """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
 
-    A ``SystemExit`` raised by an object's ``__reduce__`` is let through, as the standard
-    library does: the caller reports it as what the task raised. ``functions_as_bytes``
+    What an object's ``__reduce__`` raises beyond ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``) is let through: the caller fails the task with it. ``functions_as_bytes``
     (a task's arguments): a function in ``obj`` pickled by value travels as its kept bytes,
     which a worker rebuilds once (`fiberexec._functions`). ``by_value``: go straight to the
     pickler that pickles by value (the caller expects the plain one to meet the script's
@@ -409,6 +409,17 @@ def dumps_exception(exc: BaseException) -> Payload:
             f"the task raised {_shown(exc)}, which cannot be pickled to be sent back: "
             f"{type(cause).__name__}: {cause}", cause)
         raised = dumps_bytes(fallback, what="exception")
+    except BaseException as err:  # a ``__reduce__`` raised KeyboardInterrupt, SystemExit...:
+        # the future raises that, as the stdlib's does, with where it was raised
+        tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        text = f'\n"""\n{tb}"""'
+        err.__traceback__ = None
+        try:
+            raised = dumps_bytes(err, what="exception")
+        except BaseException:
+            raised = dumps_bytes(pickling_error(
+                f"the task raised {_shown(exc)}, and pickling it raised "
+                f"{type(err).__name__}: {err}", None), what="exception")
     return dumps((raised, text), what="exception")
 
 

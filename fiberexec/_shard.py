@@ -879,8 +879,10 @@ class Shard:
                     index[fn_id] = len(functions) - 1
                 args = self._pickle_arguments(item, key)
                 size = p.check_fits(args, conn.shm, "the arguments and their buffers")
-            except (Exception, SystemExit) as exc:  # (anything else would be our bug: it
-                # fails this task, saying so, and leaves no other waiting on a dead shard)
+            except BaseException as exc:  # an argument's ``__reduce__`` may raise anything
+                # (KeyboardInterrupt, SystemExit: signals are held while a caller's thread
+                # dispatches): it fails this task, saying so, and no other future waits on
+                # a dead shard
                 self._fail_unpicklable(item, exc)
                 continue
             item.key = key

@@ -106,6 +106,14 @@ class ExitAtPickle:
         sys.exit(1)
 
 
+class InterruptAtPickle:
+    """Its pickling raises what is not an ``Exception`` (a ``__reduce__`` that waits on
+    something, interrupted)."""
+
+    def __reduce__(self) -> Any:
+        raise KeyboardInterrupt("while pickling")
+
+
 def _raise_unpickling_error() -> NoReturn:
     raise pickle.UnpicklingError("Error in unpickle")
 

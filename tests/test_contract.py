@@ -232,6 +232,8 @@ def test_remote_traceback_is_the_stdlib_class(make_pool: PoolFactory) -> None:
         (id, ct.ExitAtUnpickle(), BrokenProcessPool),
         (ct.return_instance, ct.ErrorAtPickle, pickle.PicklingError),
         (ct.return_instance, ct.ExitAtPickle, SystemExit),
+        (ct.return_instance, ct.InterruptAtPickle, KeyboardInterrupt),
+        (ct.raise_holding, ct.InterruptAtPickle, KeyboardInterrupt),
         (ct.return_instance, ct.ErrorAtUnpickle, BrokenProcessPool),
         (ct.return_instance, ct.ExitAtUnpickle, BrokenProcessPool),
         (id, threading.Lock(), TypeError),  # what the pickler raised, as the stdlib gives
@@ -240,7 +242,8 @@ def test_remote_traceback_is_the_stdlib_class(make_pool: PoolFactory) -> None:
         (ct.nested, 5000, RecursionError),
     ],
     ids=["arg-pickle-error", "arg-unpickle-error", "arg-unpickle-exit", "result-pickle-error",
-         "result-pickle-exit", "result-unpickle-error", "result-unpickle-exit",
+         "result-pickle-exit", "result-pickle-interrupt", "exception-pickle-interrupt",
+         "result-unpickle-error", "result-unpickle-exit",
          "arg-lock", "result-lock", "exception-holding-a-lock", "result-too-deep"],
 )
 def test_serialization_failures_raise_what_the_stdlib_raises(
@@ -249,6 +252,20 @@ def test_serialization_failures_raise_what_the_stdlib_raises(
     ex = make_pool(2)
     with pytest.raises(expected):
         ex.submit(fn, arg).result(timeout=60)
+
+
+def test_an_argument_whose_pickling_is_interrupted_fails_its_own_task(
+        make_executor: ExecutorFactory) -> None:
+    """Not the task beside it, and not the scheduler (the stdlib's queue feeder thread dies
+    of it, and its executor hangs: no stdlib run to compare with)."""
+    ex = make_executor(2)
+    beside = ex.submit(time.sleep, 0.2)
+    bad = ex.submit(id, ct.InterruptAtPickle())
+    with pytest.raises(pickle.PicklingError) as info:
+        bad.result(timeout=60)
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    assert beside.result(timeout=60) is None
+    assert ex.submit(abs, -3).result(timeout=60) == 3
 
 
 def test_seventy_thousand_arrays_travel_both_ways(make_pool: PoolFactory) -> None:
