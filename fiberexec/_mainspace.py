@@ -17,8 +17,11 @@ And the script's functions share that module's namespace, as in a stdlib worker 
 cloudpickle gives the functions of each pickle a globals dict of their own, so a global an
 initializer (or an earlier task) set was not there for the next task's function to read.
 Each script function a task or initializer brings is rebuilt on ``__main__``'s namespace,
-and the globals it brings are put there unless the caller's value is the one it sent before
-(a value the worker set itself then stays); a value the caller changed since wins.
+and the globals it brings are put there, the caller's values as they are when it is sent,
+except where the worker changed a global itself: one that an initializer or a task bound
+again (``global MODEL; MODEL = ...``), or changed in place (a small dict or list of plain
+values, compared with a copy of what was put there), keeps the worker's value, as in a
+stdlib worker, even if the caller's changed too.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ adopted: dict[str, Any] = {}  # name -> the newest function or class of that nam
 # name -> the caller's value as last sent, as it was then (a copy), for the values `_kept`
 # can copy; a name not here was never sent, or its value cannot be compared (always placed)
 _sent: dict[str, tuple[Any]] = {}
+_placed: dict[str, Any] = {}  # name -> the caller's value last put in the namespace
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 KEPT_MAX = 64  # items of a container of plain values `_kept` copies; more: not compared
 
@@ -79,6 +83,7 @@ def install(origin: Mapping[str, str] | None = None,
     module.__getattr__ = lookup  # type: ignore[method-assign]
     module.__dict__.update(adopted)
     _sent.clear()  # nothing of the caller's values is in the new namespace
+    _placed.clear()
     sys.modules[MAIN] = _installed = module
     return module
 
@@ -236,6 +241,7 @@ def home(fn: Any) -> Any:
         if type(value) is types.FunctionType and value.__globals__ is brought:
             function = space[name] = _rebuild(value, space, brought, rebuilt)
             _sent.pop(name, None)
+            _placed.pop(name, None)
             if _named(function.__qualname__) and function.__name__ == name:
                 adopted[name] = function
             continue
@@ -246,12 +252,24 @@ def home(fn: Any) -> Any:
 
 
 def _place(space: dict[str, Any], name: str, value: Any) -> None:
-    """Put the caller's ``value`` of global ``name`` here, unless it is the value the caller
-    sent before, unchanged (what the worker made of it then stays)."""
+    """Put the caller's ``value`` of global ``name`` here, unless the worker changed that
+    global itself (see the module's docstring), or it is the value the caller sent before,
+    unchanged (what the worker made of it then stays)."""
     kept = _kept(value)
-    if kept is not None and name in space and _sent.get(name) == kept:
-        return
+    if name in space:
+        current = space[name]
+        if name in _placed:
+            if current is not _placed[name]:
+                return  # bound again here
+            then = _sent.get(name)
+            if then is not None and _kept(current) != then:
+                return  # changed in place here
+            if kept is not None and kept == then:
+                return  # the caller's is what it sent before
+        elif current is not adopted.get(name):
+            return  # set here before the caller sent any value of it
     space[name] = value
+    _placed[name] = value
     if kept is None:
         _sent.pop(name, None)
     else:

@@ -133,13 +133,36 @@ def test_functions_share_main_and_keep_what_the_worker_set(main: types.ModuleTyp
 
 
 def test_a_global_the_caller_changed_since_it_was_sent_wins(main: types.ModuleType) -> None:
+    """Unless the worker changed it too: see the next test."""
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE, caller)
+    predict = by_value(caller["predict"])
+    assert _mainspace.home(predict)(2) == (None, {}, 2)
+    caller["SCALE"] = 10  # bound again in the script
+    caller["SEEN"]["caller"] = 1  # changed in place there
+    assert _mainspace.home(by_value(caller["predict"]))(2) == (None, {"caller": 1}, 20)
+
+
+def test_a_global_the_worker_changed_keeps_the_workers_value(main: types.ModuleType) -> None:
+    """As in a stdlib worker: what an initializer bound (a connection, a model) or filled
+    (a cache) stays the worker's, though the script sets or fills its own copy since."""
     caller: dict[str, Any] = {"__name__": "__main__"}
     exec(STATE, caller)
     _mainspace.home(by_value(caller["init"]))("net")
-    caller["SCALE"], caller["SEEN"] = 10, {"caller": 1}  # rebound in the script
-    assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"caller": 1}, 20)
-    caller["MODEL"] = "other"  # the caller's own value changed: it wins here too
-    assert _mainspace.home(by_value(caller["predict"]))(2)[0] == "other"
+    caller["init"]("the script's own")  # the script sets up its own the same way
+    caller["SCALE"] = 10  # and changes what the worker never did
+    assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"init": "net"}, 20)
+    caller["SEEN"] = {"bound": "again"}
+    assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"init": "net"}, 20)
+
+
+def test_a_global_the_worker_set_before_the_caller_sent_it_stays(
+        main: types.ModuleType) -> None:
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE, caller)
+    main.MODEL = "set by a task through globals()"
+    assert _mainspace.home(by_value(caller["predict"]))(2)[0] == (
+        "set by a task through globals()")
 
 
 def test_a_decorated_functions_wrapped_function_reads_main_too(

@@ -1,7 +1,8 @@
 """What an initializer (or an earlier task) of the script sets in the script's globals is
 there for the worker's next tasks, as in a stdlib worker: the pattern the standard
-library's documentation gives for setting up each worker once. Same script, same output,
-for both executors and both pools."""
+library's documentation gives for setting up each worker once. It stays the worker's when
+the script then sets up its own the same way. Same script, same output, for both executors
+and both pools."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ if __name__ == "__main__":
             print(pool.map(predict, range(2)))
             pool.apply(remember, (5,))
             print(pool.apply(recall, (0,)))
+            setup("the script's own")  # the script sets up its own the same way
+            remember(7)
+            print(pool.map(predict, range(1)), pool.apply(recall, (0,)))
     else:
         if which == "fiberexec":
             from fiberexec import FiberExecutor as Executor
@@ -59,6 +63,9 @@ if __name__ == "__main__":
             print(list(ex.map(predict, range(2))))
             ex.submit(remember, 5).result()
             print(ex.submit(recall, 0).result())
+            setup("the script's own")  # the script sets up its own the same way
+            remember(7)
+            print(list(ex.map(predict, range(1))), ex.submit(recall, 0).result())
 """
 
 
@@ -66,4 +73,5 @@ if __name__ == "__main__":
                                               "fiberexec-pool"))
 def test_an_initializers_globals_are_there_for_the_tasks(tmp_path: Path, which: str) -> None:
     done = run_script(tmp_path, SCRIPT, which)
-    assert done.stdout.splitlines() == ["[('net', 'net', 0), ('net', 'net', 1)]", "5"]
+    assert done.stdout.splitlines() == ["[('net', 'net', 0), ('net', 'net', 1)]", "5",
+                                        "[('net', 'net', 0)] 5"]
