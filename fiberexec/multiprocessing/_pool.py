@@ -213,6 +213,12 @@ class MapResult(ApplyResult, multiprocessing.pool.MapResult[Any]):
                 self._set(False, self._error)
 
 
+def _generator(results: IMapIterator) -> Iterator[Any]:
+    """Chunked results as the stdlib hands them out: a generator, which an item's error
+    ends (the chunks after it run, as the stdlib's do, and are not handed out)."""
+    yield from results
+
+
 class IMapIterator(_IMapBase):
     """Results of `Pool.imap` / `imap_unordered`, pulling the input lazily.
 
@@ -510,7 +516,7 @@ class Pool(multiprocessing.pool.Pool):
                                error_callback)
 
     def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None,
-              ordered: bool, buffersize: int | None) -> IMapIterator:
+              ordered: bool, buffersize: int | None) -> IMapIterator | Iterator[Any]:
         self._check_running()
         if not isinstance(chunksize, int):  # (None, "2": the stdlib's TypeError too)
             raise TypeError(f"chunksize must be a whole number >= 1, got {chunksize!r}")
@@ -530,10 +536,11 @@ class Pool(multiprocessing.pool.Pool):
                 lambda chunks: executor._submit_all(_mapstar, ((func, c) for c in chunks)),
                 _chunks(iterable, chunksize), window, ordered)
         self._iterators.add(iterator)
-        return iterator
+        return iterator if chunksize == 1 else _generator(iterator)
 
-    def imap(self, func: Callable[..., Any], iterable: Iterable[Any],
-             chunksize: int | None = 1, buffersize: int | None = None) -> IMapIterator:
+    def imap(self, func: Callable[..., Any], iterable: Iterable[Any],  # type: ignore[override]
+             chunksize: int | None = 1, buffersize: int | None = None
+             ) -> IMapIterator | Iterator[Any]:
         """Lazy `map`: results in order; the input is read only as results are consumed.
 
         ``buffersize`` (Python 3.14's argument) is how many tasks (chunks) run ahead of the
@@ -541,9 +548,10 @@ class Pool(multiprocessing.pool.Pool):
         """
         return self._imap(func, iterable, chunksize, ordered=True, buffersize=buffersize)
 
-    def imap_unordered(self, func: Callable[..., Any], iterable: Iterable[Any],
+    def imap_unordered(self, func: Callable[..., Any],  # type: ignore[override]
+                       iterable: Iterable[Any],
                        chunksize: int | None = 1, buffersize: int | None = None
-                       ) -> IMapIterator:
+                       ) -> IMapIterator | Iterator[Any]:
         """Like `imap`, yielding results as they finish."""
         return self._imap(func, iterable, chunksize, ordered=False, buffersize=buffersize)
 

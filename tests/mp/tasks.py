@@ -24,6 +24,12 @@ def fail(x: Any) -> None:
     raise ValueError(f"bad {x}")
 
 
+def fail_on(x: int, bad: int = 3) -> int:
+    if x == bad:
+        raise ValueError(f"bad {x}")
+    return x
+
+
 def unpicklable() -> threading.Lock:
     return threading.Lock()
 

@@ -147,6 +147,26 @@ def test_a_pool_and_its_results_are_the_stdlibs_kinds(mpm: ModuleType) -> None:
             pool.imap(tasks.square, [1], chunksize=None)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("chunksize", [1, 2])
+def test_imap_after_an_item_raises(mpm: ModuleType, chunksize: int, ordered: bool) -> None:
+    """One task an item: the items after it still come. Chunks (``chunksize > 1``): the
+    stdlib hands out a generator over them, which the error ends."""
+    with mpm.Pool(1) as pool:
+        imap = pool.imap if ordered else pool.imap_unordered
+        results = imap(tasks.fail_on, range(8), chunksize=chunksize)
+        got: list[object] = []
+        while True:
+            try:
+                got.append(next(results))
+            except StopIteration:
+                break
+            except ValueError as exc:
+                got.append(str(exc))
+    expected = [0, 1, 2, "bad 3", 4, 5, 6, 7] if chunksize == 1 else [0, 1, "bad 3"]
+    assert got == expected
+
+
 def test_a_process_dropped_without_close_gives_its_descriptors_back(mpm: ModuleType) -> None:
     """An RL loop that starts environments anew and never calls ``close()``: the stdlib's
     process objects close their sentinel when collected (ours held a pipe each until
