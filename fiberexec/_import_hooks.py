@@ -6,7 +6,7 @@
   there (which runs on threads: `fiberexec.joblib.in_worker`) would find no such backend.
 * ``multiprocessing.shared_memory``: a segment attached by name is not registered with
   this process's resource tracker, which would unlink the parent's segment when the
-  worker ends (`fiberexec.multiprocessing._shared_memory`).
+  worker ends (`fiberexec._untracked_shm`).
 
 Each is done at once if its module is already loaded (a forked worker's launcher had it),
 else by a finder that watches for the import: neither module is imported for nothing.
@@ -32,9 +32,9 @@ def _register_joblib() -> None:
 
 
 def _attach_untracked() -> None:
-    from fiberexec.multiprocessing import _shared_memory
+    from fiberexec import _untracked_shm
 
-    _shared_memory.attach_without_tracking()
+    _untracked_shm.attach_without_tracking()
 
 
 WATCHED: dict[str, Callable[[], None]] = {

@@ -59,9 +59,9 @@ def main() -> None:
     if os.environ.get(_forward.ENV_OUTPUT) == "forward":
         _forward.start(_rpc.Endpoint(address, secret))
     _set_parent(client.lost)
-    from fiberexec.multiprocessing import _shared_memory
+    from fiberexec import _untracked_shm
 
-    _shared_memory.attach_without_tracking()
+    _untracked_shm.attach_without_tracking()
     if authkey:  # before unpickling: stdlib Manager proxies authenticate as they are rebuilt
         import multiprocessing
 

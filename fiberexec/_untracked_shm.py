@@ -1,4 +1,6 @@
-"""`multiprocessing.shared_memory.SharedMemory` attached in a child of ours.
+"""`multiprocessing.shared_memory.SharedMemory` attached in a child or worker of ours (this
+module imports nothing of fiberexec: it runs while `multiprocessing.managers` may be half
+imported).
 
 On Python < 3.13 attaching a segment registers it with the attaching process's resource
 tracker, which unlinks it when that process exits. A stdlib child shares its parent's
