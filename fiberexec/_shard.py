@@ -809,7 +809,7 @@ class Shard:
             if self.idle:
                 self._maybe_revoke()
             return
-        if self.holders and self._revoke_at <= self.clock():
+        if self._revoke_at <= self.clock():  # (with no holder left, it stops looking)
             self._maybe_revoke()  # what waits behind a task that overstays goes first
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))

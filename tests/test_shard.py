@@ -905,6 +905,26 @@ def test_an_idle_worker_wakes_the_shard_when_a_held_task_starts_to_overstay(
     assert list(revoke.task_ids) == [i.task_id for i in items[1:]]
 
 
+def test_a_queue_behind_busy_workers_holding_nothing_more_lets_the_shard_sleep(
+    bench: Any,
+) -> None:
+    """A look for hoarders that came due while no worker held a task behind another has
+    nothing to look at: the shard must sleep until its next real deadline, not spin (it
+    burned a core while tasks of 10 ms or longer queued behind busy workers)."""
+    b = bench()
+    b.connect("w0")
+    b.connect("w1")
+    b.submit(job, 1)
+    b.step()  # w1 idles: a look for hoarders is due soon
+    b.submit(job, 5)  # of unknown length: one per worker, the rest queued
+    b.step()
+    assert not b.shard.idle and len(b.shard.queue) == 4
+    b.clock.advance(0.05)  # the look came due; no worker holds a task behind another
+    b.step()
+    assert b.shard._next_deadline() > 0.1  # the next housekeeping, not at once
+    assert len(b.shard.queue) == 4  # nothing moved
+
+
 def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: Any) -> None:
     b = bench(max_task_retries=0)
     items = _hold_three(b)
