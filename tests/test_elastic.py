@@ -69,3 +69,18 @@ def test_a_task_that_comes_while_the_last_worker_retires_starts_another() -> Non
     finally:
         logger.removeHandler(said)
         logger.setLevel(level)
+
+
+def test_an_executor_waiting_on_a_backlog_of_long_tasks_keeps_off_the_cpu() -> None:
+    """Its threads sleep until a worker answers: 8 workers, a warm-up that leaves them
+    idle, then 160 tasks of 50 ms, one by one (its shard once polled without a timeout
+    through all of it, a whole core, 6 ms of CPU a task against the stdlib's 0.1)."""
+    with FiberExecutor(8, min_workers=8) as ex:
+        for f in [ex.submit(tasks.sleep_pid, 0.05) for _ in range(32)]:
+            f.result(timeout=60)
+        began, cpu = time.monotonic(), time.process_time()
+        futures = [ex.submit(tasks.sleep_pid, 0.05) for _ in range(160)]
+        for f in futures:
+            f.result(timeout=60)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - began
+    assert cpu < 0.4 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s waiting on sleeping tasks"
