@@ -45,6 +45,7 @@ adopted: dict[str, Any] = {}  # name -> the newest function or class of that nam
 # can copy; a name not here was never sent, or its value cannot be compared (always placed)
 _sent: dict[str, tuple[Any]] = {}
 _placed: dict[str, Any] = {}  # name -> the caller's value last put in the namespace
+_homed: dict[str, Any] = {}  # name -> the caller's function of that name, rebuilt here
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 KEPT_MAX = 64  # items of a container of plain values `_kept` copies; more: not compared
 
@@ -84,6 +85,7 @@ def install(origin: Mapping[str, str] | None = None,
     module.__dict__.update(adopted)
     _sent.clear()  # nothing of the caller's values is in the new namespace
     _placed.clear()
+    _homed.clear()
     sys.modules[MAIN] = _installed = module
     return module
 
@@ -242,13 +244,40 @@ def home(fn: Any) -> Any:
             function = space[name] = _rebuild(value, space, brought, rebuilt)
             _sent.pop(name, None)
             _placed.pop(name, None)
+            _homed[name] = function
             if _named(function.__qualname__) and function.__name__ == name:
                 adopted[name] = function
             continue
         if isinstance(value, type) and value.__module__ == MAIN:
             _rehome_methods(value, space, brought, rebuilt)
         _place(space, name, value)
-    return _rebuild(fn, space, brought, rebuilt)
+    new = _rebuild(fn, space, brought, rebuilt)
+    if _named(fn.__qualname__) and fn.__name__ == fn.__qualname__:
+        _homed[fn.__name__] = new  # (a def at the top of the caller's script)
+    return new
+
+
+def by_reference() -> bool:
+    """Whether a pickle made here may name the script's functions and classes as
+    ``__main__.<name>`` for the caller to read as its own (the standard library's pickler
+    does so, and the plain pickle costs half of cloudpickle's by value): each function and
+    class of the script in this namespace under its own name is the one the caller bound to
+    that name and sent with a task's function. Not if the worker made or bound one itself,
+    nor for one reached only inside a task's data (the caller may bind it to no name):
+    then, as a name the pickle gives may be any of those, everything goes by value."""
+    main = _installed
+    if main is None or sys.modules.get(MAIN) is not main:
+        return False
+    for name, value in list(main.__dict__.items()):
+        kind = type(value)
+        if kind is not types.FunctionType and not issubclass(kind, type):
+            continue  # data: pickled by value in any case
+        if getattr(value, "__module__", None) != MAIN or getattr(
+                value, "__qualname__", None) != name:
+            continue  # importable; or another name for it, which no pickle gives
+        if _placed.get(name) is not value and _homed.get(name) is not value:
+            return False
+    return True
 
 
 def _place(space: dict[str, Any], name: str, value: Any) -> None:

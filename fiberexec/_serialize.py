@@ -22,7 +22,7 @@ import traceback
 import types
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fiberexec import _byvalue, _errors
@@ -62,7 +62,8 @@ class Payload(Record):
 
 
 def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
-          by_value: bool = False, main_marks: int = 0) -> Payload:
+          by_value: bool = False, main_marks: int = 0,
+          main_by_reference: Callable[[], bool] | None = None) -> Payload:
     """Pickle ``obj``; raise `PicklingError` naming ``what`` when it cannot be.
 
     What an object's ``__reduce__`` raises beyond ``Exception`` (``SystemExit``,
@@ -72,7 +73,9 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
     pickler that pickles by value (the caller expects the plain one to meet the script's
     objects, and would pickle everything twice: see `by_value_needed`). ``main_marks``: how
     often ``__main__`` is in bytes ``obj`` carries on purpose (functions by value, as
-    `fiberexec._functions.Kept`); more in the plain pickle is the script's by reference.
+    `fiberexec._functions.Kept`); more in the plain pickle is the script's by reference,
+    which stands if ``main_by_reference`` says the reader resolves those names to the same
+    objects (a worker's result: see `fiberexec._mainspace.by_reference`).
     """
     buffers: list[pickle.PickleBuffer] = []
     apart = _Buffers(buffers)
@@ -83,7 +86,9 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
         data = pickle.dumps(obj, protocol=PROTOCOL, buffer_callback=apart)
         if MP_MAIN in data:  # by reference to a script that workers cannot import
             _mp_main_by_value()
-        elif data.count(b"__main__") == main_marks and NEEDS_STDLIB not in data:
+        elif NEEDS_STDLIB not in data and (
+                data.count(b"__main__") == main_marks
+                or (main_by_reference is not None and main_by_reference())):
             if apart.readonly and "numpy" in sys.modules:
                 buffers.clear()
                 data = _writable_arrays(obj, apart)

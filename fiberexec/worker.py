@@ -452,7 +452,8 @@ class Worker:
             self.interruptible = True
             value = fn(*args, **kwargs)
             self.interruptible = False
-            payload, status = dumps(value, what="result"), p.Status.OK
+            payload = dumps(value, what="result", main_by_reference=_mainspace.by_reference)
+            status = p.Status.OK
             p.check_fits(payload, self.shm.executor_id is not None, "the result and its buffers")
         except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
             self.interruptible = False

@@ -217,3 +217,44 @@ def test_the_scripts_origin_names_it_for_a_spawned_child(main: types.ModuleType,
     assert not hasattr(elsewhere, "__file__")
     by_name = _mainspace.install({"name": "pkg.train"})
     assert by_name.__spec__ is not None and by_name.__spec__.name == "pkg.train"
+
+
+def test_what_the_caller_sent_under_its_names_goes_back_by_reference(
+        main: types.ModuleType) -> None:
+    """A task's function and the script's functions and classes it brought are the
+    caller's under their names: a result may name them, as the stdlib's pickler does."""
+    caller = script()
+    uses = _mainspace.home(by_value(caller["uses"]))
+    _mainspace.adopt(uses)
+    assert _mainspace.by_reference()
+    assert b"__main__" in pickle.dumps((main.Point(1), main.double, uses))
+
+
+def test_a_class_the_worker_made_or_bound_sends_everything_by_value(
+        main: types.ModuleType) -> None:
+    caller = script()
+    _mainspace.adopt(_mainspace.home(by_value(caller["uses"])))
+    main.Made = type("Made", (), {"__module__": "__main__"})  # a task's own, in __main__
+    assert not _mainspace.by_reference()  # the caller has no Made
+    del main.Made
+    assert _mainspace.by_reference()
+    main.Point = type("Point", (), {"__module__": "__main__"})  # the worker's Point now
+    assert not _mainspace.by_reference()
+
+
+def test_a_class_reached_only_inside_data_sends_everything_by_value(
+        main: types.ModuleType) -> None:
+    """The caller may bind it to no name (made by a factory, say, and renamed)."""
+    point = by_value(script()["Point"])
+    _mainspace.settle((point(1),), {})
+    assert main.Point is point
+    assert not _mainspace.by_reference()
+
+
+def test_nothing_goes_by_reference_without_a_workers_main() -> None:
+    before = sys.modules["__main__"]
+    try:
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        assert not _mainspace.by_reference()
+    finally:
+        sys.modules["__main__"] = before

@@ -108,3 +108,55 @@ def test_a_task_pickles_the_scripts_objects_by_reference(tmp_path: Path, which: 
     if "multiprocessing" in which:  # then the pool's worker, without the nested pool
         assert lines[1] == EXPECTED.removesuffix(", [[0, 2, 4, 6], [0, 2, 4, 6]]]") + "]", (
             done.stdout)
+
+
+RESULTS = """
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class Step:
+    obs: float
+
+
+def policy(x):
+    return -x
+
+
+def rollout(n):
+    return [Step(float(i)) for i in range(n)], policy
+
+
+def made_here(x):  # a class of the worker's own, in its __main__: the caller has none
+    globals()["Made"] = type("Made", (), {"__module__": "__main__"})
+    return Made(), Step(x)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fiberexec":
+        from fiberexec import FiberExecutor as Executor
+    else:
+        Executor = ProcessPoolExecutor
+    with Executor(1) as ex:
+        steps, fn = ex.submit(rollout, 3).result(timeout=120)
+        print(steps == [Step(0.0), Step(1.0), Step(2.0)], type(steps[0]) is Step, fn is policy)
+        if sys.argv[1] == "fiberexec":
+            made, step = ex.submit(made_here, 4.0).result(timeout=120)
+            print(type(made).__name__, type(step) is Step, step.obs)
+            steps, fn = ex.submit(rollout, 1).result(timeout=120)
+            print(type(steps[0]) is Step, fn(1))
+"""
+
+
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
+def test_a_result_holds_the_callers_own_classes_and_functions(tmp_path: Path,
+                                                              which: str) -> None:
+    """The script's classes and functions in a result are the caller's own, by reference,
+    as the stdlib's pickler sends them (and at its speed: no second pickle by value); a
+    class the worker made in its ``__main__``, which the caller lacks, comes by value."""
+    lines = run_script(tmp_path, RESULTS, which, timeout=200).stdout.splitlines()
+    assert lines[0] == "True True True"
+    if which == "fiberexec":
+        assert lines[1:] == ["Made True 4.0", "True -1"]
