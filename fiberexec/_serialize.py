@@ -114,7 +114,10 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
             f"cannot pickle the {what}: {type(exc).__name__}: {exc}; "
             f"{_advice(exc) or 'tasks need picklable functions, arguments and results'}", exc)
         error.shown, error.reason = _shown(obj), repr(exc)
+        buffers.clear()
         raise error from exc
+    finally:
+        first = None  # (its traceback holds this frame: a cycle through what it holds)
     return _payload(data, buffers)
 
 
@@ -246,7 +249,11 @@ def _payload(data: bytes, buffers: list[pickle.PickleBuffer]) -> Payload:
     it (`_loads_apart`), so it moves as a numpy array does: through shared memory where the
     peer shares it, with no copy into a message, and no limit on a message's size."""
     if len(data) >= STREAM_APART:
-        inner = [memoryview(data), *(b.raw() for b in buffers)]
+        # The bytes and the buffers themselves, not memoryviews of them: a view of a view
+        # holds an export on it, and the garbage collector clearing such a view in a cycle
+        # (a traceback's frames holding a payload) left a NULL the release then followed,
+        # a segfault (CPython's memoryview tp_clear).
+        inner: list[Any] = [data, *buffers]
         outer: list[pickle.PickleBuffer] = []
         stub = pickle.dumps(_Apart(inner), protocol=PROTOCOL, buffer_callback=outer.append)
         return Payload(stub, [b.raw() for b in outer])
@@ -258,8 +265,8 @@ class _Apart:
 
     __slots__ = ("views",)
 
-    def __init__(self, views: list[memoryview]) -> None:
-        self.views = views
+    def __init__(self, views: list[Any]) -> None:
+        self.views = views  # (bytes and `PickleBuffer`s, each pickled as a buffer)
 
     def __reduce__(self) -> tuple[Any, tuple[pickle.PickleBuffer, ...]]:
         return _loads_apart, tuple(pickle.PickleBuffer(v) for v in self.views)

@@ -341,3 +341,35 @@ def test_arguments_around_a_kept_function_pickle_plainly_unless_they_hold_the_sc
     monkeypatch.delattr(sys.modules["__main__"], "Point")  # ...a worker has no such name
     (fn, chunk), _ = loads(payload)
     assert fn(chunk[0]) == 6 and by_value  # the point came by value, and the function
+
+
+CYCLE = """
+import gc
+from fiberexec._serialize import dumps
+
+def hold():
+    payload = dumps({i: float(i) for i in range(200_000)})  # a long pickle: it travels apart
+    try:
+        raise ValueError
+    except ValueError as exc:
+        kept = exc  # its traceback holds this frame, which holds it and the payload
+
+gc.disable()
+for _ in range(4):
+    hold()
+gc.collect()
+print("collected")
+"""
+
+
+def test_a_long_payload_in_a_garbage_cycle_is_collected() -> None:
+    """Its buffers were views of views (one holding an export on the other), and CPython's
+    collector clearing such a view in a cycle left a NULL that the release then followed:
+    a segfault. In a process of its own, with the allocator's checks on."""
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", CYCLE], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONMALLOC": "debug"}, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stdout) == (0, "collected\n"), done.stderr[-2000:]
