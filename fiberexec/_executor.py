@@ -29,6 +29,7 @@ from fiberexec._observe import Durations, FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
 from fiberexec._retry import RetryPolicy
+from fiberexec._serialize import Snapshot
 from fiberexec._stats import Stats
 from fiberexec._task import WorkItem
 from fiberexec._tls import TLSOptions
@@ -257,13 +258,15 @@ class FiberExecutor(Executor):
         input's end (nor a generator that waits for the first task's doing)."""
         futures: list[Future[T]] = []
         items: list[WorkItem] = []
+        snapshot: Snapshot = {}  # the function (or a chunk's) pickled once for all of them
         with self._lock:  # (fails now, before the arguments are read, if it must)
             self._pool_to_submit_to()
         try:
             since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
                 future: Future[T] = TaskFuture()
-                items.append(WorkItem(next(self._ids), future, fn, args, {}))
+                items.append(WorkItem(next(self._ids), future, fn, args, {},
+                                      snapshot=snapshot))
                 futures.append(future)
                 if (now := time.monotonic()) - since > SUBMIT_AFTER or len(futures) == 1:
                     with self._lock:

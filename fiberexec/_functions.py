@@ -19,30 +19,44 @@ stdlib worker's ``__main__`` function does.
 
 from __future__ import annotations
 
+import hashlib
 import types
 from collections import OrderedDict
 from typing import Any
 
 from fiberexec import _mainspace
-from fiberexec._serialize import Payload, by_value_bytes, loads
+from fiberexec._serialize import Payload, Snapshot, by_value_bytes, loads, streamed_apart
 
 MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's script by value
 RECENT_MAX = 64  # functions a worker keeps by their bytes
+LARGE_MAX = 2  # ...and of those with a long pickle (a map's function, the one before)
 _recent: OrderedDict[bytes, Any] = OrderedDict()
+_large: OrderedDict[bytes, Any] = OrderedDict()
 
 
 def load(payload: Payload) -> Any:
-    """The function ``payload`` holds: the one made before from the same bytes, if kept."""
-    if payload.buffers:  # large captured data: not worth keeping
+    """The function ``payload`` holds: the one made before from the same bytes, if kept.
+
+    One that reads a large table (a long pickle, travelling apart: `streamed_apart`) is
+    known by the digest of its bytes, and at most `LARGE_MAX` of those are kept: it came
+    with every batch of a map, and was unpickled each time (10 ms for a 200,000-item dict).
+    One with large buffers of its own (an array it reads) is cheaper to unpickle than to
+    hash, and is not kept."""
+    if not payload.buffers:
+        key, recent, most = payload.data, _recent, RECENT_MAX
+    elif streamed_apart(payload):
+        digests = (hashlib.sha256(buffer).digest() for buffer in payload.buffers)
+        key, recent, most = payload.data + b"".join(digests), _large, LARGE_MAX
+    else:
         return _adopted(loads(payload, what="function"), payload)
-    fn = _recent.get(payload.data)
+    fn = recent.get(key)
     if fn is None:
         fn = _adopted(loads(payload, what="function"), payload)
-        _recent[payload.data] = fn
-        if len(_recent) > RECENT_MAX:
-            _recent.popitem(last=False)
+        recent[key] = fn
+        if len(recent) > most:
+            recent.popitem(last=False)
     else:
-        _recent.move_to_end(payload.data)
+        recent.move_to_end(key)
         if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
             _mainspace.adopt(fn)
     return fn
@@ -67,16 +81,18 @@ class Kept:
         return by_value, (self.data,)
 
 
-def kept_functions(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
+def kept_functions(args: tuple[Any, ...], snapshot: Snapshot | None = None
+                   ) -> tuple[tuple[Any, ...], int]:
     """``args`` with each function among them that travels by value as a `Kept` (a chunk
-    of ``map`` carries the map's function first), and how often ``__main__`` is in their
-    bytes (those marks are no sign of the script's objects by reference: see `dumps`)."""
+    of ``map`` carries the map's function first, pickled once for the map's ``snapshot``),
+    and how often ``__main__`` is in their bytes (those marks are no sign of the script's
+    objects by reference: see `dumps`)."""
     kept: list[Any] | None = None
     marks, seen = 0, set()
     for i, arg in enumerate(args):
         if type(arg) is not types.FunctionType:
             continue
-        data = by_value_bytes(arg)
+        data = by_value_bytes(arg, snapshot)
         if data is not None:
             if kept is None:
                 kept = list(args)
@@ -99,7 +115,8 @@ def reduce(fn: Any) -> tuple[Any, tuple[bytes]] | None:
 def _adopted(fn: Any, payload: Payload) -> Any:
     """``fn``, its main-script functions and classes now ``__main__``'s (`_mainspace`), on
     its namespace."""
-    if MAIN_MARK in payload.data:
+    if MAIN_MARK in payload.data or (streamed_apart(payload)
+                                     and MAIN_MARK in payload.buffers[0].tobytes()):
         fn = _mainspace.home(fn)
         _mainspace.adopt(fn)
     return fn

@@ -875,7 +875,7 @@ class Shard:
                 continue
             try:
                 if fn_id not in index:
-                    functions.append(dumps_function(item.fn))
+                    functions.append(dumps_function(item.fn, item.snapshot))
                     index[fn_id] = len(functions) - 1
                 args = self._pickle_arguments(item, key)
                 size = p.check_fits(args, conn.shm, "the arguments and their buffers")
@@ -910,7 +910,7 @@ class Shard:
         plain = dumps_scalars(item.args, item.kwargs)
         if plain is not None:
             return plain
-        positional, marks = kept_functions(item.args)  # (a map chunk's function: its bytes)
+        positional, marks = kept_functions(item.args, item.snapshot)  # (a chunk's function)
         by_value = key in self.by_value_args or script_objects(positional, item.kwargs)
         args = dumps((positional, item.kwargs), what="arguments", functions_as_bytes=True,
                      by_value=by_value, main_marks=marks)

@@ -15,7 +15,7 @@ from fiberexec import _protocol as p
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._future import TaskFuture
-from fiberexec._serialize import loads, loads_exception
+from fiberexec._serialize import Snapshot, loads, loads_exception
 
 if TYPE_CHECKING:
     from fiberexec._crash import Loss
@@ -36,6 +36,7 @@ class WorkItem:
     cost: float = 0.0  # what Conn.hold counted when it was sent
     key: str = ""  # function_key(fn), once it was sent
     number: int = -1  # its place among the tasks sent to its worker (`fiberexec._claims`)
+    snapshot: Snapshot | None = None  # its ``map`` call's functions, as first pickled
 
     @property
     def items(self) -> int:

@@ -343,6 +343,55 @@ def test_arguments_around_a_kept_function_pickle_plainly_unless_they_hold_the_sc
     assert fn(chunk[0]) == 6 and by_value  # the point came by value, and the function
 
 
+def test_a_map_pickles_its_function_once_for_all_its_batches() -> None:
+    """Its tasks read the globals as they were when its first tasks were sent (a stdlib
+    worker reads what it forked); without a map, each batch is pickled anew."""
+    from fiberexec._serialize import Snapshot
+
+    def total() -> float:
+        return sum(WEIGHTS)
+
+    snapshot: Snapshot = {}
+    first = dumps_function(total, snapshot)
+    WEIGHTS.append(4.0)
+    try:
+        assert dumps_function(total, snapshot) is first
+        assert loads(first)() == 3.0
+        assert loads(dumps_function(total, {}))() == 7.0  # the next map's
+        assert loads(dumps_function(total))() == 7.0
+    finally:
+        WEIGHTS.pop()
+
+
+BIG = {i: float(i) for i in range(200_000)}  # a pickle long enough to travel apart
+
+
+@pytest.mark.filterwarnings("ignore::fiberexec.PerformanceWarning")  # (said: tested above)
+def test_a_worker_rebuilds_a_function_with_a_long_pickle_once_for_the_same_bytes() -> None:
+    """It came with every batch of a map and was unpickled each time (10 ms a batch for
+    this table); a changed table is a new function, and only the last two are kept."""
+    from fiberexec import _functions
+    from fiberexec._serialize import streamed_apart
+
+    def look(i: int) -> float:
+        return BIG[i]
+
+    payload = dumps_function(look)
+    assert streamed_apart(payload)
+    fn = _functions.load(payload)
+    assert _functions.load(dumps_function(look)) is fn and fn(7) == 7.0
+    BIG[7] = -1.0
+    try:
+        changed = _functions.load(dumps_function(look))
+        assert changed is not fn and changed(7) == -1.0
+        for value in (-2.0, -3.0):
+            BIG[7] = value
+            assert _functions.load(dumps_function(look))(7) == value
+        assert len(_functions._large) == _functions.LARGE_MAX
+    finally:
+        BIG[7] = 7.0
+
+
 CYCLE = """
 import gc
 from fiberexec._serialize import dumps

@@ -1,6 +1,7 @@
 """A task defined in the main script reads the script's globals as they are when it is
-sent: a global bound again, or a list changed in place, between two submits reaches the
-workers, whether or not its pickled bytes were kept between sends (`fiberexec._byvalue`).
+sent: a global bound again, or a list changed in place, between two submits (or two maps)
+reaches the workers, whether or not its pickled bytes were kept between sends
+(`fiberexec._byvalue`), or the worker rebuilt the function once (`fiberexec._functions`).
 
 (The standard library differs here: its forked workers keep what the script held when they
 were forked, so this is fiberexec's own contract, not a shared one.)"""
@@ -21,6 +22,7 @@ from fiberexec import FiberExecutor
 
 SCALE = 1
 WEIGHTS = [1]
+TABLE = {i: i for i in range(200_000)}  # pickled long enough to travel apart
 
 
 def scaled(x):
@@ -29,6 +31,10 @@ def scaled(x):
 
 def weighted(x):
     return x * sum(WEIGHTS)
+
+
+def look(i):
+    return TABLE[i]
 
 
 if __name__ == "__main__":
@@ -40,10 +46,14 @@ if __name__ == "__main__":
         print([ex.submit(weighted, 2).result(timeout=120) for _ in range(3)])
         WEIGHTS.append(2)
         print(ex.submit(weighted, 2).result(timeout=120))
+        print(list(ex.map(look, range(1, 40), timeout=120))[:3])  # (many batches)
+        TABLE[2] = -2  # read by the next map
+        print(list(ex.map(look, range(1, 40), timeout=120))[:3])
 """
 
 
 def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Path) -> None:
     done = run_script(tmp_path, SCRIPT)
     assert done.stdout.splitlines() == [
-        "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6"], done.stdout
+        "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6", "[1, 2, 3]",
+        "[1, -2, 3]"], done.stdout
