@@ -129,6 +129,22 @@ def rollout(n):
     return [Step(float(i)) for i in range(n)], policy
 
 
+class Slotted:
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+@dataclass(slots=True)
+class Packed:
+    x: int
+
+
+def slotted(a):
+    return Slotted(a), Packed(a)
+
+
 def made_here(x):  # a class of the worker's own, in its __main__: the caller has none
     globals()["Made"] = type("Made", (), {"__module__": "__main__"})
     return Made(), Step(x)
@@ -142,6 +158,8 @@ if __name__ == "__main__":
     with Executor(1) as ex:
         steps, fn = ex.submit(rollout, 3).result(timeout=120)
         print(steps == [Step(0.0), Step(1.0), Step(2.0)], type(steps[0]) is Step, fn is policy)
+        one, packed = ex.submit(slotted, 5).result(timeout=120)
+        print(type(one) is Slotted, one.a, packed == Packed(5))
         if sys.argv[1] == "fiberexec":
             made, step = ex.submit(made_here, 4.0).result(timeout=120)
             print(type(made).__name__, type(step) is Step, step.obs)
@@ -154,9 +172,10 @@ if __name__ == "__main__":
 def test_a_result_holds_the_callers_own_classes_and_functions(tmp_path: Path,
                                                               which: str) -> None:
     """The script's classes and functions in a result are the caller's own, by reference,
-    as the stdlib's pickler sends them (and at its speed: no second pickle by value); a
-    class the worker made in its ``__main__``, which the caller lacks, comes by value."""
+    as the stdlib's pickler sends them (and at its speed: no second pickle by value), slotted
+    ones too (a worker rebuilt them without their slots); a class the worker made in its
+    ``__main__``, which the caller lacks, comes by value."""
     lines = run_script(tmp_path, RESULTS, which, timeout=200).stdout.splitlines()
-    assert lines[0] == "True True True"
+    assert lines[:2] == ["True True True", "True 5 True"]
     if which == "fiberexec":
-        assert lines[1:] == ["Made True 4.0", "True -1"]
+        assert lines[2:] == ["Made True 4.0", "True -1"]
