@@ -149,23 +149,32 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
                 return reduced
         if type(obj) is types.FunctionType:
             return _globals_anew(super().reducer_override(obj))
-        if isinstance(obj, type) and "__slots__" in obj.__dict__:
-            return _with_slots(obj, super().reducer_override(obj))
+        if isinstance(obj, type) and ("__slots__" in obj.__dict__
+                                      or obj.__qualname__ != obj.__name__):
+            return _made_whole(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
 
 
-def _with_slots(cls: type, reduced: Any) -> Any:
-    """cloudpickle's reduction of a class by value, made with its ``__slots__``: it sets
-    them on the class it rebuilds only after making it, so that class's instances had a
-    ``__dict__`` and no slots, and pickled their state as a dict, which the caller's own
-    class (slotted: a ``dataclass(slots=True)``) could not take back ("object has no
-    attribute '__dict__'")."""
-    if (type(reduced) is tuple and len(reduced) > 1 and type(reduced[1]) is tuple
-            and len(reduced[1]) > 3 and type(reduced[1][3]) is dict):
-        args = list(reduced[1])
-        args[3] = {**args[3], "__slots__": cls.__dict__["__slots__"]}
-        return (reduced[0], tuple(args), *reduced[2:])
-    return reduced
+_SKELETON = getattr(cloudpickle.cloudpickle, "_make_skeleton_class", None)
+
+
+def _made_whole(cls: type, reduced: Any) -> Any:
+    """cloudpickle's reduction of a class by value, made with its ``__slots__`` and its
+    qualified name. It set the slots on the class it rebuilt only after making it, so that
+    class's instances had a ``__dict__`` and no slots, and pickled their state as a dict,
+    which the caller's own class (slotted: a ``dataclass(slots=True)``) could not take back
+    ("object has no attribute '__dict__'"); and a nested class came back named ``Inner``,
+    not ``Outer.Inner``, a name the caller's script does not have."""
+    if (reduced is NotImplemented or type(reduced) is not tuple or reduced[0] is not _SKELETON
+            or type(reduced[1]) is not tuple or type(reduced[1][3]) is not dict):
+        return reduced
+    args = list(reduced[1])
+    made = dict(args[3])
+    if "__slots__" in cls.__dict__:
+        made["__slots__"] = cls.__dict__["__slots__"]
+    made["__qualname__"] = cls.__qualname__
+    args[3] = made
+    return (reduced[0], tuple(args), *reduced[2:])
 
 
 class HostFd:

@@ -186,8 +186,11 @@ def _walk(obj: Any, replace: bool, budget: int) -> None:
             if item.__module__ != MAIN:
                 continue  # importable: pickled by reference, its module is the real one
             known = adopted.get(item.__qualname__)
-            if known is item or (not replace and _twin(known, item)):
-                continue  # walked when it was adopted
+            if known is item or ((not replace or known is _homed.get(item.__qualname__))
+                                 and _twin(known, item)):
+                continue  # walked when it was adopted (a copy of one on this namespace:
+                # reached through the globals the pickle brought, as a dict's value or a
+                # closure's, it must not take the name from the one that reads here)
             _put(item.__qualname__, item)
             stack.extend(islice(item.__globals__.values(), budget))
             stack.extend(c.cell_contents for c in item.__closure__ or () if _filled(c))

@@ -258,3 +258,17 @@ def test_nothing_goes_by_reference_without_a_workers_main() -> None:
         assert not _mainspace.by_reference()
     finally:
         sys.modules["__main__"] = before
+
+
+def test_a_function_reached_again_through_a_global_dict_keeps_its_name_here(
+        main: types.ModuleType) -> None:
+    """A dispatch table brings a copy of a function the task also names: walking into it
+    must not take the name from the one on this namespace (results then went by value)."""
+    caller = script()
+    exec("HANDLERS = {'double': double}\ndef table(x):\n    return HANDLERS['double'](x), double",
+         caller)
+    table = _mainspace.home(by_value(caller["table"]))
+    _mainspace.adopt(table)
+    assert main.double.__globals__ is vars(main)
+    assert _mainspace.by_reference()
+    assert table(2)[0] == 4

@@ -145,6 +145,18 @@ def slotted(a):
     return Slotted(a), Packed(a)
 
 
+class Outer:
+    class Inner:
+        pass
+
+
+HANDLERS = {"policy": policy}  # a dispatch table: the function reached again, as a value
+
+
+def nested(x):
+    return Outer.Inner(), HANDLERS["policy"](x), policy
+
+
 def made_here(x):  # a class of the worker's own, in its __main__: the caller has none
     globals()["Made"] = type("Made", (), {"__module__": "__main__"})
     return Made(), Step(x)
@@ -160,6 +172,8 @@ if __name__ == "__main__":
         print(steps == [Step(0.0), Step(1.0), Step(2.0)], type(steps[0]) is Step, fn is policy)
         one, packed = ex.submit(slotted, 5).result(timeout=120)
         print(type(one) is Slotted, one.a, packed == Packed(5))
+        inner, value, fn = ex.submit(nested, 2).result(timeout=120)
+        print(type(inner) is Outer.Inner, value, fn is policy)
         if sys.argv[1] == "fiberexec":
             made, step = ex.submit(made_here, 4.0).result(timeout=120)
             print(type(made).__name__, type(step) is Step, step.obs)
@@ -173,9 +187,10 @@ def test_a_result_holds_the_callers_own_classes_and_functions(tmp_path: Path,
                                                               which: str) -> None:
     """The script's classes and functions in a result are the caller's own, by reference,
     as the stdlib's pickler sends them (and at its speed: no second pickle by value), slotted
-    ones too (a worker rebuilt them without their slots); a class the worker made in its
-    ``__main__``, which the caller lacks, comes by value."""
+    and nested ones too (a worker rebuilt them without their slots, or named ``Inner`` for
+    ``Outer.Inner``), after a task that reached a script function through a dict; a class
+    the worker made in its ``__main__``, which the caller lacks, comes by value."""
     lines = run_script(tmp_path, RESULTS, which, timeout=200).stdout.splitlines()
-    assert lines[:2] == ["True True True", "True 5 True"]
+    assert lines[:3] == ["True True True", "True 5 True", "True -2 True"]
     if which == "fiberexec":
-        assert lines[2:] == ["Made True 4.0", "True -1"]
+        assert lines[3:] == ["Made True 4.0", "True -1"]
