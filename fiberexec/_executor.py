@@ -24,12 +24,13 @@ from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import ARGUMENT, BY_KEY, NOT_SETTINGS, document, resolve
 from fiberexec._errors import ConfigurationError
+from fiberexec._functions import kept_functions
 from fiberexec._future import TaskFuture
 from fiberexec._observe import Durations, FailureInfo, TaskSpan, WorkerInfo
 from fiberexec._pool import TaskPool
 from fiberexec._registry import load_backend
 from fiberexec._retry import RetryPolicy
-from fiberexec._serialize import Snapshot
+from fiberexec._serialize import Snapshot, dumps_function
 from fiberexec._stats import Stats
 from fiberexec._task import WorkItem
 from fiberexec._tls import TLSOptions
@@ -248,22 +249,29 @@ class FiberExecutor(Executor):
             pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
         return future
 
-    def _submit_all(self, fn: Callable[..., T], calls: Iterable[tuple[Any, ...]]
-                    ) -> list[Future[T]]:
+    def _submit_all(self, fn: Callable[..., T], calls: Iterable[tuple[Any, ...]],
+                    snapshot: Snapshot | None = None) -> list[Future[T]]:
         """``submit(fn, *args)`` for each of ``calls``, handed to the scheduler together: a
         map's tasks go out to each worker in one message, not one by one as they come (an
         argument iterator that raises midway leaves those before it submitted, as the
         stdlib's map does). The first call goes at once, and calls read over more than
         `SUBMIT_AFTER` (a slow generator) go as they come, so no task waits to start for the
-        input's end (nor a generator that waits for the first task's doing)."""
+        input's end (nor a generator that waits for the first task's doing).
+
+        The function (and a chunk's) is pickled here, before the first call goes: all the
+        tasks read the script's globals as they are now, when the map is called, however
+        late their batch is sent; ``snapshot`` is a map's that submits in parts."""
         futures: list[Future[T]] = []
         items: list[WorkItem] = []
-        snapshot: Snapshot = {}  # the function (or a chunk's) pickled once for all of them
+        if snapshot is None:
+            snapshot = {}
         with self._lock:  # (fails now, before the arguments are read, if it must)
             self._pool_to_submit_to()
         try:
             since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
+                if not snapshot:
+                    _pin(snapshot, fn, args)
                 future: Future[T] = TaskFuture()
                 items.append(WorkItem(next(self._ids), future, fn, args, {},
                                       snapshot=snapshot))
@@ -538,21 +546,24 @@ def _map(
     """`Executor.map` as Python 3.14 has it: submits now (``buffersize`` of them, lazily)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     head = itertools.islice(args, buffersize) if buffersize else args
-    submit_all = getattr(executor, "_submit_all", None)  # (ours: all at once)
+    ours = isinstance(executor, FiberExecutor)  # (ours: all at once, one snapshot)
     if getattr(executor.submit, "__func__", None) is not FiberExecutor.submit:
-        submit_all = None  # a subclass's or a wrapper's submit sees each call, as in the stdlib
-    futures = collections.deque(submit_all(fn, head) if submit_all is not None
-                                else (executor.submit(fn, *a) for a in head))
+        ours = False  # a subclass's or a wrapper's submit sees each call, as in the stdlib
+    snapshot: Snapshot | None = {} if ours else None
+    futures = collections.deque(
+        cast(FiberExecutor, executor)._submit_all(fn, head, snapshot) if ours
+        else (executor.submit(fn, *a) for a in head))
     ref = weakref.ref(executor)  # the iterator must not keep the executor alive
-    return _results(futures, args if buffersize else None, ref, fn, deadline)
+    return _results(futures, args if buffersize else None, ref, fn, deadline, snapshot)
 
 
-def _results(
+def _results(  # noqa: PLR0917  # (the map's parts, handed on)
     futures: collections.deque[Future[T]],
     more: Iterator[tuple[Any, ...]] | None,
     ref: weakref.ref[Executor],
     fn: Callable[..., T],
     deadline: float | None,
+    snapshot: Snapshot | None,
 ) -> Iterator[T]:
     try:
         futures.reverse()  # pop() from the right keeps submission order
@@ -560,12 +571,24 @@ def _results(
             if more is not None and (executor := ref()) is not None:
                 args = next(more, None)
                 if args is not None:
-                    futures.appendleft(executor.submit(fn, *args))
+                    futures.appendleft(
+                        executor.submit(fn, *args) if snapshot is None
+                        else cast(FiberExecutor, executor)._submit_all(fn, [args], snapshot)[0])
                 del executor
             yield _result_or_cancel(futures.pop(), deadline)
     finally:
         for future in futures:
             _cancel(future)
+
+
+def _pin(snapshot: Snapshot, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Pickle a map's function, and a chunk's (its first argument), into ``snapshot`` now.
+    One that cannot be pickled is left to fail each task, as a submitted one does."""
+    try:
+        dumps_function(fn, snapshot)
+        kept_functions(args, snapshot)
+    except Exception:  # (each task's future says why; the next part of the map tries again)
+        snapshot.clear()
 
 
 def _result_or_cancel(future: Future[T], deadline: float | None) -> T:

@@ -849,7 +849,7 @@ class Shard:
     def _send_tasks(self, conn: Conn, n: int) -> None:
         """Send ``conn`` up to ``n`` tasks from the queue's head, as many as it admits."""
         functions: list[Payload] = []
-        index: dict[int, int] = {}
+        index: dict[tuple[int, int], int] = {}  # a function (and its map's snapshot): its place
         keys: dict[int, tuple[str, int]] = {}  # id(fn) -> its key and allowance
         tasks: list[p.Task] = []
         items: list[WorkItem] = []
@@ -874,9 +874,7 @@ class Shard:
                 item.start()  # cancelled while queued: its waiters are told (once)
                 continue
             try:
-                if fn_id not in index:
-                    functions.append(dumps_function(item.fn, item.snapshot))
-                    index[fn_id] = len(functions) - 1
+                place = _function_place(functions, index, item)
                 args = self._pickle_arguments(item, key)
                 size = p.check_fits(args, conn.shm, "the arguments and their buffers")
             except BaseException as exc:  # an argument's ``__reduce__`` may raise anything
@@ -889,7 +887,7 @@ class Shard:
             conn.hold(item, estimate)
             if inline and isinstance(item.future, TaskFuture):  # its waiter may read here
                 item.future._sent = (self, conn)
-            tasks.append(p.Task(item.task_id, index[fn_id], args))
+            tasks.append(p.Task(item.task_id, place, args))
             items.append(item)
             batched += size
             if batched >= p.BATCH_ROOM:  # so one more task of any size fits beside these
@@ -1286,3 +1284,16 @@ def _abrupt_end(conn: Conn) -> str:
     report = f"; the interpreter reported:\n\n{conn.fault}" if conn.fault else ""
     return (f"worker {conn.worker_id} terminated abruptly with exit code "
             f"{status.exit_code}{reason}{report}")
+
+
+def _function_place(functions: list[Payload], index: dict[tuple[int, int], int],
+                    item: WorkItem) -> int:
+    """Where ``item``'s function is among a message's ``functions``: pickled once a message,
+    and once a map (its snapshot: a task submitted alone reads the globals as they are)."""
+    pickled = (id(item.fn), id(item.snapshot))
+    place = index.get(pickled)
+    if place is None:
+        functions.append(dumps_function(item.fn, item.snapshot))
+        place = index[pickled] = len(functions) - 1
+    return place
+

@@ -925,6 +925,33 @@ def test_a_queue_behind_busy_workers_holding_nothing_more_lets_the_shard_sleep(
     assert len(b.shard.queue) == 4  # nothing moved
 
 
+def test_a_maps_function_and_the_same_function_submitted_alone_travel_apart(
+    bench: Any,
+) -> None:
+    """In one message, a map's tasks carry the function as the map's call pickled it, and a
+    task submitted alone the function as it is now (its globals may have changed since)."""
+    from fiberexec._serialize import Snapshot
+
+    b = bench()
+    b.connect("w0")
+    for _ in range(3):  # short, as expected: several may go in one message
+        b.submit(job, 1)
+        b.step()
+        b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
+        b.step()
+    snapshot: Snapshot = {}
+    mapped = [WorkItem(100 + i, TaskFuture(), job, (i,), {}, snapshot=snapshot)
+              for i in range(2)]
+    b.shard.put_all(mapped)
+    alone = b.submit(job, 1)
+    b.step()
+    (message,) = [m for m in b.links["w0"].take() if isinstance(m, p.Tasks)]
+    places = {t.task_id: t.function for t in message.tasks}
+    assert len(message.functions) == 2
+    assert places[100] == places[101] != places[alone[0].task_id]
+    assert snapshot[id(job)][1].data == message.functions[places[100]].data  # (decoded here)
+
+
 def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: Any) -> None:
     b = bench(max_task_retries=0)
     items = _hold_three(b)

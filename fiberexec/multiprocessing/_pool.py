@@ -35,7 +35,7 @@ from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
 from fiberexec._observe import WorkerInfo
-from fiberexec._serialize import pickler_error
+from fiberexec._serialize import Snapshot, pickler_error
 from fiberexec.multiprocessing._backends import (
     BackendLike,
     meta_of,
@@ -528,12 +528,15 @@ class Pool(multiprocessing.pool.Pool):
             raise ValueError("buffersize must be None or > 0")
         window = buffersize or max(IMAP_AHEAD, 2 * self._processes)
         executor = self._get_executor(func)
+        snapshot: Snapshot = {}  # ``func`` as the call found it, for every part (as `map`)
         if chunksize == 1:  # each item a task of its own (see `_map_async`)
-            iterator = IMapIterator(functools.partial(executor._submit_all, func),
-                                    _chunks(iterable, 1), window, ordered, items=True)
+            iterator = IMapIterator(
+                functools.partial(executor._submit_all, func, snapshot=snapshot),
+                _chunks(iterable, 1), window, ordered, items=True)
         else:
             iterator = IMapIterator(
-                lambda chunks: executor._submit_all(_mapstar, ((func, c) for c in chunks)),
+                lambda chunks: executor._submit_all(_mapstar, ((func, c) for c in chunks),
+                                                    snapshot),
                 _chunks(iterable, chunksize), window, ordered)
         self._iterators.add(iterator)
         return iterator if chunksize == 1 else _generator(iterator)

@@ -1,7 +1,8 @@
 """A task defined in the main script reads the script's globals as they are when it is
 sent: a global bound again, or a list changed in place, between two submits (or two maps)
 reaches the workers, whether or not its pickled bytes were kept between sends
-(`fiberexec._byvalue`), or the worker rebuilt the function once (`fiberexec._functions`).
+(`fiberexec._byvalue`), or the worker rebuilt the function once (`fiberexec._functions`);
+a map's tasks read them as the map's call found them, however late they are sent.
 
 (The standard library differs here: its forked workers keep what the script held when they
 were forked, so this is fiberexec's own contract, not a shared one.)"""
@@ -37,6 +38,13 @@ def look(i):
     return TABLE[i]
 
 
+def rescaling():  # the input changes a global the map's function reads
+    global SCALE
+    for scale in range(2, 42):
+        SCALE = scale
+        yield 1
+
+
 if __name__ == "__main__":
     with FiberExecutor(1) as ex:
         print([ex.submit(scaled, 2).result(timeout=120) for _ in range(3)])
@@ -49,6 +57,11 @@ if __name__ == "__main__":
         print(list(ex.map(look, range(1, 40), timeout=120))[:3])  # (many batches)
         TABLE[2] = -2  # read by the next map
         print(list(ex.map(look, range(1, 40), timeout=120))[:3])
+    with FiberExecutor(1) as ex:  # no worker yet: the map's tasks go out after it returns
+        results = ex.map(scaled, [1, 2, 3], timeout=120)
+        SCALE = 7  # after the call: its tasks read what the call found
+        print(list(results))
+        print(len(set(ex.map(scaled, rescaling(), timeout=120, buffersize=4))))
 """
 
 
@@ -56,4 +69,4 @@ def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Pa
     done = run_script(tmp_path, SCRIPT)
     assert done.stdout.splitlines() == [
         "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6", "[1, 2, 3]",
-        "[1, -2, 3]"], done.stdout
+        "[1, -2, 3]", "[5, 10, 15]", "1"], done.stdout
