@@ -30,8 +30,9 @@ from fiberexec._serialize import Payload, Snapshot, by_value_bytes, loads, strea
 MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's script by value
 RECENT_MAX = 64  # functions a worker keeps by their bytes
 LARGE_MAX = 2  # ...and of those with a long pickle (a map's function, the one before)
-_recent: OrderedDict[bytes, Any] = OrderedDict()
-_large: OrderedDict[bytes, Any] = OrderedDict()
+# bytes (or digest) -> the function made from them, and as it was unpickled (see `load`)
+_recent: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
+_large: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
 
 
 def load(payload: Payload) -> Any:
@@ -49,16 +50,20 @@ def load(payload: Payload) -> Any:
         key, recent, most = payload.data + b"".join(digests), _large, LARGE_MAX
     else:
         return _adopted(loads(payload, what="function"), payload)
-    fn = recent.get(key)
-    if fn is None:
-        fn = _adopted(loads(payload, what="function"), payload)
-        recent[key] = fn
+    kept = recent.get(key)
+    if kept is None:
+        loaded = loads(payload, what="function")
+        fn = _adopted(loaded, payload)
+        recent[key] = (fn, loaded)
         if len(recent) > most:
             recent.popitem(last=False)
-    else:
-        recent.move_to_end(key)
-        if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
-            _mainspace.adopt(fn)
+        return fn
+    recent.move_to_end(key)
+    fn, loaded = kept
+    if fn is not loaded:  # on __main__'s namespace: the globals it brought go there again
+        _mainspace.refresh(loaded)
+    if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
+        _mainspace.adopt(fn)
     return fn
 
 

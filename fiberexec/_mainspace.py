@@ -197,7 +197,11 @@ def _walk(obj: Any, replace: bool, budget: int) -> None:
             stack.extend(item.__defaults__ or ())
         elif isinstance(item, type):
             if item.__module__ == MAIN and adopted.get(item.__qualname__) is not item:
-                _put(item.__qualname__, item)
+                if not isinstance(_placed.get(item.__qualname__), type):
+                    # (the class the caller's globals name keeps it: another of that name
+                    # is reached through a method, as a frozen slotted dataclass's
+                    # __setattr__ holds the class it was before its slots were added)
+                    _put(item.__qualname__, item)
                 stack.extend(islice(vars(item).values(), budget))  # methods: what they call
         elif kind in _CONTAINERS:
             stack.extend(islice(item, budget))
@@ -258,6 +262,24 @@ def home(fn: Any) -> Any:
     if _named(fn.__qualname__) and fn.__name__ == fn.__qualname__:
         _homed[fn.__name__] = new  # (a def at the top of the caller's script)
     return new
+
+
+def refresh(fn: Any) -> None:
+    """``fn`` (a function of the script as unpickled, before `home`) came again, as the same
+    bytes: put the globals it brought here again, as `home` did. Another task's function
+    may have put other values of those names here since ('b' after 'a'; 'a' again now
+    reads 'a'). The script's functions among them were rebuilt here when it first came."""
+    main = _installed
+    if type(fn) is not types.FunctionType or fn.__module__ != MAIN or main is None:
+        return
+    space, brought = main.__dict__, fn.__globals__
+    if brought is space:
+        return
+    for name, value in list(brought.items()):
+        if (name.startswith("__") and name.endswith("__")) or (
+                type(value) is types.FunctionType and value.__globals__ is brought):
+            continue
+        _place(space, name, value)
 
 
 def by_reference() -> bool:

@@ -15,6 +15,7 @@ so on this host only.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import sys
@@ -326,8 +327,14 @@ def dumps_function(fn: Any, snapshot: Snapshot | None = None) -> Payload:
     if kept is not None and kept[0] is fn:
         return kept[1]
     payload = _dumps_function(fn)
-    snapshot[id(fn)] = (fn, payload)
+    if ONE_SHOT not in payload.data:
+        snapshot[id(fn)] = (fn, payload)
     return payload
+
+
+# In a pickle that opens once: a socket or descriptor a global holds, lent to the first
+# process that unpickles it (the stdlib's resource sharer), so pickled for each message
+ONE_SHOT = b"resource_sharer"
 
 
 def _dumps_function(fn: Any) -> Payload:
@@ -443,7 +450,8 @@ def dumps_exception(exc: BaseException) -> Payload:
     traceback still arrives (see `loads_exception`)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     text = f'\n"""\n{tb}"""'
-    exc.__traceback__ = None
+    with contextlib.suppress(Exception):  # (a frozen dataclass refuses: it goes with it)
+        exc.__traceback__ = None
     try:
         raised = dumps_bytes(exc, what="exception")
     except SerializationError as err:
@@ -456,7 +464,8 @@ def dumps_exception(exc: BaseException) -> Payload:
         # the future raises that, as the stdlib's does, with where it was raised
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         text = f'\n"""\n{tb}"""'
-        err.__traceback__ = None
+        with contextlib.suppress(Exception):
+            err.__traceback__ = None
         try:
             raised = dumps_bytes(err, what="exception")
         except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -134,3 +135,25 @@ def test_anything_but_numbers_and_short_text_takes_the_full_path(value: object) 
     assert dumps_scalars((1, value), {}) is None
     assert dumps_scalars((), {"k": value}) is None
     assert dumps((value,), what="arguments") is not None  # (which takes every kind)
+
+
+def test_an_exception_that_refuses_its_traceback_still_goes_back() -> None:
+    """A frozen dataclass exception cannot be given ``__traceback__ = None``: the worker
+    died pickling it, and the task ran again on two more workers."""
+    import dataclasses
+
+    from fiberexec._serialize import dumps_exception, loads_exception
+
+    @dataclasses.dataclass(frozen=True)
+    class Refusing(Exception):
+        code: int
+
+    from fiberexec._errors import SerializationError
+
+    try:
+        raise Refusing(8)
+    except Refusing as exc:
+        payload = dumps_exception(exc)
+    # Its own unpickling refuses too (as the stdlib's): the future says so, by name
+    with pytest.raises(SerializationError, match="exception raised by the task: Frozen"):
+        loads_exception(payload)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.behaviour.both import under_test
 from tests.behaviour.scripts import run_script
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,6 +63,16 @@ if __name__ == "__main__":
         SCALE = 7  # after the call: its tasks read what the call found
         print(list(results))
         print(len(set(ex.map(scaled, rescaling(), timeout=120, buffersize=4))))
+        seen = []
+        for scale in (3, 4, 3):  # a value sent before, sent again: the worker had the
+            SCALE = scale  # function from those bytes already
+            seen.append(ex.submit(scaled, 1).result(timeout=120))
+        print(seen)
+        SCALE = 1
+        first = ex.map(scaled, [1] * 4, timeout=120, buffersize=1)
+        SCALE = 2
+        second = ex.map(scaled, [1] * 4, timeout=120, buffersize=1)
+        print(list(first), list(second))
 """
 
 
@@ -69,4 +80,41 @@ def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Pa
     done = run_script(tmp_path, SCRIPT)
     assert done.stdout.splitlines() == [
         "[2, 2, 2]", "[10, 10, 10]", "[5, 10, 15]", "[2, 2, 2]", "6", "[1, 2, 3]",
-        "[1, -2, 3]", "[5, 10, 15]", "1"], done.stdout
+        "[1, -2, 3]", "[5, 10, 15]", "1", "[3, 4, 3]", "[1, 1, 1, 1] [2, 2, 2, 2]"], (
+        done.stdout)
+
+
+SOCKET = """
+import socket
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+LISTENER = socket.socket()  # a global that pickles as a descriptor lent once
+
+
+def uses(x):
+    return x, LISTENER.fileno() >= 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fiberexec":
+        from fiberexec import FiberExecutor as Executor
+    else:
+        Executor = ProcessPoolExecutor
+    with Executor(2) as ex:
+        print(list(ex.map(uses, range(4), timeout=120)))
+        print(list(ex.map(uses, range(4), chunksize=2, timeout=120)))
+    LISTENER.close()
+"""
+
+
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
+def test_a_map_of_a_function_reading_a_socket_global_runs_on_every_worker(
+        tmp_path: Path, which: str) -> None:
+    """Its pickle opens once (the descriptor is lent to the first process that asks), so a
+    map's one pickle of it, sent to two workers, failed on the second: such a function is
+    pickled for each message, as before."""
+    done = run_script(tmp_path, SOCKET, which)
+    expected = "[(0, True), (1, True), (2, True), (3, True)]"
+    assert done.stdout.splitlines() == [expected, expected], done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -141,8 +141,13 @@ class Packed:
     x: int
 
 
+@dataclass(frozen=True, slots=True)  # its __setattr__ holds the class before its slots
+class Frozen:
+    x: int
+
+
 def slotted(a):
-    return Slotted(a), Packed(a)
+    return Slotted(a), Packed(a), Frozen(a)
 
 
 class Outer:
@@ -170,8 +175,8 @@ if __name__ == "__main__":
     with Executor(1) as ex:
         steps, fn = ex.submit(rollout, 3).result(timeout=120)
         print(steps == [Step(0.0), Step(1.0), Step(2.0)], type(steps[0]) is Step, fn is policy)
-        one, packed = ex.submit(slotted, 5).result(timeout=120)
-        print(type(one) is Slotted, one.a, packed == Packed(5))
+        one, packed, frozen = ex.submit(slotted, 5).result(timeout=120)
+        print(type(one) is Slotted, one.a, packed == Packed(5), type(frozen) is Frozen)
         inner, value, fn = ex.submit(nested, 2).result(timeout=120)
         print(type(inner) is Outer.Inner, value, fn is policy)
         if sys.argv[1] == "fiberexec":
@@ -191,6 +196,6 @@ def test_a_result_holds_the_callers_own_classes_and_functions(tmp_path: Path,
     ``Outer.Inner``), after a task that reached a script function through a dict; a class
     the worker made in its ``__main__``, which the caller lacks, comes by value."""
     lines = run_script(tmp_path, RESULTS, which, timeout=200).stdout.splitlines()
-    assert lines[:3] == ["True True True", "True 5 True", "True -2 True"]
+    assert lines[:3] == ["True True True", "True 5 True True", "True -2 True"]
     if which == "fiberexec":
         assert lines[3:] == ["Made True 4.0", "True -1"]
