@@ -264,13 +264,13 @@ class FiberExecutor(Executor):
         futures: list[Future[T]] = []
         items: list[WorkItem] = []
         if snapshot is None:
-            snapshot = {}
+            snapshot = Snapshot()
         with self._lock:  # (fails now, before the arguments are read, if it must)
             self._pool_to_submit_to()
         try:
             since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
-                if not snapshot:
+                if not snapshot.pinned:
                     _pin(snapshot, fn, args)
                 future: Future[T] = TaskFuture()
                 items.append(WorkItem(next(self._ids), future, fn, args, {},
@@ -549,7 +549,7 @@ def _map(
     ours = isinstance(executor, FiberExecutor)  # (ours: all at once, one snapshot)
     if getattr(executor.submit, "__func__", None) is not FiberExecutor.submit:
         ours = False  # a subclass's or a wrapper's submit sees each call, as in the stdlib
-    snapshot: Snapshot | None = {} if ours else None
+    snapshot = Snapshot() if ours else None
     futures = collections.deque(
         cast(FiberExecutor, executor)._submit_all(fn, head, snapshot) if ours
         else (executor.submit(fn, *a) for a in head))
@@ -582,13 +582,14 @@ def _results(  # noqa: PLR0917  # (the map's parts, handed on)
 
 
 def _pin(snapshot: Snapshot, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Pickle a map's function, and a chunk's (its first argument), into ``snapshot`` now.
-    One that cannot be pickled is left to fail each task, as a submitted one does."""
+    """Pickle a map's function, and a chunk's (its first argument), into ``snapshot`` now,
+    once. One that cannot be pickled is left to fail each task, as a submitted one does."""
     try:
         dumps_function(fn, snapshot)
         kept_functions(args, snapshot)
-    except Exception:  # (each task's future says why; the next part of the map tries again)
-        snapshot.clear()
+    except Exception:  # (each task's future says why)
+        snapshot.kept.clear()
+    snapshot.pinned = True
 
 
 def _result_or_cancel(future: Future[T], deadline: float | None) -> T:

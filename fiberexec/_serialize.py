@@ -305,9 +305,15 @@ def dumps_for_workers(obj: Any, *, what: str) -> Payload:
     return Payload(data, [b.raw() for b in buffers]) if buffers else Payload(data)
 
 
-# One ``map`` call's functions as first pickled (id -> the function, its pickle): its
-# tasks read the globals as they were then, whichever batch they go in.
-Snapshot = dict[int, tuple[Any, "Payload"]]
+class Snapshot:
+    """One ``map`` call's functions as pickled when it was called (`pinned`): its tasks read
+    the globals as they were then, whichever batch they go in."""
+
+    __slots__ = ("kept", "pinned")
+
+    def __init__(self) -> None:
+        self.kept: dict[int, tuple[Any, Payload]] = {}  # id -> the function, its pickle
+        self.pinned = False
 
 
 def dumps_function(fn: Any, snapshot: Snapshot | None = None) -> Payload:
@@ -323,12 +329,14 @@ def dumps_function(fn: Any, snapshot: Snapshot | None = None) -> Payload:
     """
     if snapshot is None:
         return _dumps_function(fn)
-    kept = snapshot.get(id(fn))
+    kept = snapshot.kept.get(id(fn))
     if kept is not None and kept[0] is fn:
+        if ONE_SHOT in kept[1].data:  # its first message takes it; the next, a new one
+            del snapshot.kept[id(fn)]
         return kept[1]
     payload = _dumps_function(fn)
-    if ONE_SHOT not in payload.data:
-        snapshot[id(fn)] = (fn, payload)
+    if not snapshot.pinned or ONE_SHOT not in payload.data:
+        snapshot.kept[id(fn)] = (fn, payload)
     return payload
 
 

@@ -351,13 +351,13 @@ def test_a_map_pickles_its_function_once_for_all_its_batches() -> None:
     def total() -> float:
         return sum(WEIGHTS)
 
-    snapshot: Snapshot = {}
+    snapshot = Snapshot()
     first = dumps_function(total, snapshot)
     WEIGHTS.append(4.0)
     try:
         assert dumps_function(total, snapshot) is first
         assert loads(first)() == 3.0
-        assert loads(dumps_function(total, {}))() == 7.0  # the next map's
+        assert loads(dumps_function(total, Snapshot()))() == 7.0  # the next map's
         assert loads(dumps_function(total))() == 7.0
     finally:
         WEIGHTS.pop()

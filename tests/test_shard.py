@@ -939,7 +939,7 @@ def test_a_maps_function_and_the_same_function_submitted_alone_travel_apart(
         b.step()
         b.answer("w0", b.tasks_sent("w0"), runtime=SHORT)
         b.step()
-    snapshot: Snapshot = {}
+    snapshot = Snapshot()
     mapped = [WorkItem(100 + i, TaskFuture(), job, (i,), {}, snapshot=snapshot)
               for i in range(2)]
     b.shard.put_all(mapped)
@@ -949,7 +949,7 @@ def test_a_maps_function_and_the_same_function_submitted_alone_travel_apart(
     places = {t.task_id: t.function for t in message.tasks}
     assert len(message.functions) == 2
     assert places[100] == places[101] != places[alone[0].task_id]
-    assert snapshot[id(job)][1].data == message.functions[places[100]].data  # (decoded here)
+    assert snapshot.kept[id(job)][1].data == message.functions[places[100]].data  # (decoded)
 
 
 def test_a_lost_task_is_named_as_written_with_a_hint_that_fits_the_end(bench: Any) -> None:

@@ -528,7 +528,7 @@ class Pool(multiprocessing.pool.Pool):
             raise ValueError("buffersize must be None or > 0")
         window = buffersize or max(IMAP_AHEAD, 2 * self._processes)
         executor = self._get_executor(func)
-        snapshot: Snapshot = {}  # ``func`` as the call found it, for every part (as `map`)
+        snapshot = Snapshot()  # ``func`` as the call found it, for every part (as `map`)
         if chunksize == 1:  # each item a task of its own (see `_map_async`)
             iterator = IMapIterator(
                 functools.partial(executor._submit_all, func, snapshot=snapshot),

@@ -85,6 +85,7 @@ def test_a_main_script_task_reads_the_globals_as_they_are_when_sent(tmp_path: Pa
 
 
 SOCKET = """
+import os
 import socket
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -101,10 +102,13 @@ if __name__ == "__main__":
         from fiberexec import FiberExecutor as Executor
     else:
         Executor = ProcessPoolExecutor
+    opened = len(os.listdir("/proc/self/fd"))
     with Executor(2) as ex:
         print(list(ex.map(uses, range(4), timeout=120)))
         print(list(ex.map(uses, range(4), chunksize=2, timeout=120)))
+        print(len(list(ex.map(uses, range(40), timeout=120))))
     LISTENER.close()
+    print(len(os.listdir("/proc/self/fd")) - opened < 10)  # no descriptor lent and left
 """
 
 
@@ -116,5 +120,6 @@ def test_a_map_of_a_function_reading_a_socket_global_runs_on_every_worker(
     pickled for each message, as before."""
     done = run_script(tmp_path, SOCKET, which)
     expected = "[(0, True), (1, True), (2, True), (3, True)]"
-    assert done.stdout.splitlines() == [expected, expected], done.stdout + done.stderr
+    assert done.stdout.splitlines() == [expected, expected, "40", "True"], (
+        done.stdout + done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
