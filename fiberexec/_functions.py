@@ -30,9 +30,10 @@ from fiberexec._serialize import Payload, Snapshot, by_value_bytes, loads, strea
 MAIN_MARK = b"__main__"  # in a pickle that carries something of the caller's script by value
 RECENT_MAX = 64  # functions a worker keeps by their bytes
 LARGE_MAX = 2  # ...and of those with a long pickle (a map's function, the one before)
-# bytes (or digest) -> the function made from them, and as it was unpickled (see `load`)
-_recent: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
-_large: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
+# bytes (or digest) -> the function made from them, as it was unpickled, and
+# `_mainspace.placings` when its globals were last put on __main__ (see `load`)
+_recent: OrderedDict[bytes, tuple[Any, Any, int]] = OrderedDict()
+_large: OrderedDict[bytes, tuple[Any, Any, int]] = OrderedDict()
 
 
 def load(payload: Payload) -> Any:
@@ -54,14 +55,17 @@ def load(payload: Payload) -> Any:
     if kept is None:
         loaded = loads(payload, what="function")
         fn = _adopted(loaded, payload)
-        recent[key] = (fn, loaded)
+        recent[key] = (fn, loaded, _mainspace.placings)
         if len(recent) > most:
             recent.popitem(last=False)
         return fn
     recent.move_to_end(key)
-    fn, loaded = kept
-    if fn is not loaded:  # on __main__'s namespace: the globals it brought go there again
+    fn, loaded, placings = kept
+    if fn is not loaded and placings != _mainspace.placings:
+        # On __main__'s namespace, where another function put its globals since: the
+        # globals this one brought go there again
         _mainspace.refresh(loaded)
+        recent[key] = (fn, loaded, _mainspace.placings)
     if not _mainspace.current(fn):  # a newer copy took its name: this one runs now
         _mainspace.adopt(fn)
     return fn

@@ -91,6 +91,9 @@ def install(origin: Mapping[str, str] | None = None,
 
 
 _installed: types.ModuleType | None = None
+# Counts what the caller's values put in the namespace (a `refresh` with nothing put since
+# the function's own last look would put nothing: it is skipped)
+placings = 0
 
 
 def find(name: str) -> Any:
@@ -231,6 +234,7 @@ def _put(name: str, obj: Any) -> None:
     adopted[name] = obj
     if _installed is not None and sys.modules.get(MAIN) is _installed:
         setattr(_installed, name, obj)
+        _count_placing()
 
 
 def home(fn: Any) -> Any:
@@ -249,6 +253,7 @@ def home(fn: Any) -> Any:
             continue  # the module's own (__name__, __builtins__): this module has its own
         if type(value) is types.FunctionType and value.__globals__ is brought:
             function = space[name] = _rebuild(value, space, brought, rebuilt)
+            _count_placing()
             _sent.pop(name, None)
             _placed.pop(name, None)
             _homed[name] = function
@@ -305,6 +310,11 @@ def by_reference() -> bool:
     return True
 
 
+def _count_placing() -> None:
+    global placings
+    placings += 1
+
+
 def _place(space: dict[str, Any], name: str, value: Any) -> None:
     """Put the caller's ``value`` of global ``name`` here, unless the worker changed that
     global itself (see the module's docstring), or it is the value the caller sent before,
@@ -323,6 +333,7 @@ def _place(space: dict[str, Any], name: str, value: Any) -> None:
         elif current is not adopted.get(name):
             return  # set here before the caller sent any value of it
     space[name] = value
+    _count_placing()
     _placed[name] = value
     if kept is None:
         _sent.pop(name, None)
