@@ -58,6 +58,7 @@ class Conn:
         self.load = 0.0  # estimated seconds of work held, over tasks of known length
         self.unknown = 0  # tasks held whose length is not known yet
         self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
+        self.timed: tuple[int, float] | None = None  # a task sent it idle, and when: a round trip
         self.challenged = 0.0  # when the handshake's challenge was sent
         self.created = now  # on the shard's clock
         self.last_recv = self.last_sent = self.idle_since = self.created
@@ -121,8 +122,12 @@ class Conn:
         return len(self.inflight) == 1 and (self.unknown > 0 or self.load >= LONG_TASK)
 
     def measured_rtt(self, seconds: float) -> None:
-        """The handshake's round trip: a far worker holds more, so it never waits for work."""
-        self.window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
+        """A round trip seen (the handshake's, then each task sent to it idle, less its run
+        time): a far worker holds more, so it never waits for work. The shortest counts: a
+        handshake made while the machine was busy starting workers says little of the link,
+        and a window too wide lets one worker take most of a map while another idles."""
+        window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
+        self.window = window if self.timed is None else min(self.window, window)
 
     def hold(self, item: WorkItem, estimate: float | None) -> None:
         """Count ``item`` as sent here: held until its result arrives, its cost (to give

@@ -79,6 +79,7 @@ log = logging.getLogger("fiberexec")
 STATUS_WAIT = 3.0  # seconds to wait for a lost worker's exit status before failing its task
 STEAL_MIN = 8
 REVOKE_SCAN = 0.005  # seconds between looks for a worker holding tasks another could run
+MOVE_COST = 0.0003  # seconds a held task moved to an idle worker needs to get there
 EXIT_START_GRACE = 5.0  # at interpreter exit, seconds to wait for a first worker to connect
 ESTIMATES_MAX = 4096  # functions whose run times are remembered
 TRUST_MAX = MAX_WINDOW.bit_length()  # results as estimated after which the window is whole
@@ -438,6 +439,8 @@ class Shard:
                 continue
             conn.release(item.cost)
             self._learn(item.key, result.runtime)
+            if conn.timed is not None and conn.timed[0] == result.task_id:
+                conn.measured_rtt(now - conn.timed[1] - result.runtime)
             for name in item.shm_names:
                 _shm.discard(name)
             if not item.start():  # cancelled while it waited there: its outcome is dropped
@@ -555,6 +558,44 @@ class Shard:
             return
         victim.revoking = True
         self._revoke(victim, [item.task_id for item in tail], {}, overstay=True)
+
+    def _even_out(self) -> None:
+        """The queue is empty and a worker idles while another holds tasks behind its
+        running one (a map's last ones, say): move the held ones that would end sooner on
+        the idle worker, so no worker runs a queue of its own while another waits. Taken
+        off the claim board (no answer needed), from the end of what it holds, while the
+        holder's work left before a task is more than the idle worker would need to end it,
+        sending it there included (`MOVE_COST`)."""
+        now = self.clock()
+        for idle in list(self.idle.values()):
+            victim, left = None, 0.0
+            for conn in self.holders.values():
+                movable = (conn.claims is not None and not conn.revoking
+                           and len(conn.inflight) > 1 and conn.state is State.READY)
+                if movable and (work := self._work_left(conn, now)) > left:
+                    victim, left = conn, work
+            if victim is None:
+                return
+            tail = list(victim.inflight.values())[1:]
+            moved: list[WorkItem] = []
+            load = MOVE_COST
+            while tail and load + (cost := max(tail[-1].cost, 0.0)) < left:
+                left -= cost
+                load += cost
+                moved.append(tail.pop())
+            if not moved or not idle.admits(moved[-1].cost):
+                continue
+            moved.reverse()
+            if not self._take_back(victim, moved):
+                continue
+            self._send_tasks(idle, len(moved))
+
+    def _work_left(self, conn: Conn, now: float) -> float:
+        """Seconds of work ``conn`` holds, as estimated: its running task's rest and the
+        tasks behind it."""
+        head, *tail = conn.inflight.values()
+        running = max(0.0, max(head.cost, 0.0) - (now - conn.head_since))
+        return running + sum(max(item.cost, 0.0) for item in tail)
 
     def _hoards(self, conn: Conn, now: float) -> bool:
         return now > self._overstays_at(conn)
@@ -808,6 +849,8 @@ class Shard:
             self._maybe_steal()
             if self.idle:
                 self._maybe_revoke()
+                if self.holders:
+                    self._even_out()
             return
         if self._revoke_at <= self.clock():  # (with no holder left, it stops looking)
             self._maybe_revoke()  # what waits behind a task that overstays goes first
@@ -895,6 +938,7 @@ class Shard:
         if tasks:
             if len(conn.inflight) == len(tasks):  # it held nothing: the first starts now
                 conn.head_since = self.clock()
+                conn.timed = (tasks[0].task_id, conn.head_since)
             if len(conn.inflight) > 1:
                 self.holders[conn.worker_id] = conn
                 self._revoke_at = min(self._revoke_at, self._overstays_at(conn))

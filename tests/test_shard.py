@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from fiberexec import _auth
+from fiberexec import _auth, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec import _shard as shard_module
 from fiberexec._backend import WorkerHandle, WorkerState, WorkerStatus
+from fiberexec._claims import ClaimBoard
 from fiberexec._config import ExecutorConfig
 from fiberexec._conn import WINDOW_TIME, State
 from fiberexec._errors import ProtocolError, WorkerLostError
@@ -32,6 +34,7 @@ from fiberexec._session import Session
 from fiberexec._shard import STATUS_WAIT, Shard
 from fiberexec._task import WorkItem
 
+T = TypeVar("T")
 SHORT = 2.0**-12  # seconds: a known short task (exact in binary, so window sums are exact)
 
 
@@ -180,6 +183,7 @@ class Bench:
                        for i in range(shards)]
         for shard in self.shards:
             shard.peers = self.shards
+        self._resources = ExitStack()  # what a test opened beside the shards
         self.links: dict[str, FakeLink] = {}
         self.pipes: dict[str, FakePipe] = {}
         self._task_ids = 0
@@ -238,9 +242,14 @@ class Bench:
         self.shard.post(ev.Exited(worker_id, WorkerStatus(WorkerState.EXITED, code)))
         self.step()
 
+    def enter(self, resource: AbstractContextManager[T]) -> T:
+        """Open ``resource`` until the bench closes."""
+        return self._resources.enter_context(resource)
+
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
+        self._resources.close()
 
 
 @pytest.fixture
@@ -276,10 +285,12 @@ def test_a_task_of_unknown_length_goes_only_to_a_worker_holding_nothing(bench: A
     assert len(b.shard.queue) == 3
 
 
-def _held_per_round(b: Bench, worker: str, rounds: int) -> list[int]:
-    """How many tasks ``worker`` is sent each time it answers all it holds."""
+def _held_per_round(b: Bench, worker: str, rounds: int, rtt: float = 0.0) -> list[int]:
+    """How many tasks ``worker`` is sent each time it answers all it holds (each answer
+    ``rtt`` after the tasks' run)."""
     sent, sizes = b.tasks_sent(worker), []
     for _ in range(rounds):
+        b.clock.advance(rtt + SHORT * len(sent))
         b.answer(worker, sent, runtime=SHORT)
         b.step()
         sent = b.tasks_sent(worker)
@@ -331,7 +342,26 @@ def test_a_far_worker_holds_two_round_trips_more(bench: Any) -> None:
     b.connect("w0", rtt=0.004)
     b.submit(job, 400)
     b.step()
-    assert _held_per_round(b, "w0", 8)[-1] == int((WINDOW_TIME + 2 * 0.004) / SHORT)  # 40
+    assert _held_per_round(b, "w0", 8, rtt=0.004)[-1] == int(
+        (WINDOW_TIME + 2 * 0.004) / SHORT)  # 40
+
+
+def test_a_slow_handshake_widens_the_window_only_until_a_task_comes_back_sooner(
+        bench: Any) -> None:
+    """A handshake made while the machine starts workers is slow; the link is not: the
+    shortest round trip seen counts. (A wide window let one worker take six of a map's
+    eight tasks while the other held two.)"""
+    b = bench()
+    b.connect("w0", rtt=0.004)
+    b.submit(job, 400)
+    b.step()
+    assert _held_per_round(b, "w0", 8, rtt=0.0001)[-1] == int(
+        (WINDOW_TIME + 2 * 0.0001) / SHORT)  # 9, not 40
+    held = list(b.shard.conns["w0"].inflight)
+    b.clock.advance(0.004 + SHORT * len(held))  # a slow answer: the shortest still counts
+    b.answer("w0", held, runtime=SHORT)
+    b.step()
+    assert len(b.tasks_sent("w0")) == 9
 
 
 def test_a_task_that_outruns_its_estimate_starts_the_slow_start_over(bench: Any) -> None:
@@ -728,6 +758,68 @@ def test_tasks_held_behind_a_long_one_move_to_an_idle_worker(bench: Any) -> None
     b.answer("w0", [items[0].task_id], runtime=0.5)
     b.step()
     assert b.tasks_sent("w0") == [items[2].task_id]
+
+
+@contextmanager
+def _claim_board(b: Bench, worker_id: str) -> Iterator[ClaimBoard]:
+    """A real claim board between the shard and ``worker_id``; yields the worker's side."""
+    probe = f"{_shm.PREFIX}sharedtest-{os.getpid()}-{time.monotonic_ns()}"
+    board = ClaimBoard.create(probe)
+    assert board is not None
+    seen = ClaimBoard.attach(probe)
+    assert seen is not None
+    board.unlink()
+    b.shard.conns[worker_id].claims = board
+    try:
+        yield seen
+    finally:
+        seen.close()
+
+
+def _held_at_a_maps_end(b: Bench, runtime: float) -> tuple[list[WorkItem], Callable[[int], bool]]:
+    """w0 learns that ``job`` takes ``runtime`` and holds three of them behind a fourth it
+    runs; then w1 joins, with nothing queued. Returns the four, and w0's claim of the n-th."""
+    b.connect("w0")
+    board = b.enter(_claim_board(b, "w0"))
+    for _ in range(3):
+        b.submit(job, 1)
+        b.step()
+        sent = b.tasks_sent("w0")
+        board.claim(b.shard.conns["w0"].inflight[sent[0]].number)
+        b.answer("w0", sent, runtime=runtime)
+        b.step()
+    items = b.submit(job, 4)
+    b.step()
+    assert b.tasks_sent("w0") == [i.task_id for i in items]
+    assert board.claim(items[0].number)  # it runs the first
+    numbers = [item.number for item in items]
+    b.connect("w1")
+    b.step()
+    return items, lambda n: bool(board.claim(numbers[n]))
+
+
+def test_tasks_held_at_a_maps_end_move_to_a_worker_left_idle(bench: Any) -> None:
+    """Nothing is queued, w1 idles, w0 holds three 0.5 ms tasks behind its running one: those
+    that end sooner on w1 move there, from the end, taken off w0's claim board (w0 is asked
+    nothing); w0 keeps as much as w1 gets, and the order it runs them in."""
+    b = bench()
+    items, claim = _held_at_a_maps_end(b, 0.0005)
+    assert b.tasks_sent("w1") == [items[2].task_id, items[3].task_id]
+    assert list(b.shard.conns["w0"].inflight) == [items[0].task_id, items[1].task_id]
+    assert not [m for m in b.links["w0"].take() if isinstance(m, p.Revoke)]
+    assert claim(1) is True  # w0 runs its next one...
+    assert claim(2) is False  # ...and drops the ones that moved
+    assert items[2].future.running()  # w1 runs it now...
+    assert not items[3].future.running()  # ...and holds this one behind it: pending
+
+
+def test_tiny_tasks_held_at_a_maps_end_stay_where_they_are(bench: Any) -> None:
+    """Moving a task costs a send: 10 us tasks end sooner where they are."""
+    b = bench()
+    items, claim = _held_at_a_maps_end(b, 0.00001)
+    assert b.tasks_sent("w1") == []
+    assert list(b.shard.conns["w0"].inflight) == [i.task_id for i in items]
+    assert claim(1) is True
 
 
 def test_tasks_held_behind_a_long_one_go_before_later_ones_when_no_worker_idles(
