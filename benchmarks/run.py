@@ -29,8 +29,8 @@ from benchmarks.measure import MARKER
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
-WORKLOADS = ("submit", "map", "barrier", "rounds_n", "burst", "latency", "array", "objects",
-             "first_result", "remake", "shutdown", "es", "es_8mb")
+WORKLOADS = ("submit", "map", "barrier", "rounds_n", "small_maps", "burst", "latency", "array",
+             "objects", "first_result", "remake", "shutdown", "es", "es_8mb")
 #: (row key, simulated workers, shards). Simulated workers connect over the local link, as
 #: workers on the executor's host do (``measure simulated --link nng`` for Pair1 over TCP,
 #: which needs 5 descriptors per worker in the executor: 4096 of them would pass this

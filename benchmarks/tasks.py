@@ -40,6 +40,15 @@ def sleep_1ms() -> None:
     time.sleep(0.001)
 
 
+def spin(seconds: float) -> float:
+    """Keeps its core busy for ``seconds`` (a small objective's evaluation, holding the GIL
+    as a numpy model's Python loop does), and returns it."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return seconds
+
+
 def array_nbytes(arr: np.ndarray[Any, Any]) -> int:
     return int(arr.nbytes)
 

@@ -26,6 +26,7 @@ FULL: dict[str, int] = {
     "barrier_n": 64,
     "barrier_rounds": 20,
     "rounds_n_rounds": 500,
+    "small_maps": 300,
     "burst_n": 2000,
     "latency_n": 2000,
     "latency_warmup": 200,
@@ -43,6 +44,7 @@ QUICK: dict[str, int] = {
     "map_n": 50_000,
     "barrier_rounds": 5,
     "rounds_n_rounds": 150,
+    "small_maps": 100,
     "burst_n": 500,
     "latency_n": 500,
     "latency_warmup": 50,
@@ -103,6 +105,31 @@ def map_throughput(name: str, sizes: dict[str, int]) -> Metrics:
         if count != n:
             raise RuntimeError(f"map returned {count} results for {n} items")
         return {"tasks_per_s": n / elapsed, "n": n, "chunksize": chunksize}
+
+    return _with_warm_system(name, body)
+
+
+SMALL_MAP_ITEMS = 16  # emcee's: a map over half of 32 walkers, twice a step
+SMALL_MAP_TASK = 0.0004  # seconds of CPU an item takes
+
+
+def small_maps(name: str, sizes: dict[str, int]) -> Metrics:
+    """What emcee, SciPy's differential evolution and DEAP do: one map after another of a
+    few short CPU-bound items (16 of 0.4 ms here, in chunks of 2: `mp.Pool`'s default for 16
+    items on 2 workers), each map waited for before the next. Every map pays its start and
+    its slowest worker's end, so how evenly a map's items spread shows."""
+    maps = sizes["small_maps"]
+    items = [SMALL_MAP_TASK] * SMALL_MAP_ITEMS
+
+    def body(system: System) -> Metrics:
+        def run(s: System) -> None:
+            for _ in range(maps):
+                s.map(tasks.spin, items, 2, TIMEOUT)
+
+        elapsed = _timed(system, run)
+        ideal = maps * SMALL_MAP_ITEMS * SMALL_MAP_TASK / WORKERS
+        return {"efficiency": ideal / elapsed, "elapsed_s": elapsed, "maps": maps,
+                "map_ms": 1000 * elapsed / maps}
 
     return _with_warm_system(name, body)
 
@@ -315,6 +342,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "map": map_throughput,
     "barrier": barrier_rounds,
     "rounds_n": rounds_of_workers,
+    "small_maps": small_maps,
     "burst": burst,
     "latency": latency,
     "array": array_transfer,
