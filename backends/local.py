@@ -197,7 +197,6 @@ class LocalBackend(Backend):
         # each have a w0 (see `_key`)
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._forked: dict[int, str] = {}  # pid of a forked worker -> its key
-        self._spawning = 0  # forks asked of the launcher and not yet recorded
         self._fresh = 0  # workers started as new processes while the launcher starts
         self._memory: dict[str, int] = {}  # key -> its address-space limit, when set
         self._closes = 0  # calls of close(): a start it overtook is not a launcher failure
@@ -311,7 +310,7 @@ class LocalBackend(Backend):
             _STARTED[0] += first and self._fresh == 1
         if ahead:
             with contextlib.suppress(LauncherError, PermanentBackendError):
-                self._the_launcher(counted=False)
+                self._the_launcher()
         return first
 
     def _fork_worker(self, spec: WorkerSpec, env: dict[str, str], program: str,
@@ -319,19 +318,16 @@ class LocalBackend(Backend):
         log = None
         if self.capture_output:
             log = str(self._log_path(spec.worker_id))
-        launcher = self._the_launcher()  # counts this fork as under way
+        launcher = self._the_launcher()
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
                                   log=log, program=program, group=_group_of(program),
                                   on_exit=self._fork_exited)
         except LauncherError:
-            with self._lock:
-                self._spawning -= 1
             if self._replaced(launcher):
                 return self._fork_worker(spec, env, program, closes)
             raise
         with self._lock:
-            self._spawning -= 1
             overtaken = self._closes != closes
             key = _key(spec.worker_id, proc.pid)
             if not overtaken:
@@ -345,9 +341,8 @@ class LocalBackend(Backend):
             self._exited(key)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _the_launcher(self, *, counted: bool = True) -> Launcher:
-        """The program's launcher (`SharedLaunchers`), started if need be; ``counted``: a
-        fork of it is under way."""
+    def _the_launcher(self) -> Launcher:
+        """The program's launcher (`SharedLaunchers`), started if need be."""
         with self._lock:
             if self._launcher is None:
                 env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid()}
@@ -357,7 +352,6 @@ class LocalBackend(Backend):
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "
                         "pass python= to LocalBackend") from exc
-            self._spawning += counted
             return self._launcher
 
     def _replaced(self, launcher: Launcher) -> bool:
