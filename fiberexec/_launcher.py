@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
 import os
 import pickle
@@ -160,6 +161,11 @@ class Launcher:
             try:
                 socket.send_fds(self._sock, [request], fds)
             except OSError as exc:
+                if exc.errno == errno.EMSGSIZE:  # the launcher lives: this request is too big
+                    raise LauncherError(
+                        f"a request to fork is {len(request)} bytes, more than the "
+                        "launcher's socket takes: the environment changed by that much "
+                        "since the launcher started") from None
                 self.gone = True
                 raise LauncherError(f"the worker launcher is gone: {exc}") from None
             self._waiting.append((slot, on_exit or self._on_exit))
@@ -333,7 +339,9 @@ shared_launchers = SharedLaunchers()
 def serve(fd: int) -> None:
     """The launcher process: fork a worker per request until the executor hangs up."""
     sock = socket.socket(fileno=fd)
+    started_with = dict(os.environ)  # the environment its requests are told apart from
     _preload()
+    _note_drift(started_with)
     _ROOMS.update(_rooms())
     gc.freeze()  # what is loaded now stays put: a child's collections do not copy its pages
     wake_r, wake_w = os.pipe()
@@ -415,10 +423,12 @@ def _load(program: str) -> None:
         return
     import importlib
 
+    before = dict(os.environ)
     try:
         importlib.import_module(program)
     except Exception as exc:  # the child imports it again, and reports the error there
         print(f"fiberexec launcher: cannot preload {program!r}: {exc!r}", file=sys.stderr)
+    _note_drift(before)
 
 
 def _reap(sock: socket.socket) -> None:
@@ -542,8 +552,28 @@ def environment_delta(base: Mapping[str, str],
     return changed, [name for name in base if name not in env]
 
 
+_DRIFT: dict[str, str | None] = {}  # what the launcher's imports changed (None: set anew)
+
+
+def _note_drift(before: dict[str, str]) -> None:
+    """Note what imports in the launcher (preloaded modules, programs) changed in its
+    environment since ``before``: a child puts it back, since its request is told apart
+    from the environment the launcher started with, and a child has the environment its
+    requester asked for, whatever the launcher's imports did to the launcher's own."""
+    now = os.environ
+    for name in {*before, *now}:
+        if before.get(name) != now.get(name):
+            _DRIFT.setdefault(name, before.get(name))
+
+
 def _adopt_environment(changed: dict[str, str], removed: list[str]) -> None:
-    """Make the launcher's environment the child's (`environment_delta`)."""
+    """Make the launcher's environment the child's (`environment_delta`): first as the
+    launcher started (`_DRIFT`), then as asked."""
+    for name, value in _DRIFT.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     for name in removed:
         os.environ.pop(name, None)
     for name, value in changed.items():

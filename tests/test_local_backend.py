@@ -343,6 +343,45 @@ def test_with_modules_to_preload_every_worker_starts_with_them(
     assert all(parent != os.getpid() and loaded for parent, loaded in seen.values())
 
 
+
+def test_what_a_preloaded_module_does_to_the_environment_stays_in_the_launcher(
+        make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module the launcher preloads may set, change or remove variables as it is imported:
+    a forked worker still has the environment its executor has, as a fresh one would."""
+    monkeypatch.setenv("FIBEREXEC_PRELOAD", "tests.env_preload")
+    monkeypatch.setenv("FIBEREXEC_TEST_PRELOAD_CHANGED", "the executor's")
+    monkeypatch.setenv("FIBEREXEC_TEST_PRELOAD_REMOVED", "the executor's")
+    names = ["FIBEREXEC_TEST_PRELOAD_SET", "FIBEREXEC_TEST_PRELOAD_CHANGED",
+             "FIBEREXEC_TEST_PRELOAD_REMOVED"]
+    ex = make_executor(2)
+    assert ex.submit(tasks.imported, "tests.env_preload").result(timeout=60)  # forked
+    assert [ex.submit(tasks.getenv, name).result(timeout=60) for name in names] == [
+        None, "the executor's", "the executor's"]
+
+
+def test_a_worker_whose_environment_is_too_large_for_the_launcher_starts_afresh(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork request carries what changed in the environment since the launcher started;
+    one larger than its socket takes starts the worker as a new process instead, saying
+    why (not that the launcher is gone)."""
+    from fiberexec import FiberExecutor
+
+    backend = LocalBackend()
+    try:
+        with FiberExecutor(3, backend=backend) as ex:  # the third is forked: a launcher runs
+            _loaded_in_each(ex, 3, "cloudpickle")
+        large = {f"FIBEREXEC_TEST_LARGE_{i}": str(i) * 100_000 for i in range(3)}
+        for name, value in large.items():  # (100 kB: a variable's most a process may have)
+            monkeypatch.setenv(name, value)
+        with caplog.at_level("WARNING", logger="fiberexec"), \
+                FiberExecutor(2, backend=backend) as ex:  # each would be forked
+            seen = [ex.submit(tasks.getenv, name).result(timeout=60) for name in large]
+        assert seen == list(large.values())
+        assert "more than the launcher's socket takes" in caplog.text
+        assert "launcher is gone" not in caplog.text
+    finally:
+        backend.close()
+
 def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
     """A worker that could not notice its executor's end (stuck in a C call that holds the
     GIL) is found by its executor pid, though its command line and environment are the
@@ -461,6 +500,20 @@ def test_a_child_has_its_parents_environment_as_it_is_at_start(
         fiber_mp.set_default_backend(None)
         backend.close()
 
+
+
+def test_a_fork_request_carries_what_differs_from_the_launchers_environment() -> None:
+    """What a forked child changes: names set to another value (or new), names removed; a
+    name back at the launcher's value needs nothing (the child has it from the fork)."""
+    from fiberexec._launcher import environment_delta
+
+    base = {"SAME": "1", "BACK": "launcher's", "CHANGED": "old", "GONE": "x", "EMPTY": ""}
+    env = {"SAME": "1", "BACK": "launcher's", "CHANGED": "new", "EMPTY": "", "NEW": "é" * 3}
+    changed, removed = environment_delta(base, env)
+    assert changed == {"CHANGED": "new", "NEW": "é" * 3}
+    assert removed == ["GONE"]
+    rebuilt = {name: value for name, value in base.items() if name not in removed}
+    assert {**rebuilt, **changed} == env
 
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
