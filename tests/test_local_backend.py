@@ -343,7 +343,6 @@ def test_with_modules_to_preload_every_worker_starts_with_them(
     assert all(parent != os.getpid() and loaded for parent, loaded in seen.values())
 
 
-
 def test_what_a_preloaded_module_does_to_the_environment_stays_in_the_launcher(
         make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module the launcher preloads may set, change or remove variables as it is imported:
@@ -381,6 +380,7 @@ def test_a_worker_whose_environment_is_too_large_for_the_launcher_starts_afresh(
         assert "launcher is gone" not in caplog.text
     finally:
         backend.close()
+
 
 def test_cleanup_stops_a_forked_worker_whose_executor_is_gone() -> None:
     """A worker that could not notice its executor's end (stuck in a C call that holds the
@@ -501,7 +501,6 @@ def test_a_child_has_its_parents_environment_as_it_is_at_start(
         backend.close()
 
 
-
 def test_a_fork_request_carries_what_differs_from_the_launchers_environment() -> None:
     """What a forked child changes: names set to another value (or new), names removed; a
     name back at the launcher's value needs nothing (the child has it from the fork)."""
@@ -514,6 +513,7 @@ def test_a_fork_request_carries_what_differs_from_the_launchers_environment() ->
     assert removed == ["GONE"]
     rebuilt = {name: value for name, value in base.items() if name not in removed}
     assert {**rebuilt, **changed} == env
+
 
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
