@@ -10,7 +10,7 @@ memory pages, and nothing is forked from the user's own process (its threads and
 stay where they are).
 
     executor (a backend)                         launcher: python -m fiberexec.worker --launcher
-    Launcher.spawn --("spawn", env, ...)-->      fork -> child: setpgid, env, cwd, limits,
+    Launcher.spawn --("spawn", env delta, ...)-> fork -> child: setpgid, env, cwd, limits,
                      + stdout, stderr                    output, then its program:
                <--("spawned", pid) + pidfd--             fiberexec.worker.run(), or another
     reader thread <--("exited", pid, code)--             of fiberexec's as ``python -m`` would
