@@ -1264,11 +1264,12 @@ def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(
         first, second = b.submit(job, 2)
         assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
         settled = _settled_on(second.future)
+        _, done = _called_back_on(second.future)  # (a wait in result() could read it here)
         reading = threading.Event()
         waiter, got = _wait_in_a_thread(first.future, reading, monkeypatch)
         assert reading.wait(10)
         b.answer("w1", [second.task_id], runtime=SHORT)
-        assert second.future.result(timeout=10) == second.task_id
+        assert done.wait(10) and second.future.result(timeout=0) == second.task_id
         assert settled and settled[0] not in (waiter.ident, threading.get_ident())
         assert not first.future.done() and waiter.is_alive()
         b.answer("w0", [first.task_id], runtime=SHORT)

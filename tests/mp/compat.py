@@ -14,6 +14,9 @@ from tests.conftest import BACKEND
 MODULES = ["multiprocessing", "fiberexec.multiprocessing"]
 # The stdlib's runs are the reference, and use no backend: they run once, in the local env.
 UNDER_TEST = MODULES if BACKEND == "local" else MODULES[1:]
+# How many processes a loop that looks for a leak or a race starts one after another: a
+# start on a remote backend (a container, a pod, an ssh session) takes most of a second.
+STARTS = 20 if BACKEND == "local" else 6
 
 
 @pytest.fixture(params=UNDER_TEST)

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 
 from tests.mp import exit_tasks as t
-from tests.mp.compat import mpm
+from tests.mp.compat import STARTS, mpm
 
 __all__ = ["mpm"]
 
@@ -41,7 +41,7 @@ def test_a_joined_and_closed_process_is_collected_as_soon_as_it_is_dropped(
         mpm: ModuleType) -> None:
     # CPython's test_close does this once; nothing else (a backend's exit watch, say) may
     # still hold the object when join returns, however the threads are scheduled
-    for _ in range(20):
+    for _ in range(STARTS):
         p = mpm.Process(target=t.Target())
         p.start()
         p.join(60)

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from tests.support.procs import reap
@@ -157,6 +158,10 @@ def _build() -> tuple[Lab, contextlib.ExitStack]:
         stack.callback(site.stop)
         lab = Lab(bed, site)
         stack.callback(lab.reset)
+        # The stdlib's resource tracker, a child that outlives the bed, starts out here: one
+        # started inside would be killed with the bed, and the run's last unregistrations
+        # would then meet a new tracker that never saw the names (a traceback each).
+        resource_tracker.ensure_running()
         stack.enter_context(bed.enter("ex"))  # this thread now lives on the executor host
     except BaseException:
         stack.close()
