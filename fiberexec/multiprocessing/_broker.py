@@ -39,6 +39,7 @@ from fiberexec.multiprocessing._frames import (
     Items,
     Returned,
     Revoke,
+    Settled,
     Tallied,
     Tally,
     Unroute,
@@ -776,7 +777,9 @@ class Broker:
 
     def lease(self, peer: Peer, want: Want) -> None:
         """A consumer's state: it took ``consumed`` items of the ``received`` sent to it in
-        all, ``wanted`` threads of it wait with nothing at hand, it accepts ``window``."""
+        all, ``wanted`` threads of it wait with nothing at hand, it accepts ``window``; and
+        when it asks (``settle``), the answer that what was sent for its waiting threads
+        is on its way (`Settled`: after those items on its stream)."""
         cid, consumed, received, wanted, window = (
             want.cid, want.consumed, want.received, want.wanted, want.window)
         chan = self.chan(cid)
@@ -802,6 +805,9 @@ class Broker:
             if chan.maxsize:
                 chan.cond.notify_all()  # a put waiting for room may go on
             chan.refeed()
+            if want.settle:
+                with contextlib.suppress(OSError):  # its stream is closing
+                    peer.send(Settled(cid, want.settle))
 
     def tally(self, peer: Peer, tally: Tally) -> None:
         """A consumer elsewhere counts what it takes of queue ``cid`` in a page of shared

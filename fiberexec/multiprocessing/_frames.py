@@ -26,7 +26,7 @@ HEAD = struct.Struct("!cQ")  # tag, channel id
 _AFTER_HEAD = HEAD.size
 NONCE = 8  # bytes of a direct route's nonce
 _Q = struct.Struct("!Q")
-_WANT = struct.Struct("!QQII")  # consumed, received, wanted, window
+_WANT = struct.Struct("!QQIIQ")  # consumed, received, wanted, window, settle
 _RETURNED = struct.Struct("!QII")  # consumed, wanted, kept
 _COUNTED = struct.Struct("!QQ")  # the count asked for, items
 _TALLY = struct.Struct("!I16s")  # slot, nonce; then the page's path
@@ -192,7 +192,9 @@ class InletAt(_Frame):
 @dataclass(frozen=True, slots=True)
 class Want(_Frame):
     """A queue consumer's state: taken and received in all, threads waiting beyond the
-    items at hand, and how many it accepts ahead."""
+    items at hand, and how many it accepts ahead; ``settle``, when not 0, asks for
+    `Settled` with it once this is applied (a get that gave up waits for what was sent to
+    it before: see `_stream.Stream.get`)."""
 
     TAG: ClassVar[bytes] = b"W"
     cid: int
@@ -200,9 +202,11 @@ class Want(_Frame):
     received: int
     wanted: int
     window: int
+    settle: int = 0
 
     def body(self) -> bytes:
-        return _WANT.pack(self.consumed, self.received, self.wanted, self.window)
+        return _WANT.pack(self.consumed, self.received, self.wanted, self.window,
+                          self.settle)
 
     @classmethod
     def parse(cls, cid: int, body: bytes) -> Frame:
@@ -341,6 +345,23 @@ class Count(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class Settled(_Frame):
+    """The broker applied the `Want` that asked ``settle``: every item it sent for a
+    waiting thread before came before this."""
+
+    TAG: ClassVar[bytes] = b"g"
+    cid: int
+    settle: int
+
+    def body(self) -> bytes:
+        return _Q.pack(self.settle)
+
+    @classmethod
+    def parse(cls, cid: int, body: bytes) -> Frame:
+        return cls(cid, _Q.unpack(body)[0])
+
+
+@dataclass(frozen=True, slots=True)
 class Tallied(_Frame):
     """I read your count of queue ``cid``: the broker's answer (report your takes only now
     and then), or a producer's (no `Taken` per item)."""
@@ -452,12 +473,13 @@ class Synced(_Frame):
 Frame: TypeAlias = (
     Put | Subscribe | Unsubscribe | Claim | Release | Holder | Flush | InletAt | Want
     | Returned | Tally | Counted | Item | Eof | Items | Revoke | Flushed | Unroute | Count
-    | Tallied | Feed | Hello | Ack | Nack | Stop | Stopped | Return | Taken | Sync | Synced)
+    | Settled | Tallied | Feed | Hello | Ack | Nack | Stop | Stopped | Return | Taken | Sync
+    | Synced)
 
 _KINDS: tuple[type[_Frame], ...] = (
     Put, Subscribe, Unsubscribe, Claim, Release, Holder, Flush, InletAt, Want, Returned,
-    Tally, Counted, Item, Eof, Items, Revoke, Flushed, Unroute, Count, Tallied, Feed, Hello,
-    Ack, Nack, Stop, Stopped, Return, Taken, Sync, Synced)
+    Tally, Counted, Item, Eof, Items, Revoke, Flushed, Unroute, Count, Settled, Tallied,
+    Feed, Hello, Ack, Nack, Stop, Stopped, Return, Taken, Sync, Synced)
 _PARSE: dict[bytes, Callable[[int, bytes], Frame]] = {kind.TAG: kind.parse for kind in _KINDS}
 assert len(_PARSE) == len(_KINDS), "two kinds of frame share a tag"
 

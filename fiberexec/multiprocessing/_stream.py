@@ -51,6 +51,7 @@ from fiberexec.multiprocessing._frames import (
     Items,
     Returned,
     Revoke,
+    Settled,
     Subscribe,
     Tallied,
     Tally,
@@ -85,6 +86,9 @@ class _Lane:
         self.received = 0  # items the broker sent here in all
         self.consumed = 0  # of those, taken here in all
         self.waiting = 0  # threads here waiting in get()
+        self.settling = 0  # of those, gave up and wait for the broker's word (`Stream.get`)
+        self.settle = 0  # the last `Settled` asked for, and the last answered
+        self.settled = 0
         self.direct = 0  # items at hand that producers sent here directly
         self.told = 0  # ``consumed`` when the broker was last told
         self.slot: int | None = None  # its count in the stream's tally page (`_tally`)
@@ -206,7 +210,7 @@ class Stream:
             self._file(frame)
             self.cond.notify_all()
 
-    def _file(self, frame: Frame) -> None:
+    def _file(self, frame: Frame) -> None:  # noqa: PLR0912 (a case a kind)
         """File one frame from the broker (under ``cond``)."""
         inlet = self.inlet
         match frame:
@@ -222,6 +226,9 @@ class Stream:
                 self._lane(cid).fed = on
             case Revoke(cid):
                 self._revoked(cid, self._lane(cid))
+            case Settled(cid, settle):
+                lane = self._lane(cid)
+                lane.settled = max(lane.settled, settle)
             case Count(cid, asked):
                 self._count(cid, asked)
             case Flushed(cid, ok, nonce):
@@ -264,7 +271,7 @@ class Stream:
             items.append(item)
         lane.items = items
         with contextlib.suppress(ConnectionError):
-            self.send(Returned(cid, lane.consumed, lane.waiting - kept, kept))
+            self.send(Returned(cid, lane.consumed, _wanted(lane, kept), kept))
 
     def deliver(self, cid: int, data: bytes) -> None:
         """File an item for pipe ``cid``, from the broker or directly from its writer
@@ -406,11 +413,11 @@ class Stream:
             self.tally = TallyPage()
         return self.tally, self.tally.slot()
 
-    def _tell(self, cid: int, lane: _Lane) -> None:
+    def _tell(self, cid: int, lane: _Lane, settle: int = 0) -> None:
         """Send this lane's state (under ``cond``)."""
-        wanted = max(0, lane.waiting - len(lane.items))
         lane.told = lane.consumed
-        self.send(Want(cid, lane.consumed, lane.received, wanted, WINDOW))
+        self.send(Want(cid, lane.consumed, lane.received, _wanted(lane, len(lane.items)),
+                       WINDOW, settle))
 
     def told(self, cid: int) -> None:
         """Producers stopped sending queue ``cid`` here directly: the broker learns how
@@ -421,24 +428,47 @@ class Stream:
                 self._tell(cid, lane)
 
     def get(self, cid: int, timeout: float | None) -> bytes | None:
-        """The next item of queue ``cid``, waiting up to ``timeout``; None if none came."""
+        """The next item of queue ``cid``, waiting up to ``timeout``; None if none came.
+
+        A get that gives up may have been sent an item already: the broker handed it to
+        this waiting thread, and later items may go to others. So it says it waits no more
+        and waits (`Timing.count` at most) for the broker's word that all it sent before is
+        here (`Settled`): what came for it, it takes, as the stdlib's get returns the item
+        it read; else it returns None."""
         with self.cond:
             lane = self._lane(cid)
+            settled = False
             if not lane.items:
                 if self.lost:
                     raise ConnectionError(self.why)
                 lane.waiting += 1
                 try:
                     self._wait_item(cid, lane, timeout)
+                    settled = not (lane.items or self.lost)
+                    if settled:
+                        self._settle(cid, lane)
                 finally:
                     lane.waiting -= 1
                 if not lane.items:
                     if self.lost:
                         raise ConnectionError(self.why)
-                    self._tell(cid, lane)  # one waiter fewer
                     return None
             item = self._take(cid, lane)
+            if settled:  # it took what came for another waiting thread, maybe: the
+                self._tell(cid, lane)  # broker learns exactly how many still wait
         return _handed(cid, item)
+
+    def _settle(self, cid: int, lane: _Lane) -> None:
+        """This waiting thread gives up (under ``cond``): tell the broker, and wait until
+        what it sent for it before is here (see `get`)."""
+        lane.settling += 1
+        lane.settle += 1
+        settle = lane.settle
+        try:
+            self._tell(cid, lane, settle)
+            self._await(lambda: lane.items or lane.settled >= settle, TIMING.count, cid)
+        finally:
+            lane.settling -= 1
 
     def _wait_item(self, cid: int, lane: _Lane, timeout: float | None) -> None:
         """Wait up to ``timeout`` for an item of queue ``cid`` (under ``cond``).
@@ -488,6 +518,11 @@ class Stream:
         lane.direct -= 1
         return item.take()
 
+
+
+def _wanted(lane: _Lane, at_hand: int) -> int:
+    """Threads of ``lane`` that wait beyond ``at_hand`` items, those that gave up aside."""
+    return max(0, lane.waiting - lane.settling - at_hand)
 
 
 def _arrived(lane: _Lane, silent: bool) -> bool:

@@ -21,6 +21,7 @@ U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "cid": U64, "consumed": U64, "received": U64, "asked": U64, "direct": U64, "taken": U64,
+    "settle": U64,
     "wanted": U32, "window": U32, "kept": U32, "slot": U32,
     "data": st.binary(max_size=300), "items": st.lists(st.binary(max_size=40), max_size=6).map(
         tuple),

@@ -1,0 +1,339 @@
+"""A queue's items, whatever the interleaving: each taken once, in the order put.
+
+Hypothesis drives the broker's own entry points (`Broker.append`, `_get`, `lease`,
+`lease_returned`, `peer_lost`) with consumer processes modelled as `_stream.Stream` keeps its
+side of the protocol: threads that wait and say so (`Want`), items sent ahead and taken
+later, revokes answered with what the waiting threads keep (`Returned`), gets that give up
+and wait for the broker's word (`Settled`), and processes that end with items at hand.
+Frames travel each way in order but late: a revoke may cross a `Want`, a batch may arrive
+after its consumer's thread gave up. No tally page here (each take is reported), so the
+broker learns everything from frames.
+
+At the end every item put was taken exactly once, and:
+
+* as the stdlib's queue, a get that began after another get returned an item returns a
+  later one (two gets that overlap may return in either order);
+* in the order of the hand-outs that stood (a batch sent ahead and handed back does not
+  count; what was kept for a waiting thread does), the items come in the order put: nobody
+  was handed an item while an earlier one, sent ahead elsewhere, was neither taken nor
+  handed back.
+
+Items a consumer held when its process ended go back to the queue's front, after what others
+took meanwhile: neither order holds for them (the stdlib's queue would lose them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
+from fiberexec.multiprocessing._frames import Frame, Items, Returned, Revoke, Settled, Want
+
+CONSUMERS = 3
+
+
+@dataclass
+class Thread:
+    """A consumer's thread waiting in ``get()``."""
+
+    began: int  # when its get began
+    settle: int = 0  # the `Settled` it waits for once it gave up; 0 while it waits on
+
+
+@dataclass(frozen=True)
+class Take:
+    item: int
+    began: int  # when the get began
+    ended: int  # when it returned the item
+
+
+class ConsumerProcess:
+    """A consumer process's stream and its one queue's lane, as `_stream.Stream` keeps
+    them (its `_Lane`, `get`, `_settle`, `_take`, `_revoked`), with its frames held in
+    flight."""
+
+    def __init__(self, cid: int, window: int, clock: Iterator[int],
+                 handed: Callable[[bytes], None]) -> None:
+        self.cid = cid
+        self.window = window
+        self.clock = clock
+        self.handed = handed  # told of each item the broker sends, as it sends it
+        # what `_hub.Peer` carries for the broker
+        self.inlet = ""
+        self.gone = self.ended = False
+        self.holder: str | None = None
+        self.tally = None
+        self.slots: dict[int, int] = {}
+        self.inbox: deque[Frame] = deque()  # the broker's frames, not yet read
+        self.outbox: deque[Frame] = deque()  # ours, not yet read by the broker
+        self.items: deque[bytes] = deque()  # at hand
+        self.received = self.consumed = 0
+        self.threads: list[Thread] = []  # waiting in get()
+        self.settle = self.settled = 0
+        self.took: list[Take] = []
+        self.alive = True
+
+    # the broker's end of the stream (`_hub.Peer.send`)
+    def send(self, frame: Frame) -> None:
+        assert self.alive, f"{frame!r} was sent to a consumer whose stream ended"
+        assert isinstance(frame, (Items, Revoke, Settled)), f"a consumer was sent {frame!r}"
+        self.inbox.append(frame)
+        if isinstance(frame, Items):
+            for item in frame.items:
+                self.handed(item)
+
+    def _wanted(self, at_hand: int) -> int:
+        settling = sum(1 for thread in self.threads if thread.settle)
+        return max(0, len(self.threads) - settling - at_hand)
+
+    def _tell(self, settle: int = 0) -> None:
+        self.outbox.append(Want(self.cid, self.consumed, self.received,
+                                self._wanted(len(self.items)), self.window, settle))
+
+    def _take(self, began: int) -> None:
+        item = self.items.popleft()
+        self.consumed += 1
+        self.took.append(Take(pickle.loads(item), began, next(self.clock)))
+        self._tell()  # untallied: every take is reported
+
+    def get(self) -> None:
+        """A thread calls ``get()``: it takes what is at hand, or waits and says so.
+
+        Threads of one process are alike to the broker: one that comes while others wait
+        may take what came for them (as the first of them would have) and wait in its
+        place."""
+        thread = Thread(next(self.clock))
+        if self.items:
+            self._take(self._first(thread))
+        else:
+            self.threads.append(thread)
+            self._tell()
+
+    def _first(self, thread: Thread) -> int:
+        """When the get ``thread`` takes for began: the earliest of those waiting, if one
+        began before it (``thread`` waits on in its place)."""
+        first = min(self.threads, key=lambda waiting: waiting.began, default=thread)
+        if first.began < thread.began:
+            first.began, thread.began = thread.began, first.began
+        return thread.began
+
+    def wake(self, settling_first: bool) -> None:
+        """A waiting thread moves on: it takes what arrived (one that gave up, if
+        ``settling_first`` and there is one, says so after), or returns empty-handed once
+        the broker's word came, or gives up waiting and asks for that word. Among threads
+        alike, the one that began first goes (the order least likely to look wrong)."""
+        plain = [thread for thread in self.threads if not thread.settle]
+        settling = [thread for thread in self.threads if thread.settle]
+        answered = [thread for thread in settling if thread.settle <= self.settled]
+        if self.items:
+            gave_up = bool(settling) and (settling_first or not plain)
+            thread = (settling if gave_up else plain)[0]
+            self.threads.remove(thread)
+            self._take(self._first(thread))
+            if gave_up:
+                self._tell()
+        elif answered:
+            self.threads.remove(answered[0])
+        elif plain:
+            self.settle += 1
+            plain[-1].settle = self.settle
+            self._tell(self.settle)
+
+    def read(self) -> list[bytes]:
+        """Read the broker's next frame; the items it hands back if it was a revoke."""
+        match self.inbox.popleft():
+            case Items(_cid, items):
+                self.items.extend(items)
+                self.received += len(items)
+                return []
+            case Revoke(cid):
+                kept = min(len(self.threads), len(self.items))
+                back = list(self.items)[kept:]
+                self.items = deque(list(self.items)[:kept])
+                self.outbox.append(Returned(cid, self.consumed, self._wanted(kept), kept))
+                return back
+            case Settled(_cid, settle):
+                self.settled = max(self.settled, settle)
+                return []
+            case frame:
+                raise AssertionError(f"a consumer was sent {frame!r}")
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.broker: Broker = get_broker()
+        self.cid = self.broker._new(0, -1)
+        self.consumers: list[ConsumerProcess] = []
+        self.put = 0
+        self.clock = itertools.count()
+        self.taken_here: list[Take] = []
+        self.handed: dict[int, int] = {}  # item -> when the hand-out that stands was made
+        self.requeued: set[int] = set()  # items a consumer held when its process ended
+
+    def _hand(self, item: bytes) -> None:
+        self.handed[pickle.loads(item)] = next(self.clock)
+
+    def _alive(self, index: int) -> ConsumerProcess | None:
+        live = [c for c in self.consumers if c.alive]
+        return live[index % len(live)] if live else None
+
+    @rule(window=st.integers(1, 4))
+    def start_consumer(self, window: int) -> None:
+        if sum(c.alive for c in self.consumers) < CONSUMERS:
+            self.consumers.append(ConsumerProcess(self.cid, window, self.clock, self._hand))
+
+    @rule(n=st.integers(1, 5))
+    def put_items(self, n: int) -> None:
+        for _ in range(n):
+            self.broker.append(self.cid, pickle.dumps(self.put))
+            self.put += 1
+        self.broker.feeder.flush()
+
+    def _get_here(self) -> bool:
+        began = next(self.clock)
+        status, body = self.broker._get(self.cid, 0.0)
+        if status == OK:
+            item = pickle.loads(body)
+            self.handed[item] = next(self.clock)
+            self.taken_here.append(Take(item, began, next(self.clock)))
+        else:
+            assert status == EMPTY
+        return status == OK
+
+    @rule()
+    def get_here(self) -> None:
+        self._get_here()
+
+    @rule(index=st.integers(0, CONSUMERS - 1))
+    def consumer_gets(self, index: int) -> None:
+        consumer = self._alive(index)
+        if consumer is not None:
+            consumer.get()
+
+    @rule(index=st.integers(0, CONSUMERS - 1), settling_first=st.booleans())
+    def waiting_thread_moves_on(self, index: int, settling_first: bool) -> None:
+        consumer = self._alive(index)
+        if consumer is not None and consumer.threads:
+            consumer.wake(settling_first)
+
+    @rule(index=st.integers(0, CONSUMERS - 1))
+    def consumer_reads(self, index: int) -> None:
+        consumer = self._alive(index)
+        if consumer is not None and consumer.inbox:
+            self._read(consumer)
+
+    def _read(self, consumer: ConsumerProcess) -> None:
+        for item in consumer.read():
+            del self.handed[pickle.loads(item)]  # handed back: it does not stand
+
+    def _deliver(self, consumer: ConsumerProcess) -> None:
+        match consumer.outbox.popleft():
+            case Want() as want:
+                self.broker.lease(consumer, want)  # type: ignore[arg-type]
+            case Returned() as returned:
+                self.broker.lease_returned(consumer, returned)  # type: ignore[arg-type]
+
+    @rule(index=st.integers(0, CONSUMERS - 1))
+    def broker_reads(self, index: int) -> None:
+        consumer = self._alive(index)
+        if consumer is not None and consumer.outbox:
+            self._deliver(consumer)
+
+    @rule(index=st.integers(0, CONSUMERS - 1))
+    def consumer_ends(self, index: int) -> None:
+        consumer = self._alive(index)
+        if consumer is not None:
+            self._end(consumer)
+
+    def _end(self, consumer: ConsumerProcess) -> None:
+        """Its process ends: the broker reads what it sent, then its stream closes; what
+        was on its way to it and what it had at hand go back."""
+        while consumer.outbox:
+            self._deliver(consumer)
+        consumer.alive = False
+        unread = [item for frame in consumer.inbox if isinstance(frame, Items)
+                  for item in frame.items]
+        for item in [*consumer.items, *unread]:
+            del self.handed[pickle.loads(item)]
+            self.requeued.add(pickle.loads(item))
+        consumer.items.clear()
+        consumer.inbox.clear()
+        consumer.ended = True
+        self.broker.peer_lost(consumer, None)  # type: ignore[arg-type]
+
+    def _takes(self) -> list[Take]:
+        return self.taken_here + [take for c in self.consumers for take in c.took]
+
+    @invariant()
+    def a_get_that_began_later_takes_a_later_item(self) -> None:
+        takes = [take for take in self._takes() if take.item not in self.requeued]
+        for later in takes:
+            before = [take.item for take in takes if take.ended < later.began]
+            assert not before or max(before) < later.item, (
+                f"a get that began after {max(before)} was taken returned {later.item}")
+
+    def teardown(self) -> None:
+        try:
+            # let every frame land and every waiting thread go, then end the consumers
+            # (what they hold goes back) and take the rest here
+            for consumer in self.consumers:
+                for _ in range(10_000):
+                    if not (consumer.alive and (consumer.inbox or consumer.outbox
+                                                or consumer.threads)):
+                        break
+                    if consumer.inbox:
+                        self._read(consumer)
+                    elif consumer.outbox:
+                        self._deliver(consumer)
+                    else:
+                        consumer.wake(settling_first=False)
+                else:
+                    raise AssertionError(f"threads still wait, all frames read: {consumer}")
+                if consumer.alive:
+                    self._end(consumer)
+            while self._get_here():
+                pass
+            took = sorted(take.item for take in self._takes())
+            assert took == list(range(self.put)), "an item lost or taken twice"
+            self.a_get_that_began_later_takes_a_later_item()
+            order = [item for item in sorted(self.handed, key=self.handed.__getitem__)
+                     if item not in self.requeued]
+            assert order == sorted(order), f"hand-outs out of order: {order}"
+        finally:
+            del self.broker.chans[self.cid]
+
+
+def test_a_get_that_gives_up_takes_what_was_sent_for_it() -> None:
+    """The race the property found: a consumer's thread waits, the broker sends it item
+    0, and the thread gives up before 0 arrives; a get here then takes 1. The stdlib's get
+    that read 0 returns it, so the thread that gave up takes 0 when it comes (it waits for
+    the broker's `Settled`), and no later get of that consumer returns 0 after 1."""
+    machine = QueueMachine()
+    try:
+        machine.put_items(2)
+        machine.start_consumer(window=1)
+        machine.consumer_gets(0)  # its thread waits: Want(wanted=1)
+        machine.broker_reads(0)  # 0 goes to it, for that thread
+        machine.waiting_thread_moves_on(0, settling_first=False)  # it gives up
+        assert machine._get_here() and machine.taken_here[-1].item == 1
+        machine.consumer_reads(0)  # 0 arrives
+        machine.waiting_thread_moves_on(0, settling_first=False)
+        (consumer,) = machine.consumers
+        assert [take.item for take in consumer.took] == [0] and not consumer.threads
+        machine.a_get_that_began_later_takes_a_later_item()
+    finally:
+        machine.teardown()
+
+
+QueueMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=40,
+                                          deadline=None)
+TestQueueProperties = QueueMachine.TestCase
