@@ -89,7 +89,7 @@ def test_map_over_arguments_that_raise_midway_runs_those_before(
 
 
 def test_map_timeout_raises_timeout_error(executor: FiberExecutor) -> None:
-    results = executor.map(tasks.sleep_return, [5.0], timeout=0.2)
+    results = executor.map(tasks.sleep_return, [1.5], timeout=0.2)  # (shutdown waits)
     with pytest.raises(TimeoutError):
         list(results)
 

@@ -18,7 +18,7 @@ def test_top_level_timeout_error_catches_future_result_timeout(
     make_executor: ExecutorFactory,
 ) -> None:
     ex = make_executor(1)
-    slow = ex.submit(tasks.sleep_return, 5, "late")
+    slow = ex.submit(tasks.sleep_return, 1.5, "late")  # (the shutdown waits for it)
     with pytest.raises(fiberexec.TimeoutError) as info:
         slow.result(timeout=0.05)
     assert type(info.value) is concurrent.futures.TimeoutError  # the stdlib's own
