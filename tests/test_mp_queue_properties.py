@@ -6,8 +6,10 @@ side of the protocol: threads that wait and say so (`Want`), items sent ahead an
 later, revokes answered with what the waiting threads keep (`Returned`), gets that give up
 and wait for the broker's word (`Settled`), and processes that end with items at hand.
 Frames travel each way in order but late: a revoke may cross a `Want`, a batch may arrive
-after its consumer's thread gave up. No tally page here (each take is reported), so the
-broker learns everything from frames.
+after its consumer's thread gave up. A consumer counts its takes either in a real tally page
+the broker maps (as on one host: it reports now and then, and the sole consumer of a queue
+its creator does not read is fed ahead and waits without a word) or in a report per take
+(as elsewhere). What puts leave to the broker's feeder goes out at a step of its own.
 
 At the end every item put was taken exactly once, and:
 
@@ -32,12 +34,39 @@ from dataclasses import dataclass
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, get_broker
-from fiberexec.multiprocessing._frames import Frame, Items, Returned, Revoke, Settled, Want
+from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, Chan, Feeder
+from fiberexec.multiprocessing._frames import (
+    Feed,
+    Frame,
+    Items,
+    Returned,
+    Revoke,
+    Settled,
+    Tallied,
+    Tally,
+    Want,
+)
+from fiberexec.multiprocessing._tally import TallyPage, TallyView
 
 CONSUMERS = 3
+REPORT = 2  # a tallied consumer's takes between its reports (`_stream.REPORT`)
+
+
+class StepFeeder(Feeder):
+    """The broker's `Feeder` with no thread: what puts leave to it waits for `flush`, a
+    step of its own."""
+
+    def schedule(self, chan: Chan) -> None:
+        with self.cond:
+            self.chans.append(chan)
 
 
 @dataclass
@@ -46,6 +75,7 @@ class Thread:
 
     began: int  # when its get began
     settle: int = 0  # the `Settled` it waits for once it gave up; 0 while it waits on
+    silent: bool = False  # it waits without having said so: its consumer is fed ahead
 
 
 @dataclass(frozen=True)
@@ -57,11 +87,12 @@ class Take:
 
 class ConsumerProcess:
     """A consumer process's stream and its one queue's lane, as `_stream.Stream` keeps
-    them (its `_Lane`, `get`, `_settle`, `_take`, `_revoked`), with its frames held in
-    flight."""
+    them (its `_Lane`, `get`, `_wait_item`, `_settle`, `_take`, `_revoked`), with its
+    frames held in flight. A ``tallied`` one counts its takes in a real tally page the
+    broker maps (`_tally`, as on one host), and may be fed ahead (`Feed`)."""
 
     def __init__(self, cid: int, window: int, clock: Iterator[int],
-                 handed: Callable[[bytes], None]) -> None:
+                 handed: Callable[[bytes], None], tallied: bool) -> None:
         self.cid = cid
         self.window = window
         self.clock = clock
@@ -70,7 +101,7 @@ class ConsumerProcess:
         self.inlet = ""
         self.gone = self.ended = False
         self.holder: str | None = None
-        self.tally = None
+        self.tally: TallyView | None = None  # the broker maps the page it announced
         self.slots: dict[int, int] = {}
         self.inbox: deque[Frame] = deque()  # the broker's frames, not yet read
         self.outbox: deque[Frame] = deque()  # ours, not yet read by the broker
@@ -80,29 +111,57 @@ class ConsumerProcess:
         self.settle = self.settled = 0
         self.took: list[Take] = []
         self.alive = True
+        self.told = 0  # ``consumed`` when the broker was last told
+        self.tallied = self.fed = False  # the broker reads its page; it is fed ahead
+        self.page = TallyPage() if tallied else None
+        self.slot: int | None = None
+        if self.page is not None:  # announced before its first `Want` (`Stream._announce`)
+            self.slot = self.page.slot()
+            assert self.slot is not None
+            self.outbox.append(Tally(cid, self.slot, self.page.nonce, self.page.path))
 
     # the broker's end of the stream (`_hub.Peer.send`)
     def send(self, frame: Frame) -> None:
         assert self.alive, f"{frame!r} was sent to a consumer whose stream ended"
-        assert isinstance(frame, (Items, Revoke, Settled)), f"a consumer was sent {frame!r}"
+        assert isinstance(frame, (Items, Revoke, Settled, Tallied, Feed)), (
+            f"a consumer was sent {frame!r}")
         self.inbox.append(frame)
         if isinstance(frame, Items):
             for item in frame.items:
                 self.handed(item)
+
+    def close(self) -> None:
+        """Its page, and the broker's view of it, go with its process."""
+        for mapped in (self.tally, self.page):
+            if mapped is not None:
+                mapped.close()
+        self.tally = self.page = None
 
     def _wanted(self, at_hand: int) -> int:
         settling = sum(1 for thread in self.threads if thread.settle)
         return max(0, len(self.threads) - settling - at_hand)
 
     def _tell(self, settle: int = 0) -> None:
+        self.told = self.consumed
         self.outbox.append(Want(self.cid, self.consumed, self.received,
                                 self._wanted(len(self.items)), self.window, settle))
 
     def _take(self, began: int) -> None:
         item = self.items.popleft()
         self.consumed += 1
+        if self.page is not None and self.slot is not None:
+            self.page.write(self.slot, self.consumed)  # before the item is returned
         self.took.append(Take(pickle.loads(item), began, next(self.clock)))
-        self._tell()  # untallied: every take is reported
+        if not self.tallied or self.consumed - self.told >= REPORT:
+            self._tell()
+
+    def _speak_up(self) -> None:
+        """Threads that waited silently, fed ahead, are fed no more: they say they wait."""
+        silent = [thread for thread in self.threads if thread.silent]
+        if silent and not self.fed:
+            for thread in silent:
+                thread.silent = False
+            self._tell()
 
     def get(self) -> None:
         """A thread calls ``get()``: it takes what is at hand, or waits and says so.
@@ -110,12 +169,13 @@ class ConsumerProcess:
         Threads of one process are alike to the broker: one that comes while others wait
         may take what came for them (as the first of them would have) and wait in its
         place."""
-        thread = Thread(next(self.clock))
+        thread = Thread(next(self.clock), silent=self.fed)
         if self.items:
             self._take(self._first(thread))
         else:
             self.threads.append(thread)
-            self._tell()
+            if not thread.silent:
+                self._tell()
 
     def _first(self, thread: Thread) -> int:
         """When the get ``thread`` takes for began: the earliest of those waiting, if one
@@ -145,6 +205,7 @@ class ConsumerProcess:
         elif plain:
             self.settle += 1
             plain[-1].settle = self.settle
+            plain[-1].silent = False
             self._tell(self.settle)
 
     def read(self) -> list[bytes]:
@@ -159,9 +220,18 @@ class ConsumerProcess:
                 back = list(self.items)[kept:]
                 self.items = deque(list(self.items)[:kept])
                 self.outbox.append(Returned(cid, self.consumed, self._wanted(kept), kept))
+                self.fed = False
+                self._speak_up()
                 return back
             case Settled(_cid, settle):
                 self.settled = max(self.settled, settle)
+                return []
+            case Tallied():
+                self.tallied = True
+                return []
+            case Feed(_cid, on):
+                self.fed = on
+                self._speak_up()
                 return []
             case frame:
                 raise AssertionError(f"a consumer was sent {frame!r}")
@@ -170,7 +240,8 @@ class ConsumerProcess:
 class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.broker: Broker = get_broker()
+        self.broker = Broker("127.0.0.1", "127.0.0.1")
+        self.broker.feeder = StepFeeder()
         self.cid = self.broker._new(0, -1)
         self.consumers: list[ConsumerProcess] = []
         self.put = 0
@@ -178,24 +249,40 @@ class QueueMachine(RuleBasedStateMachine):
         self.taken_here: list[Take] = []
         self.handed: dict[int, int] = {}  # item -> when the hand-out that stands was made
         self.requeued: set[int] = set()  # items a consumer held when its process ended
+        self.creator_gets = True
 
     def _hand(self, item: bytes) -> None:
         self.handed[pickle.loads(item)] = next(self.clock)
 
-    def _alive(self, index: int) -> ConsumerProcess | None:
-        live = [c for c in self.consumers if c.alive]
-        return live[index % len(live)] if live else None
+    def _live(self, having: Callable[[ConsumerProcess], object] = bool) -> list[ConsumerProcess]:
+        return [c for c in self.consumers if c.alive and having(c)]
 
-    @rule(window=st.integers(1, 4))
-    def start_consumer(self, window: int) -> None:
-        if sum(c.alive for c in self.consumers) < CONSUMERS:
-            self.consumers.append(ConsumerProcess(self.cid, window, self.clock, self._hand))
+    def _pick(self, index: int, having: Callable[[ConsumerProcess], object] = bool,
+              ) -> ConsumerProcess:
+        live = self._live(having)
+        return live[index % len(live)]
+
+    @initialize(window=st.integers(1, 4), tallied=st.booleans(), creator_gets=st.booleans())
+    def first_consumer(self, window: int, tallied: bool, creator_gets: bool) -> None:
+        """The first consumer; and whether the queue's creator takes items too (if not,
+        a sole consumer on this host is fed ahead: `Feed`)."""
+        self.creator_gets = creator_gets
+        self.start_consumer(window, tallied)
+
+    @precondition(lambda self: len(self._live()) < CONSUMERS)
+    @rule(window=st.integers(1, 4), tallied=st.booleans())
+    def start_consumer(self, window: int, tallied: bool) -> None:
+        self.consumers.append(ConsumerProcess(self.cid, window, self.clock, self._hand, tallied))
 
     @rule(n=st.integers(1, 5))
     def put_items(self, n: int) -> None:
         for _ in range(n):
             self.broker.append(self.cid, pickle.dumps(self.put))
             self.put += 1
+
+    @precondition(lambda self: self.broker.feeder.chans)
+    @rule()
+    def feeder_sends(self) -> None:
         self.broker.feeder.flush()
 
     def _get_here(self) -> bool:
@@ -209,27 +296,25 @@ class QueueMachine(RuleBasedStateMachine):
             assert status == EMPTY
         return status == OK
 
+    @precondition(lambda self: self.creator_gets)
     @rule()
     def get_here(self) -> None:
         self._get_here()
 
+    @precondition(lambda self: self._live())
     @rule(index=st.integers(0, CONSUMERS - 1))
     def consumer_gets(self, index: int) -> None:
-        consumer = self._alive(index)
-        if consumer is not None:
-            consumer.get()
+        self._pick(index).get()
 
+    @precondition(lambda self: self._live(lambda c: c.threads))
     @rule(index=st.integers(0, CONSUMERS - 1), settling_first=st.booleans())
     def waiting_thread_moves_on(self, index: int, settling_first: bool) -> None:
-        consumer = self._alive(index)
-        if consumer is not None and consumer.threads:
-            consumer.wake(settling_first)
+        self._pick(index, lambda c: c.threads).wake(settling_first)
 
+    @precondition(lambda self: self._live(lambda c: c.inbox))
     @rule(index=st.integers(0, CONSUMERS - 1))
     def consumer_reads(self, index: int) -> None:
-        consumer = self._alive(index)
-        if consumer is not None and consumer.inbox:
-            self._read(consumer)
+        self._read(self._pick(index, lambda c: c.inbox))
 
     def _read(self, consumer: ConsumerProcess) -> None:
         for item in consumer.read():
@@ -241,18 +326,18 @@ class QueueMachine(RuleBasedStateMachine):
                 self.broker.lease(consumer, want)  # type: ignore[arg-type]
             case Returned() as returned:
                 self.broker.lease_returned(consumer, returned)  # type: ignore[arg-type]
+            case Tally() as tally:
+                self.broker.tally(consumer, tally)  # type: ignore[arg-type]
 
+    @precondition(lambda self: self._live(lambda c: c.outbox))
     @rule(index=st.integers(0, CONSUMERS - 1))
     def broker_reads(self, index: int) -> None:
-        consumer = self._alive(index)
-        if consumer is not None and consumer.outbox:
-            self._deliver(consumer)
+        self._deliver(self._pick(index, lambda c: c.outbox))
 
+    @precondition(lambda self: self._live())
     @rule(index=st.integers(0, CONSUMERS - 1))
     def consumer_ends(self, index: int) -> None:
-        consumer = self._alive(index)
-        if consumer is not None:
-            self._end(consumer)
+        self._end(self._pick(index))
 
     def _end(self, consumer: ConsumerProcess) -> None:
         """Its process ends: the broker reads what it sent, then its stream closes; what
@@ -269,6 +354,7 @@ class QueueMachine(RuleBasedStateMachine):
         consumer.inbox.clear()
         consumer.ended = True
         self.broker.peer_lost(consumer, None)  # type: ignore[arg-type]
+        consumer.close()
 
     def _takes(self) -> list[Take]:
         return self.taken_here + [take for c in self.consumers for take in c.took]
@@ -286,6 +372,7 @@ class QueueMachine(RuleBasedStateMachine):
             # let every frame land and every waiting thread go, then end the consumers
             # (what they hold goes back) and take the rest here
             for consumer in self.consumers:
+                self.broker.feeder.flush()
                 for _ in range(10_000):
                     if not (consumer.alive and (consumer.inbox or consumer.outbox
                                                 or consumer.threads)):
@@ -300,6 +387,7 @@ class QueueMachine(RuleBasedStateMachine):
                     raise AssertionError(f"threads still wait, all frames read: {consumer}")
                 if consumer.alive:
                     self._end(consumer)
+            self.broker.feeder.flush()
             while self._get_here():
                 pass
             took = sorted(take.item for take in self._takes())
@@ -309,7 +397,9 @@ class QueueMachine(RuleBasedStateMachine):
                      if item not in self.requeued]
             assert order == sorted(order), f"hand-outs out of order: {order}"
         finally:
-            del self.broker.chans[self.cid]
+            for consumer in self.consumers:
+                consumer.close()
+            self.broker.close()
 
 
 def test_a_get_that_gives_up_takes_what_was_sent_for_it() -> None:
@@ -320,7 +410,7 @@ def test_a_get_that_gives_up_takes_what_was_sent_for_it() -> None:
     machine = QueueMachine()
     try:
         machine.put_items(2)
-        machine.start_consumer(window=1)
+        machine.start_consumer(window=1, tallied=False)
         machine.consumer_gets(0)  # its thread waits: Want(wanted=1)
         machine.broker_reads(0)  # 0 goes to it, for that thread
         machine.waiting_thread_moves_on(0, settling_first=False)  # it gives up
@@ -334,6 +424,6 @@ def test_a_get_that_gives_up_takes_what_was_sent_for_it() -> None:
         machine.teardown()
 
 
-QueueMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=40,
+QueueMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=60,
                                           deadline=None)
 TestQueueProperties = QueueMachine.TestCase
