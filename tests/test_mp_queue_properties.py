@@ -11,7 +11,8 @@ the broker maps (as on one host: it reports now and then, and the sole consumer 
 its creator does not read is fed ahead and waits without a word) or in a report per take
 (as elsewhere). What puts leave to the broker's feeder goes out at a step of its own.
 
-At the end every item put was taken exactly once, and:
+A bounded queue never holds more than its size (what the broker has not heard was taken
+counts as there). At the end every item put was taken exactly once, and:
 
 * as the stdlib's queue, a get that began after another get returned an item returns a
   later one (two gets that overlap may return in either order);
@@ -250,6 +251,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.handed: dict[int, int] = {}  # item -> when the hand-out that stands was made
         self.requeued: set[int] = set()  # items a consumer held when its process ended
         self.creator_gets = True
+        self.maxsize = 0
 
     def _hand(self, item: bytes) -> None:
         self.handed[pickle.loads(item)] = next(self.clock)
@@ -262,11 +264,15 @@ class QueueMachine(RuleBasedStateMachine):
         live = self._live(having)
         return live[index % len(live)]
 
-    @initialize(window=st.integers(1, 4), tallied=st.booleans(), creator_gets=st.booleans())
-    def first_consumer(self, window: int, tallied: bool, creator_gets: bool) -> None:
-        """The first consumer; and whether the queue's creator takes items too (if not,
-        a sole consumer on this host is fed ahead: `Feed`)."""
+    @initialize(window=st.integers(1, 4), tallied=st.booleans(), creator_gets=st.booleans(),
+                maxsize=st.sampled_from([0, 0, 1, 3]))
+    def first_consumer(self, window: int, tallied: bool, creator_gets: bool,
+                       maxsize: int) -> None:
+        """The queue (bounded or not) and its first consumer; and whether the queue's
+        creator takes items too (if not, a sole consumer on this host is fed ahead)."""
         self.creator_gets = creator_gets
+        self.maxsize = maxsize
+        self.cid = self.broker._new(maxsize, -1)
         self.start_consumer(window, tallied)
 
     @precondition(lambda self: len(self._live()) < CONSUMERS)
@@ -276,8 +282,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 5))
     def put_items(self, n: int) -> None:
+        """Puts from elsewhere (`Put` frames) or, on a bounded queue, puts that do not wait
+        for room (`calls.Put`), until one finds it full."""
         for _ in range(n):
-            self.broker.append(self.cid, pickle.dumps(self.put))
+            item = pickle.dumps(self.put)
+            if not self.maxsize:
+                self.broker.append(self.cid, item)
+            elif self.broker._put(item, self.cid, 0.0) != OK:
+                break
             self.put += 1
 
     @precondition(lambda self: self.broker.feeder.chans)
@@ -358,6 +370,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _takes(self) -> list[Take]:
         return self.taken_here + [take for c in self.consumers for take in c.took]
+
+    @invariant()
+    def a_bounded_queue_holds_no_more_than_its_size(self) -> None:
+        if self.maxsize:  # (the broker counts what it has not heard was taken as there)
+            assert self.put - len(self._takes()) <= self.maxsize
 
     @invariant()
     def a_get_that_began_later_takes_a_later_item(self) -> None:
