@@ -343,6 +343,25 @@ def test_with_modules_to_preload_every_worker_starts_with_them(
     assert all(parent != os.getpid() and loaded for parent, loaded in seen.values())
 
 
+def test_set_forkserver_preload_makes_processes_start_with_the_modules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``set_forkserver_preload``, the stdlib's call for its fork server, preloads into the
+    launcher: processes started after it begin with the modules imported."""
+    import fiberexec.multiprocessing as fmp
+
+    monkeypatch.setenv("FIBEREXEC_PRELOAD", "")  # (what the call sets is undone after)
+    with fmp.Pool(1) as pool:
+        assert not pool.apply(tasks.imported, ("colorsys",))
+    fmp.set_forkserver_preload(["colorsys"])  # a module nothing else here imports
+    assert os.environ["FIBEREXEC_PRELOAD"] == "colorsys"
+    with fmp.Pool(1) as pool:
+        assert pool.apply(tasks.imported, ("colorsys",))
+    with pytest.raises(TypeError, match="list of module names"):
+        fmp.set_forkserver_preload("colorsys")  # type: ignore[arg-type]
+    fmp.set_forkserver_preload([])
+    assert "FIBEREXEC_PRELOAD" not in os.environ
+
+
 def test_what_a_preloaded_module_does_to_the_environment_stays_in_the_launcher(
         make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module the launcher preloads may set, change or remove variables as it is imported:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import multiprocessing as _std
 import multiprocessing.util as _util
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fiberexec.backend import ENV_PRELOAD
 from fiberexec.multiprocessing import _errors, _meta, _process, _queues, _sharedctypes, _sync
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._connection import Pipe as _Pipe
@@ -127,7 +129,19 @@ class BaseContext:
         """Accepted for compatibility; the backend decides the interpreter (``python=``)."""
 
     def set_forkserver_preload(self, module_names: list[str]) -> None:
-        """Accepted for compatibility; there is no fork server."""
+        """Modules the worker launcher imports before it forks processes, as the stdlib's
+        fork server does, so each starts with them: this sets ``FIBEREXEC_PRELOAD``, which
+        the local and ssh backends' launchers read (a launcher started before keeps what it
+        has; backends that start each process afresh have none). An empty list preloads
+        nothing. A module the launcher cannot import is skipped."""
+        if isinstance(module_names, str) or not all(
+                type(name) is str for name in module_names):
+            raise TypeError(f"set_forkserver_preload takes a list of module names (str), got "
+                            f"{module_names!r}; pass, say, ['numpy']")
+        if module_names:
+            os.environ[ENV_PRELOAD] = ",".join(module_names)
+        else:
+            os.environ.pop(ENV_PRELOAD, None)
 
     def __repr__(self) -> str:
         return f"<fiberexec.multiprocessing context {self._name!r}>"
