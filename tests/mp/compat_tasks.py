@@ -390,3 +390,25 @@ def say_then_acquire(lock: Any, q: Any) -> None:
     """Say so, then wait to acquire ``lock`` (until killed)."""
     q.put(os.getpid())
     lock.acquire()
+
+
+def timed_gets_until_none(q: Any, got: Any, timeout: float) -> None:
+    """Get with ``timeout`` until None comes, doing something else for as long after each
+    get that found nothing; send back each item with when its get began and ended
+    (``time.monotonic``, one clock for every process of the host)."""
+    import queue
+    import time
+
+    takes = []
+    while True:
+        began = time.monotonic()
+        try:
+            item = q.get(timeout=timeout)
+        except queue.Empty:
+            time.sleep(timeout)
+            continue
+        ended = time.monotonic()
+        if item is None:
+            break
+        takes.append((item, began, ended))
+    got.put(takes)

@@ -212,3 +212,35 @@ def test_a_closed_queue_refuses_use_as_the_stdlibs_does(mpm: ModuleType, kind: s
         q.put(1)
     with pytest.raises(expected):
         q.get()
+
+
+def test_a_get_that_began_after_another_returned_an_item_returns_a_later_one(
+        mpm: ModuleType) -> None:
+    """Two consumer processes get with short timeouts while items come now and then: as
+    with one FIFO, a get that began after another one returned ``i`` returns an item after
+    ``i``, however the timeouts fall (a get that gave up as an item was on its way to it
+    took it back from nobody: a later get of its process then returned it, after others
+    had taken later items)."""
+    import random
+
+    ctx = mpm.get_context("spawn")
+    q, got = ctx.Queue(), ctx.Queue()
+    consumers = [ctx.Process(target=t.timed_gets_until_none, args=(q, got, 0.001))
+                 for _ in range(2)]
+    for consumer in consumers:
+        consumer.start()
+    draw = random.Random(7)
+    for item in range(300):
+        q.put(item)
+        time.sleep(draw.choice((0, 0.0005, 0.001, 0.002)))
+    for _ in consumers:
+        q.put(None)
+    takes = [take for _ in consumers for take in got.get(timeout=60)]
+    for consumer in consumers:
+        consumer.join(60)
+    assert sorted(item for item, _, _ in takes) == list(range(300))
+    by_end = sorted(takes, key=lambda take: take[2])
+    for item, began, _ in takes:
+        before = [earlier for earlier, _, ended in by_end if ended < began]
+        assert not before or max(before) < item, (
+            f"a get that began after {max(before)} was returned gave {item}")
