@@ -87,6 +87,7 @@ class Timing:
     slice: float = 5.0  # one blocking request (a get, an acquire, a wait) waits in a broker
     feed: float = 5.0  # an exiting process waits for its `Feeder` to send what it holds
     count: float = 2.0  # ``qsize()`` waits for consumers elsewhere to say what they hold
+    gave_up: float = 2.0  # a queue get that gave up waits for what was sent to it (`Settled`)
     hold: float = 0.002  # a socket stays with the thread that read its last answer
     call: float = 120.0  # an answer may take this beyond the time its request asks to wait
     heartbeat: float = 5.0  # a waiting call checks that its server is alive this often

@@ -432,7 +432,7 @@ class Stream:
 
         A get that gives up may have been sent an item already: the broker handed it to
         this waiting thread, and later items may go to others. So it says it waits no more
-        and waits (`Timing.count` at most) for the broker's word that all it sent before is
+        and waits (`Timing.gave_up` at most) for the broker's word that all it sent before is
         here (`Settled`): what came for it, it takes, as the stdlib's get returns the item
         it read; else it returns None."""
         with self.cond:
@@ -466,7 +466,7 @@ class Stream:
         settle = lane.settle
         try:
             self._tell(cid, lane, settle)
-            self._await(lambda: lane.items or lane.settled >= settle, TIMING.count, cid)
+            self._await(lambda: lane.items or lane.settled >= settle, TIMING.gave_up, cid)
         finally:
             lane.settling -= 1
 
