@@ -362,6 +362,38 @@ def test_set_forkserver_preload_makes_processes_start_with_the_modules(
     assert "FIBEREXEC_PRELOAD" not in os.environ
 
 
+_PRELOAD_PROGRAM = """
+import importlib, sys
+from tests import tasks
+mp = importlib.import_module(sys.argv[1])
+ctx = mp.get_context("forkserver")
+try:
+    ctx.set_forkserver_preload(["colorsys", 1])
+except TypeError:
+    refused = True
+else:
+    refused = False
+if sys.argv[2] == "preload":
+    ctx.set_forkserver_preload(["colorsys"])
+with ctx.Pool(1) as pool:
+    print(refused, pool.apply(tasks.imported, ("colorsys",)))
+"""
+
+
+@pytest.mark.parametrize("module", ["multiprocessing", "fiberexec.multiprocessing"])
+@pytest.mark.parametrize("preload", ["preload", "none"])
+def test_forkserver_preload_as_the_stdlib_does(module: str, preload: str) -> None:
+    """The stdlib's contract, in a fresh program each (its fork server starts once): a name
+    that is not a string is refused, and a process started after the call begins with the
+    modules imported (without it, not)."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env.pop("FIBEREXEC_PRELOAD", None)
+    done = subprocess.run([sys.executable, "-c", _PRELOAD_PROGRAM, module, preload],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", str(preload == "preload")], done.stderr
+
+
 def test_what_a_preloaded_module_does_to_the_environment_stays_in_the_launcher(
         make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module the launcher preloads may set, change or remove variables as it is imported:
