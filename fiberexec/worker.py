@@ -725,16 +725,23 @@ class Watcher:
 
 class _Functions:
     """The functions one Tasks message carries, unpickled once, on first use (those pickled
-    by value are kept across messages by their bytes: `fiberexec._functions`)."""
+    by value are kept across messages by their bytes: `fiberexec._functions`).
+
+    One of the script's functions reads the globals on ``__main__``'s namespace, where each
+    such function puts the caller's values it brought; so where another put its own since
+    (two maps' functions in one message, each with its value of ``SCALE``), this one is
+    looked up again, and puts its values back (`_functions.load`)."""
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         self.payloads = payloads
-        self.cache: list[Any] = [None] * len(payloads)
+        self.cache: list[tuple[Any, int] | None] = [None] * len(payloads)
 
     def get(self, index: int) -> Any:
-        fn = self.cache[index]
-        if fn is None:
-            fn = self.cache[index] = _functions.load(self.payloads[index])
+        kept = self.cache[index]
+        if kept is not None and kept[1] == _mainspace.placings:
+            return kept[0]
+        fn = _functions.load(self.payloads[index])
+        self.cache[index] = (fn, _mainspace.placings)
         return fn
 
 

@@ -14,6 +14,8 @@ import cloudpickle
 import pytest
 
 from fiberexec import _mainspace
+from fiberexec._serialize import dumps_function
+from fiberexec.worker import _Functions
 
 SCRIPT = """
 class Point:
@@ -154,6 +156,22 @@ def test_a_global_the_worker_changed_keeps_the_workers_value(main: types.ModuleT
     assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"init": "net"}, 20)
     caller["SEEN"] = {"bound": "again"}
     assert _mainspace.home(by_value(caller["predict"]))(2) == ("net", {"init": "net"}, 20)
+
+
+def test_functions_of_one_message_each_read_the_globals_they_brought(
+        main: types.ModuleType) -> None:
+    """Two maps' functions in one message to a worker, sent with ``SCALE`` 1 and then 2:
+    a task of the first map that runs after one of the second reads 1, as sent, though the
+    message unpickled its function once (`fiberexec.worker._Functions`)."""
+    caller: dict[str, Any] = {"__name__": "__main__"}
+    exec(STATE, caller)
+    caller["SCALE"] = 1
+    first = dumps_function(caller["predict"])
+    caller["SCALE"] = 2
+    second = dumps_function(caller["predict"])
+    functions = _Functions([first, second])
+    assert [functions.get(i)(1)[2] for i in (0, 1, 0, 0, 1)] == [1, 2, 1, 1, 2]
+    assert functions.get(0) is functions.get(0)  # nothing put since: the one made before
 
 
 def test_a_global_the_worker_set_before_the_caller_sent_it_stays(
