@@ -501,9 +501,14 @@ def loads_exception(payload: Payload) -> BaseException:
     try:
         exc: BaseException = pickle.loads(raised)
     except BaseException as err:  # (as `loads`: nothing raised rebuilding it escapes)
+        hint = ""
+        if isinstance(err, TypeError) and "__init__()" in str(err):  # the usual cause
+            hint = ("; pickle rebuilds an exception by calling its class with its args, so "
+                    "pass every argument of its __init__ on to super().__init__(), or give "
+                    "the class a __reduce__")
         raise _errors.UnpicklingError(
-            f"cannot unpickle the exception raised by the task: {type(err).__name__}: {err}"
-        ) from remote_traceback(text)
+            f"cannot unpickle the exception raised by the task: {type(err).__name__}: "
+            f"{err}{hint}") from remote_traceback(text)
     exc.__cause__ = remote_traceback(text)
     return exc
 

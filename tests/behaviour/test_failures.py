@@ -36,10 +36,14 @@ def test_task_exception_carries_remote_traceback(executor: FiberExecutor) -> Non
 def test_an_exception_that_cannot_be_rebuilt_here_keeps_the_remote_traceback(
         executor: FiberExecutor) -> None:
     """Its class's ``__init__`` wants more than its ``args``: the future fails with what
-    went wrong, naming the task, and the worker's traceback is still its cause."""
+    went wrong and how to mend it, naming the task, and the worker's traceback is still
+    its cause."""
     with pytest.raises(SerializationError, match=(
             r"cannot unpickle the exception raised by the task: TypeError: .*missing 1 "
-            r"required positional argument: 'code' \(the task: tests.tasks.raise_two_arg")) as info:
+            r"required positional argument: 'code'; pickle rebuilds an exception by calling "
+            r"its class with its args, so pass every argument of its __init__ on to "
+            r"super\(\).__init__\(\), or give the class a __reduce__ "
+            r"\(the task: tests.tasks.raise_two_arg")) as info:
         executor.submit(tasks.raise_two_argument_error, "deep fault").result(timeout=30)
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback)
