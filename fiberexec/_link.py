@@ -268,9 +268,10 @@ def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCal
             return link
     if not address:
         raise LinkClosed(f"cannot reach the executor's local socket {local_name!r}: the "
-                         "executor has shut down or exited (if it still runs, this worker "
-                         "is not on its host, in its network namespace, as its user, which "
-                         "a backend that offers no network address needs)")
+                         "executor has shut down or exited, or gave up waiting for this "
+                         "worker's start (if it still waits, this worker is not on its host, "
+                         "in its network namespace, as its user, which a backend that offers "
+                         "no network address needs)")
     return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls)
 
 

@@ -268,6 +268,16 @@ def test_a_worker_elsewhere_falls_back_to_the_network_link() -> None:
         channel.close()
 
 
+def test_a_worker_nobody_listens_for_says_why() -> None:
+    """Nobody listens under its name and it has no network address: the executor is gone,
+    or stopped waiting for this worker's start, or the worker is on another host."""
+    with pytest.raises(LinkClosed, match="gave up waiting for this worker's start") as caught:
+        connect(f"fiberexec-test/nobody-listens/{secrets.token_hex(4)}", "", max_frame=MAX,
+                on_remove=lambda pipe: None)
+    assert "has shut down or exited" in str(caught.value)
+    assert "network namespace" in str(caught.value)
+
+
 def test_a_local_peer_of_another_user_is_refused() -> None:
     """SO_PEERCRED: a process of another user cannot even start the handshake."""
     if os.getuid() != 0:
