@@ -4,7 +4,9 @@ multiprocessing layer's connections cut what they read.
 One ``recv`` takes in every frame that has arrived. With nothing held, what it brings is
 most often one whole frame, handed out as it came (sliced once); anything else lands in one
 kept buffer, read into in place (``recv_into``) until its frames are whole, and each frame
-is copied out of it once.
+is copied out of it once. The buffer is made the first time it is needed: a stream whose
+frames each come whole never has one (an executor with a thousand workers keeps no 64 KiB
+per worker that it never reads into).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class FrameBuffer:
         self._start = 0  # the first byte not yet cut into a frame
         self._end = 0  # the end of what has been read
         self.drained = False  # the last read emptied the socket
-        self._use(bytearray(CHUNK))
+        self._use(bytearray())  # (made at its first use: `_make_room`)
 
     def _use(self, buf: bytearray) -> None:
         # A buffer is never resized (a larger one replaces it), so one view of it serves
@@ -54,7 +56,7 @@ class FrameBuffer:
             self.drained = n < CHUNK
             if n >= head and head + unpack(data)[0] == n and n - head <= self.max_frame:
                 return [data[head:]]
-            self._view[:n] = data
+            self._keep(data)
             pos, end = 0, n
         else:
             want = CHUNK
@@ -85,6 +87,16 @@ class FrameBuffer:
                 self._use(bytearray(CHUNK))
         self._start, self._end = pos, end
         return out
+
+    def _keep(self, data: bytes) -> None:
+        """Hold ``data``, read with nothing held, at the buffer's start."""
+        if len(self._buf) < len(data):
+            self._make_room(len(data))
+        self._view[: len(data)] = data
+
+    def held_bytes(self) -> int:
+        """The size of the read buffer this reader keeps (0 until a frame came in pieces)."""
+        return len(self._buf)
 
     def _make_room(self, want: int) -> None:
         """A buffer with ``want`` bytes free after what is held (moved to its start)."""

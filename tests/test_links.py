@@ -407,3 +407,21 @@ def test_the_local_links_reader_refuses_a_frame_over_the_limit() -> None:
             reader.read(b)
         a.close()
         assert FrameBuffer(1000, HEADER).read(b) is None  # the stream ended
+
+
+def test_the_local_links_reader_holds_a_buffer_only_once_a_frame_comes_in_pieces() -> None:
+    """An executor with a thousand workers keeps no read buffer for a worker whose
+    messages each arrive whole; the first one that comes in pieces makes it."""
+    reader = FrameBuffer(1 << 20, HEADER)
+    a, b = socket.socketpair()
+    with a, b:
+        for frame in (b"one", b"two" * 100):
+            a.sendall(b"".join(framed(frame)))
+            assert reader.read(b) == [frame]
+        assert reader.held_bytes() == 0
+        whole = b"".join(framed(b"three" * 10))
+        a.sendall(whole[:7])
+        assert reader.read(b) == []
+        a.sendall(whole[7:])
+        assert reader.read(b) == [b"three" * 10]
+        assert reader.held_bytes() > 0  # kept for the next frame in pieces
