@@ -254,9 +254,11 @@ class FiberExecutor(Executor):
         """``submit(fn, *args)`` for each of ``calls``, handed to the scheduler together: a
         map's tasks go out to each worker in one message, not one by one as they come (an
         argument iterator that raises midway leaves those before it submitted, as the
-        stdlib's map does). The first call goes at once, and calls read over more than
-        `SUBMIT_AFTER` (a slow generator) go as they come, so no task waits to start for the
-        input's end (nor a generator that waits for the first task's doing).
+        stdlib's map does). Calls read over more than `SUBMIT_AFTER` go as they come, and an
+        iterator's first call goes at once, so no task waits to start for the input's end
+        (nor a generator that waits for the first task's doing). A list's or tuple's calls,
+        read at once, go together: sending the first alone would wake its worker for it,
+        only for the rest to reach that worker in a second message it may sleep again for.
 
         The function (and a chunk's) is pickled here, before the first call goes: all the
         tasks read the script's globals as they are now, when the map is called, however
@@ -267,6 +269,7 @@ class FiberExecutor(Executor):
             snapshot = Snapshot()
         with self._lock:  # (fails now, before the arguments are read, if it must)
             self._pool_to_submit_to()
+        first_alone = not isinstance(calls, list | tuple)
         try:
             since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
@@ -276,7 +279,8 @@ class FiberExecutor(Executor):
                 items.append(WorkItem(next(self._ids), future, fn, args, {},
                                       snapshot=snapshot))
                 futures.append(future)
-                if (now := time.monotonic()) - since > SUBMIT_AFTER or len(futures) == 1:
+                now = time.monotonic()
+                if now - since > SUBMIT_AFTER or (first_alone and len(futures) == 1):
                     with self._lock:
                         self._pool_to_submit_to().submit_all(items)
                     items, since = [], now
