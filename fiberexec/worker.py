@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import faulthandler
 import logging
+import math
 import multiprocessing
 import os
 import select
@@ -478,6 +479,12 @@ class Outbox:
     runs one, so a finished result never waits behind the next task. (After a task that
     kept its thread on the CPU at least half its time, the main thread sends its result
     itself: the timer thread could send it only by taking the GIL from the next such task.)
+
+    Holding a result arms a kernel timer the timer thread sleeps on, and a flush disarms
+    it: in a quick stretch of tasks, the main thread sends what is held itself when the
+    stretch ends, and the timer thread is not woken at all (waking it for every result held
+    cost each worker a thread switch and a fight for the GIL per message, a third of its
+    CPU on a map of quick tasks). Output held and slow results wake it at once (``_kick``).
     """
 
     def __init__(
@@ -490,7 +497,7 @@ class Outbox:
         self.shm = shm
         self._watch = watch  # called on every wake of the timer thread
         # Reentrant: the timer thread, holding it, may take in a Revoke and answer it.
-        self._cond = threading.Condition(threading.RLock())
+        self._lock = threading.RLock()
         self._results: list[p.Result] = []
         self._nbytes = 0
         self._since: float | None = None  # when the oldest held result was added
@@ -498,6 +505,9 @@ class Outbox:
         self._usage = Usage()
         self._last_beat = time.monotonic()
         self.capture: _capture.Capture | None = None  # with output="forward"
+        self._timer = OneShot()  # fires when what is held is due: the timer thread wakes
+        self._timer_armed = False  # for results held (a flush disarms it)
+        self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # wakes it now
 
     def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
         """Hold ``result``, or send it.
@@ -510,17 +520,21 @@ class Outbox:
         if self.capture is not None:
             self.capture.end_lines()
         now = time.monotonic()
-        with self._cond:
+        with self._lock:
             self._results.append(result)
             self._nbytes += result.payload.nbytes
-            if self._since is None:
+            first = self._since is None
+            if first:
                 self._since = now
             if alone or self._due(now):
                 self._flush_locked()
                 return
-            if slow:
+            if slow:  # the timer thread sends it now, while the next task runs
                 self._since = now - FLUSH_AGE
-            self._cond.notify()  # the outbox thread sends it when due
+                os.eventfd_write(self._kick, 1)
+            elif first:  # it sends them when due, unless this thread does first
+                self._timer.arm(FLUSH_AGE)
+                self._timer_armed = True
 
     def _due(self, now: float) -> bool:
         assert self._since is not None
@@ -532,7 +546,7 @@ class Outbox:
 
     def flush(self) -> None:
         self.push_output()
-        with self._cond:
+        with self._lock:
             if self._results:
                 self._flush_locked()
             elif self.capture is not None and self.capture.size:
@@ -540,7 +554,7 @@ class Outbox:
 
     def send(self, message: p.Message) -> None:
         """Send a control message, after any results and output held (order is kept)."""
-        with self._cond:
+        with self._lock:
             if self._results:
                 self._flush_locked()
             elif self.capture is not None and self.capture.size:
@@ -552,6 +566,9 @@ class Outbox:
             self.beat()  # what the tasks printed arrives before their results
         results, self._results, self._nbytes, self._since = self._results, [], 0, None
         self._send_locked(p.encode(p.Results(results), self.shm))
+        if self._timer_armed:  # nothing is held: the timer thread sleeps on
+            self._timer_armed = False
+            self._timer.disarm()
         if self.capture is None:  # (a captured stream is flushed by push_output)
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -562,13 +579,13 @@ class Outbox:
         the lock (a thread may be blocked sending to the executor). Results went before it
         (they wait `FLUSH_AGE` at most, silence is seconds): an executor that was only
         stalled reads them, and this, when it wakes."""
-        if not self._cond.acquire(timeout=timeout):
+        if not self._lock.acquire(timeout=timeout):
             return
         try:
             with contextlib.suppress(Exception):
                 send(p.encode(p.Bye(reason)))
         finally:
-            self._cond.release()
+            self._lock.release()
 
     def send_output(self) -> None:
         """Send the output held now (from a task printing fast: it waits on the link)."""
@@ -576,13 +593,12 @@ class Outbox:
 
     def wake(self) -> None:
         """Output is held: the timer thread sends it within `OUTPUT_AGE`."""
-        with self._cond:
-            self._cond.notify()
+        os.eventfd_write(self._kick, 1)
 
     def finish(self) -> None:
         """The worker leaves: send what is held, lines not ended yet too."""
         self.push_output()
-        with self._cond:
+        with self._lock:
             if self._results:
                 self._flush_locked()
             if self.capture is not None:
@@ -596,7 +612,7 @@ class Outbox:
 
     def beat(self) -> None:
         """Send a heartbeat with this process's CPU and memory use, and output held."""
-        with self._cond:
+        with self._lock:
             self._last_beat = time.monotonic()
             out, err = self.capture.take() if self.capture is not None else (b"", b"")
             self._send_locked(p.encode(p.Heartbeat(*self._usage.read(), out, err)))
@@ -605,33 +621,44 @@ class Outbox:
         """The timer thread: flush held results when due; a heartbeat with the process's
         resource use every ``heartbeat`` seconds (also while results flow, so the executor
         sees a busy worker's use too)."""
+        poller = select.poll()
+        poller.register(self._timer.fileno(), select.POLLIN)
+        poller.register(self._kick, select.POLLIN)
         while True:
             self.push_output()  # so a line printed in a long task is seen within OUTPUT_AGE
-            with self._cond:
-                self._timer_step(heartbeat)
+            with self._lock:
+                delay = self._timer_step(heartbeat)
+                if delay is not None and delay < 0.001:  # finer than poll's milliseconds
+                    self._timer.arm(delay)
+                    self._timer_armed = True
+            if delay is not None:
+                poller.poll(math.ceil(delay * 1000))
+                self._timer.drain()
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._kick)
 
-    def _timer_step(self, heartbeat: float) -> None:
-        """Send what is due, or wait until something may be."""
+    def _timer_step(self, heartbeat: float) -> float | None:
+        """Send what is due (None), or say how long until something may be."""
         self._watch()
         now = time.monotonic()
         delay = self._last_beat + heartbeat - now
         if delay <= 0:
             self.beat()
-            return
+            return None
         if self._since is not None:
             flush = self._since + FLUSH_AGE - now
             if flush <= 0:
                 self._flush_locked()
-                return
+                return None
             delay = min(delay, flush)
         if self.capture is not None:
             since = self.capture.since
             due = OUTPUT_AGE if since is None else since + OUTPUT_AGE - now
             if due <= 0:
                 self.beat()
-                return
+                return None
             delay = min(delay, due)
-        self._cond.wait(delay)
+        return delay
 
     def push_output(self) -> None:
         """Push what tasks wrote through their streams' buffers into the capture. Never
