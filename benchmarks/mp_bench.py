@@ -23,7 +23,9 @@ per environment step, and method calls on a `Manager` dict's proxy. Then the RL 
 ``AsyncVectorEnv`` (steps per second, 4 environments), and the seconds to start and join 4
 processes (a ceiling: fiberexec's time over the stdlib's ``spawn``). Then synchronisation:
 ``Event.is_set()`` calls per second in a child, and increments per second of a shared
-`Value` under its lock by 4 children at once. ``--rows a,b`` runs some.
+`Value` under its lock by 4 children at once. Last, ``Pool(2).map`` calls per second over 16
+quick items (an optimiser's generation of a cheap objective: what the pool costs a map).
+``--rows a,b`` runs some.
 
 The pipe row times 40,000 round trips and the 10 us rollout 4,000 steps (a second or two
 each): a run of a few hundred milliseconds mostly catches the two processes of a pair still
@@ -41,6 +43,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,7 @@ TARGETS = {"pipe_roundtrips": 0.9, "pipe_roundtrips_children": 0.9, "queue_items
            "queue_items_to_child": 0.8, "queue_items_children": 0.5, "rollout_1ms": 0.9,
            "rollout_10us": 0.9, "manager_calls": 0.5, "pipe_vector_env": 0.9,
            "gym_vector_env": 0.9, "start_join_4": 2.0, "event_checks": 0.5,
-           "locked_counter_4": 0.5}
+           "locked_counter_4": 0.5, "pool_maps": 0.9}
 LOWER_IS_BETTER = {"start_join_4"}  # seconds, not a rate: the target is a ceiling
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
@@ -244,35 +247,38 @@ def locked_counter(mp: Any, n: int, children: int = 4) -> float:
     return n * children / elapsed
 
 
+def pool_maps(mp: Any, n: int, items: int = 16) -> float:
+    """``Pool(2).map`` calls per second over ``items`` quick items (`abs`), on a warm pool."""
+    with mp.Pool(2) as pool:
+        values = list(range(-items, 0))
+        for _ in range(50):  # both workers started and warm
+            pool.map(abs, values)
+        start = time.perf_counter()
+        for _ in range(n):
+            assert pool.map(abs, values)[0] == items
+        return n / (time.perf_counter() - start)
+
+
 def measure(row: str, system: str, quick: bool) -> float:
     # spawn for both: a forked child would also hold the parent's pipe ends open
     mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
     scale = 1 if quick else 4
-    if row == "pipe_roundtrips":
-        return pipe_roundtrips(mp, 10000 * scale)
-    if row == "pipe_roundtrips_children":
-        return pipe_roundtrips_children(mp, 10000 * scale)
-    if row == "queue_items":
-        return queue_items(mp, 1000 * scale)
-    if row == "queue_items_to_child":
-        return queue_items_to_child(mp, 1000 * scale)
-    if row == "queue_items_children":
-        return queue_items_children(mp, 25000 * scale)
-    if row == "rollout_1ms":
-        return rollout(mp, 50 * scale, 1e-3)
-    if row == "manager_calls":
-        return manager_calls(mp, 5000 * scale)
-    if row == "pipe_vector_env":
-        return mp_rl.pipe_vector_env(mp, 4, 500 * scale)
-    if row == "gym_vector_env":
-        return mp_rl.gym_vector_env(mp, 4, 500 * scale)
-    if row == "start_join_4":
-        return mp_rl.start_join(mp, 4)
-    if row == "event_checks":
-        return event_checks(mp, 50000 * scale)
-    if row == "locked_counter_4":
-        return locked_counter(mp, 5000 * scale)
-    return rollout(mp, 1000 * scale, 1e-5)
+    runs: dict[str, Callable[[], float]] = {
+        "pipe_roundtrips": lambda: pipe_roundtrips(mp, 10000 * scale),
+        "pipe_roundtrips_children": lambda: pipe_roundtrips_children(mp, 10000 * scale),
+        "queue_items": lambda: queue_items(mp, 1000 * scale),
+        "queue_items_to_child": lambda: queue_items_to_child(mp, 1000 * scale),
+        "queue_items_children": lambda: queue_items_children(mp, 25000 * scale),
+        "rollout_1ms": lambda: rollout(mp, 50 * scale, 1e-3),
+        "manager_calls": lambda: manager_calls(mp, 5000 * scale),
+        "pipe_vector_env": lambda: mp_rl.pipe_vector_env(mp, 4, 500 * scale),
+        "gym_vector_env": lambda: mp_rl.gym_vector_env(mp, 4, 500 * scale),
+        "start_join_4": lambda: mp_rl.start_join(mp, 4),
+        "event_checks": lambda: event_checks(mp, 50000 * scale),
+        "locked_counter_4": lambda: locked_counter(mp, 5000 * scale),
+        "pool_maps": lambda: pool_maps(mp, 500 * scale),
+    }
+    return runs.get(row, lambda: rollout(mp, 1000 * scale, 1e-5))()
 
 
 def _fresh(row: str, system: str, quick: bool) -> float:
