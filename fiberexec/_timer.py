@@ -54,7 +54,7 @@ class OneShot:
         else:  # no timerfd: an eventfd that the arming writes, so it fires at once
             self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._kernel = False
-        self._off = _Itimerspec()
+        self._off = ctypes.byref(_Itimerspec())  # (a reference made once: each is a call)
         self._spec = (0.0, self._off)  # the last arming, kept: a task path arms the same
 
     def fileno(self) -> int:
@@ -68,16 +68,16 @@ class OneShot:
         last, spec = self._spec
         if last != seconds:
             whole = int(seconds)
-            spec = _Itimerspec(_Timespec(0, 0),
-                               _Timespec(whole, max(1, int((seconds - whole) * 1e9))))
+            spec = ctypes.byref(_Itimerspec(
+                _Timespec(0, 0), _Timespec(whole, max(1, int((seconds - whole) * 1e9)))))
             self._spec = (seconds, spec)
-        if self._libc.timerfd_settime(self._fd, 0, ctypes.byref(spec), None) != 0:
+        if self._libc.timerfd_settime(self._fd, 0, spec, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def disarm(self) -> None:
         if self._kernel:
             assert self._libc is not None
-            self._libc.timerfd_settime(self._fd, 0, ctypes.byref(self._off), None)
+            self._libc.timerfd_settime(self._fd, 0, self._off, None)
 
     def drain(self) -> None:
         with contextlib.suppress(BlockingIOError):
