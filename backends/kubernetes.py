@@ -42,6 +42,7 @@ from fiberexec.backend import (
     Probe,
     RetryPolicy,
     Sweep,
+    TransientBackendError,
     WorkerHandle,
     WorkerSpec,
     WorkerState,
@@ -73,6 +74,15 @@ from fiberexec.backends._k8s_watch import Deadlines, PodWatcher
 __all__ = ["KubernetesBackend", "remove_stray"]
 
 log = logging.getLogger("fiberexec.backends.kubernetes")
+
+#: The API server calls a container "ContainerCreating" until the kubelet's next status sync,
+#: up to about a second after the container started (it may already run and print): its logs
+#: are asked for again over that window before "nothing yet" is the answer.
+_LOGS_SETTLE = RetryPolicy(attempts=12, deadline=3.0, initial=0.05, maximum=0.5, jitter=0.05)
+
+
+class _StillCreating(TransientBackendError):
+    """The pod's container is reported as being created: its logs may come a moment later."""
 Json = dict[str, Any]
 SIGTERM_GRACE = 2  # seconds between SIGTERM and SIGKILL when a worker is signalled
 
@@ -252,15 +262,24 @@ class KubernetesBackend(Backend):
 
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         core = self._core()
+
+        def read() -> str:
+            try:
+                resp = self._retry.call(lambda: _call(
+                    "get", "pods/log", self.namespace, core.read_namespaced_pod_log,
+                    handle.ref, self.namespace, container="worker", tail_lines=tail,
+                    passthrough=frozenset({400, 404}), _preload_content=False,
+                    _request_timeout=self.request_timeout))
+            except ApiStatus as exc:  # not started yet, or gone: nothing kept
+                if exc.code == 400 and "ContainerCreating" in exc.message:
+                    raise _StillCreating(exc.message) from exc
+                return ""
+            return bytes(resp.data).decode("utf-8", errors="replace")
+
         try:
-            resp = self._retry.call(lambda: _call(
-                "get", "pods/log", self.namespace, core.read_namespaced_pod_log,
-                handle.ref, self.namespace, container="worker", tail_lines=tail,
-                passthrough=frozenset({400, 404}), _preload_content=False,
-                _request_timeout=self.request_timeout))
-        except ApiStatus:  # not started yet, or gone: nothing kept
+            return _LOGS_SETTLE.call(read)
+        except _StillCreating:
             return ""
-        return bytes(resp.data).decode("utf-8", errors="replace")
 
     def close(self) -> None:
         """Delete every pod of this backend and its Secret; stop the watch. Idempotent."""

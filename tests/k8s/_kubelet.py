@@ -106,6 +106,7 @@ class Faults:
     """Node-side faults; the emulator's API sets them."""
 
     schedule_delay: float = 0.0
+    status_lag: float = 0.0  # a started container reported Running this much later (PLEG)
     unschedulable: str | None = None
     pull_errors: dict[str, PullFailure] = field(default_factory=dict)
     allocatable: dict[str, str] = field(default_factory=lambda: {
@@ -336,6 +337,8 @@ class Kubelet:
             return
         if run.gone.is_set():  # deleted while starting
             self._signal(run, signal.SIGKILL)
+        if self.faults.status_lag:  # the kubelet reports a start at its next status sync
+            run.exited.wait(self.faults.status_lag)
         self._set_status(run, {"phase": "Running", "podIP": "127.0.0.1",
                                "startTime": now_iso(),
                                "containerStatuses": [_container_status(

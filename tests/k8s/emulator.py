@@ -176,6 +176,11 @@ class Emulator:
     def slow_scheduling(self, seconds: float) -> None:
         self.faults.schedule_delay = seconds
 
+    def lag_status(self, seconds: float) -> None:
+        """Report a started container as Running only ``seconds`` later: a real kubelet
+        publishes a start at its next status sync, while the container already runs."""
+        self.faults.status_lag = seconds
+
     def unschedulable(self, message: str | None = "0/1 nodes are available: 1 node(s) didn't "
                       "match Pod's node affinity/selector.") -> None:
         self.faults.unschedulable = message

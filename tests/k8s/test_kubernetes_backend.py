@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -136,6 +137,26 @@ def test_gpu_pod_runs_on_a_node_that_has_one(make_backend: Any, emu: Emulator,
     handle = backend.start_worker(make_spec("python", "-c", "pass",
                                             resources=Resources(gpu=1)))
     backend.watch(handle, exits)
+    assert exits.next().exit_code == 0
+
+
+def test_logs_of_a_running_container_the_api_still_calls_creating(
+        make_backend: Any, emu: Emulator, exits: Exits) -> None:
+    """A real kubelet reports a start at its next status sync; the container prints meanwhile."""
+    emu.lag_status(1.5)
+    backend = make_backend()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+        port = server.getsockname()[1]
+        code = ("import socket; print('one'); print('two', flush=True); "
+                f"c = socket.create_connection(('127.0.0.1', {port})); c.recv(1)")
+        handle = backend.start_worker(make_spec("python", "-c", code))
+        backend.watch(handle, exits)
+        conn, _ = server.accept()
+        with conn:
+            assert not running(emu.pod(NAMESPACE, handle.ref)), "the status lag did not apply"
+            assert backend.logs(handle, tail=1) == "two\n"
+            conn.sendall(b"x")
     assert exits.next().exit_code == 0
 
 
