@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -140,16 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.one:
-        from benchmarks.measure import MARKER
+        from benchmarks.measure import report
 
         workload, system = options.one
-        try:
-            metrics = {"growing": growing, "cancel": cancel, "blocked": blocked}[workload](system)
-        except Exception as exc:
-            traceback.print_exc()
-            metrics = {"error": f"{type(exc).__name__}: {exc}"}
-        print(MARKER + json.dumps(metrics), flush=True)
-        return 0
+        measure = {"growing": growing, "cancel": cancel, "blocked": blocked}[workload]
+        return report(lambda: measure(system))
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in SYSTEMS}
     load = os.getloadavg()[0]
     for repeat in range(options.repeat):

@@ -36,7 +36,6 @@ import platform
 import statistics
 import sys
 import time
-import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -242,15 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.one:
-        from benchmarks.measure import MARKER
+        from benchmarks.measure import report
 
-        try:
-            metrics = measure_one(*options.one)
-        except Exception as exc:
-            traceback.print_exc()
-            metrics = {"error": f"{type(exc).__name__}: {exc}"}
-        print(MARKER + json.dumps(metrics), flush=True)
-        return 0
+        return report(lambda: measure_one(*options.one))
     results, meta = run(options)
     print(table(results))
     print(f"\n{meta['mode']} run, median of {meta['repeat']}, {meta['seconds']}s, "

@@ -10,9 +10,22 @@ import argparse
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 MARKER = "BENCH-RESULT "
+
+
+def report(measure: Callable[[], dict[str, Any]]) -> int:
+    """Run ``measure`` and print its metrics behind `MARKER` (or ``{"error": ...}``, the
+    traceback on stderr): the one line a runner parses from a measurement's process."""
+    try:
+        metrics = measure()
+    except Exception as exc:
+        traceback.print_exc()
+        metrics = {"error": f"{type(exc).__name__}: {exc}"}
+    print(MARKER + json.dumps(metrics), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,29 +43,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import workloads  # after argument parsing: --help stays fast
 
-    metrics: dict[str, Any]
     sizes = workloads.QUICK if args.mode == "quick" else workloads.FULL
-    try:
+
+    def measure() -> dict[str, Any]:
         if args.workload == "calibrate":
             from benchmarks import tasks
 
             iters, seconds = tasks.calibrate_es()
-            metrics = {"iters": iters, "task_s": seconds}
-        elif args.workload == "es":
-            metrics = workloads.es_generation(args.system, sizes, args.iters)
-        elif args.workload == "simulated":
-            if args.workers:
-                sizes = {**sizes, "sim_workers": args.workers}
-            metrics = workloads.simulated_dispatch(args.system, sizes, args.shards, args.link)
-        elif args.workload == "output":
-            metrics = workloads.output_forwarding(args.system, sizes)
-        else:
-            metrics = workloads.WORKLOADS[args.workload](args.system, sizes)
-    except Exception as exc:
-        traceback.print_exc()
-        metrics = {"error": f"{type(exc).__name__}: {exc}"}
-    print(MARKER + json.dumps(metrics), flush=True)
-    return 0
+            return {"iters": iters, "task_s": seconds}
+        if args.workload == "es":
+            return workloads.es_generation(args.system, sizes, args.iters)
+        if args.workload == "simulated":
+            simulated = {**sizes, "sim_workers": args.workers} if args.workers else sizes
+            return workloads.simulated_dispatch(args.system, simulated, args.shards, args.link)
+        if args.workload == "output":
+            return workloads.output_forwarding(args.system, sizes)
+        return workloads.WORKLOADS[args.workload](args.system, sizes)
+
+    return report(measure)
 
 
 if __name__ == "__main__":

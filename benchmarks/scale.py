@@ -45,7 +45,6 @@ import resource
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -435,16 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.one:
-        from benchmarks.measure import MARKER
+        from benchmarks.measure import report
 
         system, n, rounds, limit = options.one
-        try:
-            metrics = measure_one(system, int(n), int(rounds), float(limit), options.task)
-        except Exception as exc:
-            traceback.print_exc()
-            metrics = {"error": f"{type(exc).__name__}: {exc}"}
-        print(MARKER + json.dumps(metrics), flush=True)
-        return 0
+        return report(lambda: measure_one(system, int(n), int(rounds), float(limit),
+                                          options.task))
     results, meta = run(options)
     print(table(results))
     print(f"\n{meta['mode']} run, task from the {meta['task']}, {meta['repeat']} repeat(s), "
