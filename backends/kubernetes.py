@@ -74,7 +74,8 @@ from fiberexec.backends._k8s_watch import Deadlines, PodWatcher
 __all__ = ["KubernetesBackend", "remove_stray"]
 
 log = logging.getLogger("fiberexec.backends.kubernetes")
-
+Json = dict[str, Any]
+SIGTERM_GRACE = 2  # seconds between SIGTERM and SIGKILL when a worker is signalled
 #: The API server calls a container "ContainerCreating" until the kubelet's next status sync,
 #: up to about a second after the container started (it may already run and print): its logs
 #: are asked for again over that window before "nothing yet" is the answer.
@@ -83,8 +84,6 @@ _LOGS_SETTLE = RetryPolicy(attempts=12, deadline=3.0, initial=0.05, maximum=0.5,
 
 class _StillCreating(TransientBackendError):
     """The pod's container is reported as being created: its logs may come a moment later."""
-Json = dict[str, Any]
-SIGTERM_GRACE = 2  # seconds between SIGTERM and SIGKILL when a worker is signalled
 
 
 class KubernetesBackend(Backend):
