@@ -118,6 +118,9 @@ class _Run:
     namespace: str
     name: str
     gone: threading.Event = field(default_factory=threading.Event)  # deleted before exit
+    # Held while the process is started and while a delete decides how to end it: a delete
+    # either finds the process, or the start finds the pod deleted (never neither).
+    lock: threading.Lock = field(default_factory=threading.Lock)
     exited: threading.Event = field(default_factory=threading.Event)
     proc: subprocess.Popen[bytes] | None = None
     override: str | None = None  # terminated reason forced by a fault (OOMKilled, Evicted)
@@ -157,15 +160,20 @@ class Kubelet:
         """Delete a pod as the API server + kubelet do; returns the pod as deleted/terminating."""
         with self._lock:
             run = self._runs.get((namespace, name))
-        proc = run.proc if run is not None else None
-        if run is None or proc is None or run.exited.is_set() or grace <= 0:
-            deleted = self.store.delete("pods", namespace, name)  # first, as a force delete
-            if run is not None:
-                run.gone.set()
-                if proc is not None and not run.exited.is_set():
-                    self._signal(run, signal.SIGKILL)
-                    run.exited.wait(10)  # the process is gone when the call returns
+        proc, force = None, True
+        if run is not None:
+            with run.lock:
+                proc = run.proc
+                force = proc is None or run.exited.is_set() or grace <= 0
+                if force:
+                    run.gone.set()
+        if force:
+            deleted = self.store.delete("pods", namespace, name)
+            if run is not None and proc is not None and not run.exited.is_set():
+                self._signal(run, signal.SIGKILL)
+                run.exited.wait(10)  # the process is gone when the call returns
             return deleted
+        assert run is not None and proc is not None  # (else the delete is forced, above)
         run.remove_on_exit = True
         pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
             deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)))
@@ -202,7 +210,8 @@ class Kubelet:
         with self._lock:
             runs, threads = list(self._runs.values()), list(self._threads)
         for run in runs:
-            run.gone.set()
+            with run.lock:  # a process starting now sees the pod gone (see `_start`)
+                run.gone.set()
             if run.proc is not None and run.proc.poll() is None:
                 self._signal(run, signal.SIGKILL)
         for thread in threads:
@@ -327,15 +336,17 @@ class Kubelet:
                 argv, proc_env = command, env
                 if self.runtime == "docker":
                     argv, proc_env = self._docker_run(run, container, command, env)
-                run.proc = subprocess.Popen(
-                    argv, env=proc_env, cwd=container.get("workingDir") or self.logdir,
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, close_fds=True)
+                with run.lock:
+                    run.proc = subprocess.Popen(
+                        argv, env=proc_env, cwd=container.get("workingDir") or self.logdir,
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True, close_fds=True)
+                    deleted = run.gone.is_set()
         except (OSError, subprocess.SubprocessError) as exc:
             run.exited.set()
             self._terminated(run, 128, "StartError", f"exec: {exc}")
             return
-        if run.gone.is_set():  # deleted while starting
+        if deleted:  # deleted while starting: the delete found no process to end
             self._signal(run, signal.SIGKILL)
         if self.faults.status_lag:  # the kubelet reports a start at its next status sync
             run.exited.wait(self.faults.status_lag)
