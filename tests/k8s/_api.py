@@ -123,7 +123,7 @@ class Api:
         pod.pop("kind", None)
         pod["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         created = self._store(req, pod)
-        self.emu.kubelet.admit(req.namespace, created["metadata"]["name"])
+        self.emu.kubelet.admit(created)
         return 201, typed("pods", created)
 
     def _create_lease(self, req: Request, lease: Json) -> tuple[int, Json | str]:
@@ -192,7 +192,7 @@ class Api:
             reason = (state.get("waiting") or {}).get("reason", "ContainerCreating")
             raise ApiError(400, "BadRequest", f'container "{statuses[0].get("name", "")}" in pod '
                            f'"{req.name}" is waiting to start: {reason}')
-        path = self.emu._logdir / f"{req.namespace}_{req.name}.log"
+        path = self.emu.kubelet.log_path(pod)
         text = path.read_text(errors="replace") if path.exists() else ""
         tail = req.query.get("tailLines")
         if tail is not None:

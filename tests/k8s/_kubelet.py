@@ -115,8 +115,12 @@ class Faults:
 
 @dataclass
 class _Run:
+    """One pod's life on the node. A pod deleted and created again under the same name is
+    another pod (another uid): its run never touches the new one's status or container."""
+
     namespace: str
     name: str
+    uid: str
     gone: threading.Event = field(default_factory=threading.Event)  # deleted before exit
     # Held while the process is started and while a delete decides how to end it: a delete
     # either finds the process, or the start finds the pod deleted (never neither).
@@ -142,24 +146,35 @@ class Kubelet:
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.store, self.faults, self.logdir, self.runtime = store, faults, logdir, runtime
-        self._runs: dict[tuple[str, str], _Run] = {}
+        self._runs: dict[str, _Run] = {}  # by pod uid
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     # -- API-side entry points -------------------------------------------------------------
-    def admit(self, namespace: str, name: str) -> None:
-        run = _Run(namespace, name)
+    def admit(self, pod: Json) -> None:
+        meta = pod["metadata"]
+        run = _Run(meta["namespace"], meta["name"], meta["uid"])
         thread = threading.Thread(target=self._lifecycle, args=(run,), daemon=True,
-                                  name=f"kubelet-{name}")
+                                  name=f"kubelet-{run.name}")
         with self._lock:
-            self._runs[(namespace, name)] = run
+            self._runs[run.uid] = run
             self._threads.append(thread)
         thread.start()
 
+    def log_path(self, pod: Json) -> Path:
+        """Where the container of ``pod`` (this very pod, by uid) writes its output."""
+        meta = pod["metadata"]
+        return self.logdir / _log_name(meta["namespace"], meta["name"], meta["uid"])
+
+    def _current(self, namespace: str, name: str) -> _Run | None:
+        """The run of the pod stored under ``name`` now (not of an earlier pod so named)."""
+        pod = self.store.get("pods", namespace, name)
+        with self._lock:
+            return self._runs.get(pod["metadata"]["uid"]) if pod is not None else None
+
     def delete(self, namespace: str, name: str, grace: float) -> Json | None:
         """Delete a pod as the API server + kubelet do; returns the pod as deleted/terminating."""
-        with self._lock:
-            run = self._runs.get((namespace, name))
+        run = self._current(namespace, name)
         proc, force = None, True
         if run is not None:
             with run.lock:
@@ -168,7 +183,8 @@ class Kubelet:
                 if force:
                     run.gone.set()
         if force:
-            deleted = self.store.delete("pods", namespace, name)
+            deleted = self.store.delete("pods", namespace, name,
+                                        uid=run.uid if run is not None else None)
             if run is not None and proc is not None and not run.exited.is_set():
                 self._signal(run, signal.SIGKILL)
                 run.exited.wait(10)  # the process is gone when the call returns
@@ -176,14 +192,13 @@ class Kubelet:
         assert run is not None and proc is not None  # (else the delete is forced, above)
         run.remove_on_exit = True
         pod = self.store.update("pods", namespace, name, lambda p: p["metadata"].update(
-            deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)))
+            deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(grace)), uid=run.uid)
         threading.Thread(target=self._terminate, args=(run, proc, grace), daemon=True).start()
         return pod
 
     def kill(self, namespace: str, name: str, sig: int, override: str | None = None) -> None:
-        with self._lock:
-            run = self._runs[(namespace, name)]
-        if run.proc is None:
+        run = self._current(namespace, name)
+        if run is None or run.proc is None:
             raise RuntimeError(f"pod {namespace}/{name} has no running process")
         run.override = override
         self._signal(run, sig)
@@ -220,7 +235,9 @@ class Kubelet:
     # -- the pod's life --------------------------------------------------------------------
     def _lifecycle(self, run: _Run) -> None:
         pod = self.store.get("pods", run.namespace, run.name)
-        if pod is None or not self._schedule(run, pod) or not self._pull(run, pod):
+        if pod is None or pod["metadata"]["uid"] != run.uid:
+            return  # deleted (and perhaps created again) before it was scheduled
+        if not self._schedule(run, pod) or not self._pull(run, pod):
             return
         env = self._environment(run, pod)
         if env is None:
@@ -241,7 +258,7 @@ class Kubelet:
                 "message": why, "lastTransitionTime": now_iso()}]})
             return False  # stays Pending until deleted, as on a full cluster
         self.store.update("pods", run.namespace, run.name, lambda p: p["spec"].update(
-            nodeName=NODE))
+            nodeName=NODE), uid=run.uid)
         self._set_status(run, {
             "conditions": [{"type": "PodScheduled", "status": "True",
                             "lastTransitionTime": now_iso()}],
@@ -330,7 +347,7 @@ class Kubelet:
 
     def _start(self, run: _Run, container: Json, command: list[str],
                env: dict[str, str]) -> None:
-        log = (self.logdir / f"{run.namespace}_{run.name}.log").open("wb")
+        log = (self.logdir / _log_name(run.namespace, run.name, run.uid)).open("wb")
         try:
             with log:
                 argv, proc_env = command, env
@@ -395,7 +412,7 @@ class Kubelet:
         status["containerStatuses"] = [_container_status(pod, state)]
         self._set_status(run, status)
         if run.remove_on_exit:
-            self.store.delete("pods", run.namespace, run.name)
+            self.store.delete("pods", run.namespace, run.name, uid=run.uid)
 
     def _terminate(self, run: _Run, proc: subprocess.Popen[bytes], grace: float) -> None:
         self._signal(run, signal.SIGTERM)
@@ -419,7 +436,7 @@ class Kubelet:
 
     def _set_status(self, run: _Run, changes: Json) -> None:
         self.store.update("pods", run.namespace, run.name,
-                          lambda p: p.setdefault("status", {}).update(changes))
+                          lambda p: p.setdefault("status", {}).update(changes), uid=run.uid)
 
 
 def _container_status(pod: Json, state: Json, ready: bool = False) -> Json:
@@ -429,8 +446,13 @@ def _container_status(pod: Json, state: Json, ready: bool = False) -> Json:
             "started": "running" in state, "state": state}
 
 
+def _log_name(namespace: str, name: str, uid: str) -> str:
+    return f"{namespace}_{name}_{uid}.log"
+
+
 def _container_name(run: _Run) -> str:
-    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"k8s-emu-{run.namespace}-{run.name}")
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-",
+                  f"k8s-emu-{run.namespace}-{run.name}-{run.uid[:8]}")
 
 
 def _image_present(image: str) -> bool:

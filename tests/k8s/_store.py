@@ -135,24 +135,33 @@ class Store:
             return copy.deepcopy(obj) if obj is not None else None
 
     def update(self, resource: str, namespace: str, name: str,
-               mutate: Callable[[Json], None]) -> Json | None:
-        """Apply ``mutate`` to the stored object (MODIFIED); None if it is gone."""
+               mutate: Callable[[Json], None], *, uid: str | None = None) -> Json | None:
+        """Apply ``mutate`` to the stored object (MODIFIED); None if it is gone, or if ``uid``
+        is given and the object under that name is another one (a precondition)."""
         with self.cond:
-            obj = self._objects.get((resource, namespace, name))
+            obj = self._find(resource, namespace, name, uid)
             if obj is None:
                 return None
             mutate(obj)
             return self._bump(resource, namespace, "MODIFIED", obj)
 
-    def delete(self, resource: str, namespace: str, name: str) -> Json | None:
+    def delete(self, resource: str, namespace: str, name: str, *,
+               uid: str | None = None) -> Json | None:
+        """Remove the object (DELETED); None if it is gone, or is not ``uid`` (as `update`)."""
         with self.cond:
-            obj = self._objects.pop((resource, namespace, name), None)
-            if obj is None:
+            if self._find(resource, namespace, name, uid) is None:
                 return None
+            obj = self._objects.pop((resource, namespace, name))
             self.version += 1
             obj["metadata"]["resourceVersion"] = str(self.version)
             self.version -= 1
             return self._bump(resource, namespace, "DELETED", obj)
+
+    def _find(self, resource: str, namespace: str, name: str, uid: str | None) -> Json | None:
+        obj = self._objects.get((resource, namespace, name))
+        if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
+            return None
+        return obj
 
     def list(self, resource: str, namespace: str | None,
              selector: list[_Requirement]) -> tuple[list[Json], int]:

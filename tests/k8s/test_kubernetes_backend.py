@@ -31,7 +31,7 @@ from fiberexec.backend import (
 from tests.k8s._kubelet import pull_error_message
 from tests.k8s.conftest import Exits, make_spec
 from tests.k8s.emulator import Emulator
-from tests.support.backend_kubernetes import NAMESPACE
+from tests.support.backend_kubernetes import IMAGE, NAMESPACE
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FIBEREXEC_TEST_BACKEND") != "kubernetes",
@@ -501,6 +501,42 @@ def test_one_backend_serves_one_executor(make_backend: Any) -> None:
 
 
 # -- the emulator itself -----------------------------------------------------------------------
+def test_emulator_pod_created_again_under_its_name_is_another_pod(emu: Emulator,
+                                                                  client: Any) -> None:
+    """The node still runs a pod the API server already dropped (a force delete the kubelet
+    has not acted on) when a pod of the same name is created: the old pod's exit must not
+    touch the new pod's status, object or log (a kubelet tracks pods by uid)."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(client)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(10)
+        port = server.getsockname()[1]
+
+        def pod(code: str) -> dict[str, Any]:
+            return {"metadata": {"name": "again"}, "spec": {"containers": [{
+                "name": "worker", "image": IMAGE, "command": ["python", "-c", code]}]}}
+
+        core.create_namespaced_pod(NAMESPACE, pod(
+            "import socket; print('first', flush=True); "
+            f"socket.create_connection(('127.0.0.1', {port})).recv(1)"))
+        conn, _ = server.accept()  # the first pod's process runs
+        [first] = [t for t in threading.enumerate() if t.name == "kubelet-again"]
+        emu.store.delete("pods", NAMESPACE, "again")
+        core.create_namespaced_pod(NAMESPACE, pod(
+            "import socket; print('second', flush=True); "
+            f"socket.create_connection(('127.0.0.1', {port})).recv(1)"))
+        second, _ = server.accept()  # the second pod's process runs, and has printed
+        conn.close()  # the first process exits now, its pod long gone
+        first.join(10)
+        assert not first.is_alive()
+        again = emu.pod(NAMESPACE, "again")
+        assert running(again), f"the old pod's exit reached the new pod: {again}"
+        assert core.read_namespaced_pod_log("again", NAMESPACE) == "second\n"
+        second.close()
+    core.delete_namespaced_pod("again", NAMESPACE, grace_period_seconds=0)
+
+
 def test_emulator_label_selectors(emu: Emulator, client: Any) -> None:
     from kubernetes import client as k8s
 
