@@ -1,0 +1,103 @@
+"""The forking launcher's gate: children it forks back to back start together.
+
+The launcher process is started here as `fiberexec._launcher.Launcher` starts it; requests
+written to its socket before it starts are all waiting when it looks, as a burst from an
+executor's many starting threads would be.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from fiberexec import _launcher
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAM = "tests.launched_child"  # prints its pid and its launcher's children as it starts
+
+
+class Launched:
+    """A launcher process, the pipe its children print to, and the children's pidfds."""
+
+    def __init__(self) -> None:
+        self.sock, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.out, self._write_end = os.pipe()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfds: list[int] = []
+        self._text = b""
+
+    def start(self) -> None:
+        fd = self._theirs.fileno()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fiberexec.worker", _launcher.LAUNCHER_FLAG, str(fd)],
+            pass_fds=(fd,), cwd=ROOT, stdin=subprocess.DEVNULL, process_group=0)
+
+    def ask(self, *, burst: bool) -> None:
+        """Ask for a child (``burst``: amid others, as `Launcher.spawn` says)."""
+        request = _launcher.spawn_request({}, [], ROOT, None, None, PROGRAM, None, burst=burst)
+        socket.send_fds(self.sock, [request], [self._write_end, self._write_end])
+
+    def replies(self, count: int) -> None:
+        for _ in range(count):
+            assert select.select([self.sock], [], [], 30)[0], "the launcher did not answer"
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
+            assert pickle.loads(data)[0] == "spawned"
+            self.pidfds.extend(fds)
+
+    def started(self, count: int) -> list[int]:
+        """As the next ``count`` children started: how many children the launcher had."""
+        while self._text.count(b"\n") < count:
+            assert select.select([self.out], [], [], 30)[0], f"started: {self._text!r}"
+            self._text += os.read(self.out, 4096)
+        lines = self._text.split(b"\n")
+        self._text = b"\n".join(lines[count:])
+        return [int(line.split()[1]) for line in lines[:count]]
+
+    def close(self) -> None:
+        for pidfd in self.pidfds:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+        self.sock.close()  # the launcher exits when its socket closes
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+        self._theirs.close()
+        os.close(self.out)
+        os.close(self._write_end)
+
+
+@pytest.fixture
+def launched() -> Iterator[Launched]:
+    made = Launched()
+    yield made
+    made.close()
+
+
+def test_children_forked_back_to_back_start_once_the_last_is_forked(
+        launched: Launched) -> None:
+    """Twelve requests waiting at once: no child runs before the twelfth is forked (each
+    sees all twelve), so the launcher forks them without sharing the CPU with them."""
+    for _ in range(12):
+        launched.ask(burst=True)
+    launched.start()
+    launched.replies(12)
+    assert launched.started(12) == [12] * 12
+
+
+def test_a_child_asked_for_alone_or_last_is_not_held(launched: Launched) -> None:
+    """A lone request (a `Process`, a replacement) starts its child at once; the last of
+    a burst starts once no request has followed it for a moment."""
+    launched.start()
+    launched.ask(burst=False)
+    launched.replies(1)
+    assert launched.started(1) == [1]
+    launched.ask(burst=True)  # more were said to be coming, and none came
+    launched.replies(1)
+    assert launched.started(1) == [2]
