@@ -66,6 +66,7 @@ MAX_MESSAGE = 1 << 20
 SPAWN_TIMEOUT = 30.0
 GATE_HOLD = 3.0  # seconds children forked back to back wait at most for the rest (`_Gate`)
 GATE_QUIET_MS = 5  # within a burst, no request for this long: the gate opens
+GATE_BATCH = 8  # children held before the gate waits out `GATE_QUIET_MS` (fewer: no wait)
 WORKER_PROGRAM = "fiberexec.worker"
 
 
@@ -402,15 +403,19 @@ class _Gate:
         self._fds: tuple[int, int] | None = None
         self._since = 0.0
         self._quiet = 0
+        self._held = 0
 
     def hold(self, burst: bool) -> tuple[int, int]:
         """The pipe the next child waits on (a new one after each `open`). ``burst``: the
-        executor asked for it amid others, so more are likely to come; otherwise the gate
-        opens as soon as the child is forked, unless a request is waiting already."""
+        executor asked for it amid others, so more are likely to come; otherwise (and for a
+        burst's first few, so a small pool never waits) the gate opens as soon as the child
+        is forked, unless a request is waiting already."""
         if self._fds is None:
             self._fds = os.pipe2(os.O_CLOEXEC)
             self._since = time.monotonic()
-        self._quiet = GATE_QUIET_MS if burst else 0
+            self._held = 0
+        self._held += 1
+        self._quiet = GATE_QUIET_MS if burst and self._held >= GATE_BATCH else 0
         return self._fds
 
     def wait_ms(self) -> int | None:
