@@ -59,6 +59,8 @@ class Payload(Record):
 
     @property
     def nbytes(self) -> int:
+        if not self.buffers:  # (most: a result's size is counted for every task)
+            return len(self.data)
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
@@ -138,6 +140,15 @@ def dumps_scalars(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Payload | No
                                         and len(value) <= SHORT_TEXT):
             return None
     return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+
+
+def dumps_scalar(value: Any) -> Payload | None:
+    """``value`` pickled at once when it is a number, None, or a short str or bytes (the
+    exact types), as most tasks' results are (see `dumps_scalars`); None for anything else."""
+    kind = type(value)
+    if kind in _SCALARS or ((kind is str or kind is bytes) and len(value) <= SHORT_TEXT):
+        return Payload(pickle.dumps(value, protocol=PROTOCOL))
+    return None
 
 
 _FORK_SEMLOCK = "A SemLock created in a fork context"  # (the stdlib's message starts so)

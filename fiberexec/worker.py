@@ -52,7 +52,7 @@ from fiberexec._claims import ClaimBoard
 from fiberexec._errors import LinkClosed, ProtocolError
 from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
-from fiberexec._serialize import Payload, dumps, dumps_exception, loads
+from fiberexec._serialize import Payload, dumps, dumps_exception, dumps_scalar, loads
 from fiberexec._timer import OneShot
 
 EXIT_AUTH_FAILED = 3
@@ -453,9 +453,13 @@ class Worker:
             self.interruptible = True
             value = fn(*args, **kwargs)
             self.interruptible = False
-            payload = dumps(value, what="result", main_by_reference=_mainspace.by_reference)
+            payload = dumps_scalar(value)
+            if payload is None:  # (a number or short text needs none of the checks below)
+                payload = dumps(value, what="result",
+                                main_by_reference=_mainspace.by_reference)
+                p.check_fits(payload, self.shm.executor_id is not None,
+                             "the result and its buffers")
             status = p.Status.OK
-            p.check_fits(payload, self.shm.executor_id is not None, "the result and its buffers")
         except BaseException as exc:  # what the task raised (SystemExit too) goes to its future
             self.interruptible = False
             if isinstance(exc, MemoryError):

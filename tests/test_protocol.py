@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from fiberexec import ProtocolError
 from fiberexec import _protocol as p
 from fiberexec._record import Record
-from fiberexec._serialize import SHORT_TEXT, Payload, dumps, dumps_scalars, loads
+from fiberexec._serialize import (
+    SHORT_TEXT,
+    Payload,
+    dumps,
+    dumps_scalar,
+    dumps_scalars,
+    loads,
+)
 
 payloads = st.builds(
     Payload,
@@ -123,6 +130,13 @@ def test_scalar_arguments_pickle_at_once_and_round_trip(args: tuple[object, ...]
     assert loads(payload) == (args, kwargs)
 
 
+@given(scalars)
+def test_a_scalar_result_pickles_at_once_and_round_trips(value: object) -> None:
+    payload = dumps_scalar(value)
+    assert payload is not None and not payload.buffers
+    assert loads(payload) == value and payload.nbytes == len(payload.data)
+
+
 def _script_function() -> None: ...
 
 
@@ -134,6 +148,7 @@ _script_function.__module__ = "__main__"
 def test_anything_but_numbers_and_short_text_takes_the_full_path(value: object) -> None:
     assert dumps_scalars((1, value), {}) is None
     assert dumps_scalars((), {"k": value}) is None
+    assert dumps_scalar(value) is None
     assert dumps((value,), what="arguments") is not None  # (which takes every kind)
 
 
