@@ -330,18 +330,24 @@ class FiberExecutor(Executor):
             raise kind(f"chunksize must be a whole number >= 1, got {chunksize!r}") from None
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
+        # Inputs in memory (not subclasses: those may read lazily) are read at once, and
+        # their calls handed over together, as `_submit_all` does with a list: the first
+        # need not go alone to wake its worker for it while the rest are read.
+        known = buffersize is None and all(type(it) in _IN_MEMORY for it in iterables)
         if chunksize == 1:
-            return _map(self, fn, zip(*iterables, strict=False), timeout, buffersize)
+            calls = zip(*iterables, strict=False)
+            return _map(self, fn, list(calls) if known else calls, timeout, buffersize)
         chunks: Iterator[Sequence[Any]]
         if len(iterables) == 1:  # chunks of plain items, run by the builtin map (C speed)
             runner, items = map_chunk, iterables[0]
-            if type(items) in (list, tuple, range) and buffersize is None:  # (not subclasses)
+            if known:
                 chunks = _slices(cast(Sequence[Any], items), chunksize)
             else:
                 chunks = _chunks(iter(items), chunksize)
         else:
             runner, chunks = starmap_chunk, _chunks(zip(*iterables, strict=False), chunksize)
-        results = _map(self, runner, zip(itertools.repeat(fn), chunks), timeout, buffersize)
+        runs = zip(itertools.repeat(fn), chunks)
+        results = _map(self, runner, list(runs) if known else runs, timeout, buffersize)
         return itertools.chain.from_iterable(results)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
@@ -533,6 +539,9 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[tuple[Any, ...]]:
         yield chunk
 
 
+_IN_MEMORY = (list, tuple, range)
+
+
 def _slices(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Chunks of a list, tuple or range, taken as slices: a list's or tuple's copies its
     pointers, a range's is a range (no item made here, a few bytes to pickle; the worker
@@ -543,13 +552,15 @@ def _slices(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 def _map(
     executor: Executor,
     fn: Callable[..., T],
-    args: Iterator[tuple[Any, ...]],
+    args: Iterator[tuple[Any, ...]] | list[tuple[Any, ...]],
     timeout: float | None,
     buffersize: int | None,
 ) -> Iterator[T]:
-    """`Executor.map` as Python 3.14 has it: submits now (``buffersize`` of them, lazily)."""
+    """`Executor.map` as Python 3.14 has it: submits now (``buffersize`` of them, lazily;
+    an iterator's, as it reads them; a list's together)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    head = itertools.islice(args, buffersize) if buffersize else args
+    more = iter(args) if buffersize else None  # (read as results are consumed)
+    head = args if more is None else itertools.islice(more, buffersize)
     ours = isinstance(executor, FiberExecutor)  # (ours: all at once, one snapshot)
     if getattr(executor.submit, "__func__", None) is not FiberExecutor.submit:
         ours = False  # a subclass's or a wrapper's submit sees each call, as in the stdlib
@@ -558,7 +569,7 @@ def _map(
         cast(FiberExecutor, executor)._submit_all(fn, head, snapshot) if ours
         else (executor.submit(fn, *a) for a in head))
     ref = weakref.ref(executor)  # the iterator must not keep the executor alive
-    return _results(futures, args if buffersize else None, ref, fn, deadline, snapshot)
+    return _results(futures, more, ref, fn, deadline, snapshot)
 
 
 def _results(  # noqa: PLR0917  # (the map's parts, handed on)
