@@ -164,8 +164,10 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread(seconds: float
     counts as one that keeps the CPU; a busy machine can still add wake-ups to a round of
     tasks (a task preempted for longer than twice the one before), so up to five rounds
     are run and the quietest one is judged (a run of the whole suite in parallel
-    environments once saw 9, 7 and 7 in three). The old behaviour woke 80 to 120 times in
-    every round."""
+    environments once saw 9, 7 and 7 in three; a full run while the host was slow, 10 to
+    14 in all five rounds of 7 ms tasks). The old behaviour woke 80 to 120 times in every
+    round: fewer than one wake-up in two tasks in the quietest round tells the two apart with
+    room to spare (under two busy loops on this machine's two cores: 19 in 40)."""
     from fiberexec import FiberExecutor
     from tests import tasks
 
@@ -180,7 +182,7 @@ def test_tasks_holding_the_gil_back_to_back_wake_no_second_thread(seconds: float
             futures = [ex.submit(tasks.spin, seconds, i) for i in range(count)]
             assert [f.result(timeout=60) for f in futures] == list(range(count))
             rounds.append(ex.submit(tasks.thread_switches).result(timeout=60) - before)
-    assert min(rounds) < count // 4, (
+    assert min(rounds) < count // 2, (
         f"the worker's other threads woke {rounds} times in rounds of {count} tasks")
 
 
