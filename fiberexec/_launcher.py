@@ -17,6 +17,11 @@ stay where they are).
     reader thread <--("exited", pid, code)--             of fiberexec's as ``python -m`` would
                                                  SIGCHLD -> waitpid -> report
 
+Installed modules that workers on this host imported are imported by the launcher before
+its next fork (`fiberexec._imports`), so workers started later begin with them; a request
+whose environment differs by more than fiberexec's own variables goes to a second launcher
+that learns nothing (`Launcher.spawn`).
+
 A program other than the worker (``program=``: a module of fiberexec with a ``main()``, such
 as the one a `fiberexec.multiprocessing.Process` runs) is imported by the launcher the first
 time it is asked for, so every child after that starts with it loaded; the child makes it
@@ -53,8 +58,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fiberexec import _imports
 from fiberexec._fdlimit import readable_within
 
+ENV_PREFIX = "FIBEREXEC_"  # fiberexec's own variables: a request may change these freely
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
 # What a forked child's /proc/<pid>/environ names, as a worker started afresh names them
 # (``fiberexec cleanup`` reads them): the launcher starts with room for each, which a child
@@ -120,10 +127,14 @@ class Launcher:
 
     def __init__(self, python: str, env: Mapping[str, str],
                  on_exit: Callable[[ForkedProcess], None] | None = None,
-                 flags: Sequence[str] = ()) -> None:
+                 flags: Sequence[str] = (), *, learns: bool = True) -> None:
         """``flags``: the interpreter's options (``-O``, ``-W error``...), which every child
         forked from it then has. ``on_exit`` hears each child's exit, unless its `spawn`
-        names a listener of its own."""
+        names a listener of its own. ``learns``: it imports the modules workers on this
+        host imported (`fiberexec._imports`) before the forks that follow."""
+        self._python, self._flags, self.learns = python, tuple(flags), learns
+        self._taught: set[str] = set()  # the learned modules sent to it
+        self._twin: Launcher | None = None  # forks what it must not, once it learned some
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**env, **dict.fromkeys(SHOWN, " " * SHOWN_WIDTH)}
         self._env = env  # the launcher's own: a request carries what differs from it
@@ -158,29 +169,37 @@ class Launcher:
         It starts a process group of its own, or joins the process ``group`` given (a
         `fiberexec.multiprocessing.Process` joins its parent's, so the terminal's Ctrl-C
         reaches it as it reaches a stdlib child); either way in this process's session
-        (see `_detach`). ``on_exit`` hears its exit (else the launcher's listener does)."""
+        (see `_detach`). ``on_exit`` hears its exit (else the launcher's listener does).
+
+        A child whose environment differs from the launcher's by more than fiberexec's own
+        variables (an executor's ``env=``, the program's environment changed since) is
+        forked by a second launcher that learns nothing, once this one has imported what
+        workers did: what a module reads from the environment as it is imported is then
+        the child's own."""
         changed, removed = environment_delta(self._env, env)
+        plain = all(name.startswith(ENV_PREFIX) for name in (*changed, *removed))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
-            # In a burst (others under way, or one asked for just before): more are
-            # likely to follow, and the child may wait for them (`_Gate`).
-            now = time.monotonic()
-            burst = bool(self._waiting) or now - self._last_ask < GATE_QUIET_MS / 1000
-            self._last_ask = now
-            request = spawn_request(changed, removed, cwd, memory, log, program, group,
-                                    burst=burst)
-            try:
-                socket.send_fds(self._sock, [request], fds)
-            except OSError as exc:
-                if exc.errno == errno.EMSGSIZE:  # the launcher lives: this request is too big
-                    raise LauncherError(
-                        f"a request to fork is {len(request)} bytes, more than the "
-                        "launcher's socket takes: the environment changed by that much "
-                        "since the launcher started") from None
-                self.gone = True
-                raise LauncherError(f"the worker launcher is gone: {exc}") from None
-            self._waiting.append((slot, on_exit or self._on_exit))
+            if not plain and self._taught:
+                twin = self._twin
+                if twin is None or twin.gone:
+                    twin = self._twin = Launcher(self._python, self._env, self._on_exit,
+                                                 self._flags, learns=False)
+            else:
+                twin = None
+                imports = _imports.learned_since(self._taught) if self.learns and plain else []
+                # In a burst (others under way, or one asked for just before): more are
+                # likely to follow, and the child may wait for them (`_Gate`).
+                now = time.monotonic()
+                burst = bool(self._waiting) or now - self._last_ask < GATE_QUIET_MS / 1000
+                self._last_ask = now
+                request = spawn_request(changed, removed, cwd, memory, log, program, group,
+                                        burst=burst, imports=imports)
+                self._send(request, fds, slot, on_exit)
+        if twin is not None:
+            return twin.spawn(env=env, cwd=cwd, memory=memory, log=log, program=program,
+                              output=output, group=group, on_exit=on_exit)
         try:
             reply = slot.get(timeout=SPAWN_TIMEOUT)
         except queue.Empty:
@@ -189,6 +208,21 @@ class Launcher:
         if reply[0] != "spawned":
             raise LauncherError(f"the worker launcher could not fork: {reply[1]}")
         return reply[1]  # type: ignore[no-any-return]
+
+    def _send(self, request: bytes, fds: list[int], slot: queue.SimpleQueue[tuple[Any, ...]],
+              on_exit: Listener | None) -> None:
+        """(Holding the lock.) Send a request; its reply comes to ``slot``."""
+        try:
+            socket.send_fds(self._sock, [request], fds)
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:  # the launcher lives: this request is too big
+                raise LauncherError(
+                    f"a request to fork is {len(request)} bytes, more than the "
+                    "launcher's socket takes: the environment changed by that much "
+                    "since the launcher started") from None
+            self.gone = True
+            raise LauncherError(f"the worker launcher is gone: {exc}") from None
+        self._waiting.append((slot, on_exit or self._on_exit))
 
     def _next_waiting(self) -> tuple[queue.SimpleQueue[tuple[Any, ...]] | None, Listener | None]:
         with self._lock:
@@ -240,11 +274,29 @@ class Launcher:
         child.exited(-signal.SIGKILL)  # its status went to the launcher, which is gone
 
     def idle(self) -> bool:
-        """No child of its own alive and no fork asked of it under way."""
+        """No child of its own alive and no fork asked of it under way (nor of its twin)."""
         with self._lock:
-            return not self._children and not self._waiting
+            twin = self._twin
+            if self._children or self._waiting:
+                return False
+        return twin is None or twin.idle()
+
+    def drop_socket(self) -> None:
+        """In a child forked from the process that started it: the copies of its socket,
+        and its twin's, go (the parent's hang-up still ends them)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        if self._twin is not None:
+            self._twin.drop_socket()
+
+    def pids(self) -> list[int]:
+        """Its process id, and its twin's (see `spawn`), while they run."""
+        twin = self._twin
+        return ([] if self.gone else [self.proc.pid]) + ([] if twin is None else twin.pids())
 
     def close(self, timeout: float = 5.0) -> None:
+        if self._twin is not None:
+            self._twin.close(timeout)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
@@ -300,8 +352,7 @@ class SharedLaunchers:
     def pids(self) -> list[int]:
         """The process ids of the launchers that run."""
         with self._lock:
-            return [launcher.proc.pid for launcher in self._launchers.values()
-                    if not launcher.gone]
+            return [pid for launcher in self._launchers.values() for pid in launcher.pids()]
 
     def retire(self, launcher: Launcher) -> None:
         """``launcher`` died: the next `get` starts another."""
@@ -338,8 +389,7 @@ class SharedLaunchers:
         launchers, self._launchers = list(self._launchers.values()), {}
         self._lock = threading.Lock()
         for launcher in launchers:
-            with contextlib.suppress(OSError):
-                launcher._sock.close()
+            launcher.drop_socket()
 
 
 shared_launchers = SharedLaunchers()
@@ -350,10 +400,11 @@ shared_launchers = SharedLaunchers()
 
 def spawn_request(changed: Mapping[str, str], removed: Sequence[str], cwd: str,  # noqa: PLR0917
                   memory: int | None, log: str | None, program: str, group: int | None, *,
-                  burst: bool) -> bytes:
-    """A request to fork, as `serve` reads it (see `Launcher.spawn` for the fields)."""
+                  burst: bool, imports: Sequence[_imports.Module] = ()) -> bytes:
+    """A request to fork, as `serve` reads it (see `Launcher.spawn` for the fields;
+    ``imports``: modules to import first, `fiberexec._imports`)."""
     return pickle.dumps(("spawn", dict(changed), list(removed), cwd, memory, log, program,
-                         group, burst))
+                         group, burst, list(imports)))
 
 
 def serve(fd: int) -> None:
@@ -452,6 +503,7 @@ def _preload() -> None:
     # Each child proves its secret at once: OpenSSL sets up its HMAC on first use, which
     # done here is shared (about 0.1 ms and 40 copied pages less in each child).
     _auth.proof(_auth.new_nonce(), "worker", b"", b"")
+    _imports.installed(__file__)  # where installed modules live, found once for every child
 
     for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
         try:
@@ -467,8 +519,14 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int], gate: _Gate) -> bool:
         return False
     if not data:
         return False
-    _tag, changed, removed, cwd, memory, log, program, group, burst = pickle.loads(data)
+    _tag, changed, removed, cwd, memory, log, program, group, burst, imports = (
+        pickle.loads(data))
     _load(program)
+    if imports:
+        before = dict(os.environ)
+        if _imports.import_learned(imports):
+            _note_drift(before)
+            gc.freeze()  # (as after the preload: children do not copy these pages)
     held = gate.hold(burst)
     try:
         pid = os.fork()
@@ -556,6 +614,7 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
         _close(sorted(set(output)))
         os.chdir(cwd)
         _adopt_environment(*env)
+        _imports.fresh_random_state()
         _shown_as(env[0])
         if memory is not None:
             _limit_address_space(memory)

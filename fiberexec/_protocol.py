@@ -25,6 +25,8 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
       | <-- Interrupt() --------------  |   Ctrl-C for the running task: KeyboardInterrupt
       | <-- Revoke(task_ids) ---------  |   give back tasks not started yet (for idle workers)
       | -- Revoked(task_ids) --------->  |   the ones it gave back (it runs the others)
+      | -- Imported(modules) --------->  |   installed modules its tasks imported (a
+      |                                 |   worker on this host: for the launcher)
       | <-- Bye / Bye -->               |   orderly exit (shutdown, max_tasks_per_child)
 
 A payload (pickle stream + out-of-band buffers) travels inline, or, between processes that
@@ -45,7 +47,7 @@ from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 7  # 7: Interrupt
+VERSION = 8  # 7: Interrupt; 8: Imported
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -82,6 +84,7 @@ class Kind(enum.IntEnum):
     DUMP_STACK = 13
     STACK = 14
     INTERRUPT = 15
+    IMPORTED = 16
 
 
 class Status(enum.IntEnum):
@@ -207,8 +210,15 @@ class Interrupt(NamedTuple):
     if it set one, runs instead). Sent when the program's Ctrl-C ends its executor."""
 
 
+class Imported(NamedTuple):
+    """Installed modules a worker's tasks imported (`fiberexec._imports`): the name and
+    file of each, for the launcher its later workers are forked from."""
+
+    modules: Sequence[tuple[str, str]]
+
+
 Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
-           | Initialized | Revoke | Revoked | DumpStack | Stack | Interrupt)
+           | Initialized | Revoke | Revoked | DumpStack | Stack | Interrupt | Imported)
 
 
 def check_fits(payload: Payload, shared: bool, what: str) -> int:
@@ -398,6 +408,13 @@ def _enc_ids(w: _Writer, m: Revoke | Revoked) -> None:
     w.parts.append(struct.pack(f"!{len(m.task_ids)}Q", *m.task_ids))
 
 
+def _enc_imported(w: _Writer, m: Imported) -> None:
+    w.pack("!I", len(m.modules))
+    for name, origin in m.modules:
+        w.text(name)
+        w.text(origin)
+
+
 def _enc_bye(w: _Writer, m: Bye) -> None:
     w.text(m.reason)
 
@@ -428,6 +445,7 @@ _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     DumpStack: (Kind.DUMP_STACK, _enc_dump_stack),  # type: ignore[dict-item]
     Stack: (Kind.STACK, _enc_stack),  # type: ignore[dict-item]
     Interrupt: (Kind.INTERRUPT, _enc_empty),
+    Imported: (Kind.IMPORTED, _enc_imported),  # type: ignore[dict-item]
 }
 
 # ---------------------------------------------------------------------------- decoding
@@ -614,6 +632,10 @@ def _dec_stack(r: _Reader) -> Stack:
     return Stack(request_id, r.blob().decode("utf-8", "replace"))
 
 
+def _dec_imported(r: _Reader) -> Imported:
+    return Imported([(r.text(), r.text()) for _ in range(r.count(4))])
+
+
 def _dec_ids(r: _Reader) -> list[int]:
     n = r.count(8)
     return list(struct.unpack(f"!{n}Q", r.take(8 * n)))
@@ -639,4 +661,5 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.DUMP_STACK: lambda r: DumpStack(r.uint("!Q")),
     Kind.STACK: _dec_stack,
     Kind.INTERRUPT: lambda r: Interrupt(),
+    Kind.IMPORTED: _dec_imported,
 }

@@ -37,7 +37,7 @@ from concurrent.futures._base import CANCELLED
 from functools import partial
 from typing import Any, cast
 
-from fiberexec import _auth, _future, _interrupts, _observe, _shm
+from fiberexec import _auth, _future, _imports, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
@@ -417,6 +417,8 @@ class Shard:
             self._hang_up(conn)
         elif isinstance(message, p.Revoked):
             self._on_revoked(conn, message.task_ids)
+        elif isinstance(message, p.Imported):  # (sent by a worker on this host)
+            _imports.learn(message.modules)
         elif isinstance(message, p.Heartbeat):
             conn.cpu_percent, conn.rss_bytes = message.cpu_percent, message.rss_bytes
             if message.stdout or message.stderr:

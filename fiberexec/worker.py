@@ -50,6 +50,7 @@ from fiberexec import _protocol as p
 from fiberexec._argcache import Store
 from fiberexec._claims import ClaimBoard
 from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._imports import ImportWatch
 from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
 from fiberexec._serialize import Payload, dumps, dumps_exception, dumps_scalar, loads
@@ -119,6 +120,7 @@ class Worker:
         self._tasks_lock = threading.Lock()  # the main thread takes, a revoke gives back
         self._last_check = 0.0
         self._threads_seen = 0  # threading.active_count() when last looked at (`_mind_threads`)
+        self.imports = ImportWatch()  # what the tasks (and the initializer) import from here on
         self.outbox = Outbox(self._send_frame, watch=self.check_executor)
 
     # ---------------------------------------------------------------- handshake
@@ -232,7 +234,10 @@ class Worker:
         """Take in what the executor sent; with ``block``, wait until something arrives."""
         with self._recv_lock:
             # The outbox thread may have taken in tasks just before: then do not wait.
-            self._receive(block and not self.tasks and not self.stopping)
+            block = block and not self.tasks and not self.stopping
+            if block:  # idle, the results sent: what the tasks imported goes out now
+                self._report_imports()
+            self._receive(block)
 
     def _take_buffered(self) -> None:
         """Take in frames the link already holds, with no system call: a result whose task
@@ -424,6 +429,14 @@ class Worker:
         watcher.unwatch()  # leave() reads the link itself
         outbox.finish()
         outbox.send(p.Bye("asked to leave"))
+
+    def _report_imports(self) -> None:
+        """On the executor's host, tell it the installed modules the tasks imported, for
+        its launcher (`fiberexec._imports`)."""
+        if len(sys.modules) != self.imports.count and self.link.kind == "unix":
+            found = self.imports.new()
+            if found:
+                self.outbox.send(p.Imported(found))
 
     def _next_task(self) -> tuple[p.Task, _Functions, bool, int] | None:
         """The next task to run, or None: none is left, or the executor took it back (it

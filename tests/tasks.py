@@ -469,3 +469,24 @@ def start_child_then_hang_at_exit(_: object = None) -> int:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     threading.Thread(target=time.sleep, args=(120,), daemon=False).start()
     return child.pid
+
+
+def import_module(name: str, pause: float = 0.0) -> tuple[int, int, bool]:
+    """Import ``name``; this worker's pid, its parent's, and whether it had the module
+    before (``pause``: then wait, so that the tasks of a round land on distinct workers)."""
+    import importlib
+
+    had = name in sys.modules
+    importlib.import_module(name)
+    time.sleep(pause)
+    return os.getpid(), os.getppid(), had
+
+
+def numpy_draw(pause: float = 0.0) -> tuple[int, bool, float]:
+    """This worker's pid, whether it had numpy before, and a draw from numpy's global
+    generator."""
+    had = "numpy" in sys.modules
+    import numpy as np
+
+    time.sleep(pause)
+    return os.getpid(), had, float(np.random.random())

@@ -58,6 +58,7 @@ messages = st.one_of(
     st.builds(p.InitFailed, payloads),
     st.just(p.Initialized()),
     st.just(p.Interrupt()),
+    st.builds(p.Imported, st.lists(st.tuples(texts, texts), max_size=5)),
 )
 
 

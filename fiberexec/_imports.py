@@ -1,0 +1,137 @@
+"""What workers imported that the program's launcher may import too.
+
+A worker forked from the launcher (`fiberexec._launcher`) starts with what the launcher
+imported. One whose tasks then import numpy pays for that import, and so does every worker
+started after it (an executor made after another, a replacement, a pool that grows), where
+a worker the standard library forks from its parent has it. So a worker on the executor's
+host tells its executor which modules its tasks imported (`Imported`), and the launcher
+imports them before its next fork:
+
+    worker: a task imports numpy --Imported([("numpy", ".../numpy/__init__.py")])--> shard
+    shard --learn()--> this module's table --with the next spawn request--> launcher:
+        the same file found under that name? import it; every child after that has it
+
+Only installed modules count: top-level ones whose file lies in the standard library's or a
+site-packages folder, never the user's own code (it may change on disk between executors,
+and the launcher would keep the old one). A request whose environment differs from the
+launcher's by more than fiberexec's own variables (an executor's ``env=``) is forked by a
+launcher that learns nothing (`Launcher.spawn`): what a module reads from the environment
+as it is imported (numpy's ``OPENBLAS_NUM_THREADS``) is then the worker's, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+
+# (sysconfig, site and importlib.util are imported where needed: a worker started afresh
+# imports this module, and most never report anything)
+
+MAX_LEARNED = 1000  # modules kept to teach launchers (a program importing more: the first)
+
+Module = tuple[str, str]  # a top-level module's name and the file it was loaded from
+
+
+@functools.cache
+def _roots() -> tuple[str, ...]:
+    """The folders installed modules live in, each ending in a separator."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+             if key in paths}
+    with contextlib.suppress(AttributeError):  # (a virtualenv's old site module lacks them)
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
+
+
+def installed(origin: str) -> bool:
+    """Whether the file ``origin`` is part of an installed module (not the user's code)."""
+    return os.path.realpath(origin).startswith(_roots())
+
+
+class ImportWatch:
+    """In a worker: the installed top-level modules imported since it was made, each once."""
+
+    def __init__(self) -> None:
+        self.count = len(sys.modules)  # a cheap look first: did the table change at all?
+        self._known = {name for name in list(sys.modules) if "." not in name}
+
+    def new(self) -> list[Module]:
+        self.count = len(sys.modules)
+        found = []
+        for name, module in list(sys.modules.items()):
+            if "." in name or name in self._known:
+                continue
+            self._known.add(name)
+            origin = getattr(module, "__file__", None)
+            if isinstance(origin, str) and installed(origin):
+                found.append((name, origin))
+        return found
+
+
+# ---------------------------------------------------------------------------- the program's table
+
+_learned: dict[str, str] = {}  # name -> origin, in the order workers reported them
+_lock = threading.Lock()
+
+
+def learn(modules: Iterable[Module]) -> None:
+    """Note modules a worker on this host imported (see the module's docstring)."""
+    with _lock:
+        for name, origin in modules:
+            if len(_learned) < MAX_LEARNED and installed(origin):
+                _learned.setdefault(name, origin)
+
+
+def learned_since(taught: set[str]) -> list[Module]:
+    """The modules learned that are not in ``taught`` (which gains them)."""
+    with _lock:
+        new = [(name, origin) for name, origin in _learned.items() if name not in taught]
+    taught.update(name for name, _ in new)
+    return new
+
+
+# ---------------------------------------------------------------------------- in the launcher
+
+
+def import_learned(modules: Sequence[Module]) -> bool:
+    """In the launcher: import each module that resolves to the file a worker loaded it
+    from; whether any was imported. One that cannot be imported here is skipped quietly:
+    workers import it themselves, as before."""
+    import importlib
+    import importlib.util
+
+    imported = False
+    for name, origin in modules:
+        if name in sys.modules or not installed(origin):
+            continue
+        try:
+            spec = importlib.util.find_spec(name)  # (a top-level name: nothing is imported)
+            if spec is None or spec.origin is None or not _same_file(spec.origin, origin):
+                continue
+            importlib.import_module(name)
+        except Exception:  # (the worker that needs it says why)
+            continue
+        imported = True
+    return imported
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def fresh_random_state() -> None:
+    """In a forked child: numpy's global generator, created when the launcher imported
+    numpy, seeded afresh (Python's ``random`` is reseeded after a fork by Python itself), so
+    workers draw different numbers, as workers that imported numpy themselves do."""
+    random = sys.modules.get("numpy.random")
+    if random is not None:
+        with contextlib.suppress(Exception):
+            random.seed()

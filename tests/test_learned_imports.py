@@ -1,0 +1,123 @@
+"""The launcher learns the installed modules workers on this host imported: workers forked
+after that start with them (`fiberexec._imports`), with numpy's global generator seeded
+afresh, and never when an executor's ``env=`` could change what a module reads on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fiberexec import FiberExecutor, _imports
+from fiberexec.backend import shared_launchers
+from fiberexec.backends.local import LocalBackend
+from tests import tasks
+
+MODULE = "graphlib"  # a standard library module nothing else imports (nor other tests)
+
+
+def _fresh(name: str) -> None:
+    """Forget ``name`` in this process, so that importing it again is seen."""
+    sys.modules.pop(name, None)
+
+
+def test_only_installed_modules_count(tmp_path: Path) -> None:
+    import graphlib
+
+    assert graphlib.__file__ is not None and _imports.installed(graphlib.__file__)
+    assert _imports.installed(importlib.import_module("numpy").__file__ or "")
+    assert not _imports.installed(tasks.__file__ or "")
+    (tmp_path / "mine_for_a_test.py").write_text("VALUE = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        _fresh(MODULE)
+        watch = _imports.ImportWatch()
+        importlib.import_module(MODULE)
+        importlib.import_module("mine_for_a_test")  # the user's own: not for the launcher
+        found = watch.new()
+        assert [name for name, _ in found] == [MODULE]
+        assert watch.new() == []  # each once
+        assert watch.count == len(sys.modules)
+    finally:
+        sys.path.remove(str(tmp_path))
+        _fresh("mine_for_a_test")
+
+
+def test_the_launcher_imports_a_module_only_from_the_file_a_worker_loaded() -> None:
+    origin = importlib.import_module(MODULE).__file__
+    assert origin is not None
+    elsewhere = os.path.join(os.path.dirname(origin), "wave.py")  # installed, another file
+    _fresh(MODULE)
+    assert not _imports.import_learned([(MODULE, elsewhere)])
+    assert MODULE not in sys.modules
+    assert not _imports.import_learned([("no_such_module_anywhere", origin)])
+    assert _imports.import_learned([(MODULE, origin)])
+    assert MODULE in sys.modules
+
+
+def test_the_program_keeps_installed_modules_and_teaches_each_once() -> None:
+    origin = importlib.import_module(MODULE).__file__
+    assert origin is not None
+    _imports.learn([(MODULE, origin), ("mine", "/nowhere/mine.py")])
+    taught: set[str] = set()
+    first = _imports.learned_since(taught)
+    assert (MODULE, origin) in first and all(name != "mine" for name, _ in first)
+    assert MODULE not in {name for name, _ in _imports.learned_since(taught)}
+
+
+def _own_launcher(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """Give this test a launcher of its own, started now. pytest sets PYTEST_CURRENT_TEST for
+    each test: with a launcher another test started, every request from this one differs
+    from its environment by that variable, and learns nothing (see `Launcher.spawn`). Its
+    preload, ``module``, is one every worker imports anyway; with one set, every worker is
+    forked by the launcher, the first ones too."""
+    monkeypatch.setenv("FIBEREXEC_PRELOAD", module)
+
+
+def _learn_through(name: str) -> None:
+    """A worker imports ``name``; its report comes before the next result on its link."""
+    with FiberExecutor(1, backend=LocalBackend()) as ex:
+        ex.submit(tasks.import_module, name).result(timeout=60)
+        ex.submit(tasks.pid).result(timeout=60)
+
+
+def test_workers_forked_after_a_worker_imported_a_module_start_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_launcher(monkeypatch, "string")
+    _learn_through(MODULE)
+    with FiberExecutor(2, backend=LocalBackend()) as ex:
+        answers = list(ex.map(tasks.import_module, [MODULE] * 4, [0.1] * 4, timeout=60))
+    assert all(had for _, _, had in answers), answers
+    learning = {parent for _, parent, _ in answers}
+    assert learning <= set(shared_launchers.pids())
+    # An executor's env= may change what a module reads as it is imported (numpy's
+    # OPENBLAS_NUM_THREADS): its workers come from a launcher that learns nothing.
+    with FiberExecutor(2, backend=LocalBackend(), env={"OMP_NUM_THREADS": "1"}) as ex:
+        answers = list(ex.map(tasks.import_module, [MODULE] * 4, [0.1] * 4, timeout=60))
+    first: dict[int, bool] = {}  # each worker's first task (a worker runs its own in order)
+    for pid, _, had in answers:
+        first.setdefault(pid, had)
+    assert not any(first.values()), answers
+    other = {parent for _, parent, _ in answers}
+    assert other <= set(shared_launchers.pids()) and not other & learning
+
+
+def test_workers_forked_with_numpy_draw_different_numbers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's global generator, made when the launcher imported numpy, is seeded afresh in
+    each worker: workers that imported numpy themselves drew different numbers too."""
+    _own_launcher(monkeypatch, "textwrap")
+    _learn_through("numpy")
+    draws: dict[int, float] = {}
+    with FiberExecutor(2, backend=LocalBackend()) as ex:
+        for _ in range(5):  # (bounded: until both workers answered)
+            for pid, had, value in ex.map(tasks.numpy_draw, [0.1] * 4, timeout=60):
+                assert had, "a worker forked after numpy was learned did not have it"
+                draws[pid] = value
+            if len(draws) == 2:
+                break
+    assert len(draws) == 2 and len(set(draws.values())) == 2, draws
