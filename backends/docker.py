@@ -322,6 +322,7 @@ class DockerBackend(Backend):
         self._leases: dict[str, DockerLease] = {}  # executor id -> its lease on the engine
         self._holding: Counter[str] = Counter()  # executor id -> containers it has or starts
         self._owners: dict[str, str] = {}  # container id -> executor id
+        self._closes = 0  # calls of close(): a start it overtook makes no lease or container
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -359,8 +360,10 @@ class DockerBackend(Backend):
                 "the docker backend needs an image, got none; pass image='me/app:1' "
                 "to FiberExecutor or DockerBackend"
             )
+        with self._lock:
+            closes = self._closes
         self._ensure_events()
-        self._hold_lease(spec, image)
+        self._hold_lease(spec, image, closes)
         name = container_name(spec)
         try:
             kwargs = self._create_kwargs(spec, name)
@@ -381,11 +384,14 @@ class DockerBackend(Backend):
             raise
         return handle
 
-    def _hold_lease(self, spec: WorkerSpec, image: str) -> None:
+    def _hold_lease(self, spec: WorkerSpec, image: str, closes: int) -> None:
         """Hold the executor's lease before its first worker exists (`_docker_lease`); it is
         let go with the executor's last container."""
         api = self._api()
         with self._lock:
+            if self._closes != closes:  # (a start under way as the executor ended)
+                raise PermanentBackendError(
+                    f"the docker backend was closed: worker {spec.worker_id} is not started")
             lease = self._leases.setdefault(spec.executor_id, DockerLease(api, spec.executor_id))
             self._holding[spec.executor_id] += 1
         try:
@@ -593,6 +599,8 @@ class DockerBackend(Backend):
 
     def close(self) -> None:
         """Stop and remove every container this backend started, then stop the event thread."""
+        with self._lock:
+            self._closes += 1
         with self._lock:
             handles = list(self._started.values())
         if handles:
