@@ -77,6 +77,22 @@ def test_pyproject_table_is_read(tmp_path: Path) -> None:
     assert config.config_file == str(tmp_path / "pyproject.toml")
 
 
+def test_a_config_file_changed_between_executors_is_read_afresh(tmp_path: Path) -> None:
+    """The parse of a config file is kept (an executor per generation does not parse a
+    long pyproject.toml each time), but never outlives the file's content: a rewrite of
+    the same size an instant later is read, and a value taken from it is the caller's."""
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.fiberexec]\nmax_workers = 4\nlabels = { team = "rl" }\n')
+    first = _resolve(tmp_path)
+    assert (first.max_workers, first.labels) == (4, {"team": "rl"})
+    path.write_text('[tool.fiberexec]\nmax_workers = 5\nlabels = { team = "ml" }\n')
+    second = _resolve(tmp_path)
+    assert (second.max_workers, second.labels) == (5, {"team": "ml"})
+    raw = _config.file_values(path, "[tool.fiberexec]")
+    raw["labels"]["team"] = "changed by its reader"
+    assert _config.file_values(path, "[tool.fiberexec]")["labels"] == {"team": "ml"}
+
+
 def test_pyproject_without_table_is_no_config_file(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert _resolve(tmp_path).config_file is None
