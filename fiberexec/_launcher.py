@@ -73,7 +73,7 @@ MAX_MESSAGE = 1 << 20
 SPAWN_TIMEOUT = 30.0
 GATE_HOLD = 3.0  # seconds children forked back to back wait at most for the rest (`_Gate`)
 GATE_QUIET_MS = 5  # within a burst, no request for this long: the gate opens
-GATE_BATCH = 8  # children held before the gate waits out `GATE_QUIET_MS` (fewer: no wait)
+GATE_BATCH = 8  # a burst's children that start at once, before the gate holds the rest
 WORKER_PROGRAM = "fiberexec.worker"
 
 
@@ -436,8 +436,9 @@ def serve(fd: int) -> None:
 
 
 class _Gate:
-    """Children forked back to back wait, blocked, until the launcher has no more requests
-    to serve (or `GATE_HOLD` has passed), then all start together.
+    """Children forked back to back, past a burst's first `GATE_BATCH`, wait, blocked,
+    until the launcher has no more requests to serve (or `GATE_HOLD` has passed), then all
+    start together.
 
     A child's start costs several times the fork that made it (its first memory writes are
     copies of the launcher's pages, its connection, its handshake); started at once, a few
@@ -445,34 +446,35 @@ class _Gate:
     few hundredths of its own pace. Measured with 512 workers on 2 cores, the launcher then
     took 3.7 s to fork them all instead of under one. The gate is a pipe whose write end
     only the launcher keeps: a child reads until end of file, which comes when the launcher
-    closes it (or exits). A single request (one `Process`, a replacement) opens it at once.
-    A burst longer than `GATE_HOLD` starts in waves of that length (1024 workers take about
-    2 s to fork here), so the first workers of a very large pool do not wait for the last.
+    closes it (or exits). A burst's first few children (a small pool's all, the first of a
+    large one's) and a single request (one `Process`, a replacement) are not held: they
+    start as soon as they are forked, so a small pool's first worker does not wait for the
+    fork of its second. A burst longer than `GATE_HOLD` starts in waves of that length
+    (1024 workers take about 2 s to fork here), so the first workers of a very large pool
+    do not wait for the last.
     """
 
     def __init__(self) -> None:
         self._fds: tuple[int, int] | None = None
         self._since = 0.0
-        self._quiet = 0
-        self._held = 0
+        self._run = 0  # children forked in this burst so far (since the gate last opened)
 
-    def hold(self, burst: bool) -> tuple[int, int]:
-        """The pipe the next child waits on (a new one after each `open`). ``burst``: the
-        executor asked for it amid others, so more are likely to come; otherwise (and for a
-        burst's first few, so a small pool never waits) the gate opens as soon as the child
-        is forked, unless a request is waiting already."""
+    def hold(self, burst: bool) -> tuple[int, int] | None:
+        """The pipe the next child waits on (a new one after each `open`), or None: it
+        starts at once. ``burst``: the executor asked for it amid others, so more are likely
+        to come."""
+        self._run = self._run + 1 if burst else 0
+        if self._run <= GATE_BATCH:
+            return None
         if self._fds is None:
             self._fds = os.pipe2(os.O_CLOEXEC)
             self._since = time.monotonic()
-            self._held = 0
-        self._held += 1
-        self._quiet = GATE_QUIET_MS if burst and self._held >= GATE_BATCH else 0
         return self._fds
 
     def wait_ms(self) -> int | None:
         """How long the launcher's poll may block: for ever with no child waiting; while
         some wait, as long as the executor takes between requests (`GATE_QUIET_MS`)."""
-        return None if self._fds is None else self._quiet
+        return None if self._fds is None else GATE_QUIET_MS
 
     def expired(self) -> bool:
         return self._fds is not None and time.monotonic() - self._since >= GATE_HOLD
@@ -482,10 +484,13 @@ class _Gate:
             for fd in self._fds:
                 os.close(fd)
             self._fds = None
+            self._run = 0
 
 
-def _await_gate(fds: tuple[int, int]) -> None:
+def _await_gate(fds: tuple[int, int] | None) -> None:
     """In a child: drop the gate's write end, then block until the launcher opens it."""
+    if fds is None:  # (not held)
+        return
     read_end, write_end = fds
     os.close(write_end)
     while os.read(read_end, 1):  # (nothing is ever written: the loop ends at end of file)
@@ -590,7 +595,7 @@ def _reap(sock: socket.socket) -> None:
 
 
 def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
-                   gate: tuple[int, int], env: tuple[dict[str, str], list[str]],
+                   gate: tuple[int, int] | None, env: tuple[dict[str, str], list[str]],
                    cwd: str, memory: int | None, log: str | None, program: str,
                    output: list[int], group: int | None) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""

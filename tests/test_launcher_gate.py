@@ -1,4 +1,5 @@
-"""The forking launcher's gate: children it forks back to back start together.
+"""The forking launcher's gate: children it forks back to back, past a burst's first
+few, start together.
 
 The launcher process is started here as `fiberexec._launcher.Launcher` starts it; requests
 written to its socket before it starts are all waiting when it looks, as a burst from an
@@ -32,6 +33,7 @@ class Launched:
         self.out, self._write_end = os.pipe()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfds: list[int] = []
+        self.pids: list[int] = []  # in the order the launcher forked them
         self._text = b""
 
     def start(self) -> None:
@@ -49,17 +51,20 @@ class Launched:
         for _ in range(count):
             assert select.select([self.sock], [], [], 30)[0], "the launcher did not answer"
             data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
-            assert pickle.loads(data)[0] == "spawned"
+            reply = pickle.loads(data)
+            assert reply[0] == "spawned"
+            self.pids.append(reply[1])
             self.pidfds.extend(fds)
 
-    def started(self, count: int) -> list[int]:
-        """As the next ``count`` children started: how many children the launcher had."""
+    def started(self, count: int) -> dict[int, int]:
+        """As the next ``count`` children started: how many children the launcher had, by
+        the child's pid."""
         while self._text.count(b"\n") < count:
             assert select.select([self.out], [], [], 30)[0], f"started: {self._text!r}"
             self._text += os.read(self.out, 4096)
         lines = self._text.split(b"\n")
         self._text = b"\n".join(lines[count:])
-        return [int(line.split()[1]) for line in lines[:count]]
+        return {int(line.split()[0]): int(line.split()[1]) for line in lines[:count]}
 
     def close(self) -> None:
         for pidfd in self.pidfds:
@@ -80,15 +85,34 @@ def launched() -> Iterator[Launched]:
     made.close()
 
 
-def test_children_forked_back_to_back_start_once_the_last_is_forked(
+def test_children_past_a_burst_s_first_few_start_once_the_last_is_forked(
         launched: Launched) -> None:
-    """Twelve requests waiting at once: no child runs before the twelfth is forked (each
-    sees all twelve), so the launcher forks them without sharing the CPU with them."""
-    for _ in range(12):
+    """Twelve requests waiting at once: the children after the first `GATE_BATCH` run only
+    once the twelfth is forked (each sees all twelve), so the launcher forks them without
+    sharing the CPU with them."""
+    count = _launcher.GATE_BATCH + 4
+    for _ in range(count):
         launched.ask(burst=True)
     launched.start()
-    launched.replies(12)
-    assert launched.started(12) == [12] * 12
+    launched.replies(count)
+    seen = launched.started(count)
+    assert [seen[pid] for pid in launched.pids[_launcher.GATE_BATCH:]] == [count] * 4
+
+
+def test_a_burst_s_first_children_start_at_once(launched: Launched) -> None:
+    """A small pool's children are not held: they run while the launcher, stopped here
+    after forking them, could open no gate (a pool's first worker does not wait for the
+    fork of its second)."""
+    for _ in range(_launcher.GATE_BATCH):
+        launched.ask(burst=True)
+    launched.start()
+    launched.replies(_launcher.GATE_BATCH)
+    assert launched.proc is not None
+    launched.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert sorted(launched.started(_launcher.GATE_BATCH)) == sorted(launched.pids)
+    finally:
+        launched.proc.send_signal(signal.SIGCONT)
 
 
 def test_a_child_asked_for_alone_or_last_is_not_held(launched: Launched) -> None:
@@ -97,9 +121,9 @@ def test_a_child_asked_for_alone_or_last_is_not_held(launched: Launched) -> None
     launched.start()
     launched.ask(burst=False)
     launched.replies(1)
-    assert launched.started(1) == [1]
+    assert list(launched.started(1).values()) == [1]
     count = _launcher.GATE_BATCH + 2  # enough that the gate waits for more
     for _ in range(count):  # each said to come amid others; then none comes
         launched.ask(burst=True)
         launched.replies(1)
-    assert sorted(launched.started(count))[-1] == count + 1
+    assert max(launched.started(count).values()) == count + 1
