@@ -26,6 +26,7 @@ import select
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from concurrent.futures import wait
@@ -42,6 +43,7 @@ SCRAPE = 15  # polls between two of /metrics (Prometheus' default scrape_interva
 # Long enough that every run spans several of the client's polls.
 SIZES = {"full": {"submit_n": 100_000, "latency_n": 10_000, "warmup": 500, "repeat": 5},
          "quick": {"submit_n": 20_000, "latency_n": 3000, "warmup": 200, "repeat": 3}}
+DASHBOARD_THREAD = "fiberexec-dashboard"  # the server's thread: its CPU is the dashboard's own
 RESULTS = Path(__file__).with_name("dashboard.json")
 TABLE = Path(__file__).with_name("dashboard.md")  # included by docs/dashboard.md
 
@@ -133,6 +135,17 @@ def _throughput(ex: Any, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def _thread_cpu(name: str) -> float:
+    """CPU seconds the threads of this process called ``name`` have used (0 if none)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id is not None:
+            with contextlib.suppress(OSError):  # (its first field: ns on a CPU)
+                stat = Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text()
+                total += int(stat.split()[0]) / 1e9
+    return total
+
+
 def measure(setting: str, mode: str) -> dict[str, Any]:
     """One run, in this process: the executor with the dashboard ``"on"`` or ``"off"``."""
     from fiberexec import FiberExecutor
@@ -143,13 +156,16 @@ def measure(setting: str, mode: str) -> dict[str, Any]:
         url = ex.dashboard_url
         client = PageClient(url) if url and setting == "on" else None
         with client or contextlib.nullcontext():
+            cpu, begin = _thread_cpu(DASHBOARD_THREAD), time.perf_counter()
             samples = _latency(ex, sizes["latency_n"], sizes["warmup"])
             rate = _throughput(ex, sizes["submit_n"])
+            cpu, wall = _thread_cpu(DASHBOARD_THREAD) - cpu, time.perf_counter() - begin
     found = {"tasks_per_s": rate, "p50_us": _percentile(samples, 50),
              "p99_us": _percentile(samples, 99)}
     if client is not None:
         found["requests"] = client.requests
         found["request_ms"] = 1000 * client.seconds / max(1, client.requests)
+        found["dashboard_cpu_share"] = cpu / wall
     return found
 
 
@@ -176,6 +192,7 @@ def compare(mode: str, repeat: int) -> dict[str, Any]:
         "throughput_on_over_off": medians["on"]["tasks_per_s"] / medians["off"]["tasks_per_s"],
         "p50_on_over_off": medians["on"]["p50_us"] / medians["off"]["p50_us"],
         "requests_per_run": _median(runs["on"], "requests"),
+        "dashboard_cpu_share": _median(runs["on"], "dashboard_cpu_share"),
     }
 
 
@@ -220,7 +237,11 @@ def _table(result: dict[str, Any]) -> str:
         f"{result['p50_on_over_off']:.3f} | |\n\n"
         f"Medians of {result['repeat']} runs of each ({result['mode']} sizes), "
         f"{result['requests_per_run']:.0f} requests per run with the dashboard on; load "
-        f"average {before} before, {after} after (`benchmarks/dashboard.json`).\n"
+        f"average {before} before, {after} after (`benchmarks/dashboard.json`). The "
+        "dashboard's own thread used "
+        f"{100 * result['dashboard_cpu_share']:.2f}% of a CPU while the executor was timed "
+        "(median): the part of the executor's time, held under one interpreter lock, that "
+        "serving the page took.\n"
     )
 
 
