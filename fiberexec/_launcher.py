@@ -459,17 +459,18 @@ class _Gate:
         self._since = 0.0
         self._run = 0  # children forked in this burst so far (since the gate last opened)
 
-    def hold(self, burst: bool) -> tuple[int, int] | None:
-        """The pipe the next child waits on (a new one after each `open`), or None: it
-        starts at once. ``burst``: the executor asked for it amid others, so more are likely
-        to come."""
+    def hold(self, burst: bool) -> tuple[tuple[int, int] | None, bool]:
+        """For the next child: the gate's pipe as it will be when it is forked (None: no
+        child waits), and whether that child waits on it (a new pipe after each `open`).
+        ``burst``: the executor asked for it amid others, so more are likely to come. A
+        child that does not wait still gets the pipe: it inherits the write end with the
+        launcher's other descriptors and must close it, or the children waiting would
+        never see the end of the file."""
         self._run = self._run + 1 if burst else 0
-        if self._run <= GATE_BATCH:
-            return None
-        if self._fds is None:
+        if self._run > GATE_BATCH and self._fds is None:
             self._fds = os.pipe2(os.O_CLOEXEC)
             self._since = time.monotonic()
-        return self._fds
+        return self._fds, self._run > GATE_BATCH
 
     def wait_ms(self) -> int | None:
         """How long the launcher's poll may block: for ever with no child waiting; while
@@ -487,13 +488,14 @@ class _Gate:
             self._run = 0
 
 
-def _await_gate(fds: tuple[int, int] | None) -> None:
-    """In a child: drop the gate's write end, then block until the launcher opens it."""
-    if fds is None:  # (not held)
+def _await_gate(fds: tuple[int, int] | None, held: bool) -> None:
+    """In a child: drop the gate's write end, then, if ``held``, block until the launcher
+    opens it."""
+    if fds is None:
         return
     read_end, write_end = fds
     os.close(write_end)
-    while os.read(read_end, 1):  # (nothing is ever written: the loop ends at end of file)
+    while held and os.read(read_end, 1):  # (nothing is ever written: it ends at end of file)
         pass
     os.close(read_end)
 
@@ -532,15 +534,15 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int], gate: _Gate) -> bool:
         if _imports.import_learned(imports):
             _note_drift(before)
             gc.freeze()  # (as after the preload: children do not copy these pages)
-    held = gate.hold(burst)
+    gate_fds, held = gate.hold(burst)
     try:
         pid = os.fork()
     except OSError as exc:
         _close(output)
         return _answer(sock, ("failed", repr(exc)))
     if pid == 0:
-        _become_worker(sock, pipe, held, (changed, removed), cwd, memory, log, program,
-                       output, group)
+        _become_worker(sock, pipe, (gate_fds, held), (changed, removed), cwd, memory, log,
+                       program, output, group)
     _close(output)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
@@ -595,7 +597,8 @@ def _reap(sock: socket.socket) -> None:
 
 
 def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
-                   gate: tuple[int, int] | None, env: tuple[dict[str, str], list[str]],
+                   gate: tuple[tuple[int, int] | None, bool],
+                   env: tuple[dict[str, str], list[str]],
                    cwd: str, memory: int | None, log: str | None, program: str,
                    output: list[int], group: int | None) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
@@ -609,7 +612,7 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
         sock.close()
         for fd in pipe:
             os.close(fd)
-        _await_gate(gate)
+        _await_gate(*gate)
         _detach(group)
         if log is not None:
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -115,6 +115,21 @@ def test_a_burst_s_first_children_start_at_once(launched: Launched) -> None:
         launched.proc.send_signal(signal.SIGCONT)
 
 
+def test_a_child_forked_unheld_while_others_wait_does_not_keep_them_waiting(
+        launched: Launched) -> None:
+    """A lone request served while a burst's last children wait at the gate: its child,
+    which does not wait, inherits the gate's write end with the launcher's descriptors; it
+    closes it, so the others still start when the gate opens (had it kept it, they would
+    have waited as long as it lives)."""
+    count = _launcher.GATE_BATCH + 2
+    for _ in range(count):
+        launched.ask(burst=True)
+    launched.ask(burst=False)  # served next, while the last two wait
+    launched.start()
+    launched.replies(count + 1)
+    assert sorted(launched.started(count + 1)) == sorted(launched.pids)
+
+
 def test_a_child_asked_for_alone_or_last_is_not_held(launched: Launched) -> None:
     """A lone request (a `Process`, a replacement) starts its child at once; the last of
     a burst starts once no request has followed it for a moment."""
