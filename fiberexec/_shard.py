@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import CANCELLED
 from functools import partial
+from itertools import islice
 from typing import Any, cast
 
 from fiberexec import _auth, _future, _imports, _interrupts, _observe, _shm
@@ -858,17 +859,19 @@ class Shard:
             self._maybe_revoke()  # what waits behind a task that overstays goes first
         hungry = self.hungry
         share = max(1, -(-len(self.queue) // max(1, len(hungry))))
-        served = set()  # each its share once a turn: an idle worker is hungry too
+        served: set[str] = set()  # each its share once a turn: an idle worker is hungry too
         for conns in (self.idle, hungry):  # a worker with nothing to do before any prefetch
-            for worker_id, conn in list(conns.items()):
-                if not self.queue:
-                    return
-                if worker_id in served:
-                    continue
-                served.add(worker_id)
-                self._send_tasks(conn, share)
-                if self.queue and not self._admits(conn, self.queue[0]):
-                    hungry.pop(worker_id, None)  # back once a result returns
+            # Only as many workers as the queue needs are looked at, a few at a time (they
+            # leave these dicts as they are served): with thousands idle, a task submitted
+            # alone is sent without going through them all.
+            while self.queue and (chunk := _unserved(conns, served, -(-len(self.queue) // share))):
+                for worker_id, conn in chunk:
+                    if not self.queue:
+                        return
+                    served.add(worker_id)
+                    self._send_tasks(conn, share)
+                    if self.queue and not self._admits(conn, self.queue[0]):
+                        hungry.pop(worker_id, None)  # back once a result returns
 
     def _admits(self, conn: Conn, item: WorkItem) -> bool:
         key = item.key or function_key(item.fn)
@@ -1319,6 +1322,12 @@ class Shard:
 
 
 _NOT_YET_CONNECTED = (State.AWAIT_HELLO, State.AWAIT_AUTH)
+
+
+def _unserved(conns: dict[str, Conn], served: set[str], n: int) -> list[tuple[str, Conn]]:
+    """The first ``n`` of ``conns`` not in ``served``, as a list: serving them changes
+    ``conns``."""
+    return list(islice(((w, c) for w, c in conns.items() if w not in served), n))
 
 
 def _abrupt_end(conn: Conn) -> str:

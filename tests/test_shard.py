@@ -285,6 +285,26 @@ def test_a_task_of_unknown_length_goes_only_to_a_worker_holding_nothing(bench: A
     assert len(b.shard.queue) == 3
 
 
+def test_a_turn_serves_idle_workers_in_order_as_far_as_the_queue_reaches(bench: Any) -> None:
+    """Of many idle workers, a turn serves only as many as the queue needs, those idle
+    longest first, and the next turn goes on from the first it left unserved."""
+    b = bench(max_workers=8)
+    workers = [f"w{i}" for i in range(8)]
+    for worker in workers:
+        b.connect(worker)
+    first = b.submit(job, 3)
+    b.step()
+    assert [b.tasks_sent(w) for w in workers] == [[t.task_id] for t in first] + [[]] * 5
+    b.answer("w0", [first[0].task_id], runtime=SHORT)
+    b.step()
+    second = b.submit(job, 6)
+    b.step()
+    sent = {w: b.tasks_sent(w) for w in workers}
+    assert [sent[w] for w in workers[3:]] == [[t.task_id] for t in second[:5]]
+    assert sent["w0"] == [second[5].task_id]  # idle again, after those idle longer
+    assert sent["w1"] == sent["w2"] == []  # each holds a task of unknown length
+
+
 def _held_per_round(b: Bench, worker: str, rounds: int, rtt: float = 0.0) -> list[int]:
     """How many tasks ``worker`` is sent each time it answers all it holds (each answer
     ``rtt`` after the tasks' run)."""
