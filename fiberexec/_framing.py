@@ -56,8 +56,14 @@ class FrameBuffer:
             self.drained = n < CHUNK
             if n >= head and head + unpack(data)[0] == n and n - head <= self.max_frame:
                 return [data[head:]]
-            self._keep(data)
-            pos, end = 0, n
+            # Several frames (a result and a report sent after it): cut straight from what
+            # came; only a frame still arriving is kept (a connection whose frames come
+            # whole, however many at once, never makes a buffer)
+            out: list[bytes] = []
+            pos = self._cut(data, memoryview(data), 0, n, out)
+            if pos < n:
+                self._keep(data, pos)
+            return out
         else:
             want = CHUNK
             if end - pos >= head:  # the rest of a long frame, in one read
@@ -70,8 +76,20 @@ class FrameBuffer:
                 return None
             self.drained = n < want
             end += n
-        out: list[bytes] = []
-        buf, view = self._buf, self._view
+        out = []
+        pos = self._cut(self._buf, self._view, pos, end, out)
+        if pos == end:
+            pos = end = 0
+            if len(self._buf) > KEPT:
+                self._use(bytearray(CHUNK))
+        self._start, self._end = pos, end
+        return out
+
+    def _cut(self, buf: bytes | bytearray, view: memoryview, pos: int, end: int,
+             out: list[bytes]) -> int:
+        """Append each whole frame of ``buf[pos:end]`` to ``out``; where the first
+        incomplete one starts (``end``: none)."""
+        head, unpack = self._head.size, self._head.unpack_from
         while end - pos >= head:
             (size,) = unpack(buf, pos)
             if size > self.max_frame:
@@ -81,18 +99,16 @@ class FrameBuffer:
             pos += head
             out.append(bytes(view[pos : pos + size]))
             pos += size
-        if pos == end:
-            pos = end = 0
-            if len(buf) > KEPT:
-                self._use(bytearray(CHUNK))
-        self._start, self._end = pos, end
-        return out
+        return pos
 
-    def _keep(self, data: bytes) -> None:
-        """Hold ``data``, read with nothing held, at the buffer's start."""
-        if len(self._buf) < len(data):
-            self._make_room(len(data))
-        self._view[: len(data)] = data
+    def _keep(self, data: bytes, pos: int) -> None:
+        """Hold ``data[pos:]`` (a frame still arriving), read with nothing held, at the
+        buffer's start."""
+        rest = len(data) - pos
+        if len(self._buf) < rest:
+            self._make_room(rest)
+        self._view[:rest] = memoryview(data)[pos:]
+        self._start, self._end = 0, rest
 
     def held_bytes(self) -> int:
         """The size of the read buffer this reader keeps (0 until a frame came in pieces)."""

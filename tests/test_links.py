@@ -421,14 +421,23 @@ def test_the_local_links_reader_refuses_a_frame_over_the_limit() -> None:
 
 def test_the_local_links_reader_holds_a_buffer_only_once_a_frame_comes_in_pieces() -> None:
     """An executor with a thousand workers keeps no read buffer for a worker whose
-    messages each arrive whole; the first one that comes in pieces makes it."""
+    messages each arrive whole, one or several at once (a result, and a report sent right
+    after it); the first one that comes in pieces makes it."""
     reader = FrameBuffer(1 << 20, HEADER)
     a, b = socket.socketpair()
     with a, b:
         for frame in (b"one", b"two" * 100):
             a.sendall(b"".join(framed(frame)))
             assert reader.read(b) == [frame]
+        a.sendall(b"".join(part for frame in (b"four", b"five" * 9) for part in framed(frame)))
+        assert reader.read(b) == [b"four", b"five" * 9]
         assert reader.held_bytes() == 0
+        two_and_a_half = b"".join(part for frame in (b"six", b"seven", b"eight" * 5)
+                                  for part in framed(frame))
+        a.sendall(two_and_a_half[:-4])
+        assert reader.read(b) == [b"six", b"seven"]
+        a.sendall(two_and_a_half[-4:])
+        assert reader.read(b) == [b"eight" * 5]
         whole = b"".join(framed(b"three" * 10))
         a.sendall(whole[:7])
         assert reader.read(b) == []
