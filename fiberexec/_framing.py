@@ -2,11 +2,11 @@
 multiprocessing layer's connections cut what they read.
 
 One ``recv`` takes in every frame that has arrived. With nothing held, what it brings is
-most often one whole frame, handed out as it came (sliced once); anything else lands in one
-kept buffer, read into in place (``recv_into``) until its frames are whole, and each frame
-is copied out of it once. The buffer is made the first time it is needed: a stream whose
-frames each come whole never has one (an executor with a thousand workers keeps no 64 KiB
-per worker that it never reads into).
+most often one whole frame, handed out as it came (sliced once), or a few, each copied out
+once; only a frame still arriving is kept, in one buffer read into in place
+(``recv_into``) until it is whole. The buffer is made the first time a frame comes in
+pieces: a stream whose frames come whole, one or several at a time, never has one (an
+executor with a thousand workers keeps no 64 KiB per worker that it never reads into).
 """
 
 from __future__ import annotations
