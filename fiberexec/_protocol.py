@@ -475,7 +475,7 @@ class _Reader:
         return int(value)
 
     def count(self, minimum_each: int) -> int:
-        n = self.uint("!I")
+        n: int = self.unpack_struct(_U32)[0]
         if n * minimum_each > len(self.view) - self.pos:
             raise ProtocolError(f"frame claims {n} items but is too short to hold them")
         return n
@@ -494,7 +494,11 @@ class _Reader:
         return self.payload_body(size, nbuffers)
 
     def payload_body(self, size: int, nbuffers: int) -> Payload:
-        data = bytes(self.take(size))
+        start, end = self.pos, self.pos + size
+        if end > len(self.view):  # (a negative size cannot be: it is unpacked unsigned)
+            raise ProtocolError(f"truncated frame: wanted {size} bytes at offset {start}")
+        self.pos = end
+        data = self.view[start:end].tobytes()
         if not nbuffers:
             return Payload(data)
         return Payload(data, [self._buffer() for _ in range(nbuffers)])
@@ -550,10 +554,10 @@ def peek_kind(frame: bytes) -> Kind:
         raise ProtocolError(f"bad magic {bytes(magic)!r}: not a fiberexec frame")
     if version != VERSION:
         raise ProtocolError(f"protocol version {version} is not {VERSION}; upgrade both sides")
-    try:
-        return Kind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown message kind {kind}") from None
+    found = _KINDS.get(kind)
+    if found is None:
+        raise ProtocolError(f"unknown message kind {kind}")
+    return found
 
 
 def decode(frame: bytes, *, allow_shm: bool = False, store: Store | None = None) -> Message:
@@ -598,14 +602,17 @@ def _dec_tasks(r: _Reader) -> Tasks:
     if alone > 1:
         raise ProtocolError(f"a Tasks message's flag is {alone}, not 0 or 1")
     functions = [r.payload() for _ in range(r.count(_PAYLOAD.size))]
+    known = len(functions)
     tasks = []
     store = r.store
+    head = _TASK.unpack_from
     for _ in range(r.count(_TASK.size)):
         if store is not None:
             store.next_task()
-        task_id, function, size, nbuffers = r.unpack_struct(_TASK)
-        if function >= len(functions):
-            raise ProtocolError(f"task refers to function {function} of {len(functions)}")
+        task_id, function, size, nbuffers = head(r.view, r.pos)
+        r.pos += _TASK.size
+        if function >= known:
+            raise ProtocolError(f"task refers to function {function} of {known}")
         tasks.append(Task(task_id, function, r.payload_body(size, nbuffers)))
     return Tasks(functions, tasks, bool(alone))
 
@@ -613,8 +620,10 @@ def _dec_tasks(r: _Reader) -> Tasks:
 def _dec_results(r: _Reader) -> Results:
     results = []
     statuses = _STATUSES
+    head = _RESULT.unpack_from
     for _ in range(r.count(_RESULT.size)):
-        task_id, status, runtime, size, nbuffers = r.unpack_struct(_RESULT)
+        task_id, status, runtime, size, nbuffers = head(r.view, r.pos)
+        r.pos += _RESULT.size
         kind = statuses.get(status)
         if kind is None:
             raise ProtocolError(f"unknown result status {status}")
@@ -642,6 +651,7 @@ def _dec_ids(r: _Reader) -> list[int]:
 
 
 _STATUSES = {int(s): s for s in Status}
+_KINDS = {int(k): k for k in Kind}
 _OUTPUT_MODES = {int(m): m for m in OutputMode}
 
 
