@@ -162,14 +162,29 @@ class Shard:
 
     def put(self, item: WorkItem) -> None:
         self.incoming.append(item)
-        if self._sleeping and not self._dispatch_here():
+        if self._sleeping and not self._dispatch_here() and self._could_act():
             self._wake()
 
     def put_all(self, items: list[WorkItem]) -> None:
         """`put` each, dispatched together: each idle worker gets its share in one message."""
         self.incoming.extend(items)
-        if self._sleeping and not self._dispatch_here():
+        if self._sleeping and not self._dispatch_here() and self._could_act():
             self._wake()
+
+    def _could_act(self) -> bool:
+        """(Another thread, the shard's sleeping.) Whether its thread, woken for a task put
+        now, could do anything with it: a worker may take one, another shard may take it
+        away, a worker holds tasks behind a running one (a queue makes the shard watch for
+        one that overstays), or the executor broke or is shutting down. Else it sleeps on:
+        what it waits for, a worker connecting or finishing a task, wakes it (its socket),
+        and that turn takes in what was put meanwhile. (Waking it for each task submitted
+        before any worker had connected cost the submitting thread a thread switch a task,
+        and the shard a turn that sent nothing.) A thread that lets go of the shard's loop
+        after reading (`collect`) wakes it when something was put meanwhile: this reads the
+        shard's state after putting, that one reads ``incoming`` after its read, so one of
+        the two sees the other's."""
+        return bool(self.hungry or self.holders or self.broken is not None
+                    or self.shutting_down or len(self.peers) > 1)
 
     def _dispatch_here(self) -> bool:
         """On the submitting thread: while the shard's thread sleeps and a worker is idle,

@@ -455,6 +455,47 @@ def test_estimates_are_kept_per_function(bench: Any) -> None:
 
 # ---------------------------------------------------------------- stealing
 
+def _woken(shard: Shard) -> bool:
+    """Whether the shard's thread was woken (its wake-up counter drained)."""
+    try:
+        os.eventfd_read(shard._wake_fd)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def test_a_task_no_worker_can_take_yet_waits_for_the_turn_a_worker_brings(bench: Any) -> None:
+    """Submitted while the shard's thread sleeps and no worker could take it (none has
+    connected yet, or each runs a task nothing may wait behind), a task does not wake the
+    thread: the worker that connects, or frees up, wakes it, and that turn sends the task.
+    With another shard that could take it away, the thread is woken."""
+    b = bench()
+    shard = b.shard
+    shard._sleeping = True  # as its thread is, waiting in its selector
+    [first] = b.submit(job, 1)
+    assert not _woken(shard)
+    shard._sleeping = False
+    b.connect("w0")  # (its handshake's turns take in what waited)
+    [second] = b.submit(job, 1)
+    b.step()
+    # w0 holds a task of unknown length: nothing goes behind it, so it takes no more
+    assert b.tasks_sent("w0") == [first.task_id]
+    shard._sleeping = True
+    [third] = b.submit(job, 1)
+    assert not _woken(shard)
+    shard._sleeping = False
+    b.answer("w0", [first.task_id], runtime=1.0)  # a long one: still nothing behind it
+    b.step()
+    assert b.tasks_sent("w0") == [second.task_id]
+    assert [item.task_id for item in shard.queue] == [third.task_id]
+
+    two = bench(shards=2)
+    two.shard._sleeping = True
+    two.submit(job, 1)
+    assert _woken(two.shard)
+    two.shard._sleeping = False
+
+
 def test_a_shard_without_workers_hands_its_whole_queue_to_one_with_idle_workers(
     bench: Any,
 ) -> None:
