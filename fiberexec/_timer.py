@@ -60,6 +60,11 @@ class OneShot:
     def fileno(self) -> int:
         return self._fd
 
+    @property
+    def exact(self) -> bool:
+        """Whether it fires when it was armed to (a kernel timer), not as it is armed."""
+        return self._kernel
+
     def arm(self, seconds: float) -> None:
         if not self._kernel:
             os.eventfd_write(self._fd, 1)

@@ -374,7 +374,7 @@ class Worker:
                 if slow and not alone:
                     self.receive(block=False)
                 if not self.tasks:
-                    watcher.unwatch()  # this thread waits on the link itself now
+                    watcher.unwatch(idle=True)  # this thread waits on the link itself now
                     outbox.flush()
                     self.receive(block=True)
                 continue
@@ -705,10 +705,19 @@ class Watcher:
     So the answer comes within `WATCH_AFTER` and a round trip, not after the running task.
 
     It starts reading once a stretch of tasks has run for `WATCH_AFTER`: the main thread arms
-    a kernel timer when a task starts and disarms it when it goes back to reading the link
-    itself. A task shorter than that costs those two system calls and wakes no thread (waking
-    the watcher and putting it back to sleep for every task cost a quarter of a round trip,
-    in a fight for the GIL with the task and its result). After a task that kept its
+    a kernel timer when a stretch starts, and the watcher, woken by it, reads only if that
+    stretch still runs and is due (waking the watcher and putting it back to sleep for every
+    task cost a quarter of a round trip, in a fight for the GIL with the task and its
+    result). A stretch that ends early in its wait leaves the timer running, and the
+    stretches that start before it fires use it as it is (the watcher, woken for an earlier
+    one, sets it again for the one that runs, if any): arming and disarming a timer are a
+    system call each, and on a virtual machine the two cost as much as sending the result
+    (a fifth of a quick task's time in the worker, measured). So quick tasks with waits for
+    the executor between them (a round trip after another) cost one arming and one wake-up
+    of the watcher (with nothing to do) per `WATCH_AFTER`, not two system calls each. A
+    stretch that ran a good part of its wait, or that ends with a task that held the GIL
+    (the next likely holds it too, and the watcher could only take it from that one),
+    disarms the timer as it ends. After a task that kept its
     thread on the CPU at least half its time, the stretch ends: the main thread reads
     between such tasks, since the watcher could read only by taking the GIL from the next.
     A task the executor sends nothing to wait behind (`Tasks.alone`: its length is unknown
@@ -721,20 +730,31 @@ class Watcher:
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._timer = OneShot()
         self._lock = threading.Lock()  # the two flags change together, from either thread
-        self._armed = False  # the timer runs: the watcher reads once it fires
+        self._armed = False  # a stretch runs: the watcher reads once it is due
         self._on = False  # the watcher reads the link
+        self._due = 0.0  # (monotonic) when the stretch that runs is due to be watched
+        self._wait = 0.0  # ...after how long a wait
+        self._fires: float | None = None  # when the timer fires, if it runs (from either)
         threading.Thread(target=_guard(self._run), name="fiberexec-watcher",
                          daemon=True).start()
 
     def watch(self, after: float = WATCH_AFTER) -> None:
-        """(Main thread) A task starts: read from ``after`` seconds on, unless that began."""
-        if not self._armed and not self._on:  # only this thread sets them from False
-            with self._lock:
-                self._armed = True
+        """(Main thread) A task starts: read from ``after`` seconds on, unless a stretch
+        runs already (its start counts) or that began."""
+        if self._armed or self._on:  # only this thread sets them from False
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._armed, self._due, self._wait = True, now + after, after
+            if self._fires is None or self._fires > self._due:  # (else it is woken first)
                 self._timer.arm(after)
+                self._fires = self._due if self._timer.exact else None
 
-    def unwatch(self) -> None:
-        """(Main thread) About to read the link itself."""
+    def unwatch(self, *, idle: bool = False) -> None:
+        """(Main thread) About to read the link itself: the stretch ends. ``idle``: it waits
+        for the executor now, with no task to run, so the timer may run on if the stretch
+        was short (when it fires, this thread most likely waits, or runs a quick task: the
+        watcher takes the GIL from no one)."""
         if self._armed or self._on:
             with self._lock:
                 if self._on:
@@ -742,7 +762,9 @@ class Watcher:
                     os.eventfd_write(self._wake, 1)
                 elif self._armed:
                     self._armed = False
-                    self._timer.disarm()
+                    if not idle or self._due - time.monotonic() < self._wait * 3 / 4:
+                        self._timer.disarm()
+                        self._fires = None
 
     def _run(self) -> None:
         idle = select.poll()
@@ -754,7 +776,13 @@ class Watcher:
             idle.poll()  # the timer fires: no timeout needed
             self._timer.drain()
             with self._lock:
-                if not self._armed:  # disarmed as it fired
+                self._fires = None
+                if not self._armed:  # the stretch it was set for ended, and none runs
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0 and self._timer.exact:  # set for an earlier stretch
+                    self._timer.arm(left)
+                    self._fires = self._due
                     continue
                 self._on = True  # before `_armed` drops: the main thread's unlocked
                 self._armed = False  # checks see one of them set throughout

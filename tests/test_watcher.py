@@ -126,6 +126,81 @@ def test_a_stretch_of_short_tasks_is_watched_from_its_start(link: Link) -> None:
     watcher.unwatch()
 
 
+class CountingTimer(OneShot):
+    """The kernel timer, counting the system calls that set it."""
+
+    calls = 0
+
+    def arm(self, seconds: float) -> None:
+        CountingTimer.calls += 1
+        super().arm(seconds)
+
+    def disarm(self) -> None:
+        CountingTimer.calls += 1
+        super().disarm()
+
+
+def test_quick_tasks_between_waits_set_the_timer_once_per_wait(
+        link: Link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round trip after another: each task is over long before `WATCH_AFTER`, and the
+    worker then waits for the executor. The timer one set runs on for the next ones (two
+    system calls a task cost a fifth of a quick task's time in the worker), and nothing
+    is read for them."""
+    monkeypatch.setattr(worker, "OneShot", CountingTimer)
+    monkeypatch.setattr(CountingTimer, "calls", 0)
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    link.executor.sendall(b"the next task")  # waiting throughout: never read by the watcher
+    tasks, started = 0, time.monotonic()
+    while time.monotonic() - started < 0.3:
+        watcher.watch()
+        watcher.unwatch(idle=True)  # the task is over: the main thread waits again
+        tasks += 1
+        time.sleep(0.0002)  # the round trip
+    assert tasks > 200
+    # one arming per WATCH_AFTER at most, with room for a slow machine's late wake-ups
+    assert CountingTimer.calls <= 2 * (0.3 / WATCH_AFTER + 1) < tasks / 2
+    assert link.reads == 0
+
+
+def test_a_stretch_is_watched_from_its_own_start_when_an_earlier_timer_runs(
+        link: Link) -> None:
+    """The timer left running by an earlier short stretch fires before the next stretch is
+    due: the watcher sets it again, and reads only once that stretch has run `WATCH_AFTER`."""
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher.watch()
+    watcher.unwatch(idle=True)  # over at once: its timer runs on
+    time.sleep(WATCH_AFTER / 2)
+    watcher.watch()  # a task starts, half a wait before that timer fires, and runs on
+    started = time.monotonic()
+    link.executor.sendall(b"revoke")
+    assert link.taken.wait(5.0)
+    assert time.monotonic() - started >= WATCH_AFTER * 0.9
+    watcher.unwatch()
+
+
+def test_a_task_that_held_the_gil_disarms_the_timer(link: Link,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between tasks that keep the CPU (the main thread takes in what came itself), or after
+    a stretch that ran a good part of its wait, the timer is disarmed: left running, it
+    would wake the watcher in the middle of the next such task, to take the GIL from it."""
+    monkeypatch.setattr(worker, "OneShot", CountingTimer)
+    monkeypatch.setattr(CountingTimer, "calls", 0)
+    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher.watch(0.5)
+    watcher.unwatch()  # (not idle: a task that held the GIL ends the stretch)
+    assert CountingTimer.calls == 2  # armed, then disarmed
+    watcher.watch(0.5)
+    time.sleep(0.25)  # half its wait
+    watcher.unwatch(idle=True)
+    assert CountingTimer.calls == 4
+    watcher.watch(0.5)
+    watcher.unwatch(idle=True)  # over at once: the timer runs on
+    assert CountingTimer.calls == 5
+    link.executor.sendall(b"the next task")
+    assert not link.taken.wait(0.7)  # it fired, into no stretch: nothing is read
+    assert link.reads == 0
+
+
 def test_without_timerfd_the_watcher_reads_at_once(link: Link,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Where libc has no timerfd, the timer fires as it is armed: the watcher behaves as it
