@@ -63,8 +63,12 @@ def install(origin: Mapping[str, str] | None = None,
     global _installed
     current = sys.modules.get(MAIN)
     spec = getattr(current, "__spec__", None)
-    if current is not None and spec is not None and spec.name != MAIN:
-        sys.modules.setdefault(spec.name, current)
+    if (current is not None and spec is not None and spec.name != MAIN
+            and sys.modules.setdefault(spec.name, current) is current):
+        # as an import would: ``import fiberexec.worker`` then reads it off the package
+        package, _, name = spec.name.rpartition(".")
+        if package in sys.modules:
+            setattr(sys.modules[package], name, current)
     module = types.ModuleType(MAIN, "The caller's main script, as far as its tasks bring it.")
     module.__dict__["__builtins__"] = builtins  # as an executed module has (imports ask)
     origin = origin or {}

@@ -217,6 +217,25 @@ def test_the_program_that_was_main_stays_importable() -> None:
         sys.modules.pop("some_program_for_this_test", None)
 
 
+def test_the_program_that_was_main_is_its_packages_attribute() -> None:
+    """``import pkg.program`` binds ``pkg`` and reads ``program`` off it: a task importing
+    the worker's own module (``python -m fiberexec.worker``) finds it there."""
+    package = types.ModuleType("pkg_for_this_test")
+    program = types.ModuleType("__main__")
+    program.__spec__ = types.SimpleNamespace(name="pkg_for_this_test.program")  # type: ignore
+    before = sys.modules["__main__"]
+    sys.modules["__main__"], sys.modules["pkg_for_this_test"] = program, package
+    try:
+        _mainspace.install()
+        import pkg_for_this_test.program  # type: ignore[import-not-found]
+
+        assert pkg_for_this_test.program is program
+    finally:
+        sys.modules["__main__"] = before
+        sys.modules.pop("pkg_for_this_test.program", None)
+        sys.modules.pop("pkg_for_this_test", None)
+
+
 def test_a_fallback_answers_what_was_not_brought(main: types.ModuleType) -> None:
     _mainspace.install(fallback=lambda name: f"from the script: {name}")
     assert sys.modules["__main__"].anything == "from the script: anything"
