@@ -714,12 +714,12 @@ class Watcher:
     system call each, and on a virtual machine the two cost as much as sending the result
     (a fifth of a quick task's time in the worker, measured). So quick tasks with waits for
     the executor between them (a round trip after another) cost one arming and one wake-up
-    of the watcher (with nothing to do) per `WATCH_AFTER`, not two system calls each. A
-    stretch that ran a good part of its wait, or that ends with a task that held the GIL
-    (the next likely holds it too, and the watcher could only take it from that one),
-    disarms the timer as it ends. After a task that kept its
-    thread on the CPU at least half its time, the stretch ends: the main thread reads
-    between such tasks, since the watcher could read only by taking the GIL from the next.
+    of the watcher (with nothing to do) per `WATCH_AFTER`, not two system calls each.
+
+    After a task that kept its thread on the CPU at least half its time (it held the GIL),
+    the stretch ends: the main thread reads between such tasks, since the watcher could read
+    only by taking the GIL from the next. Such a stretch, or one that ran a good part of its
+    wait, disarms the timer as it ends, so the watcher never wakes in the next such task.
     A task the executor sends nothing to wait behind (`Tasks.alone`: its length is unknown
     or long) can only be asked for its stack: the watcher starts after `WATCH_ALONE`, so a
     task of tens of milliseconds wakes no second thread either."""
@@ -729,7 +729,7 @@ class Watcher:
         self._take_in = take_in
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._timer = OneShot()
-        self._lock = threading.Lock()  # the two flags change together, from either thread
+        self._lock = threading.Lock()  # the flags and times below, set from either thread
         self._armed = False  # a stretch runs: the watcher reads once it is due
         self._on = False  # the watcher reads the link
         self._due = 0.0  # (monotonic) when the stretch that runs is due to be watched
