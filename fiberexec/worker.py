@@ -32,7 +32,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from resource import RUSAGE_THREAD, getrusage, struct_rusage
 from typing import Any, NoReturn, TypeVar
 
@@ -122,6 +121,19 @@ class Worker:
         self._threads_seen = 0  # threading.active_count() when last looked at (`_mind_threads`)
         self.imports = ImportWatch()  # what the tasks (and the initializer) import from here on
         self.outbox = Outbox(self._send_frame, watch=self.check_executor)
+        self.watcher: Watcher | None = None  # with the outbox's thread, `start_threads`
+
+    def start_threads(self) -> None:
+        """Start the watcher's and the outbox's threads (once). The handshake does it while
+        the executor answers its hello: a thread's start in a freshly forked process takes
+        a few tenths of a millisecond, which the wait hides. The outbox's thread sends
+        nothing until the handshake has ended (`Outbox.open`)."""
+        if self.watcher is not None:
+            return
+        # (the link's own, as it is then: a local connection refused falls back to the network)
+        self.watcher = Watcher(lambda: self.link.fileno(), self.take_in)  # noqa: PLW0108
+        threading.Thread(target=_guard(self.outbox.run_timer), name="fiberexec-outbox",
+                         daemon=True).start()
 
     # ---------------------------------------------------------------- handshake
 
@@ -146,6 +158,7 @@ class Worker:
         nonce = _auth.new_nonce()
         hello = p.Hello(cfg.worker_id, nonce, os.getpid(), socket.gethostname())
         self.link.send(p.encode(hello), cfg.connect_timeout)
+        self.start_threads()
         challenge = self._expect(p.Challenge, cfg.connect_timeout)
         expected = _auth.proof(cfg.secret, "executor", nonce, challenge.nonce)
         if not _auth.verify(expected, challenge.proof):
@@ -362,7 +375,9 @@ class Worker:
     def serve(self) -> None:
         done = 0
         outbox = self.outbox
-        watcher = Watcher(self.link.fileno(), self.take_in)
+        self.start_threads()  # (the handshake did)
+        watcher = self.watcher
+        assert watcher is not None
         slow = False  # the last task ran long enough for more to be sent meanwhile
         watch_after = WATCH_AFTER  # when the watcher starts reading, as the next task runs
         alone = False  # and none were: it came as `Tasks.alone`
@@ -525,6 +540,8 @@ class Outbox:
         self._timer = OneShot()  # fires when what is held is due: the timer thread wakes
         self._timer_armed = False  # for results held (a flush disarms it)
         self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # wakes it now
+        self._heartbeat = 1.0
+        self._opened = threading.Event()  # the handshake is done: the timer thread may send
 
     def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
         """Hold ``result``, or send it.
@@ -634,10 +651,18 @@ class Outbox:
             out, err = self.capture.take() if self.capture is not None else (b"", b"")
             self._send_locked(p.encode(p.Heartbeat(*self._usage.read(), out, err)))
 
-    def run_timer(self, heartbeat: float) -> None:
+    def open(self, heartbeat: float) -> None:
+        """The handshake is done: the timer thread starts its work."""
+        self._heartbeat = heartbeat
+        self._opened.set()
+
+    def run_timer(self) -> None:
         """The timer thread: flush held results when due; a heartbeat with the process's
         resource use every ``heartbeat`` seconds (also while results flow, so the executor
         sees a busy worker's use too)."""
+        # No timeout: the handshake either ends (`open`) or its process exits (`_die`).
+        self._opened.wait()
+        heartbeat = self._heartbeat
         poller = select.poll()
         poller.register(self._timer.fileno(), select.POLLIN)
         poller.register(self._kick, select.POLLIN)
@@ -724,8 +749,8 @@ class Watcher:
     or long) can only be asked for its stack: the watcher starts after `WATCH_ALONE`, so a
     task of tens of milliseconds wakes no second thread either."""
 
-    def __init__(self, fd: int, take_in: Callable[[], None]) -> None:
-        self._fd = fd
+    def __init__(self, fileno: Callable[[], int], take_in: Callable[[], None]) -> None:
+        self._fileno = fileno  # the link's descriptor, asked for when it is first read
         self._take_in = take_in
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._timer = OneShot()
@@ -769,9 +794,8 @@ class Watcher:
     def _run(self) -> None:
         idle = select.poll()
         idle.register(self._timer.fileno(), select.POLLIN)
-        busy = select.poll()
-        busy.register(self._fd, select.POLLIN)
-        busy.register(self._wake, select.POLLIN)
+        busy: select.poll | None = None
+        link = -1
         while True:
             idle.poll()  # the timer fires: no timeout needed
             self._timer.drain()
@@ -786,12 +810,16 @@ class Watcher:
                     continue
                 self._on = True  # before `_armed` drops: the main thread's unlocked
                 self._armed = False  # checks see one of them set throughout
+            if busy is None:
+                busy, link = select.poll(), self._fileno()
+                busy.register(link, select.POLLIN)
+                busy.register(self._wake, select.POLLIN)
             while self._on:
                 ready = {fd for fd, _ in busy.poll()}  # unwatch() wakes it: no timeout
                 if self._wake in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.eventfd_read(self._wake)
-                if self._fd in ready and self._on:
+                if link in ready and self._on:
                     self._take_in()
 
 
@@ -990,8 +1018,7 @@ def run() -> None:
     # workers do: on the worker's own stderr (the terminal, or the backend's log).
     faulthandler.enable(sys.__stderr__ or sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, worker.on_sigint)  # (an initializer may set its own)
-    timer = partial(worker.outbox.run_timer, worker.heartbeat)
-    threading.Thread(target=_guard(timer), name="fiberexec-outbox", daemon=True).start()
+    worker.outbox.open(worker.heartbeat)
     worker.run_initializer(setup)
     worker.serve()
     worker.leave(0, "done")

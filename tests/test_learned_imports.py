@@ -121,3 +121,24 @@ def test_workers_forked_with_numpy_draw_different_numbers(
             if len(draws) == 2:
                 break
     assert len(draws) == 2 and len(set(draws.values())) == 2, draws
+
+
+def test_a_watch_looks_at_every_name_once_a_module_was_removed(tmp_path: Path) -> None:
+    """It looks only at the names added since its last look, unless one was removed
+    meanwhile: then the last names are not all new, and it looks at all of them."""
+    for name in ("first_for_a_test", "second_for_a_test"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.import_module("first_for_a_test")
+        watch = _imports.ImportWatch()
+        del sys.modules["first_for_a_test"]  # as some libraries do; the count stays
+        _fresh(MODULE)
+        importlib.import_module(MODULE)
+        importlib.import_module("second_for_a_test")
+        assert MODULE in [name for name, _ in watch.new()]  # not only the last one added
+        assert watch.new() == []  # each once
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("first_for_a_test", "second_for_a_test"):
+            _fresh(name)

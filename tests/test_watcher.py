@@ -81,7 +81,7 @@ def link() -> Iterator[Link]:
 def test_a_short_task_wakes_no_reader(link: Link, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tasks of 1 ms against a half-second wait: a loaded machine cannot stretch one past it.
     monkeypatch.setattr(worker, "WATCH_AFTER", 0.5)
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     link.executor.sendall(b"more work")  # waiting before the task even starts
     for _ in range(20):  # twenty tasks, each over well before WATCH_AFTER
         started = time.monotonic()
@@ -94,7 +94,7 @@ def test_a_short_task_wakes_no_reader(link: Link, monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_long_task_has_the_link_read_for_it(link: Link) -> None:
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     watcher.watch()  # a task starts and runs on
     started = time.monotonic()
     link.executor.sendall(b"revoke")
@@ -114,7 +114,7 @@ def test_a_long_task_has_the_link_read_for_it(link: Link) -> None:
 
 def test_a_stretch_of_short_tasks_is_watched_from_its_start(link: Link) -> None:
     """Tasks back to back do not re-arm the timer: the stretch's first start counts."""
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     link.executor.sendall(b"revoke")
     started = time.monotonic()
     deadline = started + 5.0
@@ -148,7 +148,7 @@ def test_quick_tasks_between_waits_set_the_timer_once_per_wait(
     is read for them."""
     monkeypatch.setattr(worker, "OneShot", CountingTimer)
     monkeypatch.setattr(CountingTimer, "calls", 0)
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     link.executor.sendall(b"the next task")  # waiting throughout: never read by the watcher
     tasks, started = 0, time.monotonic()
     while time.monotonic() - started < 0.3:
@@ -166,7 +166,7 @@ def test_a_stretch_is_watched_from_its_own_start_when_an_earlier_timer_runs(
         link: Link) -> None:
     """The timer left running by an earlier short stretch fires before the next stretch is
     due: the watcher sets it again, and reads only once that stretch has run `WATCH_AFTER`."""
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     watcher.watch()
     watcher.unwatch(idle=True)  # over at once: its timer runs on
     time.sleep(WATCH_AFTER / 2)
@@ -185,7 +185,7 @@ def test_a_task_that_held_the_gil_disarms_the_timer(link: Link,
     would wake the watcher in the middle of the next such task, to take the GIL from it."""
     monkeypatch.setattr(worker, "OneShot", CountingTimer)
     monkeypatch.setattr(CountingTimer, "calls", 0)
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     watcher.watch(0.5)
     watcher.unwatch()  # (not idle: a task that held the GIL ends the stretch)
     assert CountingTimer.calls == 2  # armed, then disarmed
@@ -214,7 +214,7 @@ def test_without_timerfd_the_watcher_reads_at_once(link: Link,
         assert readable(timer.fileno(), 1.0)  # at once, not in a minute
     finally:
         timer.close()
-    watcher = Watcher(link.worker.fileno(), link.take_in)
+    watcher = Watcher(link.worker.fileno, link.take_in)
     watcher.watch()
     link.executor.sendall(b"revoke")
     assert link.taken.wait(5.0)
