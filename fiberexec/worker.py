@@ -375,9 +375,8 @@ class Worker:
     def serve(self) -> None:
         done = 0
         outbox = self.outbox
-        self.start_threads()  # (the handshake did)
         watcher = self.watcher
-        assert watcher is not None
+        assert watcher is not None  # (the handshake started it)
         slow = False  # the last task ran long enough for more to be sent meanwhile
         watch_after = WATCH_AFTER  # when the watcher starts reading, as the next task runs
         alone = False  # and none were: it came as `Tasks.alone`
