@@ -19,6 +19,12 @@ task has run a few milliseconds: see `fiberexec.worker.Watcher`), at most `CANCE
 without an answer by then, or when asked from the shard's own thread (a done-callback
 cancelling another future), `cancel` returns False and the task runs, as a running one
 would.
+
+A task sent by a thread standing in for the shard's (a submit while the shard's thread
+sleeps) leaves its future a `Sent` list of waiters, which knows where the task went: a
+thread that then waits for the future reads the worker's answer itself (`Collector`),
+whether it waits in `result`, in `exception`, or in `concurrent.futures.wait` or
+`as_completed` (their waiter, installed in that list, gets an event that reads first).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import threading
 import time
 from _thread import RLock
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import (
     CANCELLED,
@@ -63,10 +69,90 @@ class Holder(Protocol):
 
 
 class Collector(Protocol):
-    def collect(self, future: TaskFuture[Any], key: object, timeout: float) -> None:
-        """On the thread that waits for ``future``: wait for its worker's answer here, at
-        most ``timeout`` seconds, and take it in; return at once where that cannot be done
-        (the answer then comes the usual way, through the shard's thread)."""
+    def collect(self, keys: Sequence[object], done: Callable[[], bool], timeout: float) -> None:
+        """On a thread about to wait: read the answers of the workers ``keys`` name here,
+        until ``done()`` or at most ``timeout`` seconds, and take them in; return at once
+        where that cannot be done (the answers then come the usual way, through the shard's
+        thread)."""
+
+
+class Sent(list[Any]):  # (the stdlib's ``_waiters``: a list of waiters)
+    """A future's waiters (`Future._waiters`) once a thread standing in for the shard's
+    thread sent its task (see `sent`), and where it went: for a thread that will wait for
+    the future to read the worker's answer itself, through `TaskFuture.result` or
+    `exception`, or `concurrent.futures.wait` and `as_completed`, which install a waiter
+    here (`append`). It holds no reference to its future (no cycle keeps a future from being
+    freed at once), and the shard lets go of it when the answer came (``collector`` None)."""
+
+    __slots__ = ("collector", "key")
+
+    def __init__(self, collector: Collector, key: object, waiters: list[Any]) -> None:
+        super().__init__(waiters)
+        self.collector: Collector | None = collector
+        self.key = key
+
+    def append(self, waiter: Any) -> None:
+        """`concurrent.futures.wait` and `as_completed` install their waiter (under every
+        future's lock, before anything can set its event): its event becomes one that reads
+        the answers of the futures sent so, when the waiting thread waits on it."""
+        super().append(waiter)
+        if self.collector is not None:
+            event = waiter.event
+            if type(event) is not _CollectingEvent:
+                event = waiter.event = _CollectingEvent()
+            event.sources.append(self)
+
+
+class _CollectingEvent(threading.Event):
+    """A waiter's event whose `wait` first reads the answers its futures wait for (`Sent`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[Sent] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            first: Collector | None = None
+            keys = []
+            for sent in self.sources:  # those of the first shard among them
+                collector = sent.collector
+                if collector is not None and (first is None or collector is first):
+                    first = collector
+                    keys.append(sent.key)
+            if first is not None:
+                timeout = _collect(first, keys, self.is_set, timeout)
+        return super().wait(timeout)
+
+
+def sent(future: Future[Any], collector: Collector, key: object) -> None:
+    """``future``'s task was sent to the worker ``key`` names by a thread standing in for
+    the shard's (``collector``): a thread that waits for it may read the answer itself."""
+    with future._condition:  # a waiter is installed under it
+        waiters = future._waiters
+        if type(waiters) is Sent:
+            waiters.collector, waiters.key = collector, key
+        else:
+            future._waiters = Sent(collector, key, waiters)
+
+
+def answered(future: Future[Any]) -> None:
+    """``future``'s answer came: nothing is to be read for it (and it keeps no shard alive)."""
+    waiters = future._waiters
+    if type(waiters) is Sent:
+        waiters.collector = None
+
+
+def _collect(collector: Collector, keys: Sequence[object], done: Callable[[], bool],
+             timeout: float | None) -> float | None:
+    """`Collector.collect` for at most `COLLECT_MAX` of ``timeout``; what is left of it."""
+    if timeout is None:
+        collector.collect(keys, done, COLLECT_MAX)
+        return None
+    if timeout <= 0:
+        return timeout
+    start = time.monotonic()
+    collector.collect(keys, done, min(timeout, COLLECT_MAX))
+    return max(0.0, timeout - (time.monotonic() - start))
 
 
 class _Condition(RLock):  # type: ignore[misc]  # (final in typeshed, not at run time)
@@ -97,9 +183,6 @@ class TaskFuture(Future[T]):
 
     _holder: Holder | None  # who holds it at a worker...
     _hold_key: object  # ...and its key there
-    # Where it was sent from a waiting-free shard, for the thread that will wait for it to
-    # read the answer itself (see `Collector`); None once that is tried or the answer came.
-    _sent: tuple[Collector, object] | None
 
     def __init__(self) -> None:
         # `Future.__init__`'s attributes, with the lighter condition (a test keeps the two
@@ -112,7 +195,6 @@ class TaskFuture(Future[T]):
         # a list once a callback is added (`add_done_callback`): most futures never get one
         self._done_callbacks: list[Callable[[Future[T]], object]] | tuple[()] = ()
         self._holder = self._hold_key = None  # here, not first set later: a shared-keys dict
-        self._sent = None
 
     def __repr__(self) -> str:  # as the stdlib's futures show (its log lines name it too)
         return "<Future" + super().__repr__().removeprefix("<" + type(self).__name__)
@@ -137,7 +219,7 @@ class TaskFuture(Future[T]):
 
     def result(self, timeout: float | None = None) -> T:
         try:
-            if self._sent is not None:
+            if type(self._waiters) is Sent:
                 timeout = self._collect(timeout)
             return super().result(timeout)
         except KeyboardInterrupt as exc:
@@ -147,7 +229,7 @@ class TaskFuture(Future[T]):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
-            if self._sent is not None:
+            if type(self._waiters) is Sent:
                 timeout = self._collect(timeout)
             return super().exception(timeout)
         except KeyboardInterrupt:
@@ -155,16 +237,13 @@ class TaskFuture(Future[T]):
             raise
 
     def _collect(self, timeout: float | None) -> float | None:
-        """Read the answer on this thread if it can be done; what is left of ``timeout``."""
-        sent, self._sent = self._sent, None
-        if sent is None or (timeout is not None and timeout <= 0):
+        """Read the answer on this thread if it can be done (once); what is left of
+        ``timeout``."""
+        sent: Sent = self._waiters  # type: ignore[assignment]
+        collector, sent.collector = sent.collector, None
+        if collector is None:
             return timeout
-        if timeout is None:
-            sent[0].collect(self, sent[1], COLLECT_MAX)
-            return None
-        start = time.monotonic()
-        sent[0].collect(self, sent[1], min(timeout, COLLECT_MAX))
-        return max(0.0, timeout - (time.monotonic() - start))
+        return _collect(collector, (sent.key,), self.done, timeout)
 
     def cancel(self) -> bool:
         with self._condition:

@@ -226,40 +226,47 @@ class Shard:
     def _has_idle_worker(self) -> bool:
         return bool(self.idle)
 
-    def collect(self, future: TaskFuture[Any], key: object, timeout: float) -> None:
-        """On a thread about to wait for ``future``, which was sent to its worker (``key``)
-        while the shard's thread slept: if it still sleeps, wait for the worker's answer on
-        this thread and take it in here, for at most ``timeout`` seconds. That saves the
-        round trip's last thread hand-off (the shard's thread waking to read the answer,
-        then waking this one), as `_dispatch_here` saves the first.
+    def collect(self, keys: Sequence[object], done: Callable[[], bool], timeout: float) -> None:
+        """On a thread about to wait for futures whose tasks were sent to their workers
+        (``keys``) while the shard's thread slept: if it still sleeps, read those workers'
+        answers on this thread and take them in here, until ``done()`` or for at most
+        ``timeout`` seconds. That saves the round trip's last thread hand-off (the shard's
+        thread waking to read the answer, then waking this one), as `_dispatch_here` saves
+        the first.
 
         Meanwhile the shard's thread cannot act (this thread holds `owner`), so this thread
         lets go as soon as anything else wants it: a frame from another worker, a submit or
         an event (whatever would wake the shard's thread: its selector becomes readable),
         or the shard's next deadline."""
-        conn = cast("Conn", key)
         if not self.owner.acquire(blocking=False):
             return
         self._owner_ident = threading.get_ident()
         held = None
         _future.deferring()  # callbacks run on the shard's thread, as the stdlib's on its own
         try:
-            if (not self._sleeping or self.events or self.incoming or future.done()
-                    or conn.state is not State.READY or conn.channel.closed
-                    or self.conns.get(conn.worker_id) is not conn):
+            if not self._sleeping or self.events or self.incoming or done():
+                return
+            conns: dict[int, Conn] = {}
+            for key in keys:
+                conn = cast("Conn", key)
+                if (conn.state is State.READY and not conn.channel.closed
+                        and self.conns.get(conn.worker_id) is conn):
+                    conns[conn.channel.fileno()] = conn
+            if not conns:
                 return
             # No Ctrl-C between reading results off the socket and settling their futures
-            # (nor while the link is off the selector): it waits until this returns.
+            # (nor while the links are off the selector): it waits until this returns.
             held = _interrupts.hold()
-            fd = conn.channel.fileno()
-            self.selector.unregister(fd)  # the shard's thread sleeps on, not woken by it
-            conn.collected = True
+            for fd, conn in conns.items():
+                self.selector.unregister(fd)  # the shard's thread sleeps on, not woken by it
+                conn.collected = True
             try:
-                self._collect(conn, fd, future, min(timeout, self._next_deadline()))
+                self._collect(conns, done, min(timeout, self._next_deadline()))
             finally:
-                if conn.collected:  # (else it was unregistered meanwhile, for good)
-                    conn.collected = False
-                    self.selector.register(fd, selectors.EVENT_READ, conn)
+                for fd, conn in conns.items():
+                    if conn.collected:  # (else it was unregistered meanwhile, for good)
+                        conn.collected = False
+                        self.selector.register(fd, selectors.EVENT_READ, conn)
             if self.queue:  # the answer freed the worker: send what waits, as the shard would
                 self._dispatch()
             if self.queue or self.events or self.incoming:
@@ -270,22 +277,30 @@ class Shard:
             self._hand_over_callbacks()
             _interrupts.release(held)
 
-    def _collect(self, conn: Conn, fd: int, future: TaskFuture[Any], timeout: float) -> None:
+    def _collect(self, conns: dict[int, Conn], done: Callable[[], bool], timeout: float) -> None:
         poller = select.poll()
-        poller.register(fd, select.POLLIN)
+        for fd in conns:
+            poller.register(fd, select.POLLIN)
         poller.register(self.selector.fileno(), select.POLLIN)  # the shard's thread is wanted
         deadline = time.monotonic() + timeout
-        while not future.done() and conn.collected:
+        while not done():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             ready = poller.poll(math.ceil(left * 1000))
             if not ready:
                 return
-            if any(ready_fd == fd for ready_fd, _ in ready):
-                self._receive(conn)
-            if len(ready) > 1 or ready[0][0] != fd or self.events:
-                return  # the rest is the shard's thread's to do
+            wanted = bool(self.events)
+            for fd, _ in ready:
+                conn = conns.get(fd)
+                if conn is None:
+                    wanted = True  # the rest is the shard's thread's to do
+                elif conn.collected:
+                    self._receive(conn)
+                    if not conn.collected:  # it left (its link closed): not read again
+                        poller.unregister(fd)
+            if wanted or not any(conn.collected for conn in conns.values()):
+                return
 
     def post(self, event: ev.Event) -> None:
         self.events.append(event)
@@ -463,8 +478,7 @@ class Shard:
                 _shm.discard(name)
             if not item.start():  # cancelled while it waited there: its outcome is dropped
                 continue
-            if getattr(item.future, "_sent", None) is not None:  # it keeps no shard alive
-                item.future._sent = None  # type: ignore[attr-defined]
+            _future.answered(item.future)
             ok = settle(item, result)
             self._count(item, ok)
             runtime = result.runtime
@@ -949,7 +963,7 @@ class Shard:
             item.key = key
             conn.hold(item, estimate)
             if inline and isinstance(item.future, TaskFuture):  # its waiter may read here
-                item.future._sent = (self, conn)
+                _future.sent(item.future, self, conn)
             tasks.append(p.Task(item.task_id, place, args))
             items.append(item)
             batched += size

@@ -25,9 +25,8 @@ def later(delay: float, action: Callable[[], object]) -> threading.Timer:
 
 def test_it_has_the_attributes_of_a_plain_future() -> None:
     # TaskFuture sets Future.__init__'s attributes itself: a Python that adds one fails here
-    # (beside them, its own three: who holds it at a worker, its key there, and where it was
-    # sent for a waiting thread to read the answer itself)
-    assert set(vars(TaskFuture())) == set(vars(cf.Future())) | {"_holder", "_hold_key", "_sent"}
+    # (beside them, its own two: who holds it at a worker, and its key there)
+    assert set(vars(TaskFuture())) == set(vars(cf.Future())) | {"_holder", "_hold_key"}
 
 
 def test_it_holds_fewer_objects_the_collector_tracks() -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, as_completed
 from concurrent.futures import wait as futures_wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -1311,6 +1311,85 @@ def test_a_thread_waiting_for_a_task_it_sent_reads_the_answer_itself(
         assert got == [item.task_id] and settled == [waiter.ident]
         assert ran.wait(10) and called_back == [runner.ident]
         assert b.shard.conns["w0"].idle_since and "w0" in b.shard.idle  # ready for more
+
+
+def test_a_thread_in_wait_reads_the_answers_of_the_tasks_it_sent(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`concurrent.futures.wait` reads the answers of tasks sent while the shard's thread
+    slept on the waiting thread, as `result()` does: both workers' links at once, until
+    every future it waits for is done, with no hand-off through the shard's thread."""
+    b = bench(heartbeat=60.0)
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b):
+        first, second = b.submit(job, 2)
+        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        settled = [_settled_on(first.future), _settled_on(second.future)]
+        reads = _reads_noted(monkeypatch)
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(
+            futures_wait([first.future, second.future], timeout=30)))
+        waiter.start()
+        assert reads.wait_for(1)
+        b.answer("w0", [first.task_id], runtime=SHORT)
+        b.answer("w1", [second.task_id], runtime=SHORT)
+        waiter.join(10)
+        assert got[0].done == {first.future, second.future} and not got[0].not_done
+        assert settled == [[waiter.ident], [waiter.ident]]
+        assert reads.count == 1
+
+
+def test_a_thread_in_as_completed_reads_each_answer_as_it_waits_again(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`concurrent.futures.as_completed` waits once a future: each wait reads the links of
+    the futures not yet done, on the waiting thread."""
+    b = bench(heartbeat=60.0)
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b):
+        first, second = b.submit(job, 2)
+        settled = [_settled_on(first.future), _settled_on(second.future)]
+        reads = _reads_noted(monkeypatch)
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.extend(
+            f.result() for f in as_completed([first.future, second.future], timeout=30)))
+        waiter.start()
+        assert reads.wait_for(1)
+        b.answer("w0", [first.task_id], runtime=SHORT)
+        assert reads.wait_for(2)  # it yielded the first, and waits for the second
+        b.answer("w1", [second.task_id], runtime=SHORT)
+        waiter.join(10)
+        assert got == [first.task_id, second.task_id]
+        assert settled == [[waiter.ident], [waiter.ident]]
+
+
+class _Reads:
+    """How many times a waiting thread began to read its workers' links (`Shard._collect`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._cond = threading.Condition()
+
+    def noted(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count >= count, timeout=10)
+
+
+def _reads_noted(monkeypatch: pytest.MonkeyPatch) -> _Reads:
+    reads = _Reads()
+    collect = Shard._collect
+
+    def noted(self: Shard, *args: Any) -> None:
+        reads.noted()
+        collect(self, *args)
+
+    monkeypatch.setattr(Shard, "_collect", noted)
+    return reads
 
 
 def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(

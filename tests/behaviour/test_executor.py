@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +378,39 @@ def test_after_shutdown_stats_count_no_worker(make_executor: ExecutorFactory) ->
     stats = ex.stats()
     assert (stats.workers, stats.workers_starting) == (0, 0)
     assert all(w.state in ("retired", "lost") for w in ex.workers())
+
+
+@pytest.mark.parametrize("how", ["wait", "first_exception", "as_completed"])
+def test_waiting_in_wait_or_as_completed_sees_every_outcome_and_runs_callbacks_elsewhere(
+        make: Make, how: str) -> None:
+    """`concurrent.futures.wait` and `as_completed` on tasks of two workers: each outcome
+    seen once, an exception where it was raised, and done-callbacks on the executor's own
+    thread, not inside the wait (fiberexec's waiting thread reads the answers itself)."""
+    ex = make(2)
+    ex.submit(tasks.square, 1).result(timeout=60)
+    for round_ in range(20):
+        time.sleep(0.005)  # (fiberexec: the executor's thread sleeps, the caller sends)
+        futures = [ex.submit(tasks.sleep_return, 0.01, round_),
+                   ex.submit(tasks.raise_value_error, f"round {round_}")]
+        called_on: queue.Queue[str] = queue.Queue()
+        for future in futures:
+            future.add_done_callback(partial(_note_thread, called_on))
+        if how == "as_completed":
+            seen = list(cf.as_completed(futures, timeout=60))
+            assert sorted(map(id, seen)) == sorted(map(id, futures))
+        else:
+            when = cf.FIRST_EXCEPTION if how == "first_exception" else cf.ALL_COMPLETED
+            done, _ = cf.wait(futures, timeout=60, return_when=when)
+            assert futures[1] in done
+        assert futures[0].result(timeout=60) == round_
+        with pytest.raises(ValueError, match=f"round {round_}"):
+            futures[1].result(timeout=0)
+        names = {called_on.get(timeout=60), called_on.get(timeout=60)}
+        assert threading.current_thread().name not in names
+
+
+def _note_thread(names: queue.Queue[str], _: cf.Future[Any]) -> None:
+    names.put(threading.current_thread().name)
 
 
 def test_done_callbacks_run_off_the_waiting_thread_which_may_hold_their_lock(
