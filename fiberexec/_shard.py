@@ -299,7 +299,9 @@ class Shard:
                     self._receive(conn)
                     if not conn.collected:  # it left (its link closed): not read again
                         poller.unregister(fd)
-            if wanted or not any(conn.collected for conn in conns.values()):
+            # Tasks wait in the queue (a worker this read freed may take them): `collect`
+            # sends them as it lets go, and the shard's thread does the rest.
+            if wanted or self.queue or not any(conn.collected for conn in conns.values()):
                 return
 
     def post(self, event: ev.Event) -> None:

@@ -1363,6 +1363,62 @@ def test_a_thread_in_as_completed_reads_each_answer_as_it_waits_again(
         assert settled == [[waiter.ident], [waiter.ident]]
 
 
+def test_a_thread_in_wait_lets_go_when_an_answer_frees_a_worker_for_queued_tasks(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting thread that reads an answer freeing a worker while tasks wait in the queue
+    stops reading there: the queued tasks go out at once, not once it has read its time
+    (here a minute)."""
+    monkeypatch.setattr("fiberexec._future.COLLECT_MAX", 60.0)
+    # (the fake clock stands still: the shard's next look at what waits is never due, as
+    # between two looks on a real clock, so it sleeps with tasks in its queue)
+    monkeypatch.setattr(Shard, "_next_deadline", lambda self: 60.0)
+    b = bench(heartbeat=600.0)
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b):
+        first, second = b.submit(job, 2)
+        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        queued = b.submit(job, 2)  # of unknown length: no worker takes one behind its task
+        asleep_with_a_queue = threading.Event()
+        select = b.shard.selector.select
+
+        def sleeping(timeout: float | None = None) -> Any:
+            if b.shard.queue and not b.shard.incoming:
+                asleep_with_a_queue.set()
+            return select(timeout)
+
+        monkeypatch.setattr(b.shard.selector, "select", sleeping)
+        b.shard.post(ev.Call(lambda: None))  # a turn takes the two in: they wait in the queue
+        assert asleep_with_a_queue.wait(10)
+        sent_to_w0 = threading.Event()
+        link, send = b.links["w0"], b.links["w0"].send_nowait
+
+        def noting(frame: bytes) -> None:
+            send(frame)
+            if isinstance(p.decode(frame), p.Tasks):
+                sent_to_w0.set()
+
+        monkeypatch.setattr(link, "send_nowait", noting)
+        reads = _reads_noted(monkeypatch)
+        futures = [item.future for item in (first, second, *queued)]
+        waiter = threading.Thread(target=lambda: futures_wait(futures, timeout=30))
+        waiter.start()
+        assert reads.wait_for(1)
+        assert not b.tasks_sent("w0")
+        b.answer("w0", [first.task_id], runtime=SHORT)
+        assert sent_to_w0.wait(10)
+        b.answer("w1", [second.task_id], runtime=SHORT)
+        for _ in range(10):  # answer what each worker is sent until all four are done
+            for worker_id in ("w0", "w1"):
+                if sent := b.tasks_sent(worker_id):
+                    b.answer(worker_id, sent, runtime=SHORT)
+            if not futures_wait(futures, timeout=1).not_done:
+                break
+        waiter.join(10)
+        assert all(f.result(timeout=0) == item.task_id
+                   for f, item in zip(futures, (first, second, *queued), strict=True))
+
+
 class _Reads:
     """How many times a waiting thread began to read its workers' links (`Shard._collect`)."""
 
