@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -407,6 +408,58 @@ def test_waiting_in_wait_or_as_completed_sees_every_outcome_and_runs_callbacks_e
             futures[1].result(timeout=0)
         names = {called_on.get(timeout=60), called_on.get(timeout=60)}
         assert threading.current_thread().name not in names
+
+
+def _wait_some_way(rng: random.Random, futures: list[cf.Future[Any]]) -> None:
+    """Wait for ``futures`` as a program might: each in turn, `wait` (all, or the first
+    then the rest), or `as_completed`."""
+    way = rng.randrange(4)
+    if way == 0:
+        for future in futures:
+            future.exception(timeout=60)
+    elif way == 1:
+        assert not cf.wait(futures, timeout=60).not_done
+    elif way == 2:
+        done, _ = cf.wait(futures, timeout=60, return_when=cf.FIRST_COMPLETED)
+        assert done
+        assert not cf.wait(futures, timeout=60).not_done
+    else:
+        assert len(list(cf.as_completed(futures, timeout=60))) == len(futures)
+
+
+def test_threads_waiting_every_way_at_once_see_every_outcome(make: Make) -> None:
+    """Four threads submit a few short tasks at a time (some raise) and wait for them in
+    every way the stdlib offers, at once: every outcome is seen, where it was raised."""
+    ex = make(2)
+    ex.submit(tasks.square, 1).result(timeout=60)
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for i in range(25):
+                n = rng.randrange(1, 4)
+                fails = [rng.random() < 0.3 for _ in range(n)]
+                futures = [ex.submit(tasks.raise_value_error, f"{seed}.{i}.{j}") if fail
+                           else ex.submit(tasks.sleep_return, rng.choice((0, 0.001, 0.003)),
+                                          (seed, i, j))
+                           for j, fail in enumerate(fails)]
+                _wait_some_way(rng, futures)
+                for j, (future, fail) in enumerate(zip(futures, fails, strict=True)):
+                    if fail:
+                        assert str(future.exception(timeout=0)) == f"{seed}.{i}.{j}"
+                    else:
+                        assert future.result(timeout=0) == (seed, i, j)
+        except BaseException as exc:  # (reported by the test's thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
 
 
 def _note_thread(names: queue.Queue[str], _: cf.Future[Any]) -> None:
