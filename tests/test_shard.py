@@ -1322,8 +1322,7 @@ def test_a_thread_in_wait_reads_the_answers_of_the_tasks_it_sent(
     b.connect("w0")
     b.connect("w1")
     with shard_thread(b):
-        first, second = b.submit(job, 2)
-        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        first, second = _one_task_each(b)
         settled = [_settled_on(first.future), _settled_on(second.future)]
         reads = _reads_noted(monkeypatch)
         got: list[Any] = []
@@ -1347,7 +1346,7 @@ def test_a_thread_in_as_completed_reads_each_answer_as_it_waits_again(
     b.connect("w0")
     b.connect("w1")
     with shard_thread(b):
-        first, second = b.submit(job, 2)
+        first, second = _one_task_each(b)
         settled = [_settled_on(first.future), _settled_on(second.future)]
         reads = _reads_noted(monkeypatch)
         got: list[Any] = []
@@ -1376,8 +1375,7 @@ def test_a_thread_in_wait_lets_go_when_an_answer_frees_a_worker_for_queued_tasks
     b.connect("w0")
     b.connect("w1")
     with shard_thread(b):
-        first, second = b.submit(job, 2)
-        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        first, second = _one_task_each(b)
         queued = b.submit(job, 2)  # of unknown length: no worker takes one behind its task
         asleep_with_a_queue = threading.Event()
         select = b.shard.selector.select
@@ -1419,6 +1417,14 @@ def test_a_thread_in_wait_lets_go_when_an_answer_frees_a_worker_for_queued_tasks
                    for f, item in zip(futures, (first, second, *queued), strict=True))
 
 
+def _one_task_each(b: Bench) -> tuple[WorkItem, WorkItem]:
+    """Two tasks submitted while the shard's thread sleeps: the submitting thread sends
+    each to a worker of its own (``w0``, ``w1``)."""
+    first, second = b.submit(job, 2)
+    assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+    return first, second
+
+
 class _Reads:
     """How many times a waiting thread began to read its workers' links (`Shard._collect`)."""
 
@@ -1457,8 +1463,7 @@ def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(
     b.connect("w0")
     b.connect("w1")
     with shard_thread(b):
-        first, second = b.submit(job, 2)
-        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        first, second = _one_task_each(b)
         settled = _settled_on(second.future)
         _, done = _called_back_on(second.future)  # (a wait in result() could read it here)
         reading = threading.Event()
