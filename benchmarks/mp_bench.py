@@ -24,8 +24,8 @@ per environment step, and method calls on a `Manager` dict's proxy. Then the RL 
 processes (a ceiling: fiberexec's time over the stdlib's ``spawn``). Then synchronisation:
 ``Event.is_set()`` calls per second in a child, and increments per second of a shared
 `Value` under its lock by 4 children at once. Last, ``Pool(2).map`` calls per second over 16
-quick items (an optimiser's generation of a cheap objective: what the pool costs a map).
-``--rows a,b`` runs some.
+quick items (an optimiser's generation of a cheap objective: what the pool costs a map),
+and ``Pool(2).apply`` calls per second (a round trip each). ``--rows a,b`` runs some.
 
 The pipe row times 40,000 round trips and the 10 us rollout 4,000 steps (a second or two
 each): a run of a few hundred milliseconds mostly catches the two processes of a pair still
@@ -54,7 +54,7 @@ TARGETS = {"pipe_roundtrips": 0.9, "pipe_roundtrips_children": 0.9, "queue_items
            "queue_items_to_child": 0.8, "queue_items_children": 0.5, "rollout_1ms": 0.9,
            "rollout_10us": 0.9, "manager_calls": 0.5, "pipe_vector_env": 0.9,
            "gym_vector_env": 0.9, "start_join_4": 2.0, "event_checks": 0.5,
-           "locked_counter_4": 0.5, "pool_maps": 0.9}
+           "locked_counter_4": 0.5, "pool_maps": 0.9, "pool_applies": 0.9}
 LOWER_IS_BETTER = {"start_join_4"}  # seconds, not a rate: the target is a ceiling
 SYSTEMS = {"stdlib": "multiprocessing", "fiberexec": "fiberexec.multiprocessing"}
 
@@ -259,6 +259,17 @@ def pool_maps(mp: Any, n: int, items: int = 16) -> float:
         return n / (time.perf_counter() - start)
 
 
+def pool_applies(mp: Any, n: int) -> float:
+    """``Pool(2).apply`` calls per second (each a round trip to a worker), on a warm pool."""
+    with mp.Pool(2) as pool:
+        for i in range(200):  # both workers started and warm
+            pool.apply(abs, (-i,))
+        start = time.perf_counter()
+        for i in range(n):
+            assert pool.apply(abs, (-i,)) == i
+        return n / (time.perf_counter() - start)
+
+
 def measure(row: str, system: str, quick: bool) -> float:
     # spawn for both: a forked child would also hold the parent's pipe ends open
     mp = importlib.import_module(SYSTEMS[system]).get_context("spawn")
@@ -277,6 +288,7 @@ def measure(row: str, system: str, quick: bool) -> float:
         "event_checks": lambda: event_checks(mp, 50000 * scale),
         "locked_counter_4": lambda: locked_counter(mp, 5000 * scale),
         "pool_maps": lambda: pool_maps(mp, 500 * scale),
+        "pool_applies": lambda: pool_applies(mp, 1000 * scale),
     }
     return runs.get(row, lambda: rollout(mp, 1000 * scale, 1e-5))()
 

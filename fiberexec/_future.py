@@ -203,7 +203,7 @@ class TaskFuture(Future[T]):
         if not self._done_callbacks:
             return
         deferred: list[TaskFuture[Any]] | None = getattr(_DEFERRED, "futures", None)
-        if deferred is not None:
+        if deferred is not None and any(type(fn) is not Prompt for fn in self._done_callbacks):
             deferred.append(self)
             return
         super()._invoke_callbacks()  # type: ignore[misc]
@@ -235,6 +235,12 @@ class TaskFuture(Future[T]):
         except KeyboardInterrupt:
             INTERRUPTED.set()
             raise
+
+    def collect(self, timeout: float | None) -> float | None:
+        """Before waiting for something its outcome brings about (a pool's `AsyncResult`,
+        told by a `Prompt` callback): read the answer on this thread, as `result` does;
+        what is left of ``timeout``."""
+        return self._collect(timeout) if type(self._waiters) is Sent else timeout
 
     def _collect(self, timeout: float | None) -> float | None:
         """Read the answer on this thread if it can be done (once); what is left of
@@ -300,6 +306,20 @@ class TaskFuture(Future[T]):
         with self._condition:
             self._holder = None
             return super().cancel()
+
+
+class Prompt:
+    """A done-callback that runs none of the user's code and returns at once (a pool's
+    result taking in its task's outcome): a thread standing in for the shard's runs it
+    itself, where it defers the others (see `deferring`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Future[Any]], None]) -> None:
+        self.fn = fn
+
+    def __call__(self, future: Future[Any]) -> None:
+        self.fn(future)
 
 
 def deferring() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fiberexec._future import TaskFuture
+from fiberexec._future import Prompt, TaskFuture, deferred, deferring
 
 KINDS: dict[str, Callable[[], cf.Future[Any]]] = {"stdlib": cf.Future, "fiberexec": TaskFuture}
 
@@ -94,6 +94,27 @@ def test_done_callbacks_run_in_order_and_at_once_when_done(
     future.add_done_callback(lambda f: seen.append("late"))  # done: runs now, here
     assert seen[-1] == "late"
     assert "exception calling callback" in caplog.text
+
+
+def test_on_a_thread_standing_in_for_the_shards_only_prompt_callbacks_run_at_once() -> None:
+    """A thread standing in for the shard's (a waiting thread that reads its answer) runs a
+    future's callbacks there only when every one is a `Prompt`: none of the user's code.
+    Else all of them wait for the shard's thread, in the order they were added."""
+    prompt_only, mixed = TaskFuture[int](), TaskFuture[int]()
+    seen: list[str] = []
+    prompt_only.add_done_callback(Prompt(lambda f: seen.append(f"prompt {f.result()}")))
+    mixed.add_done_callback(Prompt(lambda f: seen.append("mixed: prompt")))
+    mixed.add_done_callback(lambda f: seen.append("mixed: the user's"))
+    deferring()
+    try:
+        prompt_only.set_result(1)
+        mixed.set_result(2)
+        assert seen == ["prompt 1"]
+    finally:
+        run = deferred()
+    assert run is not None
+    run()  # (the shard's thread)
+    assert seen == ["prompt 1", "mixed: prompt", "mixed: the user's"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -15,11 +15,11 @@ from concurrent.futures import Future, as_completed
 from concurrent.futures import wait as futures_wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 
-from fiberexec import _auth, _shm
+from fiberexec import _auth, _future, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec import _shard as shard_module
@@ -1311,6 +1311,38 @@ def test_a_thread_waiting_for_a_task_it_sent_reads_the_answer_itself(
         assert got == [item.task_id] and settled == [waiter.ident]
         assert ran.wait(10) and called_back == [runner.ident]
         assert b.shard.conns["w0"].idle_since and "w0" in b.shard.idle  # ready for more
+
+
+def test_a_pools_result_is_told_on_the_thread_that_reads_its_answer(
+        bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's result (`multiprocessing.Pool.apply`) waits on its own event, set by a
+    `Prompt` callback of its task's future. The thread that waits reads the answer itself
+    (`TaskFuture.collect`) and runs that callback there, so no other thread has to wake it;
+    a plain callback of another future it settles still runs on the shard's thread."""
+    b = bench(heartbeat=60.0)
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b) as runner:
+        first, second = _one_task_each(b)
+        told_on: list[int] = []
+        told = threading.Event()
+
+        def tell(_: Future[Any]) -> None:
+            told_on.append(threading.get_ident())
+            told.set()
+
+        first.future.add_done_callback(_future.Prompt(tell))
+        called_back, ran = _called_back_on(second.future)
+        reads = _reads_noted(monkeypatch)
+        waiter = threading.Thread(target=lambda: (
+            cast("TaskFuture[Any]", first.future).collect(30), told.wait(30)))
+        waiter.start()
+        assert reads.wait_for(1)
+        b.answer("w0", [first.task_id], runtime=SHORT)
+        waiter.join(10)
+        assert told_on == [waiter.ident]
+        b.answer("w1", [second.task_id], runtime=SHORT)
+        assert ran.wait(10) and called_back == [runner.ident]
 
 
 def test_a_thread_in_wait_reads_the_answers_of_the_tasks_it_sent(

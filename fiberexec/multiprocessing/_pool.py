@@ -25,15 +25,17 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import TYPE_CHECKING, Any, cast
 
+from fiberexec import _future
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
+from fiberexec._future import TaskFuture
 from fiberexec._observe import WorkerInfo
 from fiberexec._serialize import Snapshot, pickler_error
 from fiberexec.multiprocessing._backends import (
@@ -140,6 +142,8 @@ class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
         self._callback, self._error_callback = callback, error_callback
         self._success = False
         self._value: Any = None
+        self._task: TaskFuture[Any] | None = None  # its one task's, where `wait` may read it
+        self._lock = threading.Lock()
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -151,6 +155,16 @@ class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
         return self._success
 
     def wait(self, timeout: float | None = None) -> None:
+        """Wait until it is ready, at most ``timeout`` seconds.
+
+        The result of one task with no callback to run: the waiting thread reads the
+        worker's answer itself where the submitting thread sent the task, and takes it in
+        there, with no thread hand-off (`TaskFuture.collect`). (A callback runs on the
+        pool's thread, as in the standard library, before `get` returns. A map's waiting
+        thread does not read: most of its tasks are sent by the pool's thread, and by the
+        time the submitting thread has sent the others, the first answers have woken it.)"""
+        if self._task is not None and not self._event.is_set():
+            timeout = self._task.collect(timeout)
         self._event.wait(timeout)
 
     def get(self, timeout: float | None = None) -> Any:
@@ -173,7 +187,17 @@ class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
                     (type(exc), exc, exc.__traceback__, threading.current_thread())))
         self._event.set()
 
-    def _on_done(self, future: Future[Any]) -> None:
+    def _watch(self, futures: Sequence[Future[Any]]) -> None:
+        """Take in each of ``futures`` as it is done. With no callback of the user's, on
+        whichever thread settles it: one waiting here (see `wait`) too."""
+        prompt = self._callback is None and self._error_callback is None
+        if prompt and len(futures) == 1 and isinstance(futures[0], TaskFuture):
+            self._task = futures[0]
+        for index, future in enumerate(futures):
+            take = functools.partial(self._taken_in, index)
+            future.add_done_callback(_future.Prompt(take) if prompt else take)
+
+    def _taken_in(self, index: int, future: Future[Any]) -> None:
         self._set(*_outcome(future))
 
 
@@ -191,12 +215,11 @@ class MapResult(ApplyResult, multiprocessing.pool.MapResult[Any]):
         self._parts: list[Any] = [None] * tasks  # each task's value (a chunk's: its list)
         self._left = tasks
         self._error: BaseException | None = None
-        self._lock = threading.Lock()
         if not tasks:  # done at once, and (as the stdlib's) without calling back
             self._success, self._value = True, []
             self._event.set()
 
-    def _chunk_done(self, index: int, future: Future[Any]) -> None:
+    def _taken_in(self, index: int, future: Future[Any]) -> None:
         success, value = _outcome(future, item=self._items)
         with self._lock:
             if success:
@@ -455,7 +478,7 @@ class Pool(multiprocessing.pool.Pool):
         """Like `apply`, returning an `AsyncResult`; callbacks get the value or the error."""
         self._check_running()
         result = ApplyResult(callback, error_callback)
-        self._submit(func, *args, **(kwds or {})).add_done_callback(result._on_done)
+        result._watch((self._submit(func, *args, **(kwds or {})),))
         return result
 
     # ------------------------------------------------------------ map
@@ -486,8 +509,7 @@ class Pool(multiprocessing.pool.Pool):
             result = MapResult(len(chunks), callback, error_callback)
             # all at once: each worker gets its share of the chunks in one message
             futures = executor._submit_all(star, [(func, c) for c in chunks])
-        for index, future in enumerate(futures):
-            future.add_done_callback(functools.partial(result._chunk_done, index))
+        result._watch(futures)
         return result
 
     def map(self, func: Callable[..., Any], iterable: Iterable[Any],
