@@ -19,6 +19,7 @@ from fiberexec import BrokenFiberExecutor, ConfigurationError, FiberExecutor
 from tests import tasks
 from tests.behaviour.both import Make, make
 from tests.conftest import ExecutorFactory
+from tests.support.threads import at_once
 
 __all__ = ["make"]
 
@@ -432,34 +433,24 @@ def test_threads_waiting_every_way_at_once_see_every_outcome(make: Make) -> None
     every way the stdlib offers, at once: every outcome is seen, where it was raised."""
     ex = make(2)
     ex.submit(tasks.square, 1).result(timeout=60)
-    errors: list[BaseException] = []
 
     def run(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            for i in range(25):
-                n = rng.randrange(1, 4)
-                fails = [rng.random() < 0.3 for _ in range(n)]
-                futures = [ex.submit(tasks.raise_value_error, f"{seed}.{i}.{j}") if fail
-                           else ex.submit(tasks.sleep_return, rng.choice((0, 0.001, 0.003)),
-                                          (seed, i, j))
-                           for j, fail in enumerate(fails)]
-                _wait_some_way(rng, futures)
-                for j, (future, fail) in enumerate(zip(futures, fails, strict=True)):
-                    if fail:
-                        assert str(future.exception(timeout=0)) == f"{seed}.{i}.{j}"
-                    else:
-                        assert future.result(timeout=0) == (seed, i, j)
-        except BaseException as exc:  # (reported by the test's thread)
-            errors.append(exc)
+        for i in range(25):
+            n = rng.randrange(1, 4)
+            fails = [rng.random() < 0.3 for _ in range(n)]
+            futures = [ex.submit(tasks.raise_value_error, f"{seed}.{i}.{j}") if fail
+                       else ex.submit(tasks.sleep_return, rng.choice((0, 0.001, 0.003)),
+                                      (seed, i, j))
+                       for j, fail in enumerate(fails)]
+            _wait_some_way(rng, futures)
+            for j, (future, fail) in enumerate(zip(futures, fails, strict=True)):
+                if fail:
+                    assert str(future.exception(timeout=0)) == f"{seed}.{i}.{j}"
+                else:
+                    assert future.result(timeout=0) == (seed, i, j)
 
-    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors
+    at_once(run, [(seed,) for seed in range(4)], timeout=120)
 
 
 def _note_thread(names: queue.Queue[str], _: cf.Future[Any]) -> None:

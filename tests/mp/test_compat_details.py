@@ -12,6 +12,7 @@ import pytest
 
 from tests.mp import tasks
 from tests.mp.compat import STARTS, mpm
+from tests.support.threads import at_once
 
 __all__ = ["mpm"]
 
@@ -157,39 +158,28 @@ def test_results_waited_for_from_several_threads_each_come_back_to_their_caller(
     ready and whether it succeeded; a callback has run before ``get`` returns."""
     import time
 
-    problems: list[BaseException] = []
-
     def calls(pool: Any, k: int) -> None:
-        try:
-            for i in range(20):
-                x = 100 * k + i
-                if i % 4 == 0:
-                    with pytest.raises(ValueError, match=f"bad {x}"):
-                        pool.apply(tasks.fail, (x,))
-                elif i % 4 == 1:
-                    result = pool.apply_async(tasks.square, (x,))
-                    assert result.get(60) == x * x and result.ready() and result.successful()
-                elif i % 4 == 2:
-                    slow = pool.apply_async(time.sleep, (0.2,))
-                    slow.wait(0.01)
-                    assert not slow.ready()
-                    slow.wait(60)
-                    assert slow.ready() and slow.successful() and slow.get(0) is None
-                else:
-                    told: list[int] = []
-                    result = pool.apply_async(tasks.add, (x, 1), callback=told.append)
-                    assert result.get(60) == x + 1 and told == [x + 1]
-        except BaseException as exc:  # (reported by the main thread)
-            problems.append(exc)
+        for i in range(20):
+            x = 100 * k + i
+            if i % 4 == 0:
+                with pytest.raises(ValueError, match=f"bad {x}"):
+                    pool.apply(tasks.fail, (x,))
+            elif i % 4 == 1:
+                result = pool.apply_async(tasks.square, (x,))
+                assert result.get(60) == x * x and result.ready() and result.successful()
+            elif i % 4 == 2:
+                slow = pool.apply_async(time.sleep, (0.2,))
+                slow.wait(0.01)
+                assert not slow.ready()
+                slow.wait(60)
+                assert slow.ready() and slow.successful() and slow.get(0) is None
+            else:
+                told: list[int] = []
+                result = pool.apply_async(tasks.add, (x, 1), callback=told.append)
+                assert result.get(60) == x + 1 and told == [x + 1]
 
     with mpm.Pool(2) as pool:
-        threads = [threading.Thread(target=calls, args=(pool, k)) for k in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(90)
-        assert not any(thread.is_alive() for thread in threads)
-    assert not problems, problems
+        at_once(calls, [(pool, k) for k in range(4)], timeout=90)
 
 
 @pytest.mark.parametrize("ordered", [True, False])
