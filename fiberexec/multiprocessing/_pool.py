@@ -143,7 +143,6 @@ class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
         self._success = False
         self._value: Any = None
         self._task: TaskFuture[Any] | None = None  # its one task's, where `wait` may read it
-        self._lock = threading.Lock()
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -160,9 +159,10 @@ class ApplyResult(multiprocessing.pool.ApplyResult[Any]):
         The result of one task with no callback to run: the waiting thread reads the
         worker's answer itself where the submitting thread sent the task, and takes it in
         there, with no thread hand-off (`TaskFuture.collect`). (A callback runs on the
-        pool's thread, as in the standard library, before `get` returns. A map's waiting
-        thread does not read: most of its tasks are sent by the pool's thread, and by the
-        time the submitting thread has sent the others, the first answers have woken it.)"""
+        shard's thread, as the standard library runs it on its own, before `get` returns.
+        A map's waiting thread does not read: the first answers of a map of quick tasks come
+        back while the submitting thread still sends the others, and wake the shard's
+        thread anyway.)"""
         if self._task is not None and not self._event.is_set():
             timeout = self._task.collect(timeout)
         self._event.wait(timeout)
@@ -215,6 +215,7 @@ class MapResult(ApplyResult, multiprocessing.pool.MapResult[Any]):
         self._parts: list[Any] = [None] * tasks  # each task's value (a chunk's: its list)
         self._left = tasks
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
         if not tasks:  # done at once, and (as the stdlib's) without calling back
             self._success, self._value = True, []
             self._event.set()
