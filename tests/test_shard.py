@@ -1320,10 +1320,7 @@ def test_a_pools_result_is_told_on_the_thread_that_reads_its_answer(
     (`TaskFuture.collect`) and runs that callback there, so no other thread has to wake it;
     a plain callback of another future it settles still runs on the shard's thread."""
     b = bench(heartbeat=60.0)
-    b.connect("w0")
-    b.connect("w1")
-    with shard_thread(b) as runner:
-        first, second = _one_task_each(b)
+    with _one_task_each(b) as (first, second, runner):
         told_on: list[int] = []
         told = threading.Event()
 
@@ -1351,10 +1348,7 @@ def test_a_thread_in_wait_reads_the_answers_of_the_tasks_it_sent(
     slept on the waiting thread, as `result()` does: both workers' links at once, until
     every future it waits for is done, with no hand-off through the shard's thread."""
     b = bench(heartbeat=60.0)
-    b.connect("w0")
-    b.connect("w1")
-    with shard_thread(b):
-        first, second = _one_task_each(b)
+    with _one_task_each(b) as (first, second, _):
         settled = [_settled_on(first.future), _settled_on(second.future)]
         reads = _reads_noted(monkeypatch)
         got: list[Any] = []
@@ -1375,10 +1369,7 @@ def test_a_thread_in_as_completed_reads_each_answer_as_it_waits_again(
     """`concurrent.futures.as_completed` waits once a future: each wait reads the links of
     the futures not yet done, on the waiting thread."""
     b = bench(heartbeat=60.0)
-    b.connect("w0")
-    b.connect("w1")
-    with shard_thread(b):
-        first, second = _one_task_each(b)
+    with _one_task_each(b) as (first, second, _):
         settled = [_settled_on(first.future), _settled_on(second.future)]
         reads = _reads_noted(monkeypatch)
         got: list[Any] = []
@@ -1404,10 +1395,7 @@ def test_a_thread_in_wait_lets_go_when_an_answer_frees_a_worker_for_queued_tasks
     # between two looks on a real clock, so it sleeps with tasks in its queue)
     monkeypatch.setattr(Shard, "_next_deadline", lambda self: 60.0)
     b = bench(heartbeat=600.0)
-    b.connect("w0")
-    b.connect("w1")
-    with shard_thread(b):
-        first, second = _one_task_each(b)
+    with _one_task_each(b) as (first, second, _):
         queued = b.submit(job, 2)  # of unknown length: no worker takes one behind its task
         asleep_with_a_queue = threading.Event()
         select = b.shard.selector.select
@@ -1449,12 +1437,17 @@ def test_a_thread_in_wait_lets_go_when_an_answer_frees_a_worker_for_queued_tasks
                    for f, item in zip(futures, (first, second, *queued), strict=True))
 
 
-def _one_task_each(b: Bench) -> tuple[WorkItem, WorkItem]:
-    """Two tasks submitted while the shard's thread sleeps: the submitting thread sends
-    each to a worker of its own (``w0``, ``w1``)."""
-    first, second = b.submit(job, 2)
-    assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
-    return first, second
+@contextmanager
+def _one_task_each(b: Bench) -> Iterator[tuple[WorkItem, WorkItem, threading.Thread]]:
+    """Two workers (``w0``, ``w1``) and the shard's loop on its thread (yielded third); two
+    tasks submitted while that thread sleeps: the submitting thread sends each to a worker
+    of its own."""
+    b.connect("w0")
+    b.connect("w1")
+    with shard_thread(b) as runner:
+        first, second = b.submit(job, 2)
+        assert b.tasks_sent("w0") == [first.task_id] and b.tasks_sent("w1") == [second.task_id]
+        yield first, second, runner
 
 
 class _Reads:
@@ -1492,10 +1485,7 @@ def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(
     shard's thread as it comes (here the reading thread could read for a minute)."""
     monkeypatch.setattr("fiberexec._future.COLLECT_MAX", 60.0)
     b = bench(heartbeat=600.0)
-    b.connect("w0")
-    b.connect("w1")
-    with shard_thread(b):
-        first, second = _one_task_each(b)
+    with _one_task_each(b) as (first, second, _):
         settled = _settled_on(second.future)
         _, done = _called_back_on(second.future)  # (a wait in result() could read it here)
         reading = threading.Event()
