@@ -24,7 +24,7 @@ from fiberexec._backend import (
     Resources,
     parse_memory,
 )
-from fiberexec._config import ExecutorConfig, resolve
+from fiberexec._config import MIN_WORKER_MEMORY, ExecutorConfig, resolve
 from fiberexec._errors import ConfigurationError
 from fiberexec.multiprocessing._links import outward_ip
 
@@ -144,13 +144,17 @@ def meta(*, cpu: float | None = None, memory: int | str | None = None,
          gpu: int = 0) -> Callable[[Any], Any]:
     """Attach the resources a function needs; `Process` and `Pool` pass them to the backend.
 
+    ``memory``: a whole number is MiB, Fiber's unit for ``fiber.meta`` (and for its
+    ``mem_per_job``), so ``@fiber.meta(memory=1000)`` asks for 1000 MiB as it did there; a
+    quantity (``"512Mi"``, ``"2G"``) says its unit. At least 16 MiB, as every worker's.
+
     Backends that cannot enforce them (local) run the function anyway and log a note.
 
     Example:
         >>> @meta(cpu=2, memory="1Gi")
         ... def simulate(seed): ...
     """
-    hint = Meta(cpu=cpu, memory=parse_memory(memory), gpu=gpu)
+    hint = Meta(cpu=cpu, memory=_meta_memory(memory), gpu=gpu)
     hint.resources()  # validate now, name the bad value
 
     def attach(fn: Any) -> Any:
@@ -158,6 +162,29 @@ def meta(*, cpu: float | None = None, memory: int | str | None = None,
         return fn
 
     return attach
+
+
+def _meta_memory(memory: int | str | None) -> int | None:
+    """`meta`'s ``memory`` in bytes: a whole number (or its digits) is MiB."""
+    unreadable = ConfigurationError(
+        f"meta's memory must be MiB as a whole number (Fiber's unit) or a quantity like "
+        f"'512Mi', got {memory!r}")
+    if isinstance(memory, bool) or not isinstance(memory, int | str | None):
+        raise unreadable
+    if isinstance(memory, str) and memory.strip().isdigit():
+        memory = int(memory)
+    try:
+        size = memory << 20 if isinstance(memory, int) else parse_memory(memory)
+    except ConfigurationError:
+        raise unreadable from None
+    if size is not None and not MIN_WORKER_MEMORY <= size <= MAX_META_MEMORY:
+        raise ConfigurationError(
+            f"meta's memory must be from 16 MiB to 1 PiB per worker, got {memory!r}; a "
+            "whole number is MiB (Fiber's unit): write e.g. memory=512 or memory='512Mi'")
+    return size
+
+
+MAX_META_MEMORY = 1 << 50  # 1 PiB: a whole number this large was meant as bytes, not MiB
 
 
 def meta_of(fn: object) -> Meta | None:

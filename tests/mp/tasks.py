@@ -133,6 +133,12 @@ def heavy(x: int) -> int:
     return x + 1
 
 
+@mp.meta(cpu=1, memory=100)  # as a program written for Fiber says it: memory in MiB
+def fiber_heavy(x: int) -> int:
+    """A function that declares its resources in Fiber's units."""
+    return x * 2
+
+
 def worker_id() -> str:
     """Which worker ran this (pids repeat across containers; worker ids do not)."""
     return os.environ["FIBEREXEC_WORKER_ID"]

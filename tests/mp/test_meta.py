@@ -54,5 +54,30 @@ def test_meta_resources_reach_the_pool_workers() -> None:
 def test_meta_validates_at_decoration() -> None:
     with pytest.raises(ConfigurationError, match="cpu must be > 0"):
         fiberexec.meta(cpu=0)
-    with pytest.raises(ConfigurationError, match="memory must be bytes or a quantity"):
+    unreadable = "meta's memory must be MiB as a whole number .* or a quantity like '512Mi'"
+    with pytest.raises(ConfigurationError, match=unreadable + ", got 'much'"):
         fiberexec.meta(memory="much")
+
+
+def test_meta_memory_is_mib_as_in_fiber() -> None:
+    """A program written for Fiber says ``@fiber.meta(memory=100)`` for 100 MB; a quantity
+    says its own unit."""
+    backend = _Recording()
+    try:
+        with mp.Pool(1, backend=backend) as pool:
+            assert pool.map(tasks.fiber_heavy, [1, 2, 3]) == [2, 4, 6]
+        assert {(s.resources.cpu, s.resources.memory) for s in backend.specs} == {(1, 100 << 20)}
+    finally:
+        backend.close()
+    sizes = [mp.meta(memory=m)(lambda: None).__fiberexec_meta__.memory
+             for m in (100, "100", "2Gi", "1G", None)]
+    assert sizes == [100 << 20, 100 << 20, 2 << 30, 10**9, None]
+
+
+@pytest.mark.parametrize("memory", [1, 0, -5, "5Mi", 1 << 31, True, 3.5])
+def test_meta_memory_out_of_range_or_unreadable_is_refused_at_decoration(memory: object) -> None:
+    """Below a worker's 16 MiB, a whole number so large it was meant as bytes, or not a
+    number of MiB nor a quantity: refused where the function is decorated, naming the rule."""
+    with pytest.raises(ConfigurationError, match=r"meta's memory must be .*got " + (
+            "'5Mi'" if memory == "5Mi" else str(memory))):
+        fiberexec.meta(memory=memory)  # type: ignore[arg-type]
