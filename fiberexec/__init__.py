@@ -34,7 +34,7 @@ if _typing.TYPE_CHECKING:
     from fiberexec._executor import (
         FiberExecutor,
     )
-    from fiberexec._fiber import init
+    from fiberexec._fiber import init, reset
     from fiberexec._fiber_queues import SimpleQueuePush
     from fiberexec._logging import enable_logging
     from fiberexec._observe import Durations, FailureInfo, TaskInfo, TaskSpan, WorkerInfo
@@ -62,6 +62,7 @@ if _typing.TYPE_CHECKING:
         active_children,
         cpu_count,
         current_process,
+        get_context,
         meta,
     )
 
@@ -116,6 +117,8 @@ _EXPORTS: dict[str, str] = {
     "meta": "fiberexec.multiprocessing",
     "SimpleQueuePush": "fiberexec._fiber_queues",  # Fiber 0.2.1's names
     "init": "fiberexec._fiber",
+    "reset": "fiberexec._fiber",
+    "get_context": "fiberexec.multiprocessing",
 }
 # submodules reached as attributes, as Fiber's ``fiber.config`` and ``fiber.managers`` are
 _SUBMODULES = frozenset({"config", "managers"})
@@ -160,9 +163,11 @@ __all__ = [
     "cpu_count",
     "current_process",
     "enable_logging",
+    "get_context",
     "init",
     "meta",
     "progress_bar",
+    "reset",
 ]
 
 

@@ -55,6 +55,10 @@ IGNORED = frozenset({"ipc_active", "ipc_admin_worker_port", "merge_output", "use
                      "use_push_queue", "kubernetes_namespace"})
 KEYS = frozenset(SETTINGS) | LOGGING | IGNORED
 log = logging.getLogger("fiberexec")
+# What `init` changed, as it was before (`reset` puts it back): each variable's value (None:
+# unset), and the logger's level and handlers.
+_before_env: dict[str, str | None] = {}
+_before_logging: tuple[int, list[logging.Handler]] | None = None
 
 
 def init(**kwargs: Any) -> None:
@@ -90,10 +94,12 @@ def _set(key: str, value: object) -> None:
     setting, write = SETTINGS[key]
     name = ENV_PREFIX + setting.upper()
     if value is None or (key == "ipc_admin_master_port" and value == 0):
+        _before_env.setdefault(name, os.environ.get(name))
         os.environ.pop(name, None)
         return
     text = write(value)
     before = os.environ.get(name)
+    _before_env.setdefault(name, before)
     os.environ[name] = text
     try:
         resolve({})  # the setting's own check, naming the value and the rule
@@ -106,7 +112,10 @@ def _set(key: str, value: object) -> None:
 
 
 def _configure_logging(key: str, value: object) -> None:
+    global _before_logging
     logger = logging.getLogger("fiberexec")
+    if _before_logging is None:
+        _before_logging = (logger.level, list(logger.handlers))
     if key == "debug":
         if value:
             logger.setLevel(logging.DEBUG)
@@ -124,6 +133,28 @@ def _configure_logging(key: str, value: object) -> None:
         handler = logging.FileHandler(f"{path}.{os.getpid()}", mode="w")  # one per process
         logger.addHandler(handler)
         logger.setLevel(logger.level or logging.INFO)
+
+
+def reset() -> None:
+    """Fiber's ``fiber.reset()``: the configuration this process had before `init` (and
+    ``fiber.config.<key> = value``) changed it: each setting, and the ``fiberexec``
+    logger's level and handlers (a ``log_file`` it opened is closed). Executors made
+    before keep what they were made with."""
+    global _before_logging
+    for name, value in _before_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _before_env.clear()
+    if _before_logging is not None:
+        level, handlers = _before_logging
+        logger = logging.getLogger("fiberexec")
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(level)
+        _before_logging = None
 
 
 READABLE = frozenset({"backend", "image", "cpu_per_job", "mem_per_job", "log_level"})

@@ -75,6 +75,7 @@ def test_a_handle_is_a_future_with_async_results_methods() -> None:
 def clean_settings() -> Iterator[None]:
     before = {k: v for k, v in os.environ.items() if k.startswith("FIBEREXEC_")}
     yield
+    fiber.reset()  # (what init kept to put back goes too)
     for key in [k for k in os.environ if k.startswith("FIBEREXEC_")]:
         del os.environ[key]
     os.environ.update(before)
@@ -113,3 +114,49 @@ def test_pool_start_workers_and_simple_queue_push() -> None:
     assert queue.get() == "pushed"
     child.join(30)
     assert child.exitcode == 0
+
+
+def test_reset_puts_back_what_init_changed(clean_settings: None) -> None:
+    """Fiber's ``fiber.reset()``: the settings and the logger as they were before `init`."""
+    import logging
+
+    os.environ["FIBEREXEC_IMAGE"] = "me/base:1"
+    os.environ.pop("FIBEREXEC_CPU", None)
+    logger = logging.getLogger("fiberexec")
+    level, handlers = logger.level, list(logger.handlers)
+    fiber.init(image="me/env:2", cpu_per_job=3, log_level="debug")
+    fiber.config.mem_per_job = 512
+    assert (fiber.config.image, fiber.config.cpu_per_job, fiber.config.mem_per_job) == (
+        "me/env:2", 3.0, 512)
+    assert logger.level == logging.DEBUG and len(logger.handlers) == len(handlers) + 1
+    fiber.reset()
+    assert os.environ["FIBEREXEC_IMAGE"] == "me/base:1"
+    assert "FIBEREXEC_CPU" not in os.environ and "FIBEREXEC_MEMORY" not in os.environ
+    assert (logger.level, logger.handlers) == (level, handlers)
+    fiber.reset()  # nothing changed since: nothing to put back
+    assert os.environ["FIBEREXEC_IMAGE"] == "me/base:1"
+
+
+def test_fibers_pool_arguments_and_get_context() -> None:
+    """``fiber.get_context("spawn")`` and ``Pool(..., error_handling=True)``, as Fiber's
+    programs write them (a lost worker's tasks always run again here)."""
+    ctx = fiber.get_context("spawn")
+    assert ctx is fiber.get_context().get_context("spawn")
+    with ctx.Pool(1, error_handling=True) as pool:
+        assert pool.map(abs, [-1, -2]) == [1, 2]
+
+
+@pytest.mark.parametrize(("options", "error", "match"), [
+    ({"imgae": "me/env:1"}, TypeError, "unexpected keyword argument.*imgae.*FiberExecutor's "
+                                       "keywords .*image"),
+    ({"max_tasks_per_child": 2}, TypeError, "max_tasks_per_child: .*maxtasksperchild"),
+    ({"memory": 100}, ConfigurationError, "memory must be at least 16Mi.*got 100"),
+    ({"cpu": 0}, ConfigurationError, "cpu must be .*got 0"),
+    ({"backend": "nosuch"}, ConfigurationError, "unknown backend 'nosuch'"),
+])
+def test_a_pools_options_are_checked_as_it_is_made(
+        options: dict[str, object], error: type[Exception], match: str) -> None:
+    """Not at its first task, as `FiberExecutor` would: where the pool is made, as the
+    standard library's pool checks its arguments."""
+    with pytest.raises(error, match=match):
+        fiber.Pool(1, **options)  # type: ignore[arg-type]

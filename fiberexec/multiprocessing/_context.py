@@ -108,10 +108,12 @@ class BaseContext:
 
     def Pool(self, processes: int | None = None,
              initializer: Callable[..., object] | None = None, initargs: Iterable[Any] = (),
-             maxtasksperchild: int | None = None) -> Any:
+             maxtasksperchild: int | None = None, **options: Any) -> Any:
+        """``options``: the pool's own (``backend=``, `FiberExecutor`'s keywords, Fiber's
+        ``error_handling=``), as `Pool` takes them."""
         from fiberexec.multiprocessing._pool import Pool
 
-        return Pool(processes, initializer, initargs, maxtasksperchild, context=self)
+        return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **options)
 
     def freeze_support(self) -> None:
         """Nothing to do: processes never start from a frozen executable's own copy."""

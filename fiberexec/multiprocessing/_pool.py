@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import itertools
 import multiprocessing.pool
 import os
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 from fiberexec import _future
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._chunks import map_chunk, starmap_chunk
+from fiberexec._config import BY_KEY, NOT_SETTINGS, resolve
 from fiberexec._errors import SerializationError
 from fiberexec._executor import FiberExecutor
 from fiberexec._future import TaskFuture
@@ -237,6 +239,31 @@ class MapResult(ApplyResult, multiprocessing.pool.MapResult[Any]):
                 self._set(False, self._error)
 
 
+def _check_options(processes: int, extra: Mapping[str, Any], options: Mapping[str, Any],
+                   backend: object) -> None:
+    """What `FiberExecutor` would say of a pool's options at its first task, said as the
+    pool is made: a keyword (of the ``extra`` ones the caller gave) it does not take, or a
+    value a setting refuses."""
+    unknown = sorted(set(extra) - _POOL_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"Pool() got unexpected keyword argument(s) {', '.join(unknown)}: it takes the "
+            f"standard library's arguments (maxtasksperchild, ...), backend=, error_handling= "
+            f"and FiberExecutor's keywords ({', '.join(sorted(_POOL_KEYWORDS))})")
+    given = {key: value for key, value in options.items() if key in _SETTING_KEYWORDS}
+    if isinstance(backend, str | Backend):  # (a factory is called at the first task)
+        given["backend"] = backend
+    resolve({**given, "max_workers": processes})
+
+
+# (``max_tasks_per_child`` is the standard library's ``maxtasksperchild`` here)
+_POOL_KEYWORDS = frozenset(
+    name for name, parameter in inspect.signature(FiberExecutor.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    and name not in ("backend", "max_tasks_per_child"))
+_SETTING_KEYWORDS = frozenset(BY_KEY) | frozenset(NOT_SETTINGS)
+
+
 def _generator(results: IMapIterator) -> Iterator[Any]:
     """Chunked results as the stdlib hands them out: a generator, which an item's error
     ends (the chunks after it run, as the stdlib's do, and are not handed out)."""
@@ -358,7 +385,10 @@ class Pool(multiprocessing.pool.Pool):
         maxtasksperchild: replace a worker after this many tasks (chunks count as one).
         context: accepted for compatibility and ignored.
         backend: a backend name, instance or factory (default: the default backend).
-        **options: any other `FiberExecutor` keyword (``image=``, ``cpu=``, ...).
+        error_handling: Fiber's ``Pool`` argument, accepted: the tasks of a worker that is
+            lost are always run again on another (`FiberExecutor`'s ``max_task_retries``).
+        **options: any other `FiberExecutor` keyword (``image=``, ``cpu=``, ...), checked
+            here, as the executor checks them.
 
     A function decorated with `meta` sets ``cpu``/``memory``/``gpu`` for the pool's workers
     when it is the first one submitted and the pool was not given them.
@@ -378,6 +408,7 @@ class Pool(multiprocessing.pool.Pool):
         context: object = None,
         *,
         backend: BackendLike | None = None,
+        error_handling: bool = False,
         **options: Any,
     ) -> None:
         if processes is not None and not isinstance(processes, int):  # (the stdlib's: a
@@ -398,6 +429,7 @@ class Pool(multiprocessing.pool.Pool):
             options, initializer=initializer, initargs=tuple(initargs),
             max_tasks_per_child=maxtasksperchild,
         )
+        _check_options(self._processes, options, self._options, backend)
         self._backend_choice = backend
         self._state = RUN
         self._lock = threading.Lock()
