@@ -208,6 +208,20 @@ class FiberExecutor(Executor):
                 raise RuntimeError("cannot start workers after shutdown")
             self._get_pool().start()
 
+    def _wait_for_workers(self, count: int, timeout: float | None) -> bool:
+        """Start the workers (`_start_workers`), then block until ``count`` are ready: True;
+        False after ``timeout``. `BrokenFiberExecutor` if it broke meanwhile, `RuntimeError`
+        if it was shut down."""
+        self._start_workers()
+        supervisor = self._get_pool().supervisor
+        if supervisor.wait_ready(count, timeout):
+            return True
+        if supervisor.broken is not None:
+            raise supervisor.broken
+        if supervisor.halted:
+            raise RuntimeError("the executor was shut down while it waited for its workers")
+        return False
+
     def _start_dashboard(self) -> Dashboard | None:
         if self._config.dashboard is None:
             return None

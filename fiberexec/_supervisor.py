@@ -85,6 +85,7 @@ class WorkerSupervisor:
         self._start_error: BaseException | None = None  # since a worker was last ready
         self._starving_timer: threading.Timer | None = None
         self._busy = threading.Condition(self._lock)  # launcher jobs not yet done: _active
+        self._readied = threading.Condition(self._lock)  # a worker ready, or _halt set
         self._active = 0
         self._next_port = 0  # where the search for a free port in config.ports starts
         self._tls_server = self.config.tls.server_config() if self.config.tls else None
@@ -104,6 +105,19 @@ class WorkerSupervisor:
     def ready_count(self) -> int:
         with self._lock:
             return len(self._ready)
+
+    @property
+    def halted(self) -> bool:
+        """Nothing more will start: the executor broke or shut down."""
+        return self._halt.is_set()
+
+    def wait_ready(self, count: int, timeout: float | None) -> bool:
+        """Block until ``count`` workers are ready (True), or until nothing more will start
+        (the executor broke or shut down) or ``timeout`` passes (False)."""
+        with self._lock:
+            self._readied.wait_for(lambda: len(self._ready) >= count or self._halt.is_set(),
+                                   timeout)
+            return len(self._ready) >= count
 
     def known(self) -> dict[str, WorkerHandle | None]:
         """Every worker started or being started, with its handle (None: not yet)."""
@@ -346,7 +360,9 @@ class WorkerSupervisor:
         self._starving_timer.start()
 
     def _fed(self) -> None:
-        """A worker is ready: the executor is not starving (the caller holds the lock)."""
+        """A worker is ready, or nothing more will start: the executor is not starving, and
+        `wait_ready` looks again (the caller holds the lock)."""
+        self._readied.notify_all()
         self._starving_since = self._start_error = None
         if self._starving_timer is not None:
             self._starving_timer.cancel()

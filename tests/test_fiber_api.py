@@ -160,3 +160,30 @@ def test_a_pools_options_are_checked_as_it_is_made(
     standard library's pool checks its arguments."""
     with pytest.raises(error, match=match):
         fiber.Pool(1, **options)  # type: ignore[arg-type]
+
+
+def test_wait_until_workers_up_returns_once_every_worker_is_ready() -> None:
+    """Fiber's ``Pool.wait_until_workers_up``: it starts the workers and blocks (no
+    polling) until all are connected; with a timeout they cannot meet, it says how many
+    were up."""
+    with fiber.Pool(3) as pool:
+        with pytest.raises(multiprocessing.TimeoutError,
+                           match=r"\d of the pool's 3 workers were up after 0s"):
+            pool.wait_until_workers_up(timeout=0)
+        pool.wait_until_workers_up(timeout=60)
+        assert [w.state for w in pool.workers()] == ["idle"] * 3
+        assert pool.map(abs, [-1, -2]) == [1, 2]
+
+
+def test_wait_until_workers_up_raises_what_broke_the_pool() -> None:
+    """Workers that cannot start break the executor: the wait ends with that error."""
+    from tests.test_start_failures import FirstWorksBackend
+
+    backend = FirstWorksBackend(good=0)
+    pool = fiber.Pool(2, backend=backend)
+    try:
+        with pytest.raises(fiber.BrokenFiberExecutor, match="failed to start"):
+            pool.wait_until_workers_up(timeout=60)
+    finally:
+        pool.terminate()
+        backend.close()

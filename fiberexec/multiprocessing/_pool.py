@@ -490,6 +490,18 @@ class Pool(multiprocessing.pool.Pool):
         self._check_running()
         self._get_executor(None)._start_workers()
 
+    def wait_until_workers_up(self, timeout: float | None = None) -> None:
+        """Start the pool's workers, and return once all of them are connected and ready
+        for tasks (Fiber's method). `TimeoutError` after ``timeout`` seconds (None: no
+        limit); the executor's error if the workers cannot be started."""
+        self._check_running()
+        executor = self._get_executor(None)
+        count = executor._config.min_workers
+        if not executor._wait_for_workers(count, timeout):
+            raise TimeoutError(
+                f"{executor.stats().workers} of the pool's {count} workers were up after "
+                f"{timeout}s")
+
     def _check_running(self) -> None:
         if self._state != RUN:
             raise ValueError("Pool not running")
