@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fiberexec import _contract
+from fiberexec import _contract, _fiber_keys
 from fiberexec._backend import Backend, Resources, parse_memory
 from fiberexec._errors import ConfigurationError, ConfigurationTypeError
 from fiberexec._protocol import MAX_MESSAGE
@@ -590,6 +590,8 @@ def gather(
     default, instead of raising.
     """
     found, from_file = _config_file(environ, cwd, problems)
+    from_fiber = _fiber_keys.from_environment(environ)
+    fiber_file = _fiber_file(cwd, problems)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in SETTINGS:
@@ -598,17 +600,42 @@ def gather(
         if not any(given is u or (given == u and type(given) is type(u)) for u in s.unset):
             values[s.key], sources[s.key] = given, ARGUMENT
             continue
+        fiber = None
         if s.env in environ:
             raw, source = environ[s.env], f"environment variable {s.env}"
+        elif s.key in from_fiber:
+            fiber = from_fiber[s.key]
         elif found and s.key in from_file:
             raw, source = from_file[s.key], f"{found[0]} {found[1]}"
+        elif s.key in fiber_file:
+            fiber = fiber_file[s.key]
         else:
             continue
+        if fiber is not None:  # Fiber's key, in Fiber's units
+            raw, source = fiber[1], fiber[2]
         try:
-            values[s.key], sources[s.key] = _parse(s, raw, source), source
+            values[s.key], sources[s.key] = _parse(s, _fiber_written(fiber, source) if fiber
+                                                   else raw, source), source
         except ConfigurationError as exc:
             _keep(problems, Problem(s.key, raw, source, str(exc)), exc)
     return values, sources, str(found[0]) if found else None
+
+
+def _fiber_written(fiber: _fiber_keys.Given, source: str) -> str:
+    try:
+        return _fiber_keys.written(fiber)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} (from {source})") from None
+
+
+def _fiber_file(cwd: Path, problems: list[Problem] | None) -> dict[str, _fiber_keys.Given]:
+    """What a ``.fiberconfig`` in ``cwd`` sets; a bad one is noted and skipped by `diagnose`."""
+    try:
+        return _fiber_keys.from_file(cwd)
+    except ConfigurationError as exc:
+        _keep(problems, Problem(CONFIG_FILE, str(cwd / _fiber_keys.FILE_NAME),
+                                CURRENT_DIRECTORY, str(exc)), exc)
+        return {}
 
 
 # ------------------------------------------------------------------ FIBEREXEC_* variables

@@ -2,7 +2,8 @@
 with ``import fiberexec as fiber``.
 
 Fiber is configured process-wide: ``fiber.init(backend="docker", cpu_per_job=2)``, or
-``fiber.config.backend = "docker"``, or ``FIBER_*`` environment variables. Here each Fiber
+``fiber.config.backend = "docker"`` (or ``FIBER_*`` environment variables and a
+``.fiberconfig`` file, which the configuration reads: `fiberexec._fiber_keys`). Here each Fiber
 key maps onto the fiberexec setting that means the same, and `init` sets it as this
 process's default the way fiberexec takes process-wide defaults, through its ``FIBEREXEC_*``
 environment variable (so an executor's explicit arguments still win, and the workers it
@@ -17,43 +18,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from fiberexec._config import ENV_PREFIX, resolve
 from fiberexec._errors import ConfigurationError
+from fiberexec._fiber_keys import KEYS, LOGGING, SETTINGS, unset
 from fiberexec._logging import enable_logging
 
-
-def _memory_mb(value: object) -> str:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigurationError(f"mem_per_job is MiB per worker as a positive integer "
-                                 f"(Fiber's unit), got {value!r}")
-    return f"{value}Mi"
-
-
-def _same(value: object) -> str:
-    return str(value)
-
-
-# Fiber key -> (fiberexec setting, how the value is written for it)
-SETTINGS: dict[str, tuple[str, Callable[[object], str]]] = {
-    "backend": ("backend", _same),
-    "default_backend": ("backend", _same),
-    "image": ("image", _same),
-    "default_image": ("image", _same),
-    "cpu_per_job": ("cpu", _same),
-    "mem_per_job": ("memory", _memory_mb),
-    "ipc_admin_master_port": ("ports", _same),
-}
-LOGGING = frozenset({"log_level", "log_file", "debug"})
-# Fiber's own plumbing: accepted so its programs run, with no meaning here
-IGNORED = frozenset({"ipc_active", "ipc_admin_worker_port", "merge_output", "use_bash",
-                     "use_push_queue", "kubernetes_namespace"})
-KEYS = frozenset(SETTINGS) | LOGGING | IGNORED
 log = logging.getLogger("fiberexec")
 # What `init` changed, as it was before (`reset` puts it back): each variable's value (None:
 # unset), and the logger's level and handlers.
@@ -93,7 +65,7 @@ def init(**kwargs: Any) -> None:
 def _set(key: str, value: object) -> None:
     setting, write = SETTINGS[key]
     name = ENV_PREFIX + setting.upper()
-    if value is None or (key == "ipc_admin_master_port" and value == 0):
+    if unset(key, value):
         _before_env.setdefault(name, os.environ.get(name))
         os.environ.pop(name, None)
         return

@@ -8,11 +8,13 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
 import fiberexec as fiber
 from fiberexec import ConfigurationError
+from fiberexec._config import diagnose, gather, resolve
 from tests import fiber_tasks as ft
 
 pytestmark = pytest.mark.timeout(120)
@@ -187,3 +189,42 @@ def test_wait_until_workers_up_raises_what_broke_the_pool() -> None:
     finally:
         pool.terminate()
         backend.close()
+
+
+def test_fibers_environment_variables_configure_executors(tmp_path: Path) -> None:
+    """A program moved from Fiber keeps running where ``FIBER_*`` says, in Fiber's units;
+    fiberexec's own variables win over Fiber's, and Fiber's ``backend`` over its
+    ``default_backend``."""
+    environ = {"FIBER_DEFAULT_BACKEND": "kubernetes", "FIBER_BACKEND": "docker",
+               "FIBER_IMAGE": "me/env:1", "FIBER_CPU_PER_JOB": "2", "FIBER_MEM_PER_JOB": "512",
+               "FIBER_IPC_ADMIN_MASTER_PORT": "0", "FIBER_LOG_LEVEL": "debug"}
+    config = resolve({}, environ=environ, cwd=tmp_path)
+    assert (config.backend, config.image, config.resources.cpu, config.resources.memory,
+            config.ports) == ("docker", "me/env:1", 2.0, 512 << 20, None)
+    _, sources, _ = gather({}, environ, tmp_path)
+    assert sources["backend"] == "environment variable FIBER_BACKEND (Fiber's)"
+    del environ["FIBER_BACKEND"]
+    assert resolve({}, environ=environ, cwd=tmp_path).backend == "kubernetes"
+    assert resolve({}, environ={**environ, "FIBEREXEC_BACKEND": "local"},
+                   cwd=tmp_path).backend == "local"
+    with pytest.raises(ConfigurationError, match=r"mem_per_job is MiB per worker .*'lots' \(from "
+                                                 r"environment variable FIBER_MEM_PER_JOB"):
+        resolve({}, environ={"FIBER_MEM_PER_JOB": "lots"}, cwd=tmp_path)
+
+
+def test_a_fiberconfig_file_configures_executors_below_fiberexecs_own(tmp_path: Path) -> None:
+    """Fiber's ``.fiberconfig`` in the current directory: below the environment and below
+    fiberexec's own config file; a key Fiber does not have is refused, as Fiber refused it."""
+    (tmp_path / ".fiberconfig").write_text(
+        "[default]\nbackend = docker\nimage = me/env:2\nmem_per_job = 256\nlog_level = debug\n")
+    config = resolve({}, environ={}, cwd=tmp_path)
+    assert (config.backend, config.image, config.resources.memory) == (
+        "docker", "me/env:2", 256 << 20)
+    assert resolve({}, environ={"FIBER_IMAGE": "me/env:3"}, cwd=tmp_path).image == "me/env:3"
+    (tmp_path / ".fiberexec.toml").write_text('image = "me/env:4"\n')
+    assert resolve({}, environ={}, cwd=tmp_path).image == "me/env:4"
+    (tmp_path / ".fiberconfig").write_text("[default]\nbakcend = docker\n")
+    with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['bakcend'\]"):
+        resolve({}, environ={}, cwd=tmp_path)
+    _, problems = diagnose(environ={}, cwd=tmp_path)  # (`fiberexec info` lists it instead)
+    assert [(p.key, p.value) for p in problems] == [("config file", str(tmp_path / ".fiberconfig"))]
