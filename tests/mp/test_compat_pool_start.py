@@ -22,3 +22,13 @@ def test_the_initializer_runs_in_a_pool_closed_without_a_task(
     pool.close()
     pool.join()
     assert len(list(tmp_path.glob("init-*"))) == 1
+
+
+def test_a_keyword_the_pool_does_not_take_fails_where_it_is_made(mpm: ModuleType) -> None:
+    """A misspelt keyword is a `TypeError` from the constructor, naming it, not an error at
+    the first task (fiberexec's pool takes more keywords than the stdlib's: its
+    executor's, checked there too)."""
+    with pytest.raises(TypeError, match="unexpected keyword argument.*initalizer"):
+        mpm.Pool(1, initalizer=print)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*imgae"):
+        mpm.get_context("spawn").Pool(1, imgae="me/app:1")
