@@ -600,32 +600,23 @@ def gather(
         if not any(given is u or (given == u and type(given) is type(u)) for u in s.unset):
             values[s.key], sources[s.key] = given, ARGUMENT
             continue
-        fiber = None
+        fiber_key = None  # where Fiber's key gave it, in Fiber's units
         if s.env in environ:
             raw, source = environ[s.env], f"environment variable {s.env}"
         elif s.key in from_fiber:
-            fiber = from_fiber[s.key]
+            fiber_key, raw, source = from_fiber[s.key]
         elif found and s.key in from_file:
             raw, source = from_file[s.key], f"{found[0]} {found[1]}"
         elif s.key in fiber_file:
-            fiber = fiber_file[s.key]
+            fiber_key, raw, source = fiber_file[s.key]
         else:
             continue
-        if fiber is not None:  # Fiber's key, in Fiber's units
-            raw, source = fiber[1], fiber[2]
         try:
-            values[s.key], sources[s.key] = _parse(s, _fiber_written(fiber, source) if fiber
-                                                   else raw, source), source
+            text = raw if fiber_key is None else _fiber_keys.written(fiber_key, raw, source)
+            values[s.key], sources[s.key] = _parse(s, text, source), source
         except ConfigurationError as exc:
             _keep(problems, Problem(s.key, raw, source, str(exc)), exc)
     return values, sources, str(found[0]) if found else None
-
-
-def _fiber_written(fiber: _fiber_keys.Given, source: str) -> str:
-    try:
-        return _fiber_keys.written(fiber)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc} (from {source})") from None
 
 
 def _fiber_file(cwd: Path, problems: list[Problem] | None) -> dict[str, _fiber_keys.Given]:

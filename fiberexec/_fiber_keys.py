@@ -64,10 +64,16 @@ def unset(key: str, value: object) -> bool:
     return value is None or (key == "ipc_admin_master_port" and str(value).strip() == "0")
 
 
-def written(given: Given) -> str:
-    """The value as its fiberexec setting reads it (`ConfigurationError` if it cannot be)."""
-    key, value, _where = given
-    return SETTINGS[key][1](value)
+def written(key: str, value: str, where: str) -> str:
+    """Fiber's ``key`` given ``value`` (``where``), as its fiberexec setting reads it.
+
+    Raises:
+        ConfigurationError: it cannot be, naming where it was given.
+    """
+    try:
+        return SETTINGS[key][1](value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} (from {where})") from None
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, Given]:
