@@ -42,6 +42,7 @@ from fiberexec._observe import WorkerInfo
 from fiberexec._serialize import Snapshot, pickler_error
 from fiberexec.multiprocessing._backends import (
     BackendLike,
+    Meta,
     meta_of,
     new_backend,
     note_unenforced,
@@ -264,6 +265,15 @@ _POOL_KEYWORDS = frozenset(
 _SETTING_KEYWORDS = frozenset(BY_KEY) | frozenset(NOT_SETTINGS)
 
 
+_RESOURCES = frozenset({"cpu", "memory", "gpu"})
+
+
+def _described(hint: Meta | None) -> str:
+    if hint is None:
+        return "no resources asked (no meta)"
+    return f"cpu={hint.cpu}, memory={hint.memory}, gpu={hint.gpu}"
+
+
 def _generator(results: IMapIterator) -> Iterator[Any]:
     """Chunked results as the stdlib hands them out: a generator, which an item's error
     ends (the chunks after it run, as the stdlib's do, and are not handed out)."""
@@ -391,7 +401,9 @@ class Pool(multiprocessing.pool.Pool):
             here, as the executor checks them.
 
     A function decorated with `meta` sets ``cpu``/``memory``/``gpu`` for the pool's workers
-    when it is the first one submitted and the pool was not given them.
+    when it is the first one submitted and the pool was not given them; a later function
+    whose `meta` asks for other resources raises `RuntimeError` (as Fiber's pool did), as
+    does one with a `meta` after the workers started without one (`start_workers`).
 
     Example:
         >>> with Pool(2) as pool:  # doctest: +SKIP
@@ -434,6 +446,9 @@ class Pool(multiprocessing.pool.Pool):
         self._state = RUN
         self._lock = threading.Lock()
         self._executor: FiberExecutor | None = None
+        # the resources its workers started with, from a function's `meta` (None: none);
+        # unused when the pool was given them (then no function's `meta` counts)
+        self._meta: Meta | None = None
         self._backend: Backend | None = None
         self._owns_backend = False
         self._iterators: weakref.WeakSet[IMapIterator] = weakref.WeakSet()
@@ -461,13 +476,22 @@ class Pool(multiprocessing.pool.Pool):
         with self._lock:
             if self._executor is None:
                 self._executor = self._make_executor(fn)
+            elif (hint := meta_of(fn)) is not None and hint != self._meta and not (
+                    _RESOURCES & self._options.keys()):
+                raise RuntimeError(
+                    f"{getattr(fn, '__qualname__', fn)} needs {_described(hint)} (its meta), "
+                    f"but this pool's workers started with {_described(self._meta)}: a pool's "
+                    "workers have one set of resources, taken from the first function it "
+                    "runs unless the pool is given them (cpu=, memory=, gpu=); make a pool "
+                    "of its own for this function")
             return self._executor
 
     def _make_executor(self, fn: Callable[..., Any] | None) -> FiberExecutor:
         options = dict(self._options)
         hint = meta_of(fn)
-        if hint is not None and not {"cpu", "memory", "gpu"} & options.keys():
+        if hint is not None and not _RESOURCES & options.keys():
             options.update(cpu=hint.cpu, memory=hint.memory, gpu=hint.gpu)
+            self._meta = hint
         choice = self._backend_choice
         inner = new_backend(choice, options.pop("backend_options", None))
         self._backend, self._owns_backend = inner, not isinstance(choice, Backend)
@@ -485,8 +509,9 @@ class Pool(multiprocessing.pool.Pool):
 
     def start_workers(self) -> None:
         """Start the pool's workers now rather than with its first task (Fiber's method;
-        a pool given an initializer starts them at once, as the stdlib's does). A function
-        decorated with `meta` submitted later no longer sets the workers' resources."""
+        a pool given an initializer starts them at once, as the stdlib's does). They start
+        with the pool's own resources: a function decorated with `meta` submitted later
+        raises `RuntimeError`, as in Fiber."""
         self._check_running()
         self._get_executor(None)._start_workers()
 

@@ -81,3 +81,28 @@ def test_meta_memory_out_of_range_or_unreadable_is_refused_at_decoration(memory:
     with pytest.raises(ConfigurationError, match=r"meta's memory must be .*got " + (
             "'5Mi'" if memory == "5Mi" else str(memory))):
         fiberexec.meta(memory=memory)  # type: ignore[arg-type]
+
+
+def test_a_pool_refuses_a_function_whose_meta_its_workers_do_not_have() -> None:
+    """A pool's workers start with the first function's resources: a function asking for
+    others is refused, naming both (as Fiber's pool refused it), not run without them. A
+    function with no `meta`, or the same, runs; so does any, on a pool given resources."""
+    backend = _Recording()
+    try:
+        with mp.Pool(1, backend=backend) as pool:
+            assert pool.map(tasks.heavy, [1]) == [2]
+            assert pool.apply(abs, (-3,)) == 3
+            assert pool.apply(tasks.heavy, (3,)) == 4
+            with pytest.raises(RuntimeError, match=r"fiber_heavy needs cpu=1, memory=104857600, "
+                                                   r"gpu=0 .*started with cpu=0.5, memory="
+                                                   r"268435456, gpu=1"):
+                pool.map(tasks.fiber_heavy, [1])
+        with mp.Pool(1, backend=backend) as pool:
+            pool.start_workers()
+            with pytest.raises(RuntimeError, match="started with no resources asked"):
+                pool.apply_async(tasks.heavy, (1,))
+        with mp.Pool(1, backend=backend, cpu=1) as pool:  # its own: no function's meta counts
+            assert pool.map(tasks.heavy, [1]) == [2]
+            assert pool.map(tasks.fiber_heavy, [1]) == [2]
+    finally:
+        backend.close()
