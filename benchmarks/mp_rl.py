@@ -4,9 +4,9 @@
   environment, commands and observations over a duplex `Pipe`, the learner sending to all and
   then receiving from all): 4 environments, 2000 steps each, a pure-Python cart-pole.
 * `gym_vector_env`: gymnasium's own ``AsyncVectorEnv`` on ``CartPole-v1`` (4 environments,
-  observations in shared memory). Its ``context=`` is a start-method name it hands to the
-  module-level ``multiprocessing.get_context``, so the library is chosen by giving gymnasium's
-  module the `multiprocessing` to use (the one-line change a user makes).
+  observations in shared memory). Its ``context=`` is a start-method name it looks up in the
+  standard library's `multiprocessing`: ``"spawn"`` there, ``"fiber"`` for fiberexec (the
+  one-line change a user makes, `fiberexec._start_method`).
 * `start_join`: start 4 processes that do nothing and join them, in a fresh interpreter (what
   a user waits for before the first step).
 """
@@ -78,14 +78,13 @@ def pipe_vector_env(mp: Any, envs: int, steps: int) -> float:
     return rate
 
 
-def gym_vector_env(mp: Any, envs: int, steps: int) -> float:
-    """Environment steps per second of gymnasium's ``AsyncVectorEnv`` over ``mp``."""
+def gym_vector_env(method: str, envs: int, steps: int) -> float:
+    """Environment steps per second of gymnasium's ``AsyncVectorEnv`` under the start
+    method ``method``."""
     import gymnasium as gym
     import numpy as np
-    from gymnasium.vector import async_vector_env
 
-    async_vector_env.multiprocessing = mp  # the module gymnasium takes its context from
-    venv = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * envs, context="spawn")
+    venv = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * envs, context=method)
     try:
         venv.reset(seed=0)
         actions = np.zeros(envs, dtype=np.int64)

@@ -13,6 +13,8 @@ import importlib as _importlib
 import logging as _logging
 import typing as _typing
 
+from fiberexec import _start_method
+
 if _typing.TYPE_CHECKING:
     from builtins import TimeoutError  # what Future.result(timeout=) raises
 
@@ -72,6 +74,10 @@ __version__ = "0.1.0"
 # records reach no stream (not even logging's last-resort stderr handler) until the
 # application configures logging or calls `enable_logging`.
 _logging.getLogger("fiberexec").addHandler(_logging.NullHandler())
+
+# ``multiprocessing.get_context("fiber")`` (and ``set_start_method("fiber")``) in the standard
+# library: a library that takes a start method's name starts fiberexec's processes
+_start_method.register()
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {

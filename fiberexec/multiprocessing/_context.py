@@ -6,6 +6,10 @@ same attributes as the module. The method names of the standard library are acce
 remembered, but select nothing different: a process always starts as a fresh interpreter
 (a local process, a container or a pod) that imports what it runs, which is what ``spawn``
 means; nothing is forked, so ``fork`` and ``forkserver`` behave as ``spawn`` does.
+
+The method ``fiber`` names these contexts in the standard library too
+(``multiprocessing.get_context("fiber")``, see `fiberexec._start_method`): its context is
+registered there when this module is imported.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fiberexec import _start_method
 from fiberexec.backend import ENV_PRELOAD
 from fiberexec.multiprocessing import _errors, _meta, _process, _queues, _sharedctypes, _sync
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._connection import Pipe as _Pipe
 
-METHODS = ("spawn", "fork", "forkserver")
+METHODS = ("spawn", "fork", "forkserver", _start_method.NAME)
 DEFAULT_METHOD = "spawn"
 
 
@@ -44,6 +49,10 @@ class BaseContext:
 
     def get_context(self, method: str | None = None) -> BaseContext:
         return get_context(method)
+
+    def _check_available(self) -> None:
+        """What the standard library's ``get_context`` asks of a context it hands out (as
+        ``"fiber"``): every one here is available."""
 
     def get_start_method(self, allow_none: bool = False) -> str | None:
         return self._name
@@ -191,15 +200,16 @@ def _check(method: str) -> None:
 
 _contexts = {name: Context(name) for name in METHODS}
 _default = DefaultContext()
+_start_method.register(_contexts[_start_method.NAME])
 
 
 def get_context(method: str | None = None) -> BaseContext:
     """A context whose attributes are this module's API.
 
     Args:
-        method: ``"spawn"``, ``"fork"`` or ``"forkserver"`` (None: the default context).
-            Every method starts processes the same way (fresh interpreters); the name is
-            accepted so code written for the standard library runs unchanged.
+        method: ``"spawn"``, ``"fork"``, ``"forkserver"`` or ``"fiber"`` (None: the default
+            context). Every method starts processes the same way (fresh interpreters); the
+            name is accepted so code written for the standard library runs unchanged.
 
     Raises:
         ValueError: an unknown method name.

@@ -14,6 +14,7 @@ container or pod), and it joins them before it exits, as the standard library's 
 from __future__ import annotations
 
 import atexit
+import copy
 import itertools
 import os
 import re
@@ -79,6 +80,8 @@ class _Runtime:
         self.signalled: int | None = None
         self.tickets: list[tuple[int, str]] = []  # pipe ends pickled into the payload
         self.keys: list[bytes] = []  # host pipe ends pickled into it (`_hostpipe`)
+        self.collected: weakref.finalize[Any, Any] | None = None  # closes the sentinel
+        # when the process object that holds this is collected
 
     # the standard library's ``Process._popen`` interface: code that calls
     # ``multiprocessing.Process.kill(p)`` or checks ``p._popen`` works on ours
@@ -102,6 +105,10 @@ class _Runtime:
         fd, self.sentinel_r = self.sentinel_r, -1
         if fd >= 0:
             os.close(fd)
+
+    def close(self) -> None:
+        """(A standard library process object's ``close``, see `Process._Popen`.)"""
+        self.close_sentinel()
 
     def poll(self, flag: int = 0) -> int | None:
         return self.exitcode
@@ -219,6 +226,7 @@ class Process:
         if current_process().daemon:
             raise AssertionError("daemonic processes are not allowed to have children")
         _main.check_not_importing()
+        active_children()  # (as the stdlib's start: children that ended are forgotten)
         choice = self._backend_choice
         backend = _backends.shared_backend() if choice is None else _backends.new_backend(choice)
         broker = get_broker()
@@ -249,7 +257,8 @@ class Process:
         # back (a loop starting environments anew ran out of them). Not at exit: the
         # stdlib's exit function, which runs after weakref's, still waits on the sentinels
         # of live processes (a stdlib `Pool` given this context does).
-        weakref.finalize(self, runtime.close_sentinel).atexit = False
+        runtime.collected = weakref.finalize(self, runtime.close_sentinel)
+        runtime.collected.atexit = False
         # as the stdlib: the parent lets go of what the child runs (a target that refers
         # to the process object would otherwise keep both alive)
         del self._target, self._args, self._kwargs
@@ -258,6 +267,24 @@ class Process:
         # the listener holds the runtime, not the process object: a joined and dropped
         # process is collectable at once, while the backend's watch thread unwinds
         backend.watch(runtime.handle, runtime.on_exit)
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> _Runtime:  # (the standard library's name)
+        """Start a standard library ``multiprocessing.Process`` as one of these: what its
+        ``start()`` calls under ``multiprocessing.set_start_method("fiber")`` (see
+        `fiberexec._start_method`). A `Process` named after it runs its ``run()``; what is
+        returned is what it keeps as ``_popen`` (its ``join``, ``exitcode``, ``terminate``,
+        ``kill``, ``sentinel`` and ``close`` work through it). The stand-in stays among
+        this process's children, so it is joined (or, daemonic, terminated) at exit."""
+        stand_in = Process(target=_run_stdlib_process, args=(_shipped(process_obj),),
+                           name=process_obj.name, daemon=process_obj.daemon)
+        stand_in.start()
+        runtime = stand_in._runtime()
+        if runtime.collected is not None:  # the sentinel lives as long as their object
+            runtime.collected.detach()
+        runtime.collected = weakref.finalize(process_obj, runtime.close_sentinel)
+        runtime.collected.atexit = False
+        return runtime
 
     def _spec(self, address: str, secret: bytes, proc_id: int, *, forward: bool
               ) -> WorkerSpec:
@@ -419,6 +446,20 @@ class Process:
         return f"<{' '.join(info)}>"
 
 
+def _shipped(process_obj: Any) -> Any:
+    """A copy of a standard library process object to pickle into the child, without its
+    authentication key (a child gets it as a secret, `ENV_AUTHKEY`, never in a pickle)."""
+    copied = copy.copy(process_obj)
+    copied._config = {key: value for key, value in process_obj._config.items()
+                      if key != "authkey"}
+    return copied
+
+
+def _run_stdlib_process(process_obj: Any) -> None:
+    """In the child: run a standard library process object (`Process._Popen`)."""
+    process_obj.run()
+
+
 class SpawnProcess(Process):
     """``get_context("spawn").Process``: a `Process`, named ``SpawnProcess-N`` as the
     standard library's is (the method selects nothing else; see `_context`)."""
@@ -433,7 +474,8 @@ class ForkServerProcess(Process):
 
 
 BY_METHOD: dict[str, type[Process]] = {
-    "spawn": SpawnProcess, "fork": ForkProcess, "forkserver": ForkServerProcess}
+    "spawn": SpawnProcess, "fork": ForkProcess, "forkserver": ForkServerProcess,
+    "fiber": Process}
 
 
 class _MainProcess(Process):

@@ -1,0 +1,52 @@
+"""The start method ``"fiber"``, known to the standard library's `multiprocessing`.
+
+Libraries that start processes take a start method's name and look it up in the standard
+library (``SubprocVecEnv(env_fns, start_method="fiber")`` in Stable-Baselines3,
+``AsyncVectorEnv(env_fns, context="fiber")`` in gymnasium, ``DataLoader(...,
+multiprocessing_context="fiber")``: each calls ``multiprocessing.get_context(name)``). Once
+fiberexec is imported, that name gives `fiberexec.multiprocessing`'s context, so such a library
+starts fiberexec's processes, pipes and queues with no other change. And
+``multiprocessing.set_start_method("fiber")`` makes it the standard library's default: its
+``Process``, ``Pool``, queues, ``Manager`` and ``ProcessPoolExecutor()`` then run on it.
+
+The standard library has no call to add a start method, so the name goes into its table of
+contexts (``multiprocessing.context._concrete_contexts``), beside ``fork``, ``spawn`` and
+``forkserver``; nothing else of the standard library changes. ``import fiberexec`` takes
+milliseconds and `fiberexec.multiprocessing` a tenth of a second, so until that is imported a
+stand-in holds the place and imports it on first use.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.context
+from typing import Any
+
+NAME = "fiber"
+
+
+class _Deferred:
+    """The ``"fiber"`` context until `fiberexec.multiprocessing` is imported: each attribute
+    is the real context's (``ctx.Process``, ``ctx.Pipe()``, ``ctx.get_start_method()``)."""
+
+    def _check_available(self) -> None:
+        """What the standard library's ``get_context`` asks of a context: it is."""
+
+    def __getattr__(self, name: str) -> Any:
+        from fiberexec.multiprocessing import _context
+
+        return getattr(_context.get_context(NAME), name)
+
+    def __repr__(self) -> str:
+        return f"<fiberexec.multiprocessing context {NAME!r}>"
+
+
+def register(context: object | None = None) -> None:
+    """Make ``multiprocessing.get_context("fiber")`` return ``context`` (None: the stand-in,
+    unless the real one is there already)."""
+    table = getattr(multiprocessing.context, "_concrete_contexts", None)
+    if not isinstance(table, dict):  # an interpreter whose multiprocessing keeps no such
+        return  # table: the name stays unknown there, `fiberexec.multiprocessing` works
+    if context is None:
+        table.setdefault(NAME, _Deferred())
+    else:
+        table[NAME] = context
