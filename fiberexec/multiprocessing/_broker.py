@@ -902,7 +902,7 @@ class Broker:
         """The address of this broker's stream listener (see `_stream`), started now."""
         with self.lock:
             if self.hub is None:
-                self.hub = Hub(self, self.server.listener, self.advertise)
+                self.hub = Hub(self, self.secret, self.server.port, self.advertise)
         return self.hub.address
 
     def add_process(self, payload: bytes) -> int:

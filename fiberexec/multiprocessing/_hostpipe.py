@@ -10,9 +10,10 @@ the two processes, so a message costs what it costs the standard library.
 
 An end pickled for another process (a `Process`'s arguments, a queue, another pipe) is
 registered here under a random key: the process that unpickles it connects to this
-process's abstract Unix socket, names the key and receives a duplicate of the descriptor
-(``SCM_RIGHTS``), once, as `multiprocessing.resource_sharer` hands a descriptor over. The
-key is the capability: it travels only inside fiberexec's authenticated channels. A key
+process's listener (its abstract Unix socket, see `_links`), names the key and receives a
+duplicate of the descriptor (``SCM_RIGHTS``), once, as `multiprocessing.resource_sharer`
+hands a descriptor over. The key is the capability: it travels only inside fiberexec's
+authenticated channels. A key
 pickled into a `Process` that ends without taking it is withdrawn then (`withdraw`), so its
 pipe's other end sees end-of-file as it would had the child taken and closed it.
 
@@ -37,7 +38,7 @@ from typing import Any
 from fiberexec import _inherit
 from fiberexec._serialize import NEEDS_STDLIB, dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing._connection import Connection
-from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing._links import HAND_OVER, TIMING, share_descriptors
 
 KEY_BYTES = 16
 
@@ -150,17 +151,15 @@ def withdraw(keys: list[bytes]) -> None:
 
 
 class _Sharer:
-    """This process's abstract Unix socket that hands registered descriptors over."""
+    """What this process hands over, and how (to those that connect to its listener, each
+    in a thread of its own: one that connects and says nothing, stopped or killed, holds
+    only that thread, for `Timing.fetch`)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.address = f"\0fiberexec-fd-{self.pid}-{secrets.token_hex(8)}".encode()
         self._fds: dict[bytes, tuple[int, bool]] = {}  # key -> (descriptor, lasting)
         self._lock = threading.Lock()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(self.address)
-        self._sock.listen(128)
-        threading.Thread(target=self._serve, name="fiberexec-mp-fd", daemon=True).start()
+        self.address = share_descriptors(self._answer).encode()
 
     def register(self, fd: int, lasting: bool = False) -> bytes:
         """A key for a duplicate of ``fd``: taken once, or (``lasting``) by every process
@@ -176,17 +175,6 @@ class _Sharer:
             entry = self._fds.pop(key, None)
         if entry is not None:
             os.close(entry[0])
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            # each in a thread of its own: one that connects and says nothing (stopped,
-            # killed) holds only that thread, for `Timing.fetch`
-            threading.Thread(target=self._answer, args=(conn,), name="fiberexec-mp-fd",
-                             daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
@@ -247,7 +235,7 @@ def fetch(address: bytes, key: bytes) -> int:
                 "choose the backend (set_default_backend, FIBEREXEC_BACKEND) before creating "
                 "the Pipe") from exc
         try:
-            sock.sendall(key)
+            sock.sendall(HAND_OVER + key)
             answer, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
         except TimeoutError:
             raise OSError(f"cannot receive a pipe end from process {pid}: it did not hand it "

@@ -30,7 +30,7 @@ from fiberexec.multiprocessing._frames import (
     decode,
     unexpected,
 )
-from fiberexec.multiprocessing._links import STREAM, Listener, Reader, Wire
+from fiberexec.multiprocessing._links import STREAM, Reader, Wire, shared
 from fiberexec.multiprocessing._tally import TallyView
 
 
@@ -91,14 +91,13 @@ class Channels(Protocol):
 class Hub:
     """Accepts streams for a broker and applies their frames to its channels."""
 
-    def __init__(self, broker: Channels, listener: Listener, advertise: str) -> None:
-        """Streams come to the broker's own ``listener`` (its calls' too); processes of
-        this host (and network namespace) connect to its abstract Unix socket: no TCP
-        stack on every message."""
+    def __init__(self, broker: Channels, secret: bytes, port: int, advertise: str) -> None:
+        """Streams come to this process's listener, as the broker's calls do (on TCP at
+        their ``port``); processes of this host (and network namespace) connect to its
+        abstract Unix socket: no TCP stack on every message."""
         self.broker = broker
-        self.listener = listener
-        listener.offer(STREAM, self._admit)
-        self.address = (advertise, listener.port, listener.unix)
+        self.offer = shared(secret, STREAM, self._admit)
+        self.address = (advertise, port, self.offer.unix)
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve an authenticated stream (in the thread that accepted it)."""
@@ -138,4 +137,4 @@ class Hub:
                 raise unexpected("a broker's stream", frame)
 
     def close(self) -> None:
-        self.listener.withdraw(STREAM)
+        self.offer.withdraw()

@@ -3,26 +3,31 @@ one framing (`Wire`).
 
 Calls to a broker or a manager (`RPC`, `_rpc`), a process's stream to a broker (`STREAM`,
 `_stream`, `_hub`) and direct routes between two processes (`PIPE`, `_route`) all connect
-here, each connection naming the service it wants; a broker's calls and streams share its
-one listener::
+here, each connection naming the secret it proves and the service it wants. A process
+listens in one place (`shared`): its broker's calls and streams, a manager's calls, the
+writers of the pipes it reads (with the secrets of those pipes' brokers) and the processes
+that take pipe ends it shares (`_hostpipe`) all come in through one abstract socket::
 
-    Listener(secret, {service: admit}, ...)      dial(secret, unix, tcp, service=...)
+    shared(secret, service, admit)              dial(secret, unix, tcp, service=...)
       an abstract Unix socket (Linux), and          the Unix socket when this process
-      TCP on ``tcp_host`` when given                reaches it (same host and network
+      TCP on each host a service asks for           reaches it (same host and network
       each connection: a thread of its own  <----   namespace), else TCP within a timeout
       proves the secret within Timing.handshake,
       then its service's ``admit(sock)`` runs in that thread
 
 The handshake is the executor's (`fiberexec._auth`), on the raw socket before any frame::
 
-    client -> server   MAGIC, nonce_c, service (one byte)
-    server -> client   nonce_s, HMAC(secret, "mp-server", nonce_c + service, nonce_s)
-    client -> server   HMAC(secret, "mp-client", nonce_c + service, nonce_s)
+    client -> server   MAGIC, realm, nonce_c, service (one byte)
+    server -> client   nonce_s, HMAC(secret, "mp-server", realm + nonce_c + service, nonce_s)
+    client -> server   HMAC(secret, "mp-client", realm + nonce_c + service, nonce_s)
     server -> client   b"K" (admitted), b"N" (no such service here), or b"D"; but for
                        b"K", the connection closes
 
-Each side proves it holds the secret over both fresh nonces, so a recorded handshake cannot
-be replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
+The realm names which of the secrets a process serves the client holds, without revealing
+it (`realm`: an HMAC of a constant under the secret); a listener that serves no such secret
+answers with a proof of none, so the client hears that it does not hold its secret. Each
+side proves it holds the secret over both fresh nonces, so a recorded handshake cannot be
+replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
 that has not proved itself, and a peer that connects and says nothing holds only its own
 thread, for `Timing.handshake`.
 
@@ -59,12 +64,14 @@ from fiberexec.multiprocessing._frames import Frame
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
-MAGIC = b"FXM2"  # the first bytes of a handshake: what this is, and its version
+MAGIC = b"FXM3"  # the first bytes of a handshake: what this is, and its version
+HAND_OVER = b"FXD1"  # the first bytes of a request for a descriptor (`Listener.descriptors`)
 # What a connection is for, named in its handshake (see the module).
 RPC, STREAM, PIPE = b"R", b"S", b"P"
 Admit = Callable[[socket.socket], None]
 _NONCE = 16
 _PROOF = 32
+_REALM = 8
 TcpAddress = tuple[str, int]
 MAX_FRAME = 1 << 31
 _SIZE = struct.Struct("!Q")
@@ -140,14 +147,24 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def _prove_server(sock: socket.socket, secret: bytes, services: Mapping[bytes, Admit],
-                  ) -> Admit:
-    """The listening side of the handshake (the module's): the admit of the service asked
-    for; raises if the peer fails it or asks for a service not offered here."""
-    hello = _exactly(sock, len(MAGIC) + _NONCE + 1)
-    if not hello.startswith(MAGIC):
-        raise AuthenticationError(f"it opened with {hello[:len(MAGIC)]!r}, not a handshake")
-    asked, nonce_s = hello[len(MAGIC):], _auth.new_nonce()  # the nonce, then the service
+def realm(secret: bytes) -> bytes:
+    """What names ``secret`` in a handshake (see the module), revealing nothing of it."""
+    return _auth.proof(secret, "mp-realm", b"", b"")[:_REALM]
+
+
+Services = Mapping[bytes, tuple[bytes, Mapping[bytes, Admit]]]  # realm: secret, services
+
+
+def _prove_server(sock: socket.socket, realms: Services) -> Admit:
+    """The listening side of the handshake (the module's), after its `MAGIC`: the admit of
+    the service asked for; raises if the peer fails it or asks for a service not offered
+    here."""
+    asked, nonce_s = _exactly(sock, _REALM + _NONCE + 1), _auth.new_nonce()  # realm, nonce,
+    # then the service
+    secret, services = realms.get(asked[:_REALM], (b"", {}))
+    if not secret:  # a proof of nothing: the peer learns only that we do not hold its secret
+        sock.sendall(nonce_s + secrets.token_bytes(_PROOF))
+        raise AuthenticationError("it holds none of the secrets this process serves")
     sock.sendall(nonce_s + _auth.proof(secret, "mp-server", asked, nonce_s))
     answer = _exactly(sock, _PROOF)
     if not _auth.verify(_auth.proof(secret, "mp-client", asked, nonce_s), answer):
@@ -175,7 +192,7 @@ def prove_client(sock: socket.socket, secret: bytes, peer: str, service: bytes) 
         ConnectionRefusedError: the peer does not offer ``service``.
         OSError, EOFError: the connection failed or closed.
     """
-    asked = _auth.new_nonce() + service
+    asked = realm(secret) + _auth.new_nonce() + service
     sock.sendall(MAGIC + asked)
     answer = _exactly(sock, _NONCE + _PROOF)
     nonce_s, proof = answer[:_NONCE], answer[_NONCE:]
@@ -600,47 +617,64 @@ def drop(sock: socket.socket) -> None:
 
 
 class Listener:
-    """Where peers holding ``secret`` connect (see the module): an abstract Unix socket on
-    Linux, and TCP on ``tcp_host`` when given (``port`` 0: any free one).
+    """Where peers connect (see the module): an abstract Unix socket on Linux, and TCP on
+    each host `listen_tcp` names (port 0: any free one).
 
-    Each connection gets a thread of its own, which runs the handshake and then the admit
-    of the service it asked for (``services``, and those `offer` adds), with a blocking
-    socket; a connection whose handshake fails is counted in ``rejected``, logged, and
-    closed. ``what`` names the listener in that log line.
+    A process has one (`shared`): its broker's calls and streams, a manager's calls and
+    its pipe readers' writers all come in through it, each connection naming its secret's
+    realm and its service in the handshake. Each connection gets a thread of its own, which
+    runs the handshake and then the admit of the service it asked for (`offer`), with a
+    blocking socket; a connection whose handshake fails is counted in ``rejected``, logged,
+    and closed. ``what`` names the listener in that log line.
+
+    One that opens with `HAND_OVER` instead asks for a descriptor this process shares
+    (`_hostpipe`): ``descriptors`` serves it, with no handshake (the key it names is the
+    capability).
     """
 
-    def __init__(self, secret: bytes, services: Mapping[bytes, Admit], *, what: str,
-                 tcp_host: str | None = None, unix: bool = True) -> None:
-        self.secret = secret
-        self.services = dict(services)
+    def __init__(self, *, what: str, unix: bool = True) -> None:
         self.what = what
+        self.pid = os.getpid()
         self.rejected = 0
         self.unix = ""  # the abstract socket's name (with its leading NUL), or none
-        self.port = 0
+        self.closed = False
+        self.realms: dict[bytes, tuple[bytes, dict[bytes, Admit]]] = {}  # see `Services`
+        self.descriptors: Admit | None = None
         self._lock = threading.Lock()
-        self._closed = False
         self._pending: set[socket.socket] = set()  # connections still in the handshake
         self._sockets: list[socket.socket] = []
-        try:
-            if tcp_host is not None:
-                family = socket.AF_INET6 if ":" in tcp_host else socket.AF_INET
-                tcp = self._listen(socket.socket(family, socket.SOCK_STREAM), (tcp_host, 0))
-                self.port = int(tcp.getsockname()[1])
-            if unix and sys.platform == "linux":
-                self.unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
-                self._listen(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), self.unix)
-        except BaseException:
-            self.close()
-            raise
-        for sock in self._sockets:
-            threading.Thread(target=self._accept, args=(sock,), daemon=True,
-                             name="fiberexec-mp-accept").start()
+        self._tcp: dict[str, tuple[socket.socket, set[object]]] = {}  # host: socket, users
+        if unix and sys.platform == "linux":
+            self.unix = f"\0fiberexec-mp-{os.getpid()}-{secrets.token_hex(8)}"
+            self._listen(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), self.unix)
 
-    def _listen(self, sock: socket.socket, address: str | TcpAddress) -> socket.socket:
+    def _listen(self, sock: socket.socket, address: str | TcpAddress) -> None:
+        try:
+            sock.bind(address)
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
         self._sockets.append(sock)
-        sock.bind(address)
-        sock.listen(128)
-        return sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True,
+                         name="fiberexec-mp-accept").start()
+
+    def listen_tcp(self, host: str, user: object) -> int:
+        """Listen on TCP on ``host`` too, for ``user`` (a service: `withdraw` ends it once
+        no other user is left): the port, the same for every user of ``host``.
+
+        Raises:
+            OSError: cannot listen there.
+        """
+        with self._lock:
+            found = self._tcp.get(host)
+            if found is None:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                self._listen(sock, (host, 0))
+                found = self._tcp[host] = (sock, set())
+            found[1].add(user)
+            return int(found[0].getsockname()[1])
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -649,7 +683,7 @@ class Listener:
             except OSError:  # closed
                 return
             with self._lock:
-                if self._closed:
+                if self.closed:
                     drop(sock)
                     return
                 self._pending.add(sock)
@@ -661,12 +695,18 @@ class Listener:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(TIMING.handshake)
-            admit = _prove_server(sock, self.secret, self.services)
-            sock.settimeout(None)
+            opening = _exactly(sock, len(MAGIC))
+            if opening == HAND_OVER and self.descriptors is not None:
+                admit = self.descriptors
+            elif opening == MAGIC:
+                admit = _prove_server(sock, self.realms)
+                sock.settimeout(None)
+            else:
+                raise AuthenticationError(f"it opened with {opening!r}, not a handshake")
         except (OSError, EOFError, AuthenticationError) as exc:
             with self._lock:
                 self._pending.discard(sock)
-                closed = self._closed
+                closed = self.closed
                 self.rejected += not closed
             if isinstance(exc, _Unserved):
                 with contextlib.suppress(OSError):
@@ -678,29 +718,99 @@ class Listener:
             return
         with self._lock:
             self._pending.discard(sock)
-            if self._closed:
+            if self.closed:
                 drop(sock)
                 return
         admit(sock)
 
-    def offer(self, service: bytes, admit: Admit) -> None:
-        """Admit connections for ``service`` from now on (another part of this process
-        shares the listener)."""
-        self.services[service] = admit
+    def offer(self, secret: bytes, service: bytes, admit: Admit) -> None:
+        """Admit connections from peers holding ``secret`` for ``service`` from now on."""
+        with self._lock:
+            self.realms.setdefault(realm(secret), (secret, {}))[1][service] = admit
 
-    def withdraw(self, service: bytes) -> None:
-        """Admit no more connections for ``service``."""
-        self.services.pop(service, None)
-
-    def tcp_address(self, host: str) -> str:
-        """``<host>:<port>`` of the TCP side, for peers that reach this one at ``host``."""
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+    def withdraw(self, secret: bytes, service: bytes) -> None:
+        """Admit no more connections for ``service`` of ``secret``, and stop listening on
+        the TCP hosts only it used."""
+        key = realm(secret)
+        with self._lock:
+            services = self.realms.get(key, (b"", {}))[1]
+            services.pop(service, None)
+            if not services:
+                self.realms.pop(key, None)
+            user = (key, service)
+            for host in [h for h, (_, users) in self._tcp.items() if users == {user}]:
+                sock = self._tcp.pop(host)[0]
+                self._sockets.remove(sock)
+                drop(sock)
+            for _, users in self._tcp.values():
+                users.discard(user)
 
     def close(self) -> None:
         """Stop listening; connections still in their handshake close too (admitted ones
         belong to whoever admitted them)."""
         with self._lock:
-            self._closed = True
+            self.closed = True
             pending, self._pending = list(self._pending), set()
         for sock in (*self._sockets, *pending):
             drop(sock)
+
+
+def tcp_text(host: str, port: int) -> str:
+    """``<host>:<port>``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Offer:
+    """One service of one secret on this process's listener (`shared`)."""
+
+    def __init__(self, listener: Listener, secret: bytes, service: bytes) -> None:
+        self.listener = listener
+        self.secret = secret
+        self.service = service
+
+    @property
+    def unix(self) -> str:
+        return self.listener.unix
+
+    def listen_tcp(self, host: str) -> int:
+        """Reachable over TCP on ``host`` too: the port (see `Listener.listen_tcp`)."""
+        return self.listener.listen_tcp(host, (realm(self.secret), self.service))
+
+    def withdraw(self) -> None:
+        """Admit no more connections for it; the listener closes when nothing is offered."""
+        with _shared_lock:
+            self.listener.withdraw(self.secret, self.service)
+            if not self.listener.realms and self.listener.descriptors is None:
+                self.listener.close()
+
+
+_shared: Listener | None = None  # this process's listener
+_shared_lock = threading.Lock()
+
+
+def _here() -> Listener:
+    """This process's listener (under `_shared_lock`): started on first use, and after a
+    fork in the child."""
+    global _shared
+    if _shared is None or _shared.closed or _shared.pid != os.getpid():
+        _shared = Listener(what=f"process {os.getpid()} (a broker, a manager or a pipe's "
+                                "reader)")
+    return _shared
+
+
+def shared(secret: bytes, service: bytes, admit: Admit) -> Offer:
+    """``service`` for peers holding ``secret``, offered on this process's listener (it
+    closes when the last offer is withdrawn, unless it shares descriptors)."""
+    with _shared_lock:
+        here = _here()
+        here.offer(secret, service, admit)
+        return Offer(here, secret, service)
+
+
+def share_descriptors(hand_over: Admit) -> str:
+    """Serve requests for descriptors (`HAND_OVER`) with ``hand_over``, on this process's
+    listener from now on, as long as the process lives: the listener's abstract name."""
+    with _shared_lock:
+        here = _here()
+        here.descriptors = hand_over
+        return here.unix

@@ -4,12 +4,12 @@ A pipe created in process B and held by processes A (writing) and R (reading) wo
 otherwise be relayed by B: A's stream to B, then B's stream to R (see `_stream`). Here
 A sends its items to R itself, over a connection the broker only introduces:
 
-    R, reading a pipe of B, listens (`Inlet`: an abstract Unix socket for this host and
-      network namespace, and TCP when R reaches B over a network, see `_links`) and tells
-      B where (`InletAt`)
+    R, reading a pipe of B, listens (`Inlet`, on R's one listener: an abstract Unix
+      socket for this host and network namespace, and TCP when R reaches B over a
+      network, see `_links`) and tells B where (`InletAt`)
     A, on its first send, asks B for the reader's address (``"route"``), connects,
-      proves the broker's secret (the HMAC challenge of `multiprocessing.connection`,
-      before anything is read), and says `Hello` for the pipe; R answers `Ack`
+      proves the broker's secret (the handshake of `_links`, before anything is read),
+      and says `Hello` for the pipe; R answers `Ack`
     A -> B: `Flush` after what A relayed so far; B -> R: `Flushed` once all of it has
       been handed to R (``ok``), or not ``ok`` when R no longer reads the pipe there
     A -> R: items, directly. R holds them until `Flushed`: nothing A sent through the
@@ -85,13 +85,14 @@ from fiberexec.multiprocessing._frames import (
 from fiberexec.multiprocessing._links import (
     PIPE,
     TIMING,
-    Listener,
     Reader,
     Wake,
     Wire,
     dial,
     outward_ip,
+    shared,
     split_address,
+    tcp_text,
     thread_wake,
 )
 from fiberexec.multiprocessing._stream import Stream
@@ -183,30 +184,25 @@ class Inflow:
 class Inlet:
     """Where writers of pipes read in this process connect (see the module).
 
-    Its state is guarded by the stream's ``cond``; its threads (one per connection, and
-    one accepting) file items into the stream's inbox as its own reader does."""
+    Its state is guarded by the stream's ``cond``; its threads (one per connection, from
+    this process's listener) file items into the stream's inbox as its own reader does."""
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.flows: dict[int, dict[Link, Inflow]] = {}
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
         self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
+        # this process's listener (see `_links`), on TCP too when writers on other hosts
+        # may reach it
+        self.offer = shared(stream.secret, PIPE, self._admit)
+        self.address = self.offer.unix
         ip = outward_ip(stream.endpoint.address)
-        self.listener = self._listen(ip)
-        self.address = self.listener.unix
-        if ip is not None and self.listener.port:
-            self.address += "|" + self.listener.tcp_address(ip)
-
-    def _listen(self, ip: str | None) -> Listener:
-        """Its listener: TCP too when writers on other hosts may reach it (see `_links`)."""
         if ip is not None:
             try:
-                return Listener(self.stream.secret, {PIPE: self._admit}, what="a pipe's reader",
-                                tcp_host=ip)
+                self.address += "|" + tcp_text(ip, self.offer.listen_tcp(ip))
             except OSError as exc:
                 log.warning("pipe writers on other hosts go through the creator: cannot "
                             "listen on %s (%s)", ip, exc)
-        return Listener(self.stream.secret, {PIPE: self._admit}, what="a pipe's reader")
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve an authenticated writer's connection (in the thread that accepted it)."""

@@ -45,7 +45,15 @@ from fiberexec._errors import ProtocolError
 from fiberexec.multiprocessing._calls import Call, Ping
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._links import RPC, TIMING, Listener, Wire, dial, drop
+from fiberexec.multiprocessing._links import (
+    RPC,
+    TIMING,
+    Wire,
+    dial,
+    drop,
+    shared,
+    tcp_text,
+)
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _LEN = struct.Struct("!I")
@@ -130,21 +138,24 @@ class RpcServer:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
-        self.listener = Listener(secret, {RPC: self._serve}, what="a broker or manager",
-                                  tcp_host=host)
-        self.port = self.listener.port
-        self.address = f"tcp://{self.listener.tcp_address(host)}"
-        self.local_name = self.listener.unix
+        self.offer = shared(secret, RPC, self._serve)  # this process's listener
+        try:
+            self.port = self.offer.listen_tcp(host)
+        except BaseException:
+            self.offer.withdraw()
+            raise
+        self.address = f"tcp://{tcp_text(host, self.port)}"
+        self.local_name = self.offer.unix
         _local_servers[self.address] = self
 
     @property
     def rejected(self) -> int:
         """Connections that failed the handshake."""
-        return self.listener.rejected
+        return self.offer.listener.rejected
 
     def advertised(self, host: str) -> str:
         """The address clients elsewhere dial: this server's port on ``host``."""
-        return f"tcp://{self.listener.tcp_address(host)}"
+        return f"tcp://{tcp_text(host, self.port)}"
 
     def _serve(self, sock: socket.socket) -> None:
         """Answer an authenticated client's calls until it goes (in its own thread)."""
@@ -189,7 +200,7 @@ class RpcServer:
             self._closed = True
             conns, self._conns = list(self._conns), set()
         _local_servers.pop(self.address, None)
-        self.listener.close()
+        self.offer.withdraw()
         for sock in conns:
             drop(sock)
 

@@ -187,3 +187,14 @@ def put_paced_saying_where(q: Any, n: int, done: Any, hold: Any) -> None:
     put_paced(q, n, done, None, None)
     done.put(pid_namespace())
     hold.wait(60)
+
+
+def queue_of_its_own(out: Any, stop: Any) -> None:
+    """Make a queue here (so this process's broker starts), send it through ``out``, put
+    one item on it, and stay until ``stop`` (the queue lives as long as its creator)."""
+    import fiberexec.multiprocessing as fmp
+
+    own = fmp.Queue()
+    out.put(own)
+    own.put("from the child")
+    stop.wait(60)

@@ -115,7 +115,7 @@ def test_an_end_withdrawn_before_it_is_taken_is_closed_so_the_reader_sees_eof() 
 def test_an_end_from_a_process_that_cannot_be_reached_names_the_fix() -> None:
     _left, right = _hostpipe.pipe(duplex=True)
     rebuild, (address, key, readable, writable) = _hostpipe._reduce(right)
-    gone = address.replace(b"fiberexec-fd", b"fiberexec-xx")  # no such socket here
+    gone = address.replace(b"fiberexec-mp", b"fiberexec-xx")  # no such socket here
     with pytest.raises(OSError, match="set_default_backend"):
         rebuild(gone, key, readable, writable)
 

@@ -20,18 +20,29 @@ SECRET = b"s" * 32
 SERVICE = b"T"
 
 
+@dataclasses.dataclass
+class Listening:
+    """A listener of its own (not the process's, which a broker here may share), offering
+    `SERVICE` for `SECRET` on its Unix socket and on TCP on loopback (``port``)."""
+
+    listener: _links.Listener
+    admitted: queue.Queue[socket.socket]
+    port: int
+
+    @property
+    def unix(self) -> str:
+        return self.listener.unix
+
+
 @pytest.fixture
-def listener() -> Iterator[tuple[_links.Listener, queue.Queue[socket.socket]]]:
+def listening() -> Iterator[Listening]:
     admitted: queue.Queue[socket.socket] = queue.Queue()
-    listening = _links.Listener(SECRET, {SERVICE: admitted.put}, what="a test",
-                                tcp_host="127.0.0.1")
-    yield listening, admitted
-    listening.close()
+    listener = _links.Listener(what="a test")
+    listener.offer(SECRET, SERVICE, admitted.put)
+    yield Listening(listener, admitted, listener.listen_tcp("127.0.0.1", "the test"))
+    listener.close()
     while not admitted.empty():
         admitted.get().close()
-
-
-Listening = tuple[_links.Listener, queue.Queue[socket.socket]]
 
 
 def _hung_up(sock: socket.socket) -> bool:
@@ -44,38 +55,38 @@ def _hung_up(sock: socket.socket) -> bool:
 
 
 @pytest.mark.parametrize("way", ["unix", "tcp"])
-def test_a_peer_with_the_secret_gets_in_and_talks(listener: Listening, way: str) -> None:
-    listening, admitted = listener
+def test_a_peer_with_the_secret_gets_in_and_talks(listening: Listening, way: str) -> None:
     tcp = ("127.0.0.1", listening.port)
     unix = listening.unix if way == "unix" else "\0no-such-abstract-socket"
     with _links.dial(SECRET, unix, tcp, service=SERVICE) as sock:
-        inside = admitted.get(timeout=10)
+        inside = listening.admitted.get(timeout=10)
         assert inside.family == (socket.AF_UNIX if way == "unix" else socket.AF_INET)
         sock.sendall(b"item")
         assert inside.recv(4) == b"item"
         inside.close()
-    assert listening.rejected == 0
+    assert listening.listener.rejected == 0
 
 
-def test_a_text_address_names_both_ways_in(listener: Listening) -> None:
-    listening, admitted = listener
-    address = f"\0none|{listening.tcp_address('127.0.0.1')}"
+def test_a_text_address_names_both_ways_in(listening: Listening) -> None:
+    address = f"\0none|{_links.tcp_text('127.0.0.1', listening.port)}"
     assert _links.split_address(address) == ("\0none", ("127.0.0.1", listening.port))
     assert _links.split_address("\0only") == ("\0only", None)
     with _links.dial(SECRET, *_links.split_address(address), service=SERVICE):
-        admitted.get(timeout=10).close()
+        listening.admitted.get(timeout=10).close()
     with pytest.raises(ConnectionRefusedError, match="no TCP address"):
         _links.dial(SECRET, "\0none", service=SERVICE)
 
 
-def test_a_wrong_secret_is_refused_both_ways(listener: Listening) -> None:
-    listening, admitted = listener
+def test_a_wrong_secret_is_refused_both_ways(listening: Listening) -> None:
     with pytest.raises(AuthenticationError, match="does not hold"):
         _links.dial(b"x" * 32, listening.unix, service=SERVICE)
     with pytest.raises(queue.Empty):
-        admitted.get(timeout=0.5)
-    # the other way round: a listener that does not hold the dialler's secret
-    other = _links.Listener(b"y" * 32, {SERVICE: admitted.put}, what="an impostor")
+        listening.admitted.get(timeout=0.5)
+    assert listening.listener.rejected == 1
+    # the other way round: a listener that does not hold the dialler's secret, although
+    # it names the dialler's realm (as one that recorded a handshake could)
+    other = _links.Listener(what="an impostor")
+    other.realms[_links.realm(SECRET)] = (b"y" * 32, {SERVICE: listening.admitted.put})
     try:
         with pytest.raises(AuthenticationError, match="does not hold"):
             _links.dial(SECRET, other.unix, service=SERVICE)
@@ -87,58 +98,116 @@ def test_a_wrong_secret_is_refused_both_ways(listener: Listening) -> None:
     b"R" + b"\x80\x05N." * 4,  # a request, as if authenticated
     b"\xff" * 8,  # a huge length, as if a frame
 ])
-def test_anything_but_a_handshake_is_rejected_unread(listener: Listening,
+def test_anything_but_a_handshake_is_rejected_unread(listening: Listening,
                                                      opening: bytes) -> None:
-    listening, admitted = listener
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(listening.unix)
-        sock.sendall(opening + b"\0" * 32)
+        sock.sendall(opening + b"\0" * 40)
         assert _hung_up(sock)  # closed, nothing said
-    assert listening.rejected == 1
-    assert admitted.empty()
+    assert listening.listener.rejected == 1
+    assert listening.admitted.empty()
 
 
-def test_a_silent_peer_does_not_hold_up_the_next(listener: Listening) -> None:
-    listening, admitted = listener
+def test_a_silent_peer_does_not_hold_up_the_next(listening: Listening) -> None:
     with socket.create_connection(("127.0.0.1", listening.port), timeout=5):  # says nothing
         started = time.monotonic()
         with _links.dial(SECRET, "", ("127.0.0.1", listening.port), service=SERVICE):
-            admitted.get(timeout=10).close()
+            listening.admitted.get(timeout=10).close()
         assert time.monotonic() - started < _links.TIMING.handshake
 
 
-def test_closing_wakes_a_peer_still_in_its_handshake(listener: Listening) -> None:
-    listening, _ = listener
+def test_closing_wakes_a_peer_still_in_its_handshake(listening: Listening) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(listening.unix)
         sock.sendall(_links.MAGIC)  # half a hello
-        listening.close()  # whether or not its handshake began, the peer hears the end
+        listening.listener.close()  # whether or not its handshake began, the peer hears it
         assert _hung_up(sock)
-    assert listening.rejected == 0  # closing is not a rejection
+    assert listening.listener.rejected == 0  # closing is not a rejection
 
 
-def test_a_service_is_admitted_only_while_offered(listener: Listening) -> None:
+def test_a_service_is_admitted_only_while_offered(listening: Listening) -> None:
     """One listener serves several parts of a process (a broker's calls and streams):
     each connection names its service in the handshake, and one not offered is refused by
     name, after both sides proved the secret, so nobody learns what is offered without it."""
-    listening, admitted = listener
+    listener = listening.listener
     with pytest.raises(ConnectionRefusedError, match="serves no b'Y' connections"):
         _links.dial(SECRET, listening.unix, service=b"Y")
-    assert listening.rejected == 1
+    assert listener.rejected == 1
     other: queue.Queue[socket.socket] = queue.Queue()
-    listening.offer(b"Y", other.put)
+    listener.offer(SECRET, b"Y", other.put)
     with _links.dial(SECRET, listening.unix, service=b"Y"):
         other.get(timeout=10).close()
     with _links.dial(SECRET, listening.unix, service=SERVICE):
-        admitted.get(timeout=10).close()
+        listening.admitted.get(timeout=10).close()
     assert other.empty()  # each connection went to its own service
-    listening.withdraw(b"Y")
+    listener.withdraw(SECRET, b"Y")
     with pytest.raises(ConnectionRefusedError, match="serves no b'Y'"):
         _links.dial(SECRET, listening.unix, service=b"Y")
     with pytest.raises(AuthenticationError, match="does not hold"):  # the secret comes first
         _links.dial(b"x" * 32, listening.unix, service=b"Y")
+
+
+def test_one_listener_serves_each_secret_apart(listening: Listening) -> None:
+    """A process serves peers of several secrets (its own broker's; the brokers whose
+    pipes it reads) on one socket: a connection reaches only the services of the secret it
+    proves, and the same service of another secret is another service."""
+    other_secret = b"o" * 32
+    other: queue.Queue[socket.socket] = queue.Queue()
+    listener = listening.listener
+    listener.offer(other_secret, SERVICE, other.put)
+    with _links.dial(other_secret, listening.unix, service=SERVICE):
+        other.get(timeout=10).close()
+    with _links.dial(SECRET, "", ("127.0.0.1", listening.port), service=SERVICE):
+        listening.admitted.get(timeout=10).close()
+    assert other.empty() and listening.admitted.empty()
+    listener.withdraw(other_secret, SERVICE)
+    with pytest.raises(AuthenticationError, match="does not hold"):
+        _links.dial(other_secret, listening.unix, service=SERVICE)
+    with _links.dial(SECRET, listening.unix, service=SERVICE):  # the first is still served
+        listening.admitted.get(timeout=10).close()
+
+
+def test_a_tcp_port_lasts_while_a_service_uses_it(listening: Listening) -> None:
+    """Services that listen on TCP on the same host share its port; the port closes when
+    the last of them is withdrawn, and the Unix socket stays for the others."""
+    listener = listening.listener
+    listener.offer(SECRET, b"Y", listening.admitted.put)
+    listener.offer(SECRET, b"Z", listening.admitted.put)
+    y_port = listener.listen_tcp("127.0.0.2", (_links.realm(SECRET), b"Y"))
+    assert listener.listen_tcp("127.0.0.2", (_links.realm(SECRET), b"Z")) == y_port
+    listener.withdraw(SECRET, b"Y")
+    with _links.dial(SECRET, "", ("127.0.0.2", y_port), service=b"Z"):
+        listening.admitted.get(timeout=10).close()
+    listener.withdraw(SECRET, b"Z")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", y_port), timeout=5).close()
+    with _links.dial(SECRET, listening.unix, service=SERVICE):
+        listening.admitted.get(timeout=10).close()
+
+
+def test_a_process_listens_in_one_place() -> None:
+    """`shared`: every offer of this process is on one listener, which closes with the last
+    offer withdrawn; the next offer opens a new one."""
+    admitted: queue.Queue[socket.socket] = queue.Queue()
+    first = _links.shared(b"1" * 32, SERVICE, admitted.put)
+    second = _links.shared(b"2" * 32, b"Y", admitted.put)
+    try:
+        assert first.listener is second.listener and first.unix == second.unix
+        with _links.dial(b"2" * 32, first.unix, service=b"Y"):
+            admitted.get(timeout=10).close()
+    finally:
+        first.withdraw()
+        others = bool(second.listener.realms.keys() - {_links.realm(b"2" * 32)})
+        second.withdraw()
+    # closed, unless something else in this test process (a broker) offers there too
+    assert second.listener.closed is not others
+    third = _links.shared(b"3" * 32, SERVICE, admitted.put)
+    try:
+        assert (third.listener is first.listener) is others
+    finally:
+        third.withdraw()
 
 
 def test_the_outward_address_of_a_loopback_peer_is_none() -> None:
@@ -303,3 +372,35 @@ def test_a_frame_the_reader_cannot_apply_ends_the_connection(wires: Wires) -> No
     assert seen.ends.get_nowait() == threading.get_ident()
     with pytest.raises(EOFError):
         theirs.recv_bytes()
+
+
+def test_a_process_with_a_broker_an_inlet_and_shared_ends_listens_once() -> None:
+    """This process serves its own broker's calls and streams, hands over pipe ends, and
+    reads a queue of a child's broker (another secret: writers elsewhere may connect to
+    its inlet): all on one listener, its one abstract Unix socket."""
+    import psutil
+
+    import fiberexec.multiprocessing as fmp
+    from fiberexec._serialize import dumps_bytes
+    from fiberexec.multiprocessing import _broker, _hostpipe, _stream
+    from tests.mp import route_tasks
+
+    q, stop = fmp.Queue(), fmp.Event()
+    child = fmp.Process(target=route_tasks.queue_of_its_own, args=(q, stop))
+    child.start()
+    try:
+        theirs = q.get(timeout=60)
+        assert theirs.get(timeout=60) == "from the child"
+        stream = _stream.stream_for(theirs._ep())
+        assert stream is not None and stream.inlet is not None  # ready for direct writers
+        _reader, writer = fmp.Pipe()
+        dumps_bytes(writer)  # shared: registered for the process that unpickles it
+        name = _links.split_address(stream.inlet.address)[0]  # (and TCP, across hosts)
+        assert name == _broker.get_broker().server.local_name
+        assert name == _hostpipe._sharer().address.decode()
+        assert _broker.get_broker().server.offer.listener is stream.inlet.offer.listener
+        listening = {c.laddr for c in psutil.Process().net_connections(kind="unix")}
+        assert "@" + name.lstrip("\0") in listening
+    finally:
+        stop.set()
+        child.join(60)
