@@ -627,9 +627,9 @@ class Listener:
     blocking socket; a connection whose handshake fails is counted in ``rejected``, logged,
     and closed. ``what`` names the listener in that log line.
 
-    One that opens with `HAND_OVER` instead asks for a descriptor this process shares
-    (`_hostpipe`): ``descriptors`` serves it, with no handshake (the key it names is the
-    capability).
+    One that opens with `HAND_OVER` on the Unix socket instead asks for a descriptor this
+    process shares (`_hostpipe`): ``descriptors`` serves it, with no handshake (the key it
+    names is the capability).
     """
 
     def __init__(self, *, what: str, unix: bool = True) -> None:
@@ -696,7 +696,8 @@ class Listener:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(TIMING.handshake)
             opening = _exactly(sock, len(MAGIC))
-            if opening == HAND_OVER and self.descriptors is not None:
+            if (opening == HAND_OVER and self.descriptors is not None
+                    and sock.family == socket.AF_UNIX):  # (descriptors pass only there)
                 admit = self.descriptors
             elif opening == MAGIC:
                 admit = _prove_server(sock, self.realms)

@@ -144,3 +144,27 @@ def test_a_peer_that_connects_and_says_nothing_holds_up_no_other_hand_over() -> 
         copy.close()
     finally:
         silent.close()
+
+
+def test_an_end_is_handed_over_only_on_the_hosts_own_socket() -> None:
+    """This process's listener also takes TCP connections (its broker's calls): a request
+    for an end that comes over TCP is refused unread, and the end stays for the process
+    that asks on the Unix socket."""
+    from fiberexec.multiprocessing import _broker
+    from fiberexec.multiprocessing._links import HAND_OVER
+
+    port = _broker.get_broker().server.port  # on the listener that shares the ends
+    reader, writer = _hostpipe.pipe(duplex=False)
+    rebuild, (address, key, readable, writable) = _hostpipe._reduce(writer)
+    writer.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(HAND_OVER + key)
+        try:
+            assert sock.recv(10) == b""  # hung up on, nothing handed over
+        except ConnectionResetError:
+            pass
+    copy = rebuild(address, key, readable, writable)
+    copy.send("over the Unix socket")
+    assert reader.recv() == "over the Unix socket"
+    copy.close()
+    reader.close()
