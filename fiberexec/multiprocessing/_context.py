@@ -23,7 +23,15 @@ from typing import Any
 
 from fiberexec import _start_method
 from fiberexec.backend import ENV_PRELOAD
-from fiberexec.multiprocessing import _errors, _meta, _process, _queues, _sharedctypes, _sync
+from fiberexec.multiprocessing import (
+    _errors,
+    _hostpipe,
+    _meta,
+    _process,
+    _queues,
+    _sharedctypes,
+    _sync,
+)
 from fiberexec.multiprocessing._connection import Connection
 from fiberexec.multiprocessing._connection import Pipe as _Pipe
 
@@ -72,7 +80,14 @@ class BaseContext:
     def JoinableQueue(self, maxsize: int = 0) -> _queues.JoinableQueue:
         return _queues.JoinableQueue(maxsize, ctx=self)
 
-    def SimpleQueue(self) -> _queues.SimpleQueue:
+    def SimpleQueue(self) -> _queues.SimpleQueue | _hostpipe.HostSimpleQueue:
+        """Where every process runs on this host, the standard library's own over this
+        layer's pipe and lock (`_hostpipe.HostSimpleQueue`); otherwise one the broker
+        holds."""
+        from fiberexec.multiprocessing import _backends
+
+        if _hostpipe.usable(_backends.broker_hosts()[1]):
+            return _hostpipe.HostSimpleQueue(ctx=self)
         return _queues.SimpleQueue(ctx=self)
 
     def Lock(self) -> _sync.Lock:

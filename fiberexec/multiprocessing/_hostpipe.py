@@ -27,11 +27,14 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import queue
 import secrets
 import socket
 import threading
+import time
 from multiprocessing import connection as _mpc
 from multiprocessing import context
+from multiprocessing import queues as _mpq
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -111,6 +114,47 @@ def pipe(duplex: bool) -> tuple[HostConnection, HostConnection]:
         return HostConnection(left.detach()), HostConnection(right.detach())
     r, w = os.pipe()
     return HostConnection(r, writable=False), HostConnection(w, readable=False)
+
+
+class HostSimpleQueue(_mpq.SimpleQueue):  # type: ignore[type-arg]
+    """`SimpleQueue` where every process runs on this host: the standard library's own (one
+    pipe, written and read under locks), over this layer's `pipe` and `Lock` (a kernel
+    semaphore here), pickling items with fiberexec's pickler as its other queues do. So the
+    standard library's `Pool` and `ProcessPoolExecutor`, which build their queues from the
+    context they are given, pass their tasks and results as they do on their own.
+
+    As the layer's other `SimpleQueue`, it may also be pickled outside a `Process`'s
+    arguments, and ``get`` also takes ``block`` and ``timeout`` (raising `queue.Empty`).
+    """
+
+    _reader: HostConnection  # (set by the stdlib's __init__, from this layer's context)
+    _writer: HostConnection
+    _rlock: Any
+    _wlock: Any
+
+    def __getstate__(self) -> Any:  # the stdlib's, without assert_spawning
+        return (self._reader, self._writer, self._rlock, self._wlock)
+
+    def put(self, obj: Any) -> None:
+        data = dumps_as_stdlib(obj, what="object put on the queue")  # before the lock
+        with self._wlock:
+            self._writer.send_bytes(data)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if block and timeout is None:
+            with self._rlock:
+                data = self._reader.recv_bytes()
+            return loads_as_stdlib(data)
+        deadline = time.monotonic() + max(0.0, timeout or 0.0)
+        if not self._rlock.acquire(block, max(0.0, timeout or 0.0) if block else None):
+            raise queue.Empty
+        try:
+            if not self._reader.poll(max(0.0, deadline - time.monotonic()) if block else 0):
+                raise queue.Empty
+            data = self._reader.recv_bytes()
+        finally:
+            self._rlock.release()
+        return loads_as_stdlib(data)
 
 
 def usable(advertised: str) -> bool:

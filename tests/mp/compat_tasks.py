@@ -412,3 +412,10 @@ def timed_gets_until_none(q: Any, got: Any, timeout: float) -> None:
             break
         takes.append((item, began, ended))
     got.put(takes)
+
+
+def simple_queue_double(inq: Any, outq: Any, n: int) -> None:
+    """Take ``n`` items from ``inq`` (a SimpleQueue, whose get takes no timeout in the
+    stdlib) and put each doubled on ``outq``."""
+    for _ in range(n):
+        outq.put(inq.get() * 2)

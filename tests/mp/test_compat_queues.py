@@ -244,3 +244,24 @@ def test_a_get_that_began_after_another_returned_an_item_returns_a_later_one(
         before = [earlier for earlier, _, ended in by_end if ended < began]
         assert not before or max(before) < item, (
             f"a get that began after {max(before)} was returned gave {item}")
+
+
+def test_a_contexts_simple_queue_is_shared_by_several_processes(mpm: ModuleType) -> None:
+    """What the stdlib's `Pool` and `ProcessPoolExecutor` build their queues from: the
+    context's `SimpleQueue`, handed to children as arguments, where several processes get
+    and put under its locks."""
+    ctx = mpm.get_context("spawn")
+    inq, outq = ctx.SimpleQueue(), ctx.SimpleQueue()
+    kids = [ctx.Process(target=t.simple_queue_double, args=(inq, outq, 50)) for _ in range(2)]
+    for kid in kids:
+        kid.start()
+    for i in range(100):
+        inq.put(i)
+    assert sorted(outq.get() for _ in range(100)) == [2 * i for i in range(100)]
+    for kid in kids:
+        kid.join(60)
+        assert kid.exitcode == 0
+    assert inq.empty() and outq.empty()
+    inq.close()
+    with pytest.raises(OSError):
+        inq.put(1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
 import time
 from types import ModuleType
@@ -40,6 +41,24 @@ def test_a_pipe_on_one_host_is_a_socket_pipe_and_across_hosts_the_brokers(
         assert not any(isinstance(c, HostConnection) for c in (left, right, reader, writer))
     for conn in (left, right, reader, writer):
         conn.close()
+
+
+def test_a_contexts_simple_queue_on_one_host_is_a_pipe_and_gets_with_a_timeout(
+        mp_backend: BackendKit) -> None:
+    """The context's `SimpleQueue` (what the stdlib's pool builds its queues from) is the
+    standard library's own pipe where every process is on this host, the broker's
+    elsewhere; on both, ``get`` takes ``block`` and ``timeout``, as documented."""
+    q = fmp.get_context().SimpleQueue()
+    assert isinstance(q, _hostpipe.HostSimpleQueue) is mp_backend.same_host
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
+    with pytest.raises(queue.Empty):
+        q.get(block=False)
+    q.put(lambda: "by value")  # fiberexec's pickler, as its other queues
+    assert q.get(timeout=10)() == "by value"
+    q.put(2)
+    assert q.get(block=False) == 2
+    q.close()
 
 
 def test_an_end_in_a_pools_initializer_reaches_every_worker(mpm: ModuleType) -> None:

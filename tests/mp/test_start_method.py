@@ -6,6 +6,9 @@ a whole standard library program onto fiberexec."""
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
+import os
+import stat
 import subprocess
 import sys
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import pytest
 
 import fiberexec.multiprocessing as fmp
+from tests.conftest import BACKEND
 
 
 def _env_worker(conn: Any, seed: int) -> None:
@@ -125,3 +129,19 @@ def test_set_start_method_fiber_moves_a_stdlib_program_onto_fiberexec() -> None:
     assert "from the child: (4, 'env-0') 40" in ours
     assert "SystemExit(3): 3" in ours and "terminated: -15" in ours
     assert "children left: []" in ours
+
+
+@pytest.mark.parametrize("method", ["spawn", "fiber"])
+def test_the_stdlibs_own_pool_runs_on_the_context_it_is_given(method: str) -> None:
+    """The pool `multiprocessing.Pool()` makes after ``set_start_method("fiber")``: the
+    standard library's, its queues made by the context it is given."""
+    ctx = multiprocessing.get_context(method)
+    with multiprocessing.pool.Pool(2, context=ctx) as pool:
+        assert pool.map(abs, range(-40, 0)) == list(range(40, 0, -1))
+        assert pool.apply(divmod, (7, 2)) == (3, 1)
+        with pytest.raises(ZeroDivisionError):
+            pool.apply(divmod, (1, 0))
+        if method == "fiber" and BACKEND == "local":  # every process on this host:
+            # its tasks and results pass through OS pipes, as in the standard library
+            fd = pool._inqueue._reader.fileno()  # type: ignore[attr-defined]
+            assert stat.S_ISFIFO(os.fstat(fd).st_mode)
