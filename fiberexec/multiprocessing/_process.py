@@ -341,7 +341,15 @@ class Process:
             return True
         if self._closed:
             raise ValueError("process object is closed")
-        return self._fx is not None and not self._fx.done.is_set()
+        fx = self._fx
+        if fx is None or fx.done.is_set():
+            return False
+        if fx.signalled is not None and self._child_pid is None:
+            # told to end before it said its pid (a container still starting): alive once it
+            # has, else not, for code written for the stdlib reads the pid of a live process
+            # (its pool's terminate does); waits for one or the other, up to `Timing.pid`
+            _ = fx.pid
+        return not fx.done.is_set()
 
     @property
     def exitcode(self) -> int | None:

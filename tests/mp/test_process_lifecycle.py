@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.mp import compat_tasks as c
 from tests.mp import exit_tasks as t
 from tests.mp.compat import STARTS, mpm
 
@@ -63,6 +64,20 @@ def test_the_stdlib_kill_and_terminate_work_on_the_process(mpm: ModuleType) -> N
         method(p)  # type: ignore[arg-type]
         p.join(60)
         assert p.exitcode == code
+
+
+def test_a_process_terminated_as_it_starts_is_alive_only_with_a_pid(mpm: ModuleType) -> None:
+    """The stdlib's pool, terminating, formats the pid of each worker still alive: a
+    process told to end before its child could report its pid (a container still
+    starting) is alive once it has one, and not alive if it never gets one."""
+    for _ in range(3):
+        p = mpm.Process(target=c.sleep_long)
+        p.start()
+        p.terminate()
+        if p.is_alive():
+            assert isinstance(p.pid, int)
+        p.join(60)
+        assert not p.is_alive() and p.exitcode is not None
 
 
 def test_a_child_waits_for_its_threads_before_it_exits(mpm: ModuleType) -> None:
