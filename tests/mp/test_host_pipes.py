@@ -172,11 +172,11 @@ def test_an_end_is_handed_over_only_on_the_hosts_own_socket() -> None:
     from fiberexec.multiprocessing import _broker
     from fiberexec.multiprocessing._links import HAND_OVER
 
-    port = _broker.get_broker().server.port  # on the listener that shares the ends
-    reader, writer = _hostpipe.pipe(duplex=False)
+    host, _, port = _broker.get_broker().address.removeprefix("tcp://").rpartition(":")
+    reader, writer = _hostpipe.pipe(duplex=False)  # (on the listener that shares the ends)
     rebuild, (address, key, readable, writable) = _hostpipe._reduce(writer)
     writer.close()
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=10) as sock:
         sock.sendall(HAND_OVER + key)
         try:
             assert sock.recv(10) == b""  # hung up on, nothing handed over
