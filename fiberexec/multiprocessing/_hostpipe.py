@@ -118,8 +118,9 @@ def pipe(duplex: bool) -> tuple[HostConnection, HostConnection]:
 
 class HostSimpleQueue(_mpq.SimpleQueue):  # type: ignore[type-arg]
     """`SimpleQueue` where every process runs on this host: the standard library's own (one
-    pipe, written and read under locks), over this layer's `pipe` and `Lock` (a kernel
-    semaphore here), pickling items with fiberexec's pickler as its other queues do. So the
+    pipe, written and read under locks), over this module's `pipe` (its ends handed over as
+    this module's are) and this layer's `Lock` (a kernel semaphore here), pickling items with
+    fiberexec's pickler as its other queues do. So the
     standard library's `Pool` and `ProcessPoolExecutor`, which build their queues from the
     context they are given, pass their tasks and results as they do on their own.
 
@@ -127,10 +128,11 @@ class HostSimpleQueue(_mpq.SimpleQueue):  # type: ignore[type-arg]
     arguments, and ``get`` also takes ``block`` and ``timeout`` (raising `queue.Empty`).
     """
 
-    _reader: HostConnection  # (set by the stdlib's __init__, from this layer's context)
-    _writer: HostConnection
-    _rlock: Any
-    _wlock: Any
+    def __init__(self, *, ctx: Any) -> None:  # the stdlib's, with this module's pipe
+        self._reader, self._writer = pipe(duplex=False)
+        self._rlock = ctx.Lock()
+        self._poll = self._reader.poll
+        self._wlock = ctx.Lock()
 
     def __getstate__(self) -> Any:  # the stdlib's, without assert_spawning
         return (self._reader, self._writer, self._rlock, self._wlock)

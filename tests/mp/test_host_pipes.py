@@ -50,6 +50,8 @@ def test_a_contexts_simple_queue_on_one_host_is_a_pipe_and_gets_with_a_timeout(
     elsewhere; on both, ``get`` takes ``block`` and ``timeout``, as documented."""
     q = fmp.get_context().SimpleQueue()
     assert isinstance(q, _hostpipe.HostSimpleQueue) is mp_backend.same_host
+    if mp_backend.same_host:  # its ends travel as this module's, not by the stdlib's sharer
+        assert isinstance(q._reader, HostConnection) and isinstance(q._writer, HostConnection)
     with pytest.raises(queue.Empty):
         q.get(timeout=0.05)
     with pytest.raises(queue.Empty):
