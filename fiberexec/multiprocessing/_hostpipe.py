@@ -13,9 +13,9 @@ registered here under a random key: the process that unpickles it connects to th
 process's listener (its abstract Unix socket, see `_links`), names the key and receives a
 duplicate of the descriptor (``SCM_RIGHTS``), once, as `multiprocessing.resource_sharer`
 hands a descriptor over. The key is the capability: it travels only inside fiberexec's
-authenticated channels. A key
-pickled into a `Process` that ends without taking it is withdrawn then (`withdraw`), so its
-pipe's other end sees end-of-file as it would had the child taken and closed it.
+authenticated channels. A key pickled into a `Process` that ends without taking it is
+withdrawn then (`withdraw`), so its pipe's other end sees end-of-file as it would had the
+child taken and closed it.
 
 Across hosts (a backend whose workers dial a network address) pipes go through the broker
 instead (`_connection`), and an end made here cannot reach such a process: unpickling it
@@ -120,9 +120,9 @@ class HostSimpleQueue(_mpq.SimpleQueue):  # type: ignore[type-arg]
     """`SimpleQueue` where every process runs on this host: the standard library's own (one
     pipe, written and read under locks), over this module's `pipe` (its ends handed over as
     this module's are) and this layer's `Lock` (a kernel semaphore here), pickling items with
-    fiberexec's pickler as its other queues do. So the
-    standard library's `Pool` and `ProcessPoolExecutor`, which build their queues from the
-    context they are given, pass their tasks and results as they do on their own.
+    fiberexec's pickler as its other queues do. So the standard library's `Pool` and
+    `ProcessPoolExecutor`, which build their queues from the context they are given, pass
+    their tasks and results as they do on their own.
 
     As the layer's other `SimpleQueue`, it may also be pickled outside a `Process`'s
     arguments, and ``get`` also takes ``block`` and ``timeout`` (raising `queue.Empty`).
