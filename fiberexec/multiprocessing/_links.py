@@ -25,7 +25,9 @@ The handshake is the executor's (`fiberexec._auth`), on the raw socket before an
 
 The realm names which of the secrets a process serves the client holds, without revealing
 it (`realm`: an HMAC of a constant under the secret); a listener that serves no such secret
-answers with a proof of none, so the client hears that it does not hold its secret. Each
+answers with a proof of none, so the client hears that it does not hold its secret, and one
+that served it once answers with zeros (its server closed: the client hears a refusal, as
+from a closed listener). Each
 side proves it holds the secret over both fresh nonces, so a recorded handshake cannot be
 replayed. Every message has a fixed size, so nothing is allocated or unpickled for a peer
 that has not proved itself, and a peer that connects and says nothing holds only its own
@@ -72,6 +74,7 @@ Admit = Callable[[socket.socket], None]
 _NONCE = 16
 _PROOF = 32
 _REALM = 8
+_GONE = bytes(_NONCE + _PROOF)  # in place of the server's proof: that secret is served no more
 TcpAddress = tuple[str, int]
 MAX_FRAME = 1 << 31
 _SIZE = struct.Struct("!Q")
@@ -155,13 +158,16 @@ def realm(secret: bytes) -> bytes:
 Services = Mapping[bytes, tuple[bytes, Mapping[bytes, Admit]]]  # realm: secret, services
 
 
-def _prove_server(sock: socket.socket, realms: Services) -> Admit:
+def _prove_server(sock: socket.socket, realms: Services, gone: set[bytes]) -> Admit:
     """The listening side of the handshake (the module's), after its `MAGIC`: the admit of
     the service asked for; raises if the peer fails it or asks for a service not offered
-    here."""
+    here (`_Gone`: for a secret served here before, whose servers have all closed)."""
     asked, nonce_s = _exactly(sock, _REALM + _NONCE + 1), _auth.new_nonce()  # realm, nonce,
     # then the service
     secret, services = realms.get(asked[:_REALM], (b"", {}))
+    if not secret and asked[:_REALM] in gone:
+        sock.sendall(_GONE)
+        raise _Gone("its secret's servers here have closed")
     if not secret:  # a proof of nothing: the peer learns only that we do not hold its secret
         sock.sendall(nonce_s + secrets.token_bytes(_PROOF))
         raise AuthenticationError("it holds none of the secrets this process serves")
@@ -183,18 +189,27 @@ class _Unserved(AuthenticationError):
     so (``b"N"``) once the refusal is counted."""
 
 
+class _Gone(AuthenticationError):
+    """A peer named a secret whose servers here have closed: not a rejection, as a
+    connection to a closed listener is none."""
+
+
 def prove_client(sock: socket.socket, secret: bytes, peer: str, service: bytes) -> None:
     """The dialling side of the handshake, on a connected ``sock`` (its timeout bounds each
     read), for ``service``; ``peer`` names the other side in errors.
 
     Raises:
         AuthenticationError: the peer does not hold the secret, or refused ours.
-        ConnectionRefusedError: the peer does not offer ``service``.
+        ConnectionRefusedError: the peer does not offer ``service``, or no longer serves
+            the secret (its server closed).
         OSError, EOFError: the connection failed or closed.
     """
     asked = realm(secret) + _auth.new_nonce() + service
     sock.sendall(MAGIC + asked)
     answer = _exactly(sock, _NONCE + _PROOF)
+    if answer == _GONE:
+        raise ConnectionRefusedError(f"{peer} no longer serves this handle's secret (its "
+                                     "server has closed)")
     nonce_s, proof = answer[:_NONCE], answer[_NONCE:]
     if not _auth.verify(_auth.proof(secret, "mp-server", asked, nonce_s), proof):
         raise AuthenticationError(f"{peer} failed authentication: it does not hold this "
@@ -640,6 +655,7 @@ class Listener:
         self.closed = False
         self.realms: dict[bytes, tuple[bytes, dict[bytes, Admit]]] = {}  # see `Services`
         self.descriptors: Admit | None = None
+        self.gone: set[bytes] = set()  # realms whose every service was withdrawn
         self._lock = threading.Lock()
         self._pending: set[socket.socket] = set()  # connections still in the handshake
         self._sockets: list[socket.socket] = []
@@ -700,14 +716,14 @@ class Listener:
                     and sock.family == socket.AF_UNIX):  # (descriptors pass only there)
                 admit = self.descriptors
             elif opening == MAGIC:
-                admit = _prove_server(sock, self.realms)
+                admit = _prove_server(sock, self.realms, self.gone)
                 sock.settimeout(None)
             else:
                 raise AuthenticationError(f"it opened with {opening!r}, not a handshake")
         except (OSError, EOFError, AuthenticationError) as exc:
             with self._lock:
                 self._pending.discard(sock)
-                closed = self.closed
+                closed = self.closed or isinstance(exc, _Gone)
                 self.rejected += not closed
             if isinstance(exc, _Unserved):
                 with contextlib.suppress(OSError):
@@ -726,8 +742,10 @@ class Listener:
 
     def offer(self, secret: bytes, service: bytes, admit: Admit) -> None:
         """Admit connections from peers holding ``secret`` for ``service`` from now on."""
+        key = realm(secret)
         with self._lock:
-            self.realms.setdefault(realm(secret), (secret, {}))[1][service] = admit
+            self.gone.discard(key)
+            self.realms.setdefault(key, (secret, {}))[1][service] = admit
 
     def withdraw(self, secret: bytes, service: bytes) -> None:
         """Admit no more connections for ``service`` of ``secret``, and stop listening on
@@ -736,8 +754,8 @@ class Listener:
         with self._lock:
             services = self.realms.get(key, (b"", {}))[1]
             services.pop(service, None)
-            if not services:
-                self.realms.pop(key, None)
+            if not services and self.realms.pop(key, None) is not None:
+                self.gone.add(key)
             user = (key, service)
             for host in [h for h, (_, users) in self._tcp.items() if users == {user}]:
                 sock = self._tcp.pop(host)[0]

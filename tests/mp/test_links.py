@@ -163,9 +163,28 @@ def test_one_listener_serves_each_secret_apart(listening: Listening) -> None:
         listening.admitted.get(timeout=10).close()
     assert other.empty() and listening.admitted.empty()
     listener.withdraw(other_secret, SERVICE)
-    with pytest.raises(AuthenticationError, match="does not hold"):
+    with pytest.raises(ConnectionRefusedError, match="no longer serves"):
         _links.dial(other_secret, listening.unix, service=SERVICE)
     with _links.dial(SECRET, listening.unix, service=SERVICE):  # the first is still served
+        listening.admitted.get(timeout=10).close()
+
+
+def test_a_secret_served_no_more_is_refused_not_a_wrong_proof(listening: Listening) -> None:
+    """The process's listener outlives each server on it: a peer dialling a server that has
+    closed hears what a closed listener would say (refused: the server is gone), not that
+    its secret is wrong; a secret never served here still fails its proof, and one offered
+    again is served again."""
+    listener, other_secret = listening.listener, b"o" * 32
+    listener.offer(other_secret, b"Y", listening.admitted.put)
+    listener.withdraw(other_secret, b"Y")
+    with pytest.raises(ConnectionRefusedError, match="no longer serves"):
+        _links.dial(other_secret, listening.unix, service=b"Y")
+    assert listener.rejected == 0  # as a connection to a closed listener is none
+    with pytest.raises(AuthenticationError, match="does not hold"):
+        _links.dial(b"n" * 32, listening.unix, service=b"Y")
+    assert listener.rejected == 1
+    listener.offer(other_secret, b"Y", listening.admitted.put)
+    with _links.dial(other_secret, listening.unix, service=b"Y"):
         listening.admitted.get(timeout=10).close()
 
 
