@@ -108,6 +108,7 @@ class SimulatedBackend(Backend):
             "local": spec.env.get(_contract.ENV_LOCAL_ADDRESS, ""),
             "link": self.link,
             "secret": spec.secret_env[_contract.ENV_SECRET],
+            "nonce": spec.env[_contract.ENV_NONCE],
             "connect_timeout": float(spec.env.get(_contract.ENV_CONNECT_TIMEOUT, "60")),
         }
         with self._lock:
@@ -311,18 +312,22 @@ def _connect(link: str, local: str, address: str, on_closed: Callable[[], None])
 class _SimWorker:
     """One simulated worker: its wire to the executor and where it is in the handshake."""
 
-    def __init__(self, worker_id: str, secret: bytes, connect_timeout: float,
-                 wire: Wire) -> None:
+    def __init__(self, worker_id: str, secret: bytes, executor_nonce: bytes,
+                 connect_timeout: float, wire: Wire) -> None:
         self.worker_id = worker_id
         self.secret = secret
         self.connect_timeout = connect_timeout
         self.nonce = _auth.new_nonce()
-        self.state = "challenge"  # -> "setup" -> "ready"
+        self.executor_nonce = executor_nonce
+        self.state = "setup"  # -> "ready"
         self.heartbeat = 1.0
         self.created = self.last_recv = self.last_sent = time.monotonic()
         self.wire = wire
         self.fd = wire.fd
-        self.send(p.encode(p.Hello(self.worker_id, self.nonce, os.getpid(), "simulator")))
+        proof = _auth.proof(secret, "worker", self.nonce, executor_nonce)
+        # no probe: everything inline
+        self.send(p.encode(p.Hello(self.worker_id, self.nonce, os.getpid(), "simulator",
+                                   proof, "")))
 
     def send(self, frame: bytes) -> None:
         self.wire.send(frame)
@@ -343,14 +348,10 @@ class _SimWorker:
                 return "the executor said goodbye"
             return None
         message = p.decode(frame)
-        if self.state == "challenge" and isinstance(message, p.Challenge):
-            expected = _auth.proof(self.secret, "executor", self.nonce, message.nonce)
+        if self.state == "setup" and isinstance(message, p.Setup):
+            expected = _auth.proof(self.secret, "executor", self.nonce, self.executor_nonce)
             if not _auth.verify(expected, message.proof):
                 return "the executor failed authentication (wrong secret?)"
-            proof = _auth.proof(self.secret, "worker", self.nonce, message.nonce)
-            self.send(p.encode(p.Auth(proof, b"")))  # no shared memory: everything inline
-            self.state = "setup"
-        elif self.state == "setup" and isinstance(message, p.Setup):
             self.heartbeat = message.heartbeat
             self.state = "ready"
         else:
@@ -423,6 +424,7 @@ class _Simulator:
             wire = _connect(command["link"], command["local"], command["address"],
                             lambda: self.removed.append(worker_id))
             worker = _SimWorker(worker_id, _auth.secret_from_hex(command["secret"]),
+                                _auth.nonce_from_hex(command["nonce"]),
                                 float(command["connect_timeout"]), wire)
         except (pynng.NNGException, LinkClosed, OSError) as exc:
             self._emit("exited", worker_id, code=1,

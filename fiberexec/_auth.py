@@ -1,7 +1,9 @@
 """Mutual HMAC challenge-response on every connection, before anything is unpickled.
 
-Each side proves it holds the executor's secret by MACing both fresh nonces with its role, so
-a recorded handshake cannot be replayed and neither side can be impersonated.
+Each side proves it holds the executor's secret by MACing both nonces with its role, so a
+recorded handshake cannot be replayed and neither side can be impersonated. (A worker's
+handshake takes one round trip: the executor's nonce comes in its start request, and is good
+for one handshake, see `fiberexec._protocol`.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ def proof(secret: bytes, role: str, worker_nonce: bytes, executor_nonce: bytes) 
 
 def verify(expected: bytes, received: bytes) -> bool:
     return hmac.compare_digest(expected, received)
+
+
+def nonce_from_hex(text: str) -> bytes:
+    try:
+        nonce = bytes.fromhex(text)
+    except ValueError:
+        nonce = b""
+    if len(nonce) != 16:
+        raise ConfigurationError(f"FIBEREXEC_NONCE must be 16 bytes in hex, got {text!r}; "
+                                 "the executor sets it for each worker it starts")
+    return nonce
 
 
 def secret_from_hex(text: str) -> bytes:

@@ -18,8 +18,9 @@ guarded by a semaphore both open:
 Bits are kept per number modulo `BITS` (a worker holds at most a thousand-odd tasks, so
 numbers in flight never share a bit); the worker clears the bits of every number it passes
 (decided, or given back over the link), so a bit is clear when its number comes round
-again. Both names are unlinked as soon as the worker has opened them (at the handshake's
-end), so a crash leaves nothing behind.
+again. The worker makes the board beside its handshake's probe (`fiberexec._protocol`), the
+executor opens it on the worker's Hello, and both unlink its names then, so a crash leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from fiberexec import _shm
 
 SUFFIX = "-claims"  # the board's name: the handshake's shared-memory probe's, and this
 _DECIDED = struct.Struct("q")  # the last number the worker decided on (-1: none yet)
-_ATTACHED = 8  # a byte the worker sets once it has the board open (else it is not used)
 _BITMAP = 16  # where the bits start, one per number modulo BITS
 BITS = (mmap.PAGESIZE - _BITMAP) * 8
 _SEMAPHORE = 1  # `_multiprocessing.SemLock`'s kind for a plain semaphore
@@ -50,7 +50,7 @@ class _Semaphore(Protocol):  # what is used of `_multiprocessing.SemLock`
 
 
 class ClaimBoard:
-    """One worker's board; `create` in the executor, `attach` in the worker."""
+    """One worker's board; `create` in the worker, `attach` in the executor."""
 
     def __init__(self, name: str, memory: mmap.mmap, lock: _Semaphore) -> None:
         self.name = name
@@ -60,7 +60,8 @@ class ClaimBoard:
 
     @classmethod
     def create(cls, probe: str) -> ClaimBoard | None:
-        """A new board named after the handshake's probe; None when there is no room."""
+        """(Worker) A new board named after the handshake's probe; None when there is no
+        room."""
         name = probe + SUFFIX
         path = _shm.segment_path(name)
         try:
@@ -87,7 +88,8 @@ class ClaimBoard:
 
     @classmethod
     def attach(cls, probe: str) -> ClaimBoard | None:
-        """The board the executor made for this handshake; None if there is none."""
+        """(Executor) The board the worker made beside its handshake's probe; None if it
+        cannot be opened from here (then the worker is told not to use it)."""
         name = probe + SUFFIX
         try:
             with open(_shm.segment_path(name), "r+b") as f:
@@ -96,25 +98,13 @@ class ClaimBoard:
                         _multiprocessing.SemLock._rebuild(0, _SEMAPHORE, 1, "/" + name))
         except (OSError, ValueError):
             return None
-        board = cls(name, memory, lock)
-        board._linked = False  # the executor's to unlink
-        memory[_ATTACHED] = 1
-        return board
-
-    def attached(self) -> bool:
-        """(Executor, once the worker answered the handshake) Whether the worker opened the
-        board: one that could not (its semaphore, say) is asked over the link instead, since
-        it would run what the board says was taken back."""
-        return bool(self._memory[_ATTACHED])
+        return cls(name, memory, lock)
 
     def unlink(self) -> None:
-        """Remove both names (the worker has them open, or never will)."""
+        """Remove both names (both sides have them open, or the other never will)."""
         if self._linked:
             self._linked = False
-            with contextlib.suppress(OSError, ValueError):
-                os.unlink(_shm.segment_path(self.name))
-            with contextlib.suppress(OSError):
-                _multiprocessing.sem_unlink("/" + self.name)
+            unlink(self.name[: -len(SUFFIX)])
 
     def close(self) -> None:
         self.unlink()
@@ -165,3 +155,12 @@ class ClaimBoard:
         finally:
             self._lock.release()
         return taken
+
+
+def unlink(probe: str) -> None:
+    """Remove the names of the board beside ``probe``, if they are there."""
+    name = probe + SUFFIX
+    with contextlib.suppress(OSError, ValueError):
+        os.unlink(_shm.segment_path(name))
+    with contextlib.suppress(OSError):
+        _multiprocessing.sem_unlink("/" + name)

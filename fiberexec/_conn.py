@@ -19,12 +19,11 @@ if TYPE_CHECKING:
 MAX_WINDOW = 1024  # tasks one worker may hold
 WINDOW_TIME = 0.002  # seconds of known short work a worker may hold: covers a round trip
 LONG_TASK = 0.01  # nothing is queued behind a task this long (or of unknown length)
-MAX_RTT = 0.05  # a handshake slower than this says more about the peer than the link
+MAX_RTT = 0.05  # a round trip slower than this says more about the peer than the link
 
 
 class State(enum.Enum):
     AWAIT_HELLO = "connecting"
-    AWAIT_AUTH = "authenticating"
     READY = "ready"
     RETIRING = "retiring"  # told to leave, or leaving by itself (max_tasks_per_child)
     DISCONNECTED = "disconnected"  # connection lost, waiting for the backend's exit status
@@ -41,14 +40,12 @@ class Conn:
         self.status: WorkerStatus | None = None
         self.fault = ""  # the interpreter's report of the fault that ended it, if one came
         self.pipe: Any = None  # the nng pipe of the peer that is (being) authenticated
-        self.nonce = b""
-        self.worker_nonce = b""
+        self.nonce = b""  # ours for its handshake (in its start request): one use
         self.doomed: list[WorkItem] = []  # out of retries; failed once the exit status is known
         self.charged: WorkItem | None = None  # the task it was running when it was lost
         self.why: str | None = None  # how the connection was lost, when we know better
         self.leaving: str | None = None  # why an orderly exit was agreed ("idle", ...)
         self.counted = False  # included in the shard's ready_workers
-        self.probe = ""  # this handshake's shared-memory probe file, removed when it ends
         self.claims: ClaimBoard | None = None  # a board to take tasks back without asking
         self.numbered = 0  # tasks sent so far: the next one's number on the board
         self.shm = False
@@ -59,7 +56,7 @@ class Conn:
         self.unknown = 0  # tasks held whose length is not known yet
         self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
         self.timed: tuple[int, float] | None = None  # a task sent it idle, and when: a round trip
-        self.challenged = 0.0  # when the handshake's challenge was sent
+        self.setup_sent = 0.0  # when the handshake's answer went, until it is answered
         self.created = now  # on the shard's clock
         self.last_recv = self.last_sent = self.idle_since = self.created
         # its CPU time when a look while it was silent found it changed, and when
@@ -122,9 +119,10 @@ class Conn:
         return len(self.inflight) == 1 and (self.unknown > 0 or self.load >= LONG_TASK)
 
     def measured_rtt(self, seconds: float) -> None:
-        """A round trip seen (the handshake's, then each task sent to it idle, less its run
-        time): a far worker holds more, so it never waits for work. The shortest counts: a
-        handshake made while the machine was busy starting workers says little of the link,
+        """A round trip seen (from the handshake's answer to the worker's first heartbeat,
+        then each task sent to it idle, less its run time): a far worker holds more, so it
+        never waits for work. The shortest counts: a first heartbeat sent while the machine
+        was busy starting workers says little of the link,
         and a window too wide lets one worker take most of a map while another idles."""
         window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
         self.window = window if self.timed is None else min(self.window, window)

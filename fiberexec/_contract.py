@@ -16,6 +16,9 @@ ENV_EXECUTOR_ID = "FIBEREXEC_EXECUTOR_ID"
 ENV_HEARTBEAT = "FIBEREXEC_HEARTBEAT"  # seconds between heartbeats
 ENV_SILENCE = "FIBEREXEC_SILENCE"  # seconds of the executor's silence a worker waits out
 ENV_CONNECT_TIMEOUT = "FIBEREXEC_CONNECT_TIMEOUT"  # give up dialing after this many seconds
+#: hex of the executor's nonce for this start (one use: the worker's first message proves
+#: the secret over it, see `fiberexec._protocol`)
+ENV_NONCE = "FIBEREXEC_NONCE"
 ENV_SECRET = "FIBEREXEC_SECRET"  # hex HMAC key; lives in WorkerSpec.secret_env only
 #: hex of the parent's ``multiprocessing.current_process().authkey``, so stdlib `Manager`
 #: proxies passed to tasks can authenticate from the worker; lives in secret_env only.

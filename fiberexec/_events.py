@@ -57,10 +57,12 @@ class Link(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Adopt:
-    """A worker is being started; its channel listens and is the shard's to serve."""
+    """A worker is being started; its channel listens and is the shard's to serve. Its
+    start request carries ``nonce``, ours for its handshake (one use)."""
 
     worker_id: str
     channel: Link
+    nonce: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,7 +276,7 @@ def _running_task(conn: Conn, offset: float) -> TaskInfo | None:
 
 def _state(conn: Conn, task: TaskInfo | None) -> str:
     state = conn.state
-    if state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+    if state is State.AWAIT_HELLO:
         return "starting"
     if state in (State.READY, State.RETIRING):
         if conn.initializing:  # what it was sent waits for the initializer

@@ -75,7 +75,7 @@ class TaskPool:
             executor_id=secrets.token_hex(4),
             secret=_auth.new_secret(),
             initializer=initializer,
-            shm_token=secrets.token_bytes(32) if _shm.available() else b"",
+            shm=_shm.available(),
             output=_output_mode(config.output, backend),
         )
         self.sink = None

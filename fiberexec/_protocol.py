@@ -5,10 +5,10 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
 `decode` on arbitrary bytes raises only `ProtocolError`.
 
     worker                         executor
-      | -- Hello(worker_id, nonce) -->  |   the channel is fresh; nothing is trusted yet
-      | <-- Challenge(nonce, proof) --  |   proof = HMAC(secret, "executor" | both nonces)
-      | -- Auth(proof, shm_token) ---->  |   proof = HMAC(secret, "worker" | both nonces)
-      | <-- Setup(initializer, ...) --  |   from here on both sides are authenticated
+      | -- Hello(worker_id, nonce,  -->  |   the channel is fresh; nothing is trusted yet;
+      |          proof, shm_probe) ---  |   proof = HMAC(secret, "worker" | both nonces)
+      | <-- Setup(proof, shm, claims,   |   proof = HMAC(secret, "executor" | both nonces);
+      |           initializer, ...) --  |   from here on both sides are authenticated
       | -- Initialized / InitFailed -->  |   after the initializer, if there is one
       | <-- Tasks(functions, tasks,     |   as many tasks as the worker has credit for;
       |           alone) -------------  |   alone: nothing more comes while they run
@@ -31,6 +31,18 @@ never pickles, so a frame is checked whole before anything in it is unpickled, a
 
 A payload (pickle stream + out-of-band buffers) travels inline, or, between processes that
 share ``/dev/shm``, as the names of shared-memory files holding its large buffers.
+
+The handshake takes one round trip: the executor's nonce for a worker (single use) travels
+in the worker's start request (`WorkerSpec.env`), so the worker proves itself in its first
+message, and the executor proves itself in its answer, which the worker checks before it
+acts on anything in it. A peer without the secret gets no answer: its connection is closed.
+
+Whether the two share ``/dev/shm`` is settled in the same round trip: a worker on the local
+link writes its proof into a probe file there (under the executor's prefix, with its claim
+board beside it, `fiberexec._claims`) and names it in its Hello; the executor reads it, and
+says in the Setup whether large buffers go through shared memory and whether the board is
+used. Both unlink the names then; a worker whose handshake fails unlinks them before it
+leaves.
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ from fiberexec._record import Record
 from fiberexec._serialize import Payload
 
 MAGIC = b"FX"
-VERSION = 8  # 7: Interrupt; 8: Imported
+VERSION = 9  # 7: Interrupt; 8: Imported; 9: a handshake of one round trip
 NONCE_SIZE = 16
 PROOF_SIZE = 32
 SHM_THRESHOLD = 1 << 20  # buffers this large go through shared memory when the peer shares it
@@ -70,8 +82,6 @@ _RESULT = struct.Struct("!QBdII")  # task id, status, runtime, then a payload he
 
 class Kind(enum.IntEnum):
     HELLO = 1
-    CHALLENGE = 2
-    AUTH = 3
     SETUP = 4
     TASKS = 5
     RESULTS = 6
@@ -94,20 +104,11 @@ class Status(enum.IntEnum):
 
 class Hello(NamedTuple):
     worker_id: str
-    nonce: bytes
+    nonce: bytes  # the worker's, fresh
     pid: int
     host: str
-
-
-class Challenge(NamedTuple):
-    nonce: bytes
-    proof: bytes
-    shm_probe: str  # "" when the executor offers no shared memory
-
-
-class Auth(NamedTuple):
-    proof: bytes
-    shm_token: bytes  # what the worker read from the probe ("" if it could not)
+    proof: bytes  # over the executor's nonce for this worker and the worker's
+    shm_probe: str  # a file in /dev/shm holding ``proof``, and its claim board ("": none)
 
 
 class OutputMode(enum.IntEnum):
@@ -118,6 +119,9 @@ class OutputMode(enum.IntEnum):
 
 
 class Setup(NamedTuple):
+    proof: bytes  # the executor's, over both nonces: the worker checks it first
+    shm: bool  # the executor read the probe: large buffers go through /dev/shm, both ways
+    claims: bool  # ...and opened the board: it takes tasks back there (`fiberexec._claims`)
     heartbeat: float
     silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited
@@ -217,7 +221,7 @@ class Imported(NamedTuple):
     modules: Sequence[tuple[str, str]]
 
 
-Message = (Hello | Challenge | Auth | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
+Message = (Hello | Setup | Tasks | Results | Heartbeat | Bye | InitFailed
            | Initialized | Revoke | Revoked | DumpStack | Stack | Interrupt | Imported)
 
 
@@ -334,20 +338,13 @@ def _enc_hello(w: _Writer, m: Hello) -> None:
     w.parts.append(_fixed(m.nonce, NONCE_SIZE, "nonce"))
     w.pack("!I", m.pid)
     w.text(m.host)
-
-
-def _enc_challenge(w: _Writer, m: Challenge) -> None:
-    w.parts.append(_fixed(m.nonce, NONCE_SIZE, "nonce"))
     w.parts.append(_fixed(m.proof, PROOF_SIZE, "proof"))
     w.text(m.shm_probe)
 
 
-def _enc_auth(w: _Writer, m: Auth) -> None:
-    w.parts.append(_fixed(m.proof, PROOF_SIZE, "proof"))
-    w.blob(m.shm_token)
-
-
 def _enc_setup(w: _Writer, m: Setup) -> None:
+    w.parts.append(_fixed(m.proof, PROOF_SIZE, "proof"))
+    w.pack("!BB", m.shm, m.claims)
     w.pack("!ddIQBB", m.heartbeat, m.silence, m.max_tasks, m.arg_cache,
            m.initializer is not None, m.output)
     if m.initializer is not None:
@@ -431,8 +428,6 @@ def _fixed(value: bytes, size: int, what: str) -> bytes:
 
 _ENCODERS: dict[type, tuple[Kind, Callable[[_Writer, object], None]]] = {
     Hello: (Kind.HELLO, _enc_hello),  # type: ignore[dict-item]
-    Challenge: (Kind.CHALLENGE, _enc_challenge),  # type: ignore[dict-item]
-    Auth: (Kind.AUTH, _enc_auth),  # type: ignore[dict-item]
     Setup: (Kind.SETUP, _enc_setup),  # type: ignore[dict-item]
     Tasks: (Kind.TASKS, _enc_tasks),  # type: ignore[dict-item]
     Results: (Kind.RESULTS, _enc_results),  # type: ignore[dict-item]
@@ -575,24 +570,21 @@ def decode(frame: bytes, *, allow_shm: bool = False, store: Store | None = None)
 
 
 def _dec_hello(r: _Reader) -> Hello:
-    return Hello(r.text(), bytes(r.take(NONCE_SIZE)), r.uint("!I"), r.text())
-
-
-def _dec_challenge(r: _Reader) -> Challenge:
-    return Challenge(bytes(r.take(NONCE_SIZE)), bytes(r.take(PROOF_SIZE)), r.text())
-
-
-def _dec_auth(r: _Reader) -> Auth:
-    return Auth(bytes(r.take(PROOF_SIZE)), r.blob())
+    return Hello(r.text(), bytes(r.take(NONCE_SIZE)), r.uint("!I"), r.text(),
+                 bytes(r.take(PROOF_SIZE)), r.text())
 
 
 def _dec_setup(r: _Reader) -> Setup:
+    proof = bytes(r.take(PROOF_SIZE))
+    shm, claims = r.unpack("!BB")
+    if shm not in (0, 1) or claims not in (0, 1):
+        raise ProtocolError(f"bad shared-memory flags {shm}, {claims}")
     heartbeat, silence, max_tasks, arg_cache, has_init, output = r.unpack("!ddIQBB")
     if has_init not in (0, 1):
         raise ProtocolError(f"bad initializer flag {has_init}")
     if output not in _OUTPUT_MODES:
         raise ProtocolError(f"unknown output mode {output}")
-    return Setup(float(heartbeat), float(silence), int(max_tasks),
+    return Setup(proof, bool(shm), bool(claims), float(heartbeat), float(silence), int(max_tasks),
                  r.payload() if has_init else None, _OUTPUT_MODES[int(output)],
                  int(arg_cache))
 
@@ -657,8 +649,6 @@ _OUTPUT_MODES = {int(m): m for m in OutputMode}
 
 _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.HELLO: _dec_hello,
-    Kind.CHALLENGE: _dec_challenge,
-    Kind.AUTH: _dec_auth,
     Kind.SETUP: _dec_setup,
     Kind.TASKS: _dec_tasks,
     Kind.RESULTS: _dec_results,

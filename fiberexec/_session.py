@@ -23,7 +23,7 @@ class Session:
     executor_id: str
     secret: bytes  # workers prove they hold it before anything they send is unpickled
     initializer: Payload | None = None  # pickled (initializer, initargs)
-    shm_token: bytes = b""  # what a worker on this host reads from a handshake's probe file
+    shm: bool = False  # this host has /dev/shm: large buffers may go through it
     output: OutputMode = OutputMode.INHERIT  # what workers do with their tasks' output
 
 

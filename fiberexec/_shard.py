@@ -38,7 +38,7 @@ from functools import partial
 from itertools import islice
 from typing import Any, cast
 
-from fiberexec import _auth, _future, _imports, _interrupts, _observe, _shm
+from fiberexec import _auth, _claims, _future, _imports, _interrupts, _observe, _shm
 from fiberexec import _events as ev
 from fiberexec import _protocol as p
 from fiberexec._argcache import Mirror, Tally
@@ -427,6 +427,9 @@ class Shard:
             conn.last_recv = self.clock()
             self.bytes_received += len(msg.bytes)
             if conn.state in (State.READY, State.RETIRING) and msg.pipe.id == conn.pipe_id:
+                if conn.setup_sent:  # its first word, sent as the Setup came: a round trip
+                    conn.measured_rtt(conn.last_recv - conn.setup_sent)
+                    conn.setup_sent = 0.0
                 self._on_frame(conn, msg.bytes)
             else:
                 self._handshake(conn, msg)
@@ -688,66 +691,61 @@ class Shard:
             message = p.decode(frame)
             if conn.state is State.AWAIT_HELLO and isinstance(message, p.Hello):
                 self._on_hello(conn, msg.pipe, message)
-            elif (
-                conn.state is State.AWAIT_AUTH
-                and isinstance(message, p.Auth)
-                and msg.pipe.id == conn.pipe_id
-            ):
-                self._on_auth(conn, message)
             else:
                 raise ProtocolError(f"unexpected {type(message).__name__} in state {conn.state}")
         except ProtocolError as exc:
             self._reject(conn, msg.pipe, str(exc))
 
     def _on_hello(self, conn: Conn, pipe: Any, hello: p.Hello) -> None:
+        """The worker's first message proves it holds the secret, over our nonce for it
+        (given in its start request: one use) and its own; the answer proves we do."""
         if hello.worker_id != conn.worker_id:
             raise ProtocolError(f"worker id {hello.worker_id!r} is not {conn.worker_id!r}")
-        conn.pipe, conn.nonce = pipe, _auth.new_nonce()
+        secret = self.session.secret
+        if not _auth.verify(_auth.proof(secret, "worker", hello.nonce, conn.nonce), hello.proof):
+            raise AuthenticationError("wrong proof: the peer does not hold the secret")
+        conn.pipe = pipe
         conn.host, conn.pid = hello.host, hello.pid
         conn.channel.bind(pipe)
-        proof = _auth.proof(self.session.secret, "executor", hello.nonce, conn.nonce)
-        conn.worker_nonce = hello.nonce
-        self._drop_probe(conn)
-        if self.session.shm_token:  # lives only for this handshake: a crash leaves nothing long
-            conn.probe = _shm.write_probe(self.session.executor_id, self.session.shm_token)
-            if conn.probe:  # and the board the worker opens beside it
-                conn.claims = ClaimBoard.create(conn.probe)
-        self._send(conn, p.Challenge(conn.nonce, proof, conn.probe))
-        conn.state = State.AWAIT_AUTH
-        conn.challenged = self.clock()
-
-    def _on_auth(self, conn: Conn, auth: p.Auth) -> None:
-        expected = _auth.proof(self.session.secret, "worker", conn.worker_nonce, conn.nonce)
-        if not _auth.verify(expected, auth.proof):
-            raise AuthenticationError("wrong proof: the peer does not hold the secret")
-        conn.shm = bool(conn.probe) and _auth.verify(self.session.shm_token, auth.shm_token)
-        self._drop_probe(conn)
-        if conn.claims is not None and not (conn.shm and conn.claims.attached()):
-            conn.claims.close()  # a worker elsewhere (or without it) is asked instead
-            conn.claims = None
+        if hello.shm_probe:
+            self._share_memory(conn, hello)
         conn.channel.seal()
         conn.state = State.READY
         conn.idle_since = self.clock()
-        conn.measured_rtt(conn.idle_since - conn.challenged)
+        conn.setup_sent = conn.idle_since  # its first answer gives the link's round trip
         self.hungry[conn.worker_id] = conn
         self.idle[conn.worker_id] = conn
         conn.counted = True
         self.ready_workers += 1
         cfg = self.config
-        self._send(conn, p.Setup(cfg.heartbeat, cfg.silence_timeout, conn.max_tasks,
-                                 self.session.initializer, self.session.output,
-                                 cfg.arg_cache))
+        self._send(conn, p.Setup(_auth.proof(secret, "executor", hello.nonce, conn.nonce),
+                                 conn.shm, conn.claims is not None, cfg.heartbeat,
+                                 cfg.silence_timeout, conn.max_tasks, self.session.initializer,
+                                 self.session.output, cfg.arg_cache))
         conn.cache = Mirror(cfg.arg_cache, self.arg_tally) if cfg.arg_cache else None
         conn.initializing = self.session.initializer is not None
         self.lifecycle.worker_ready(conn.worker_id)
         log.info("worker %s connected (shared memory: %s)", conn.worker_id, conn.shm)
 
+    def _share_memory(self, conn: Conn, hello: p.Hello) -> None:
+        """Whether large buffers go through /dev/shm with this worker: we see its probe (so
+        it sees our files), holding its proof (so it is this worker's), and it may read
+        what we write there (it runs as our user, or as root); and whether its claim board
+        opens here. The probe's names go now: the worker has them open, or never will."""
+        probe = hello.shm_probe
+        if not (self.session.shm and probe.startswith(f"{_shm.PREFIX}{self.session.executor_id}-")):
+            return  # (not ours to read, or to unlink)
+        seen = _shm.check_probe(probe, p.PROOF_SIZE)
+        if seen is not None and _auth.verify(hello.proof, seen[0]) and seen[1] in (os.getuid(), 0):
+            conn.shm = True
+            conn.claims = ClaimBoard.attach(probe)
+        _shm.discard(probe)
+        _claims.unlink(probe)
+
     def _reject(self, conn: Conn, pipe: Any, why: str) -> None:
         self.rejected += 1
         log.warning("rejected a message on worker %s's channel: %s", conn.worker_id, why)
         if (pipe is not None and pipe.id != conn.pipe_id) or conn.state is not State.READY:
-            if conn.state is State.AWAIT_AUTH:
-                conn.state, conn.pipe = State.AWAIT_HELLO, None
             if pipe is not None:
                 try:
                     pipe.close()
@@ -761,8 +759,8 @@ class Shard:
     def _handle_events(self) -> None:
         while self.events:
             match self.events.popleft():
-                case ev.Adopt(worker_id, channel):
-                    self._adopt(worker_id, channel)
+                case ev.Adopt() as adopt:
+                    self._adopt(adopt)
                 case ev.Started(worker_id, handle):
                     self._started(worker_id, handle)
                 case ev.StartFailed(worker_id):
@@ -789,8 +787,10 @@ class Shard:
                     self.stolen += len(items)
                     self.stealing = False
 
-    def _adopt(self, worker_id: str, channel: ev.Link) -> None:
+    def _adopt(self, adopt: ev.Adopt) -> None:
+        worker_id, channel = adopt.worker_id, adopt.channel
         conn = Conn(worker_id, channel, self.config.max_tasks_per_child or 0, now=self.clock())
+        conn.nonce = adopt.nonce
         self.conns[worker_id] = conn
         self.selector.register(channel.fileno(), selectors.EVENT_READ, conn)
 
@@ -802,9 +802,7 @@ class Shard:
         conn = self.conns.get(worker_id)
         if conn is None or pipe_id != conn.pipe_id:
             return  # an unauthenticated peer hung up
-        if conn.state is State.AWAIT_AUTH:  # never authenticated: wait for the real worker
-            conn.state, conn.pipe = State.AWAIT_HELLO, None
-        elif conn.state is State.RETIRING and not conn.inflight:
+        if conn.state is State.RETIRING and not conn.inflight:
             conn.state = State.DISCONNECTED
             conn.deadline = self.clock() + STATUS_WAIT
         elif conn.state in (State.READY, State.RETIRING):
@@ -815,7 +813,7 @@ class Shard:
         if conn is None:
             return
         conn.status, conn.fault = status, fault
-        if conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+        if conn.state is State.AWAIT_HELLO:
             self._forget(conn, lost=True)
             self.lifecycle.worker_failed_to_start(conn.worker_id, status)
         else:
@@ -1101,7 +1099,7 @@ class Shard:
                 if now - conn.last_sent >= beat:
                     self._send(conn, p.Heartbeat())
                 self._maybe_retire(conn, now)
-            elif conn.state in (State.AWAIT_HELLO, State.AWAIT_AUTH):
+            elif conn.state is State.AWAIT_HELLO:
                 if now - conn.created > self.config.start_timeout:
                     self._forget(conn, lost=True)
                     self.lifecycle.worker_failed_to_start(conn.worker_id, None)
@@ -1275,16 +1273,7 @@ class Shard:
         self.conns.pop(conn.worker_id, None)
         _observe.note_gone(self.gone, conn, self.clock())
 
-    def _drop_probe(self, conn: Conn) -> None:
-        """The handshake's shared-memory names go (the worker opened the board, or never will)."""
-        if conn.probe:
-            _shm.discard(conn.probe)
-            conn.probe = ""
-        if conn.claims is not None:
-            conn.claims.unlink()
-
     def _unregister(self, conn: Conn, *, hang_up: bool = True) -> None:
-        self._drop_probe(conn)
         if conn.claims is not None:
             conn.claims.close()
             conn.claims = None
@@ -1352,7 +1341,7 @@ class Shard:
         self.selector.close()
 
 
-_NOT_YET_CONNECTED = (State.AWAIT_HELLO, State.AWAIT_AUTH)
+_NOT_YET_CONNECTED = (State.AWAIT_HELLO,)
 
 
 def _unserved(conns: dict[str, Conn], served: set[str], n: int) -> list[tuple[str, Conn]]:

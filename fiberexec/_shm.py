@@ -267,7 +267,8 @@ _pools = _Pools()
 
 
 def remove_all(executor_id: str) -> int:
-    """Remove every file this executor's processes left behind; return how many."""
+    """Remove every file this executor's processes left behind (and the semaphores of claim
+    boards, `fiberexec._claims`); return how many."""
     count = 0
     ours = f"{PREFIX}{executor_id}-"
     try:
@@ -275,7 +276,7 @@ def remove_all(executor_id: str) -> int:
     except OSError:  # no /dev/shm here (nothing was written there, then)
         return 0
     for name in names:
-        if name.startswith(ours):
+        if name.startswith((ours, "sem." + ours)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))
                 count += 1
@@ -283,15 +284,17 @@ def remove_all(executor_id: str) -> int:
 
 
 def write_probe(executor_id: str, token: bytes) -> str:
-    """A file whose content proves a peer shares our /dev/shm (see `check_probe`); "" when
-    there is no room for it (then nothing goes through shared memory)."""
+    """(Worker) A file whose content proves to the executor that the two share /dev/shm
+    (see `check_probe`); "" when there is no room for it (then nothing goes through shared
+    memory)."""
     return write(executor_id, memoryview(token), keep=True) or ""  # a file of its own
 
 
-def check_probe(name: str, token_size: int) -> bytes | None:
-    """Read a probe without unlinking it; None when it is not visible from here."""
+def check_probe(name: str, token_size: int) -> tuple[bytes, int] | None:
+    """(Executor) A probe's content (up to one byte more than ``token_size``) and the user
+    id that owns it, without unlinking it; None when it is not visible from here."""
     try:
         with open(segment_path(name), "rb") as f:
-            return f.read(token_size + 1)
+            return f.read(token_size + 1), os.fstat(f.fileno()).st_uid
     except (OSError, ValueError):
         return None

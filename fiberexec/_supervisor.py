@@ -34,7 +34,7 @@ from typing import Any
 
 import tenacity
 
-from fiberexec import _contract, _syspath
+from fiberexec import _auth, _contract, _syspath
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._crash import FAULT_LINES, fault_report, faulted
@@ -191,9 +191,10 @@ class WorkerSupervisor:
             return
         with self._lock:
             self._endpoints[worker_id] = endpoint
-        shard.post(ev.Adopt(worker_id, endpoint))
+        adopt = ev.Adopt(worker_id, endpoint, _auth.new_nonce())  # (see `_protocol`)
+        shard.post(adopt)
         address = self._advertised(endpoint.address)
-        self._start_worker(shard, self._spec(worker_id, address, endpoint.local_name))
+        self._start_worker(shard, self._spec(adopt, address, endpoint.local_name))
 
     def _advertised(self, address: str) -> str:
         """Where workers dial a network channel listening at ``address`` ("": none)."""
@@ -245,8 +246,8 @@ class WorkerSupervisor:
                 self._endpoints.pop(worker_id, None)
             return self._handles.pop(worker_id, None)
 
-    def _spec(self, worker_id: str, address: str, local_address: str) -> WorkerSpec:
-        cfg, session = self.config, self.session
+    def _spec(self, adopt: ev.Adopt, address: str, local_address: str) -> WorkerSpec:
+        cfg, session, worker_id = self.config, self.session, adopt.worker_id
         tls_env = {}
         if cfg.tls is not None:
             tls_env = {
@@ -266,6 +267,7 @@ class WorkerSupervisor:
                 _contract.ENV_HEARTBEAT: str(cfg.heartbeat),
                 _contract.ENV_SILENCE: str(cfg.silence_timeout),
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
+                _contract.ENV_NONCE: adopt.nonce.hex(),
                 _syspath.ENV_SYS_PATH: _syspath.export(),
                 **tls_env,
             },

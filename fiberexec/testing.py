@@ -41,6 +41,7 @@ from fiberexec.backend import (
     ENV_ADDRESS,
     ENV_CONNECT_TIMEOUT,
     ENV_EXECUTOR_ID,
+    ENV_NONCE,
     ENV_SECRET,
     ENV_WORKER_ID,
     WORKER_COMMAND,
@@ -360,7 +361,7 @@ def _stray_spec(s: _Session, executor_id: str, backend: Backend) -> WorkerSpec:
         port = closed.getsockname()[1]
     worker_id = s.worker_id()
     env = {ENV_ADDRESS: f"tcp://{backend.advertise_host}:{port}", ENV_WORKER_ID: worker_id,
-           ENV_EXECUTOR_ID: executor_id,
+           ENV_EXECUTOR_ID: executor_id, ENV_NONCE: secrets.token_hex(16),
            ENV_CONNECT_TIMEOUT: str(max(60.0, 4 * s.harness.timeout))}
     return WorkerSpec(worker_id=worker_id, executor_id=executor_id, command=WORKER_COMMAND,
                       image=s.harness.image, env=env,

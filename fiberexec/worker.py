@@ -38,6 +38,7 @@ from typing import Any, NoReturn, TypeVar
 from fiberexec import (
     _auth,
     _capture,
+    _claims,
     _contract,
     _functions,
     _import_hooks,
@@ -48,7 +49,7 @@ from fiberexec import (
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
 from fiberexec._claims import ClaimBoard
-from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
 from fiberexec._imports import ImportWatch
 from fiberexec._introspect import Usage, format_stacks
 from fiberexec._link import WorkerLink, connect, dial
@@ -81,6 +82,7 @@ class _Config:
         self.worker_id = environ.get(_contract.ENV_WORKER_ID, f"w{os.getpid()}")
         self.executor_id = environ.get(_contract.ENV_EXECUTOR_ID, "")
         self.secret = _auth.secret_from_hex(environ[_contract.ENV_SECRET])
+        self.nonce = _auth.nonce_from_hex(environ[_contract.ENV_NONCE])  # the executor's
         self.connect_timeout = float(environ.get(_contract.ENV_CONNECT_TIMEOUT, "60"))
         self.tls_cert = environ.get(_contract.ENV_TLS_CERT)
         self.tls_server_name = environ.get(_contract.ENV_TLS_SERVER_NAME, "")
@@ -154,27 +156,38 @@ class Worker:
             _die(EXIT_NO_EXECUTOR, f"the executor at {self.config.address} hung up")
 
     def _handshake(self) -> p.Setup:
+        global _probe
         cfg = self.config
         nonce = _auth.new_nonce()
-        hello = p.Hello(cfg.worker_id, nonce, os.getpid(), socket.gethostname())
-        self.link.send(p.encode(hello), cfg.connect_timeout)
-        self.start_threads()
-        challenge = self._expect(p.Challenge, cfg.connect_timeout)
-        expected = _auth.proof(cfg.secret, "executor", nonce, challenge.nonce)
-        if not _auth.verify(expected, challenge.proof):
-            _die(EXIT_AUTH_FAILED, "the executor failed authentication (wrong secret?)")
-        token = b""
-        if challenge.shm_probe:
-            token = _shm.check_probe(challenge.shm_probe, 64) or b""
-            if token:  # opened before the answer: the executor unlinks it on hearing it
-                self.claims = ClaimBoard.attach(challenge.shm_probe)
-        proof = _auth.proof(cfg.secret, "worker", nonce, challenge.nonce)
-        self.link.send(p.encode(p.Auth(proof, token)), cfg.connect_timeout)
-        setup = self._expect(p.Setup, cfg.connect_timeout)
-        self.allow_shm = bool(token)
-        if self.claims is not None and not self.allow_shm:
-            self.claims.close()
-            self.claims = None
+        proof = _auth.proof(cfg.secret, "worker", nonce, cfg.nonce)
+        # On the local link (the executor's host and network namespace, its user: and there,
+        # nearly always its /dev/shm), a probe there shows the executor whether it is the
+        # same (see `fiberexec._protocol`), with the claim board beside it. (A worker on the
+        # network link makes none: one whose executor is gone would leave them behind.)
+        probe, board = "", None
+        if self.link.kind == "unix" and cfg.executor_id and _shm.available():
+            probe = _probe = _shm.write_probe(cfg.executor_id, proof)
+            board = ClaimBoard.create(probe) if probe else None
+        try:
+            hello = p.Hello(cfg.worker_id, nonce, os.getpid(), socket.gethostname(), proof,
+                            probe)
+            self.link.send(p.encode(hello), cfg.connect_timeout)
+            self.start_threads()
+            setup = self._expect(p.Setup, cfg.connect_timeout)
+            if not _auth.verify(_auth.proof(cfg.secret, "executor", nonce, cfg.nonce),
+                                setup.proof):
+                _die(EXIT_AUTH_FAILED, "the executor failed authentication (wrong secret?)")
+        except BaseException:
+            if board is not None:
+                board.close()
+            raise
+        finally:
+            _forget_probe()  # (the executor unlinked its names too, if it saw them)
+        self.allow_shm = setup.shm
+        if board is not None and setup.claims and setup.shm:
+            self.claims = board
+        elif board is not None:
+            board.close()
         if self.allow_shm:
             self.shm = p.ShmPolicy(executor_id=cfg.executor_id or None)
             self.outbox.shm = self.shm
@@ -936,7 +949,20 @@ def _finish_what_tasks_left() -> None:
     runner.join(THREADS_WAIT)
 
 
+_probe = ""  # the name of this worker's handshake probe, until the handshake ends
+
+
+def _forget_probe() -> None:
+    """Unlink the handshake's probe and claim board names, if any are left."""
+    global _probe
+    if _probe:
+        _shm.discard(_probe)
+        _claims.unlink(_probe)
+        _probe = ""
+
+
 def _die(code: int, why: str) -> NoReturn:
+    _forget_probe()  # (a handshake cut short: nobody else unlinks them)
     if not code:  # an orderly end: what the tasks left running finishes first
         _finish_what_tasks_left()
     _shm.drop_pool()  # what this worker sent and a receiver still maps stays mapped there
@@ -997,6 +1023,8 @@ def run() -> None:
         config = _Config(os.environ)  # a few names read, not the whole environment copied
     except KeyError as exc:
         sys.exit(f"fiberexec worker: missing environment variable {exc}; backends set it")
+    except ConfigurationError as exc:
+        sys.exit(f"fiberexec worker: {exc}")
     _adopt_authkey()
     _ready_for_a_full_address_space()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling

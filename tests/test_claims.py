@@ -39,10 +39,10 @@ def board() -> Iterator[ClaimBoard]:
 
 def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None:
     probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
-    executor_side = ClaimBoard.create(probe)
-    assert executor_side is not None
-    worker_side = ClaimBoard.attach(probe)
+    worker_side = ClaimBoard.create(probe)
     assert worker_side is not None
+    executor_side = ClaimBoard.attach(probe)
+    assert executor_side is not None
     try:
         assert worker_side.claim(0) is True  # running task 0; 1 to 4 wait behind it
         assert executor_side.take_back([1, 2, 3, 4]) == {1, 2, 3, 4}
@@ -65,17 +65,23 @@ def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None
     assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
 
 
-def test_a_board_the_worker_did_not_open_says_so() -> None:
+def test_either_side_unlinks_the_boards_names_once_both_have_it_open() -> None:
     probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
+    assert ClaimBoard.attach(probe) is None  # (none made yet: the worker is told so)
     made = ClaimBoard.create(probe)
     assert made is not None
+    seen = ClaimBoard.attach(probe)
+    assert seen is not None
     try:
-        assert not made.attached()  # (the shard then asks the worker over its link)
-        seen = ClaimBoard.attach(probe)
-        assert seen is not None and made.attached()
-        seen.close()
+        seen.unlink()
+        assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
+        assert not os.path.exists(f"/dev/shm/sem.{probe}-claims")
+        assert made.claim(0) is True and seen.take_back([1]) == {1}  # still shared
+        assert made.claim(1) is False
+        made.unlink()  # the other side's unlink finds them gone: nothing to do
     finally:
         made.close()
+        seen.close()
 
 
 def test_a_busy_board_answers_later_not_wrongly(board: ClaimBoard) -> None:

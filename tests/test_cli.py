@@ -301,7 +301,8 @@ def stray_worker() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     executor_id = f"gone{secrets.token_hex(3)}"
     env = {**os.environ, "FIBEREXEC_ADDRESS": f"tcp://127.0.0.1:{_closed_port()}",
            "FIBEREXEC_SECRET": secrets.token_hex(32), "FIBEREXEC_EXECUTOR_ID": executor_id,
-           "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60"}
+           "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60",
+           "FIBEREXEC_NONCE": secrets.token_hex(16)}
     proc = subprocess.Popen([sys.executable, "-m", "fiberexec.worker"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield proc, executor_id
@@ -383,7 +384,8 @@ def strays(*executor_ids: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = [subprocess.Popen([sys.executable, "-m", "fiberexec.worker"], env={
         **os.environ, "FIBEREXEC_ADDRESS": f"tcp://127.0.0.1:{_closed_port()}",
         "FIBEREXEC_SECRET": secrets.token_hex(32), "FIBEREXEC_EXECUTOR_ID": executor_id,
-        "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60"},
+        "FIBEREXEC_WORKER_ID": "w0", "FIBEREXEC_CONNECT_TIMEOUT": "60",
+        "FIBEREXEC_NONCE": secrets.token_hex(16)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for executor_id in executor_ids]
     try:
         yield procs

@@ -29,11 +29,10 @@ texts = st.text(max_size=20)
 ids = st.integers(0, 2**64 - 1)
 
 messages = st.one_of(
-    st.builds(p.Hello, texts, nonces, st.integers(0, 2**32 - 1), texts),
-    st.builds(p.Challenge, nonces, proofs, texts),
-    st.builds(p.Auth, proofs, st.binary(max_size=40)),
-    st.builds(p.Setup, st.floats(0.01, 100), st.floats(0.01, 1000), st.integers(0, 2**32 - 1),
-              st.none() | payloads, st.sampled_from(p.OutputMode), st.integers(0, 2**64 - 1)),
+    st.builds(p.Hello, texts, nonces, st.integers(0, 2**32 - 1), texts, proofs, texts),
+    st.builds(p.Setup, proofs, st.booleans(), st.booleans(), st.floats(0.01, 100),
+              st.floats(0.01, 1000), st.integers(0, 2**32 - 1), st.none() | payloads,
+              st.sampled_from(p.OutputMode), st.integers(0, 2**64 - 1)),
     payloads.flatmap(
         lambda fn: st.builds(
             p.Tasks,

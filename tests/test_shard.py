@@ -203,21 +203,20 @@ class Bench:
         pipe = FakePipe(len(self.pipes) + 1)
         self.links[worker_id], self.pipes[worker_id] = link, pipe
         target = self.shards[shard]
-        target.post(ev.Adopt(worker_id, link))
+        ours = _auth.new_nonce()  # the executor's, as its start request carries it
+        target.post(ev.Adopt(worker_id, link, ours))
         target.step(0)
         nonce = _auth.new_nonce()
-        link.deliver(p.Hello(worker_id, nonce, 1, "localhost"), pipe)
+        proof = _auth.proof(self.session.secret, "worker", nonce, ours)
+        link.deliver(p.Hello(worker_id, nonce, 1, "localhost", proof, ""), pipe)
         target.step(0)
-        [challenge] = link.take()
-        assert isinstance(challenge, p.Challenge)
-        assert _auth.verify(
-            _auth.proof(self.session.secret, "executor", nonce, challenge.nonce), challenge.proof
-        )
-        self.clock.advance(rtt)
-        link.deliver(p.Auth(_auth.proof(self.session.secret, "worker", nonce, challenge.nonce),
-                            b""), pipe)
+        setup = p.decode(link.sent.pop(0))  # tasks may follow it
+        assert isinstance(setup, p.Setup)
+        assert _auth.verify(_auth.proof(self.session.secret, "executor", nonce, ours),
+                            setup.proof)
+        self.clock.advance(rtt)  # its first heartbeat, sent as the Setup arrived
+        link.deliver(p.Heartbeat(), pipe)
         target.step(0)
-        assert isinstance(p.decode(link.sent.pop(0)), p.Setup)  # tasks may follow it
         return link
 
     def submit(self, fn: Any, n: int, *, shard: int = 0) -> list[WorkItem]:
@@ -686,7 +685,7 @@ def test_a_worker_that_answers_heartbeats_is_kept(bench: Any) -> None:
 
 def test_a_worker_that_never_connects_fails_to_start_at_start_timeout(bench: Any) -> None:
     b = bench(start_timeout=30.0)
-    b.shard.post(ev.Adopt("w0", FakeLink()))
+    b.shard.post(ev.Adopt("w0", FakeLink(), _auth.new_nonce()))
     b.step()
     b.clock.advance(29.0)
     b.step()
@@ -698,6 +697,67 @@ def test_a_worker_that_never_connects_fails_to_start_at_start_timeout(bench: Any
 
 
 # ---------------------------------------------------------------- idle retirement
+
+def _hello(b: Any, worker_id: str, executor_nonce: bytes) -> tuple[p.Hello, bytes]:
+    """A worker's first message, with a proof over ``executor_nonce``; and its own nonce."""
+    nonce = _auth.new_nonce()
+    proof = _auth.proof(b.session.secret, "worker", nonce, executor_nonce)
+    return p.Hello(worker_id, nonce, 1, "localhost", proof, ""), nonce
+
+
+def test_the_handshake_takes_one_round_trip_and_proves_both_sides(bench: Any) -> None:
+    b = bench()
+    link, ours = FakeLink(), _auth.new_nonce()
+    b.shard.post(ev.Adopt("w0", link, ours))
+    b.step()
+    hello, nonce = _hello(b, "w0", ours)
+    link.deliver(hello, FakePipe(1))
+    b.step()
+    [setup] = [p.decode(frame) for frame in link.sent]
+    assert isinstance(setup, p.Setup)
+    assert _auth.verify(_auth.proof(b.session.secret, "executor", nonce, ours), setup.proof)
+    assert b.shard.conns["w0"].state is State.READY and link.sealed
+    assert b.life.named("ready") == [("ready", "w0")]
+
+
+def test_a_hello_proved_over_another_nonce_is_refused_unanswered(bench: Any) -> None:
+    """A recorded Hello of another start (or one made up) gets nothing back: its peer is
+    hung up on, counted, and the real worker still gets in."""
+    b = bench()
+    link, ours = FakeLink(), _auth.new_nonce()
+    b.shard.post(ev.Adopt("w0", link, ours))
+    b.step()
+    for other in (_auth.new_nonce(), b"\0" * 16):
+        forged, _ = _hello(b, "w0", other)
+        pipe = FakePipe(7)
+        link.deliver(forged, pipe)
+        b.step()
+        assert pipe.closed and link.sent == [] and link.bound is None
+    assert b.shard.conns["w0"].state is State.AWAIT_HELLO
+    assert b.shard.rejected == 2
+    hello, _ = _hello(b, "w0", ours)
+    link.deliver(hello, FakePipe(8))
+    b.step()
+    assert b.shard.conns["w0"].state is State.READY
+
+
+def test_the_executors_nonce_serves_one_handshake(bench: Any) -> None:
+    """Once the worker got in, the same proof again (a replay, on another connection) is
+    refused, and the worker's connection is kept."""
+    b = bench()
+    link, ours = FakeLink(), _auth.new_nonce()
+    b.shard.post(ev.Adopt("w0", link, ours))
+    b.step()
+    hello, _ = _hello(b, "w0", ours)
+    link.deliver(hello, FakePipe(1))
+    b.step()
+    replay = FakePipe(2)
+    link.deliver(hello, replay)
+    b.step()
+    assert replay.closed and b.shard.rejected == 1
+    assert b.shard.conns["w0"].state is State.READY and link.bound is not None
+    assert link.bound.id == 1 and not link.bound.closed
+
 
 def test_an_idle_worker_is_asked_to_leave_after_idle_timeout(bench: Any) -> None:
     b = bench(idle_timeout=5.0, heartbeat=10.0)
