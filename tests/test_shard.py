@@ -173,10 +173,10 @@ class Recorder:
 class Bench:
     """One or more shards under test, their clock, lifecycle and the workers the test plays."""
 
-    def __init__(self, shards: int = 1, **settings: Any) -> None:
+    def __init__(self, shards: int = 1, *, shm: bool = False, **settings: Any) -> None:
         settings.setdefault("max_workers", 4)
         config = ExecutorConfig(min_workers=0, backend="local", **settings)
-        self.session = Session(config, "test", _auth.new_secret())
+        self.session = Session(config, "test", _auth.new_secret(), shm=shm)
         self.clock = FakeClock()
         self.life = Recorder()
         self.shards = [Shard(self.session, i, self.life, clock=self.clock)
@@ -705,11 +705,17 @@ def _hello(b: Any, worker_id: str, executor_nonce: bytes) -> tuple[p.Hello, byte
     return p.Hello(worker_id, nonce, 1, "localhost", proof, ""), nonce
 
 
-def test_the_handshake_takes_one_round_trip_and_proves_both_sides(bench: Any) -> None:
-    b = bench()
+def _starting(b: Any) -> tuple[FakeLink, bytes]:
+    """Worker w0 being started: its channel adopted, with our nonce for its handshake."""
     link, ours = FakeLink(), _auth.new_nonce()
     b.shard.post(ev.Adopt("w0", link, ours))
     b.step()
+    return link, ours
+
+
+def test_the_handshake_takes_one_round_trip_and_proves_both_sides(bench: Any) -> None:
+    b = bench()
+    link, ours = _starting(b)
     hello, nonce = _hello(b, "w0", ours)
     link.deliver(hello, FakePipe(1))
     b.step()
@@ -724,9 +730,7 @@ def test_a_hello_proved_over_another_nonce_is_refused_unanswered(bench: Any) -> 
     """A recorded Hello of another start (or one made up) gets nothing back: its peer is
     hung up on, counted, and the real worker still gets in."""
     b = bench()
-    link, ours = FakeLink(), _auth.new_nonce()
-    b.shard.post(ev.Adopt("w0", link, ours))
-    b.step()
+    link, ours = _starting(b)
     for other in (_auth.new_nonce(), b"\0" * 16):
         forged, _ = _hello(b, "w0", other)
         pipe = FakePipe(7)
@@ -745,9 +749,7 @@ def test_the_executors_nonce_serves_one_handshake(bench: Any) -> None:
     """Once the worker got in, the same proof again (a replay, on another connection) is
     refused, and the worker's connection is kept."""
     b = bench()
-    link, ours = FakeLink(), _auth.new_nonce()
-    b.shard.post(ev.Adopt("w0", link, ours))
-    b.step()
+    link, ours = _starting(b)
     hello, _ = _hello(b, "w0", ours)
     link.deliver(hello, FakePipe(1))
     b.step()
@@ -757,6 +759,37 @@ def test_the_executors_nonce_serves_one_handshake(bench: Any) -> None:
     assert replay.closed and b.shard.rejected == 1
     assert b.shard.conns["w0"].state is State.READY and link.bound is not None
     assert link.bound.id == 1 and not link.bound.closed
+
+
+@pytest.mark.parametrize("probe_of", ["this worker", "a wrong proof", "another executor"])
+def test_shared_memory_needs_a_probe_of_ours_holding_the_workers_proof(
+        bench: Any, probe_of: str) -> None:
+    """The worker's probe decides shared memory and the claim board, in the Setup; the
+    shard unlinks a probe of its own whatever it held, and leaves anyone else's alone."""
+    b = bench(shm=True)
+    link, ours = _starting(b)
+    hello, _ = _hello(b, "w0", ours)
+    content = os.urandom(32) if probe_of == "a wrong proof" else hello.proof
+    probe = _shm.write_probe("elsewhere" if probe_of == "another executor" else "test", content)
+    board = ClaimBoard.create(probe)
+    assert board is not None
+    try:
+        link.deliver(hello._replace(shm_probe=probe), FakePipe(1))
+        b.step()
+        [setup] = [p.decode(frame) for frame in link.sent]
+        assert isinstance(setup, p.Setup)
+        ok = probe_of == "this worker"
+        conn = b.shard.conns["w0"]
+        assert (setup.shm, setup.claims, conn.shm, conn.claims is not None) == (ok,) * 4
+        left = [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
+        assert (left == []) is (probe_of != "another executor"), left
+        assert os.path.exists(f"{_shm.SHM_DIR}/sem.{probe}-claims") is (left != [])
+        if ok:  # the board works between the two
+            assert conn.claims is not None and conn.claims.take_back([0]) == {0}
+            assert board.claim(0) is False
+    finally:
+        board.close()
+        _shm.discard(probe)  # (the worker's side: it unlinks them too)
 
 
 def test_an_idle_worker_is_asked_to_leave_after_idle_timeout(bench: Any) -> None:

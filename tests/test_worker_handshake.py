@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fiberexec import _auth, _contract
+from fiberexec import _auth, _contract, _shm
 from fiberexec import _protocol as p
 from fiberexec._link import Endpoint
 from fiberexec.worker import EXIT_AUTH_FAILED
@@ -31,12 +31,14 @@ class Executor:
                                  max_frame=p.MAX_MESSAGE)
         self.secret = _auth.new_secret()
         self.nonce = _auth.new_nonce()
+        self.executor_id = f"hs{secrets.token_hex(4)}"
 
     def env(self, **changes: str) -> dict[str, str]:
         env = {**os.environ,
                _contract.ENV_ADDRESS: "tcp://127.0.0.1:9",  # (never dialled: local first)
                _contract.ENV_LOCAL_ADDRESS: self.name,
                _contract.ENV_WORKER_ID: "w0",
+               _contract.ENV_EXECUTOR_ID: self.executor_id,
                _contract.ENV_CONNECT_TIMEOUT: "20",
                _contract.ENV_SECRET: self.secret.hex(),
                _contract.ENV_NONCE: self.nonce.hex()}
@@ -78,6 +80,9 @@ def test_a_worker_leaves_an_executor_that_cannot_prove_the_secret(
         assert isinstance(hello, p.Hello) and hello.worker_id == "w0"
         assert _auth.verify(  # it proved itself over our nonce, in its first message
             _auth.proof(executor.secret, "worker", hello.nonce, executor.nonce), hello.proof)
+        # and named a probe of /dev/shm holding that proof, under our prefix
+        assert hello.shm_probe.startswith(f"{_shm.PREFIX}{executor.executor_id}-")
+        assert _shm.check_probe(hello.shm_probe, p.PROOF_SIZE) == (hello.proof, os.getuid())
         executor.endpoint.bind(msg.pipe)
         secret, nonce = executor.secret, executor.nonce
         if forged == "wrong secret":
@@ -91,6 +96,8 @@ def test_a_worker_leaves_an_executor_that_cannot_prove_the_secret(
         worker.wait()
     assert worker.returncode == EXIT_AUTH_FAILED
     assert "the executor failed authentication" in err
+    # it left nothing in /dev/shm: its probe and its claim board (and their semaphore)
+    assert not [n for n in os.listdir(_shm.SHM_DIR) if executor.executor_id in n]
 
 
 def test_a_worker_takes_the_setup_of_an_executor_that_proves_it(executor: Executor) -> None:
