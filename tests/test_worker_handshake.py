@@ -113,6 +113,7 @@ def test_a_worker_takes_the_setup_of_an_executor_that_proves_it(executor: Execut
         assert isinstance(beat, p.Heartbeat)
         executor.endpoint.send_nowait(p.encode(p.Bye("done")))
         assert isinstance(p.decode(executor.receive().bytes), p.Bye)
+        executor.endpoint.close()  # the executor hangs up on a worker's last word
         worker.communicate(timeout=30)
     finally:
         worker.kill()
