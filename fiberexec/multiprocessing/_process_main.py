@@ -173,7 +173,7 @@ def _run(process: object) -> int:
         release_all()  # our pipe ends close, so readers elsewhere see EOF
         from fiberexec.multiprocessing._stream import settle_all
 
-        settle_all(5.0)  # writers that sent here directly take back what was not read
+        settle_all()  # writers that sent here directly take back what was not read
     return code
 
 

@@ -703,6 +703,7 @@ class Outlets:
             self._resend(cid, items)
             if route is not None and route.state == STOPPING:
                 self._relay_for_now(cid, route)
+                route.state = DEAD  # ended: `leave` waits for no more from it
             self.cond.notify_all()
 
     def _resend(self, cid: int, items: Sequence[bytes]) -> None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import os
 import sys
 import threading
 import time
@@ -68,6 +70,7 @@ from fiberexec.multiprocessing._tally import TallyPage
 if TYPE_CHECKING:  # _route builds on this module
     from fiberexec.multiprocessing._route import Inlet, Outlets
 
+log = logging.getLogger("fiberexec.multiprocessing")
 WINDOW = 256  # queue items a consumer accepts ahead of its gets
 REPORT = WINDOW // 4  # a consumer whose broker reads its tally page reports every REPORT takes
 
@@ -369,16 +372,15 @@ class Stream:
         consumers directly that they did not take comes back, to go through the broker);
         writers told to stop sending here directly take back what it did not read."""
         deadline = time.monotonic() + timeout
-        if self.outlets is not None:
-            self.outlets.leave(timeout)
+        left = self.outlets is None or self.outlets.leave(timeout)
         with self.cond:
             inlet = self.inlet
             if inlet is None:
-                return True
+                return left
             for cid in self.lanes:
                 inlet.stop(cid)
             return self.cond.wait_for(lambda: self.lost or not inlet.stopping(),
-                                      max(0.0, deadline - time.monotonic()))
+                                      max(0.0, deadline - time.monotonic())) and left
 
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come."""
@@ -553,11 +555,15 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
         return stream
 
 
-def settle_all(timeout: float) -> None:
+def settle_all() -> None:
     """Before this process exits: let writers that sent here directly take back what was
-    not read (see `Stream.settle`)."""
-    deadline = time.monotonic() + timeout
+    not read, and consumers this process sent to directly hand back what they did not take
+    (see `Stream.settle`), within ``TIMING.leave``; a warning says when they did not."""
+    deadline = time.monotonic() + TIMING.leave
     with _streams_lock:
         streams = list(_streams.values())
-    for stream in streams:
-        stream.settle(max(0.0, deadline - time.monotonic()))
+    settled = [stream.settle(max(0.0, deadline - time.monotonic())) for stream in streams]
+    if not all(settled):
+        log.warning("process %d exits before its direct pipe and queue connections "
+                    "settled within %.0f s: a peer did not answer", os.getpid(),
+                    TIMING.leave)

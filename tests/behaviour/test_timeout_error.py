@@ -48,3 +48,4 @@ def test_a_map_timeout_is_raised_on_time_while_a_worker_cannot_answer(
     with pytest.raises(TimeoutError):
         list(ex.map(tasks.backtrack, [27] * 6, timeout=0.3))  # each holds it seconds
     assert time.monotonic() - start < 2.0  # not until the running one ends
+    ex.terminate()  # the running task would hold the worker for seconds more

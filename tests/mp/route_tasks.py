@@ -118,9 +118,16 @@ def route_state(q: Any) -> str:
     return "direct" if direct else "relay"
 
 
-def put_paced(q: Any, n: int, done: Any, tag: Any = None, hold: Any = None) -> None:
+def put_paced(  # noqa: PLR0917  # a Process target takes positional args
+        q: Any, n: int, done: Any, tag: Any = None, hold: Any = None,
+        warnings: bool = False) -> None:
     """Put 0..n-1 (as ``(tag, i)`` if ``tag``) over about half a second, report how the
-    last went (`route_state`), then, if ``hold``, stay alive until it is set."""
+    last went (`route_state`), then, if ``hold``, stay alive until it is set.
+    ``warnings``: fiberexec's warnings go to stderr (`fiberexec.enable_logging`)."""
+    if warnings:
+        import fiberexec
+
+        fiberexec.enable_logging("WARNING")
     for i in range(n):
         q.put(i if tag is None else (tag, i))
         if i % 20 == 19:

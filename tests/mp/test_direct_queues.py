@@ -39,7 +39,7 @@ def _fed_idle_consumer(mpm: ModuleType, hold: bool) -> tuple[Any, Any, Any, Any,
     idle = _start(ctx, c.take_one_then_idle, q, got, stop)
     q.put("first")  # the creator only puts: the child is the queue's only consumer
     assert got.get(timeout=60) == "first"
-    producer = _start(ctx, t.put_paced, q, N, done, None, keep if hold else None)
+    producer = _start(ctx, t.put_paced, q, N, done, None, keep if hold else None, True)
     assert done.get(timeout=60) == _via(mpm)
     return q, idle, producer, stop, keep
 
@@ -110,11 +110,14 @@ def test_another_consumer_gets_what_was_sent_to_an_idle_one(mpm: ModuleType) -> 
 @pytest.mark.parametrize("producer_alive", [True, False], ids=["producer-alive",
                                                                 "producer-exited"])
 def test_items_a_killed_consumer_had_not_taken_stay_in_the_queue(
-        mpm: ModuleType, producer_alive: bool) -> None:
+        mpm: ModuleType, producer_alive: bool, capfd: pytest.CaptureFixture[str]) -> None:
+    """An exiting producer has its consumer hand back what it did not take (it goes
+    through the queue's creator then), and exits without waiting out a limit."""
     q, idle, producer, _, keep = _fed_idle_consumer(mpm, hold=producer_alive)
     if not producer_alive:
         producer.join(60)
         assert producer.exitcode == 0
+        assert "settled within" not in capfd.readouterr().err  # a warning if it waited
     idle.kill()
     idle.join(60)
     assert [q.get(timeout=10) for _ in range(N)] == list(range(N))
