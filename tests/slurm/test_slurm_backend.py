@@ -206,8 +206,9 @@ def test_job_pending_for_a_hopeless_reason_fails_fast(kit: BackendKit) -> None:
 
 
 def test_pending_workers_wait_while_the_executor_works(make_executor: ExecutorFactory) -> None:
-    # Each worker takes a whole 16-CPU node: two run, the third waits for a free node.
-    ex = make_executor(3, cpu=16)
+    # Each worker takes more than half a 16-CPU node: two run, one a node, and the third
+    # waits for a free node (one CPU of a node may be taken: tests/slurm/conftest.py)
+    ex = make_executor(3, cpu=9)
     assert list(ex.map(tasks.sleep_return, [0.3] * 12, range(12), timeout=120)) == list(
         range(12))
     executor = ex._pool.executor_id  # type: ignore[union-attr]
