@@ -21,7 +21,6 @@ import logging
 import os
 import textwrap
 import threading
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -515,6 +514,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
     """``path`` parsed, read only. The file is read each time, and parsed again only if its
     bytes changed: a program that makes an executor per generation in a project with a
     long ``pyproject.toml`` parses it once (1-2 ms each time), not per executor."""
+    import tomllib  # (only where a config file exists)
+
     try:
         text = path.read_bytes()
         kept = _parsed.get(path)

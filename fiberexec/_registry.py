@@ -9,7 +9,6 @@ import difflib
 import functools
 import importlib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from fiberexec._backend import Backend
@@ -41,6 +40,8 @@ def _scanned() -> dict[str, str]:
     """Built-in names and the entry points installed, read once per process (a scan of the
     installed distributions costs tens of milliseconds). A built-in name stays built in:
     an entry point of another distribution cannot take it over."""
+    from importlib.metadata import entry_points  # (15 ms to import: only for a scan)
+
     targets = dict(_BUILTIN)
     for ep in entry_points(group=GROUP):
         targets.setdefault(ep.name, ep.value)

@@ -13,11 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
-
-import tenacity
+from typing import TYPE_CHECKING, TypeVar
 
 from fiberexec._errors import ConfigurationError, TransientBackendError
+
+if TYPE_CHECKING:  # imported by the first call (5-8 ms, not paid by an import of fiberexec)
+    import tenacity
 
 T = TypeVar("T")
 
@@ -71,10 +72,12 @@ class RetryPolicy:
 
         When it runs out, the last `TransientBackendError` is raised as it was.
         """
-        stop = tenacity.stop_after_attempt(self.attempts) | tenacity.stop_after_delay(
-            self.deadline)
+        import tenacity
+
+        stop: Callable[[tenacity.RetryCallState], bool] = tenacity.stop_after_attempt(
+            self.attempts) | tenacity.stop_after_delay(self.deadline)
         if abandon is not None:
-            stop = stop | _Abandoned(abandon)
+            stop = _Abandoned(abandon, stop)
             sleep = _sleep_unless(abandon)
             fn = _unless_abandoned(fn, abandon)
         retrying = tenacity.Retrying(
@@ -95,14 +98,16 @@ class Abandoned(RuntimeError):
     """A call whose ``abandon`` event was set before its first attempt: ``fn`` never ran."""
 
 
-class _Abandoned(tenacity.stop.stop_base):
-    """Stop retrying once ``event`` is set."""
+class _Abandoned:
+    """Stop retrying once ``event`` is set, or when ``otherwise`` says so (a tenacity stop
+    condition)."""
 
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
+    def __init__(self, event: threading.Event,
+                 otherwise: Callable[[tenacity.RetryCallState], bool]) -> None:
+        self.event, self.otherwise = event, otherwise
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
-        return self.event.is_set()
+        return self.event.is_set() or self.otherwise(retry_state)
 
 
 def _unless_abandoned(fn: Callable[[], T], event: threading.Event) -> Callable[[], T]:
@@ -128,8 +133,9 @@ def _sleep_unless(event: threading.Event) -> Callable[[float], None]:
     return sleep
 
 
-class _RetryAfterOr(tenacity.wait.wait_base):
-    """Wait what the server asked (``retry_after``) when it is longer than the backoff."""
+class _RetryAfterOr:
+    """Wait what the server asked (``retry_after``) when it is longer than the backoff (a
+    tenacity wait strategy)."""
 
     def __init__(self, backoff: tenacity.wait.wait_base) -> None:
         self.backoff = backoff

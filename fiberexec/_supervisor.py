@@ -30,9 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
-
-import tenacity
+from typing import TYPE_CHECKING, Any
 
 from fiberexec import _auth, _contract, _syspath
 from fiberexec import _events as ev
@@ -44,6 +42,9 @@ from fiberexec._output import OutputSink
 from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
 from fiberexec._shard import Shard
+
+if TYPE_CHECKING:  # tenacity loads with the first retried call (`_retry`)
+    import tenacity
 
 log = logging.getLogger("fiberexec")
 MAX_START_FAILURES = 3  # workers in a row that die before connecting break the executor
