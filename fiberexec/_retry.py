@@ -72,14 +72,37 @@ class RetryPolicy:
 
         When it runs out, the last `TransientBackendError` is raised as it was.
         """
-        import tenacity
-
-        stop: Callable[[tenacity.RetryCallState], bool] = tenacity.stop_after_attempt(
-            self.attempts) | tenacity.stop_after_delay(self.deadline)
         if abandon is not None:
-            stop = _Abandoned(abandon, stop)
             sleep = _sleep_unless(abandon)
             fn = _unless_abandoned(fn, abandon)
+        started = time.monotonic()
+        try:  # most calls succeed at once: tenacity is imported when one does not
+            return fn()
+        except TransientBackendError as exc:
+            first = exc
+        return self._retry(fn, first, time.monotonic() - started, sleep, before_sleep, abandon)
+
+    def _retry(  # noqa: PLR0917  # `call`'s state, passed on
+        self, fn: Callable[[], T], first: TransientBackendError, spent: float,
+        sleep: Callable[[float], None],
+        before_sleep: Callable[[tenacity.RetryCallState], None] | None,
+        abandon: threading.Event | None,
+    ) -> T:
+        """`call` after its first attempt failed with ``first``, ``spent`` seconds into the
+        deadline: tenacity goes on, its first attempt raising ``first`` again (no call)."""
+        import tenacity
+
+        replay = [first]
+
+        def attempt() -> T:
+            if replay:
+                raise replay.pop()
+            return fn()
+
+        stop: Callable[[tenacity.RetryCallState], bool] = tenacity.stop_after_attempt(
+            self.attempts) | tenacity.stop_after_delay(max(0.0, self.deadline - spent))
+        if abandon is not None:
+            stop = _Abandoned(abandon, stop)
         retrying = tenacity.Retrying(
             stop=stop,
             wait=_RetryAfterOr(
@@ -91,7 +114,7 @@ class RetryPolicy:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(fn)
+        return retrying(attempt)
 
 
 class Abandoned(RuntimeError):
