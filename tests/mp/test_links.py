@@ -10,7 +10,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -169,7 +169,8 @@ def test_one_listener_serves_each_secret_apart(listening: Listening) -> None:
         listening.admitted.get(timeout=10).close()
 
 
-def test_a_secret_served_no_more_is_refused_not_a_wrong_proof(listening: Listening) -> None:
+def test_a_secret_served_no_more_is_refused_not_a_wrong_proof(
+        listening: Listening, log_event: Callable[[str, int], threading.Event]) -> None:
     """The process's listener outlives each server on it: a peer dialling a server that has
     closed hears what a closed listener would say (refused: the server is gone), not that
     its secret is wrong; a secret never served here still fails its proof, and one offered
@@ -180,8 +181,10 @@ def test_a_secret_served_no_more_is_refused_not_a_wrong_proof(listening: Listeni
     with pytest.raises(ConnectionRefusedError, match="no longer serves"):
         _links.dial(other_secret, listening.unix, service=b"Y")
     assert listener.rejected == 0  # as a connection to a closed listener is none
+    rejected = log_event("rejected a connection", 1)  # counted as the dialler hangs up
     with pytest.raises(AuthenticationError, match="does not hold"):
         _links.dial(b"n" * 32, listening.unix, service=b"Y")
+    assert rejected.wait(10)
     assert listener.rejected == 1
     listener.offer(other_secret, b"Y", listening.admitted.put)
     with _links.dial(other_secret, listening.unix, service=b"Y"):
