@@ -34,27 +34,29 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def test_worker_program_does_not_load_the_executor() -> None:
-    import subprocess
-    import sys
-
-    code = "import sys, fiberexec.worker; print(sorted(m for m in sys.modules if 'fiberexec' in m))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60).stdout
-    assert "fiberexec._executor" not in loaded and "tenacity" not in loaded
+    assert _loaded_by("import fiberexec.worker", ["fiberexec._executor", "tenacity"]) == []
 
 
 def test_worker_program_defers_what_only_rarer_paths_need() -> None:
     """A worker is a new interpreter on every backend but the local launcher's forks: what it
     needs only to unpickle by value, to report a failure, or for TLS is imported there."""
+    deferred = ["cloudpickle", "concurrent.futures.process", "dataclasses", "inspect",
+                "secrets", "ssl", "pynng", "fiberexec._inherit", "fiberexec._tls"]
+    assert _loaded_by("import fiberexec.worker", deferred) == []
+
+
+def _loaded_by(imports: str, modules: list[str]) -> list[str]:
+    """Those of ``modules`` that a fresh interpreter holds after ``imports``."""
+    import json
     import subprocess
     import sys
 
-    deferred = ["cloudpickle", "concurrent.futures.process", "dataclasses", "inspect",
-                "secrets", "ssl", "pynng", "fiberexec._inherit", "fiberexec._tls"]
-    code = f"import sys, fiberexec.worker; print([m for m in {deferred!r} if m in sys.modules])"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60).stdout.strip()
-    assert loaded == "[]"
+    code = (f"import sys; {imports}; import json; "  # (json loads none of those checked)
+            f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    found: list[str] = json.loads(out)
+    return found
 
 
 def test_core_never_imports_a_concrete_backend() -> None:
@@ -163,26 +165,14 @@ def test_importing_the_executor_and_the_multiprocessing_layer_defers_rarer_needs
     """A program pays for an import before it does anything: retries (tenacity), a scan of
     the installed distributions for other backends (importlib.metadata) and a config file's
     parser (tomllib) are imported when first used (15-25 ms of a 90-140 ms import)."""
-    import subprocess
-    import sys
-
     deferred = ["tenacity", "importlib.metadata", "tomllib"]
-    code = ("import sys; from fiberexec import FiberExecutor; import fiberexec.multiprocessing; "
-            f"print([m for m in {deferred!r} if m in sys.modules])")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60).stdout.strip()
-    assert loaded == "[]"
+    imports = "from fiberexec import FiberExecutor; import fiberexec.multiprocessing"
+    assert _loaded_by(imports, deferred) == []
 
 
 def test_chunk_runners_do_not_load_the_executor() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, fiberexec.worker, fiberexec._chunks; "
-            "print(sorted(m for m in sys.modules if 'fiberexec' in m or m == 'tenacity'))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60).stdout
-    assert "fiberexec._executor" not in loaded and "tenacity" not in loaded
+    imports = "import fiberexec.worker, fiberexec._chunks"
+    assert _loaded_by(imports, ["fiberexec._executor", "tenacity"]) == []
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:

@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from fiberexec.backend import WorkerHandle
 from tests.slurm.test_slurm_backend import SLEEP, Exits, _spec
 from tests.support import backend_slurm
 from tests.support.kit import BackendKit
 
 TIME_LIMIT_TEST = "test_job_killed_by_its_time_limit_is_reported_timeout"
-
-
-@dataclass(frozen=True)
-class TimeLimitedJob:
-    """The worker job started with a one-minute limit, and where its exit is reported."""
-
-    handle: WorkerHandle
-    exits: Exits
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -40,8 +30,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def time_limited_job(request: pytest.FixtureRequest,
-                     kit: BackendKit) -> Iterator[TimeLimitedJob | None]:
-    """Started before the first test of this folder, if the time-limit test is to run."""
+                     kit: BackendKit) -> Iterator[Exits | None]:
+    """Where the exit of a worker job ``w0`` with a one-minute limit is reported: started
+    before the first test of this folder, if the time-limit test is to run."""
     if not any(item.name == TIME_LIMIT_TEST for item in request.session.items):
         yield None
         return
@@ -53,7 +44,7 @@ def time_limited_job(request: pytest.FixtureRequest,
         exits = Exits()
         handle = backend.start_worker(_spec(executor, "w0", SLEEP))
         backend.watch(handle, exits)
-        yield TimeLimitedJob(handle, exits)
+        yield exits
     finally:
         backend.close()
         backend_slurm.RESERVED.discard(executor)

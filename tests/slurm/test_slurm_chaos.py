@@ -12,7 +12,7 @@ from fiberexec.backend import WorkerState
 from tests import tasks
 from tests.conftest import ExecutorFactory
 from tests.slurm import slurm_tasks
-from tests.slurm.conftest import TimeLimitedJob
+from tests.slurm.test_slurm_backend import Exits
 from tests.support.backend_slurm import jobs
 
 
@@ -53,11 +53,11 @@ def test_job_over_its_memory_is_named_out_of_memory(make_executor: ExecutorFacto
 @pytest.mark.chaos
 @pytest.mark.timeout(240)
 def test_job_killed_by_its_time_limit_is_reported_timeout(
-        time_limited_job: TimeLimitedJob | None) -> None:
+        time_limited_job: Exits | None) -> None:
     """A job Slurm kills at its time limit is reported as exited for ``TIMEOUT``, by a
     signal. Slurm's unit is the minute, checked about every 30 s: the job takes 60 to 95 s,
     so it starts with the session and this test runs last (see ``conftest.py``)."""
     assert time_limited_job is not None
-    status = time_limited_job.exits.wait("w0", 200)
+    status = time_limited_job.wait("w0", 200)
     assert (status.state, status.reason) == (WorkerState.EXITED, "TIMEOUT")
     assert status.exit_code is not None and status.exit_code < 0, status
