@@ -42,17 +42,19 @@ def rss_bytes() -> int:
 
 
 def format_stacks(first: int | None = None, *, doing: str | None = "running the task") -> str:
-    """The stack of every thread, thread ``first`` (an ident) first; the calling thread's
-    only if it is ``first`` (else it would show just this function). A ``first`` thread
-    ``doing`` nothing is said to be idle, without the worker's own frames."""
+    """The stack of every thread, thread ``first`` (an ident) first. The calling thread,
+    unless it is ``first``, is named without its frames (they would show only how it came
+    to answer). A ``first`` thread ``doing`` nothing is said to be idle, without the
+    worker's own frames."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     frames = sorted(sys._current_frames().items(), key=lambda pair: pair[0] != first)
     parts = []
     for ident, frame in frames:
-        if ident == me and ident != first:
-            continue
         title = f'Thread "{names.get(ident, "?")}" ({ident})'
+        if ident == me and ident != first:
+            parts.append(f"{title}, writing this report\n")
+            continue
         if ident == first and doing is None:
             parts.append(f"{title}, idle, waiting for a task\n")
             continue

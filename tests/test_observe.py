@@ -280,6 +280,22 @@ def test_dump_stack_of_a_stopped_worker_times_out_and_says_why(
     assert "fiberexec-outbox" in ex.dump_stack(worker.worker_id, timeout=30)
 
 
+def test_a_stack_dump_names_the_thread_that_writes_it() -> None:
+    """Whichever of the worker's threads answers, no thread is left out of its report."""
+    from fiberexec._introspect import format_stacks
+
+    report: list[str] = []
+    answering = threading.Thread(
+        target=lambda: report.append(format_stacks(threading.main_thread().ident, doing=None)),
+        name="answering")
+    answering.start()
+    answering.join(timeout=30)
+    (text,) = report
+    assert text.startswith(f'Thread "MainThread" ({threading.main_thread().ident}), idle')
+    assert f'Thread "answering" ({answering.ident}), writing this report\n' in text
+    assert "format_stacks" not in text  # its own frames would say nothing
+
+
 def test_joblib_shows_the_workers_of_its_executors() -> None:
     pytest.importorskip("joblib")
     from joblib import Parallel, delayed, parallel_config
