@@ -199,7 +199,9 @@ class ArrayStore:
                     return known[1]
                 self._orphans.add(known[1])  # its array is gone; the id is another's now
             if self.folder is None:
-                self.folder = tempfile.mkdtemp(prefix="fiberexec-joblib-", dir=self._where())
+                # (the pid names the folder's program, as joblib's own folders do)
+                self.folder = tempfile.mkdtemp(prefix=f"fiberexec-joblib-{os.getpid()}-",
+                                               dir=self._where())
                 _track(self.folder, True)
             path = os.path.join(self.folder, f"{next(self._names)}.npy")
             _write(path, array)

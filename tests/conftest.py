@@ -71,21 +71,66 @@ def kit() -> Iterator[BackendKit]:
         yield session_kit
 
 
+# pytest-xdist runs the local env's files in two processes at once (`tox.ini`): each sees
+# the other's files appear in /dev/shm. There a test's check counts only what this process's
+# executors named (and what its live processes named); `pytest_sessionfinish` then checks
+# the whole of /dev/shm once every process has finished.
+_XDIST = "PYTEST_XDIST_WORKER" in os.environ
+_EXECUTORS_HERE: set[str] = set()  # ids of the executors built in this process (`_XDIST`)
+_SHM_AT_START: set[str] = set()
+
+
+def _owner_elsewhere(name: str, ours: set[int]) -> bool:
+    """Whether a file names a live creator outside this process's tree (``fiberexec-mp<pid>-``,
+    ``fiberexec-joblib-<pid>-``) or, under xdist, an executor not built here."""
+    for prefix in ("fiberexec-mp", "fiberexec-joblib-"):
+        creator = name.removeprefix(prefix).split("-", 1)[0]
+        if name.startswith(prefix) and creator.isdigit():
+            return int(creator) not in ours and psutil.pid_exists(int(creator))
+    executor = name.removeprefix("fiberexec-").split("-", 1)[0]
+    return _XDIST and executor not in _EXECUTORS_HERE
+
+
 def _shm_files() -> set[str]:
     """fiberexec's files in /dev/shm, less those of live processes outside this test run.
 
-    /dev/shm is the machine's: a shared value named ``fiberexec-mp<pid>-...`` whose creator
-    is alive and not of this run belongs to another program, not to a test's leak.
+    /dev/shm is the machine's: a file whose name says its creator is alive and not of this
+    run belongs to another program, not to a test's leak.
     """
     ours = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
-    found = set()
-    for path in Path("/dev/shm").glob("fiberexec-*"):
-        creator = path.name.removeprefix("fiberexec-mp").split("-", 1)[0]
-        if (path.name.startswith("fiberexec-mp") and creator.isdigit()
-                and int(creator) not in ours and psutil.pid_exists(int(creator))):
-            continue
-        found.add(path.name)
-    return found
+    return {path.name for path in Path("/dev/shm").glob("fiberexec-*")
+            if not _owner_elsewhere(path.name, ours)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _XDIST:  # each executor this process builds is named, for `_owner_elsewhere`
+        from fiberexec import _pool
+
+        built = _pool.TaskPool.__init__
+
+        def recording(self: _pool.TaskPool, *args: Any, **kwargs: Any) -> None:
+            built(self, *args, **kwargs)
+            _EXECUTORS_HERE.add(self.executor_id)
+
+        _pool.TaskPool.__init__ = recording  # type: ignore[method-assign]
+    elif not hasattr(session.config, "workerinput"):
+        _SHM_AT_START.update(_shm_files())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under xdist (on the controller, after every process ended): nothing left in /dev/shm
+    that was not there at the start. (Without xdist, each test's check has seen it all.)"""
+    if _XDIST or hasattr(session.config, "workerinput") or not _uses_xdist(session.config):
+        return
+    stray = _shm_files() - _SHM_AT_START
+    if stray:
+        print(f"\nthe tests left shared-memory files in /dev/shm: {sorted(stray)}",
+              file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _uses_xdist(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None))
 
 
 @pytest.fixture(autouse=True)

@@ -210,7 +210,7 @@ def test_a_long_call_removes_each_arrays_file_once_its_task_is_done(opts: Option
                                                    for k in range(200))
         for k, got in enumerate(results):
             assert got == k
-            most = max(most, len(glob.glob("/dev/shm/fiberexec-joblib-*/*.npy")))
+            most = max(most, len(glob.glob(f"/dev/shm/fiberexec-joblib-{os.getpid()}-*/*.npy")))
     assert 0 < most <= 60
 
 
@@ -459,9 +459,8 @@ from tests import joblib_tasks as jt
 
 def kill_when_mapped():
     while True:
-        folders = [n for n in os.listdir("/dev/shm") if n.startswith("fiberexec-joblib-")
-                   and os.stat("/dev/shm/" + n).st_uid == os.getuid()
-                   and n not in before]
+        folders = [n for n in os.listdir("/dev/shm")
+                   if n.startswith(f"fiberexec-joblib-{os.getpid()}-") and n not in before]
         if folders and resource_tracker._resource_tracker._pid:
             print(folders[0], resource_tracker._resource_tracker._pid, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

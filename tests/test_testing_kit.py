@@ -7,9 +7,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
 
+import psutil
 import pytest
 
 from fiberexec.backend import ExitListener, Sweep, WorkerHandle, WorkerState, WorkerStatus
+from fiberexec.backends._local_stray import local_workers
 from fiberexec.backends.local import LocalBackend
 from fiberexec.testing import CHECKS, Harness
 
@@ -66,12 +68,20 @@ class LeavesWorkersOnClose(LocalBackend):
 
 
 class IgnoresLeases(LocalBackend):
-    """A bare sweep removes every worker, live executors' too."""
+    """A bare sweep removes every worker of this program, live executors' too. (Only this
+    program's: the local env runs another test process beside this one, whose workers a
+    machine-wide sweep would remove as well.)"""
 
     @classmethod
     def remove_stray(cls, sweep: Sweep) -> list[str]:
-        bare = sweep.executor_id is None and not sweep.everything
-        return super().remove_stray(replace(sweep, everything=True) if bare else sweep)
+        if sweep.executor_id is not None or sweep.everything:
+            return super().remove_stray(sweep)
+        ours = {p.pid for p in psutil.Process().children(recursive=True)}
+        executors = {w.executor_id for w in local_workers() if w.pid in ours and w.executor_id}
+        lines = []
+        for executor in sorted(executors):
+            lines += super().remove_stray(replace(sweep, executor_id=executor))
+        return lines
 
 
 BROKEN: dict[str, Callable[[], LocalBackend]] = {
