@@ -608,16 +608,18 @@ class Outbox:
             self._send_locked(p.encode(message, self.shm))
 
     def _flush_locked(self) -> None:
+        # What the tasks printed is out before their results: the executor's caller may
+        # read the output as soon as it has a result.
         if self.capture is not None and self.capture.size:
-            self.beat()  # what the tasks printed arrives before their results
+            self.beat()
+        elif self.capture is None:  # (a captured stream is flushed by push_output)
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
         results, self._results, self._nbytes, self._since = self._results, [], 0, None
         self._send_locked(p.encode(p.Results(results), self.shm))
         if self._timer_armed:  # nothing is held: the timer thread sleeps on
             self._timer_armed = False
             self._timer.disarm()
-        if self.capture is None:  # (a captured stream is flushed by push_output)
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
 
     def farewell(self, reason: str, send: Callable[[bytes], None], timeout: float) -> None:
         """Best effort, as the worker leaves an executor that fell silent: a `Bye` saying
