@@ -285,6 +285,13 @@ def log_then_fail_init(queue: Any) -> None:
         logger.propagate = False
     logging.getLogger("tests.init").error("initializer giving up")
     raise ValueError("error in initializer")
+def tagged_lines(tag: str, lines: int) -> str:
+    """Print ``lines`` lines, each naming ``tag`` and its number; return ``tag``."""
+    for i in range(lines):
+        print(f"{tag} line {i}")
+    return tag
+
+
 def chatter(lines: int, value: Any = None) -> Any:
     """Print ``lines`` numbered lines to stdout and one to stderr; return ``value``."""
     import sys
