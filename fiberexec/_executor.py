@@ -10,6 +10,7 @@ import multiprocessing.context
 import numbers
 import operator
 import os
+import secrets
 import sys
 import threading
 import time
@@ -150,6 +151,7 @@ class FiberExecutor(Executor):
         self._lock = threading.Lock()
         self._shutdown = False
         self._ids = itertools.count()
+        self._executor_id = secrets.token_hex(4)
 
     def __repr__(self) -> str:
         """``<FiberExecutor max_workers=2 backend='local' running>``: what it is, at a glance."""
@@ -162,6 +164,13 @@ class FiberExecutor(Executor):
     @property
     def max_workers(self) -> int:
         return self._config.max_workers
+
+    @property
+    def executor_id(self) -> str:
+        """The id that names this executor wherever it shows: its workers' labels
+        (``fiberexec.executor``), the log, ``fiberexec top`` and ``fiberexec cleanup
+        --executor``, and its files in ``/dev/shm``. Fixed at construction."""
+        return self._executor_id
 
     @property
     def _max_workers(self) -> int:  # the attribute's name in the standard library
@@ -181,7 +190,7 @@ class FiberExecutor(Executor):
                 backend = self._backend or load_backend(
                     self._config.backend, **self._config.backend_options
                 )
-                pool = TaskPool(self._config, backend, owns_backend=owns,
+                pool = TaskPool(self._config, backend, self._executor_id, owns_backend=owns,
                                 progress=self._progress)
                 pool.terminate_at_exit = self._terminate_at_exit
             except BaseException:

@@ -101,6 +101,8 @@ class WorkerInfo:
             why a retired one left (``"idle for 60.0s"``, ``"max_tasks_per_child
             reached"``, ``"the executor shut down"``);
             None while it lives.
+        executor_id: its executor's `FiberExecutor.executor_id` (worker ids are the
+            executor's own: ``w0`` of one executor is not ``w0`` of another).
     """
 
     worker_id: str
@@ -115,6 +117,7 @@ class WorkerInfo:
     rss_bytes: int | None
     last_heard: float | None
     ended: str | None = None
+    executor_id: str = ""
 
     __repr__ = rounded_repr
 
@@ -213,7 +216,8 @@ _span = _builder(TaskSpan)
 
 
 def worker_infos(
-    shards: Sequence[Shard], starting: Mapping[str, WorkerHandle | None], backend: str
+    shards: Sequence[Shard], starting: Mapping[str, WorkerHandle | None], backend: str,
+    executor_id: str,
 ) -> list[WorkerInfo]:
     """Every worker the shards serve (by id: w2 before w10), those being started, then
     those recently gone."""
@@ -223,7 +227,7 @@ def worker_infos(
         offset = shard.wall_offset
         for conn in list(shard.conns.values()):
             seen.add(conn.worker_id)
-            infos.append(_worker_info(conn, backend, offset))
+            infos.append(_worker_info(conn, backend, offset, executor_id))
     infos.sort(key=lambda info: (len(info.worker_id), info.worker_id))
     gone = [(conn, shard.wall_offset) for shard in shards for conn in list(shard.gone)
             if conn.worker_id not in seen]
@@ -233,12 +237,13 @@ def worker_infos(
     for worker_id, handle in starting.items():
         if worker_id not in seen:
             infos.append(WorkerInfo(worker_id, backend, handle.ref if handle else "", "",
-                                    "starting", None, 0, 0, None, None, None))
-    infos.extend(_worker_info(conn, backend, offset) for conn, offset in gone)
+                                    "starting", None, 0, 0, None, None, None, None,
+                                    executor_id))
+    infos.extend(_worker_info(conn, backend, offset, executor_id) for conn, offset in gone)
     return infos
 
 
-def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
+def _worker_info(conn: Conn, backend: str, offset: float, executor_id: str) -> WorkerInfo:
     task = _running_task(conn, offset) if conn.inflight and not conn.initializing else None
     handle = conn.handle
     reference = handle.ref if handle is not None else (f"{conn.host}:{conn.pid}"
@@ -251,7 +256,7 @@ def _worker_info(conn: Conn, backend: str, offset: float) -> WorkerInfo:
         conn.tasks_done, conn.tasks_failed,
         conn.cpu_percent if alive and conn.cpu_percent >= 0 else None,
         (conn.rss_bytes or None) if alive else None, heard,
-        None if alive else _ended(conn, state),
+        None if alive else _ended(conn, state), executor_id,
     )
 
 

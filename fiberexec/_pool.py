@@ -15,7 +15,6 @@ import itertools
 import logging
 import math
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +56,7 @@ class TaskPool:
         self,
         config: ExecutorConfig,
         backend: Backend,
+        executor_id: str,
         *,
         owns_backend: bool,
         progress: Callable[[Stats], None] | None = None,
@@ -72,7 +72,7 @@ class TaskPool:
                                             what="initializer and its initargs")
         self.session = Session(
             config=config,
-            executor_id=secrets.token_hex(4),
+            executor_id=executor_id,
             secret=_auth.new_secret(),
             initializer=initializer,
             shm=_shm.available(),
@@ -148,6 +148,8 @@ class TaskPool:
             self._started = True
             _fdlimit.ensure(self.config.max_workers)
             self._t0 = time.monotonic()
+            log.info("executor %s starts: backend %s, up to %d workers", self.executor_id,
+                     self.backend.name, self.config.max_workers)
             for shard in self.shards:
                 shard.thread.start()
             self.supervisor.launch_many(self.config.min_workers)
@@ -297,7 +299,8 @@ class TaskPool:
     # ------------------------------------------------------------ observing
 
     def workers(self) -> list[_observe.WorkerInfo]:
-        return _observe.worker_infos(self.shards, self.supervisor.known(), self.backend.name)
+        return _observe.worker_infos(self.shards, self.supervisor.known(), self.backend.name,
+                                     self.executor_id)
 
     def task_spans(self, since: float, limit: int | None = None) -> list[_observe.TaskSpan]:
         return _observe.task_spans(self.shards, since, limit)

@@ -7,6 +7,7 @@ runs unchanged against each (see tests/support/README.md).
 from __future__ import annotations
 
 import faulthandler
+import functools
 import importlib
 import logging
 import multiprocessing
@@ -104,15 +105,14 @@ def _shm_files() -> set[str]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _XDIST:  # each executor this process builds is named, for `_owner_elsewhere`
-        from fiberexec import _pool
+        built = FiberExecutor.__init__
 
-        built = _pool.TaskPool.__init__
-
-        def recording(self: _pool.TaskPool, *args: Any, **kwargs: Any) -> None:
+        @functools.wraps(built)  # (its signature is read: the joblib backend's options)
+        def recording(self: FiberExecutor, *args: Any, **kwargs: Any) -> None:
             built(self, *args, **kwargs)
             _EXECUTORS_HERE.add(self.executor_id)
 
-        _pool.TaskPool.__init__ = recording  # type: ignore[method-assign]
+        FiberExecutor.__init__ = recording  # type: ignore[method-assign]
     elif not hasattr(session.config, "workerinput"):
         _SHM_AT_START.update(_shm_files())
 

@@ -428,7 +428,7 @@ def test_cleanup_of_a_named_backend_that_fails_exits_1(tmp_path: Path) -> None:
 def test_cleanup_refuses_a_live_executor_unless_forced() -> None:
     with FiberExecutor(1, backend=LocalBackend()) as ex:
         assert ex.submit(abs, -1).result(timeout=60) == 1
-        executor_id = ex._pool.executor_id  # type: ignore[union-attr]
+        executor_id = ex.executor_id
         (worker,) = ex.workers()
         refused = fiberexec("cleanup", "--backend", "local", "--executor", executor_id[:6])
         assert refused.returncode == 2

@@ -257,7 +257,7 @@ def parents(workers):  # each worker's parent; its process shows its ids (for cl
             if len(seen) == workers:
                 shown = {(w.executor_id, w.worker_id) for w in _local_stray.local_workers()
                          if w.pid in seen}
-                ids = {(ex._pool.executor_id, w.worker_id) for w in ex.workers()}
+                ids = {(ex.executor_id, w.worker_id) for w in ex.workers()}
                 assert shown == ids, (shown, ids)
                 return sorted(seen.values())
     raise AssertionError(seen)

@@ -53,6 +53,22 @@ def only(ex: FiberExecutor) -> WorkerInfo:
     return infos[0]
 
 
+def test_the_executor_id_names_it_in_the_log_and_its_workers(
+        make_executor: ExecutorFactory, caplog: pytest.LogCaptureFixture) -> None:
+    ex = make_executor(1)
+    executor_id = ex.executor_id  # known before anything starts, and it stays
+    assert len(executor_id) == 8 and executor_id != make_executor(1).executor_id
+    with caplog.at_level("INFO", logger="fiberexec"):
+        assert ex.submit(abs, -2).result(timeout=60) == 2
+    (worker,) = ex.workers()
+    assert ex.executor_id == executor_id
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"executor {executor_id} starts: backend ") for m in logged)
+    assert any(m.startswith(f"started worker {worker.worker_id} of executor {executor_id} ")
+               for m in logged), logged
+    assert worker.executor_id == executor_id
+
+
 def test_no_workers_before_the_first_task() -> None:
     ex = FiberExecutor(1)
     assert ex.workers() == [] and ex.task_spans() == [] and ex.failures() == []
@@ -322,17 +338,18 @@ def test_the_info_values_are_frozen_and_exported() -> None:
 def test_the_info_values_print_rounded_and_keep_every_digit() -> None:
     task = TaskInfo(3, "m.f", "1", 1795923217.1384485)
     info = WorkerInfo("w1", "local", "10", "vm", "running", task, 2, 0, 35.72123379705076,
-                      17264640, 1795923217.1384485)
+                      17264640, 1795923217.1384485, None, "3f2a91c0")
     assert repr(info) == (
         "WorkerInfo(worker_id='w1', backend='local', reference='10', host='vm', "
         "state='running', task=TaskInfo(task_id=3, function='m.f', arguments='1', "
         "started=1795923217.1), tasks_done=2, tasks_failed=0, cpu_percent=35.7, "
-        "rss_bytes=17264640, last_heard=1795923217.1, ended=None)")
+        "rss_bytes=17264640, last_heard=1795923217.1, ended=None, executor_id='3f2a91c0')")
     assert info.cpu_percent == 35.72123379705076 and task.started == 1795923217.1384485
     assert repr(Durations((0.001, math.inf), (1, 2), 0.0123456)) == (
         "Durations(bounds=(0.001, inf), counts=(1, 2), total=0.0123)")
     assert repr(WorkerInfo("w2", "local", "", "", "starting", None, 0, 0, None, None, None)
-                ).endswith("cpu_percent=None, rss_bytes=None, last_heard=None, ended=None)")
+                ).endswith("cpu_percent=None, rss_bytes=None, last_heard=None, ended=None, "
+                           "executor_id='')")
 
 
 def test_multiprocessing_pool_shows_its_workers() -> None:

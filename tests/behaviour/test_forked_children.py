@@ -44,7 +44,7 @@ def fork_child_exits():
 if __name__ == "__main__":
     with FiberExecutor(2, min_workers=2) as ex:
         assert len(ex.submit(big, 4 << 20).result(timeout=60)) == 4 << 20  # shared memory
-        ours = f"fiberexec-{ex._pool.executor_id}-"  # type: ignore[union-attr]
+        ours = f"fiberexec-{ex.executor_id}-"  # type: ignore[union-attr]
         before = {name for name in os.listdir("/dev/shm") if name.startswith(ours)}
         print("exits at once:", fork_child_exits())
         print("files kept:", bool(before) and before <= set(os.listdir("/dev/shm")))

@@ -39,7 +39,7 @@ def test_docker_kill_of_busy_container_mid_map(make_executor: ExecutorFactory) -
     ex = make_executor(2)
     results = ex.map(tasks.sleep_return, [0.05] * 60, range(60), timeout=120)
     assert next(results) == 0  # both containers are up and busy
-    victim = _worker_containers(ex._pool.executor_id)[0]  # type: ignore[union-attr]
+    victim = _worker_containers(ex.executor_id)[0]  # type: ignore[union-attr]
     engine_client().api.kill(victim)  # docker kill: SIGKILL from the engine
     assert list(results) == list(range(1, 60)), "results must be complete and in order"
     stats = ex.stats()
@@ -77,7 +77,7 @@ MASTER = textwrap.dedent("""
     futures = [ex.submit(tasks.sleep_return, 60) for _ in range(4)]
     for _ in range(2):
         assert connected.acquire(timeout=120), "workers never connected"
-    print(ex._pool.executor_id, flush=True)
+    print(ex.executor_id, flush=True)
     threading.Event().wait(120)
 """)
 

@@ -82,7 +82,7 @@ def test_many_workers_start_as_one_job_array(kit: BackendKit,
     ex = make_executor(8, backend=backend)
     ids = set(ex.map(tasks.sleep_return, [1.0] * 8, [None] * 8, timeout=120))
     assert ids == {None}
-    ours = [j for j in jobs() if j["name"] == f"fiberexec-{ex._pool.executor_id}"]  # type: ignore[union-attr]
+    ours = [j for j in jobs() if j["name"] == f"fiberexec-{ex.executor_id}"]  # type: ignore[union-attr]
     assert len(ours) == 8, ours
     assert len({j["array_job_id"] for j in ours}) == 1, "8 workers must be ONE sbatch --array"
     assert sorted(j["array_task_id"] for j in ours) == list(range(8))
@@ -211,7 +211,7 @@ def test_pending_workers_wait_while_the_executor_works(make_executor: ExecutorFa
     ex = make_executor(3, cpu=9)
     assert list(ex.map(tasks.sleep_return, [0.3] * 12, range(12), timeout=120)) == list(
         range(12))
-    executor = ex._pool.executor_id  # type: ignore[union-attr]
+    executor = ex.executor_id
     states = sorted((j["job_state"], j["state_reason"]) for j in jobs()
                     if j["name"] == f"fiberexec-{executor}")
     assert states.count(("RUNNING", "None")) == 2, states

@@ -33,7 +33,7 @@ def test_scancel_of_a_busy_worker_mid_map_loses_nothing(make_executor: ExecutorF
     results = ex.map(tasks.sleep_return, [0.1] * 100, range(100), timeout=120)
     # A job Slurm calls RUNNING may still be starting Python: cancel one that has connected.
     assert both_ready.wait(60), f"the second worker never connected: {ex.stats()}"
-    executor = ex._pool.executor_id  # type: ignore[union-attr]
+    executor = ex.executor_id
     victim = _running_tasks(executor)[0]
     subprocess.run(["scancel", victim], check=True, timeout=30)
     assert list(results) == list(range(100)), "results must be complete and in order"

@@ -41,7 +41,7 @@ def main() -> None:
     futures = [ex.submit(tasks.sleep_return, 120) for _ in range(workers)]
     if not connected.all.wait(120):
         raise SystemExit("workers did not connect within 120 s")
-    print("ready", ex._pool.executor_id, flush=True)  # type: ignore[union-attr]
+    print("ready", ex.executor_id, flush=True)  # type: ignore[union-attr]
     futures[0].result(timeout=600)  # killed long before this returns
 
 

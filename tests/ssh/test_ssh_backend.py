@@ -197,7 +197,7 @@ def test_remove_stray_stops_orphaned_workers(make_backend: Maker, make_executor:
     launcher = psutil.Process(worker_pid).parent()
     wrapper = launcher.parent() if launcher is not None else None
     assert wrapper is not None and remote.HOST_MARK in wrapper.cmdline()
-    executor_id = ex._pool.executor_id  # type: ignore[union-attr]
+    executor_id = ex.executor_id
     # The executor lets a worker go when its host's session ends; one stuck in a C call that
     # holds the GIL stays, as one would whose connection outlived its wrapper. (A stopped
     # one does not: its process group is orphaned as the launcher exits, and the kernel

@@ -66,7 +66,7 @@ def main() -> None:
                        **kwargs) as ex:
         if ex.submit(abs, -1).result(timeout=120) != 1:
             raise SystemExit("the worker answered wrongly")
-        print("ready", ex._pool.executor_id, flush=True)  # type: ignore[union-attr]
+        print("ready", ex.executor_id, flush=True)  # type: ignore[union-attr]
         sys.stdin.read()
 
 
