@@ -23,7 +23,8 @@ STRAGGLER = 3.0  # times the function's median run time
 STRAGGLER_MIN = 1.0  # seconds: a 0.3 s chunk among 30 ms tasks is not held up (dashboard.js)
 EXIT_NONE, EXIT_USAGE, EXIT_UNANSWERED = 1, 2, 3
 NONE_RUNNING = ("no executor with observe=True is running for this user on this machine; "
-                "make one with FiberExecutor(observe=True) or FIBEREXEC_OBSERVE=1")
+                "make one with FiberExecutor(observe=True) or FIBEREXEC_OBSERVE=1 (it is "
+                "seen from its first submit, when its workers start)")
 _RED, _DIM, _BOLD, _RESET = "\x1b[1;31m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
 _CLEAR = "\x1b[H\x1b[2J"
 _ORDER = {"running": 0, "starting": 1, "idle": 2, "retired": 3, "lost": 4}
@@ -123,13 +124,16 @@ def render(view: Mapping[str, Any], *, width: int | None = 120, height: int | No
     now = float(view["time"])
     workers = sorted(view["workers"], key=lambda w: (_ORDER.get(w["state"], 9),
                                                      -_running_for(w, now)))
-    lines = [*_header(view, workers), "", _row(("WORKER", "HOST", "STATE", "FOR", "DONE",
-                                                "FAIL", "CPU%", "RSS", "TASK"), width)]
     failures = _failures(view["failures"], view["stats"]["tasks_failed"], width)
-    room = None if height is None else max(1, height - len(lines) - len(failures) - 2)
+    head = [*_header(view, workers), ""]
+    room = None if height is None else max(1, height - len(head) - 1 - len(failures) - 2)
     shown = workers if room is None else workers[:room]
-    for worker in shown:
-        lines.append(_worker_line(worker, view["medians"], now, width, color))
+    rows = [_worker_cells(worker, view["medians"], now) for worker in shown]
+    widths = _widths([_HEADINGS, *(cells for cells, _ in rows)])
+    lines = [*head, _row(_HEADINGS, widths, width)]
+    for cells, style in rows:
+        line = _row(cells, widths, width)
+        lines.append(style + line + _RESET if color and style else line)
     if len(shown) < len(workers):
         lines.append(f"  ... {len(workers) - len(shown)} more")
     return "\n".join([*lines, *failures]) + "\n"
@@ -150,8 +154,9 @@ def _header(view: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> li
     ]
 
 
-def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: float,
-                 width: int | None, color: bool) -> str:
+def _worker_cells(worker: Mapping[str, Any], medians: Mapping[str, float],
+                  now: float) -> tuple[tuple[str, ...], str]:
+    """A worker's row, and its style: red for a straggler, dim for one gone, else none."""
     task = worker["task"]
     running = _running_for(worker, now)
     what, late = worker.get("ended") or "", False  # (how a gone one ended)
@@ -166,12 +171,8 @@ def _worker_line(worker: Mapping[str, Any], medians: Mapping[str, float], now: f
              str(worker["tasks_done"]), str(worker["tasks_failed"]),
              "" if worker["cpu_percent"] is None else f"{worker['cpu_percent']:.0f}",
              _bytes(worker["rss_bytes"]), what)
-    line = _row(cells, width)
-    if color and late:
-        return _RED + line + _RESET
-    if color and worker["state"] in ("lost", "retired"):
-        return _DIM + line + _RESET
-    return line
+    style = _RED if late else _DIM if worker["state"] in ("lost", "retired") else ""
+    return cells, style
 
 
 def _failures(failures: Sequence[Mapping[str, Any]], failed: int,
@@ -189,11 +190,21 @@ def _failures(failures: Sequence[Mapping[str, Any]], failed: int,
 
 
 FAILURES_SHOWN = 5
-_WIDTHS = (8, 14, 8, 9, 6, 5, 5, 7)  # every column but the last, TASK, which takes the rest
+_HEADINGS = ("WORKER", "HOST", "STATE", "FOR", "DONE", "FAIL", "CPU%", "RSS", "TASK")
+# Each column but the last, TASK, is as wide as what it shows now, within these bounds, so
+# that TASK, which takes the rest, keeps room on an 80-column terminal. The columns whose
+# values grow as tasks run are wide enough from the start not to move at every redraw.
+_NARROWEST = (6, 4, 8, 7, 5, 4, 4, 5)
+_WIDEST = (8, 14, 8, 9, 6, 5, 5, 7)
 
 
-def _row(cells: Sequence[str], width: int | None) -> str:
-    head = " ".join(_fit(c, w).ljust(w) for c, w in zip(cells, _WIDTHS, strict=False))
+def _widths(rows: Sequence[Sequence[str]]) -> tuple[int, ...]:
+    return tuple(max(narrowest, min(widest, max(len(row[i]) for row in rows)))
+                 for i, (narrowest, widest) in enumerate(zip(_NARROWEST, _WIDEST, strict=True)))
+
+
+def _row(cells: Sequence[str], widths: Sequence[int], width: int | None) -> str:
+    head = " ".join(_fit(c, w).ljust(w) for c, w in zip(cells, widths, strict=False))
     return _fit(f"{head} {cells[-1]}".rstrip(), width)
 
 

@@ -93,7 +93,7 @@ def hint(losses: tuple[Loss, ...], retries: int) -> str:
         cause = ("the workers were signalled: by something outside them (a kill, the "
                  "system or a scheduler stopping them), or by the task itself")
     elif code is not None:
-        cause = "the task ends its process (sys.exit or os._exit in the task?)"
+        cause = "the task ends its process (os._exit, or exit() in native code?)"
     else:
         cause = "check the worker's output, and the task's memory use"
     tried = (f"It was tried {retries + 1} times (max_task_retries={retries})" if retries

@@ -317,7 +317,8 @@ class WorkerSupervisor:
             self._stop(handle)  # before its endpoint closes, which it would report
             self._close_endpoint(spec.worker_id)
             return
-        log.info("started worker %s (%s)", spec.worker_id, handle.ref)
+        log.info("started worker %s of executor %s (%s)", spec.worker_id,
+                 self.session.executor_id, handle.ref)
         shard.post(ev.Started(spec.worker_id, handle))
         self.backend.watch(handle, partial(self._exited, shard))
 
@@ -462,10 +463,16 @@ class WorkerSupervisor:
         what = (f"{status.describe()} before connecting to the executor" if status else
                 f"did not connect to the executor within start_timeout="
                 f"{self.config.start_timeout}s")
-        logs = self.backend.logs(handle, tail=20).strip() if handle else ""
+        try:
+            logs = self.backend.logs(handle, tail=20).strip() if handle else ""
+        except Exception as exc:  # an engine or cluster that cannot say: the error says less
+            log.debug("could not read worker %s's log: %s", worker_id, exc)
+            logs = ""
         message = f"worker {worker_id} {what}"
         if logs:
             message += f"; its last output:\n{logs}"
+        elif self.backend.workers_share_host:  # (output= rules only what tasks print)
+            message += "; what it wrote before it connected went to this program's stderr"
         if handle is not None:
             self._stop(handle)
         with self._lock:  # the same failure again says nothing new: once is enough
@@ -534,6 +541,12 @@ class WorkerSupervisor:
     def _counted(self, fn: Callable[..., None], *args: object) -> None:
         try:
             fn(*args)
+        except Exception as exc:  # (a fault of ours: tasks would wait for workers forever)
+            log.error("the worker supervisor failed in %s", getattr(fn, "__name__", fn),
+                      exc_info=True)
+            self.break_executor(f"fiberexec's worker supervisor failed: {exc!r} (a bug in "
+                                "fiberexec: please report it with the log)", exc,
+                                level=logging.DEBUG)  # (logged above, with its traceback)
         finally:
             with self._busy:
                 self._active -= 1

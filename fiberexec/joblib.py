@@ -17,6 +17,15 @@ and `workers()` shows their workers and the batches they run.
 
 from __future__ import annotations
 
+try:
+    import joblib  # noqa: F401  # (an extra: say which, where it is missing)
+except ModuleNotFoundError as exc:
+    if exc.name != "joblib":
+        raise
+    raise ModuleNotFoundError(
+        "fiberexec.joblib needs joblib, which is not installed; install it with "
+        "pip install 'fiberexec[joblib]' (or pip install joblib)", name="joblib") from exc
+
 from fiberexec._joblib_backend import FiberBackend, in_worker, shutdown_executors, workers
 
 BACKEND_NAME = "fiber"

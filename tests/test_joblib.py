@@ -6,6 +6,8 @@ import multiprocessing
 import os
 import pickle
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -41,6 +43,17 @@ def test_import_registers_fiber_and_register_adds_names() -> None:
         assert BACKENDS["fiber-test"] is fj.FiberBackend
     finally:
         del BACKENDS["fiber-test"]
+
+
+def test_without_joblib_the_import_names_the_extra_to_install() -> None:
+    hide = ("import sys; sys.modules['joblib'] = None\n"  # (an import of it then fails)
+            "import fiberexec.joblib")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "ModuleNotFoundError: fiberexec.joblib needs joblib, which is not installed; install "
+        "it with pip install 'fiberexec[joblib]' (or pip install joblib)")
 
 
 def test_unknown_option_names_the_accepted_ones() -> None:

@@ -61,7 +61,7 @@ def test_the_summary_agrees_in_number(caplog: pytest.LogCaptureFixture) -> None:
     (-6, "otherwise the task crashes its process (a fault in native code)"),
     (-9, "otherwise check the task's memory use (the kernel's out-of-memory killer"),
     (-15, "otherwise the workers were signalled: by something outside them"),
-    (3, "otherwise the task ends its process (sys.exit or os._exit in the task?)"),
+    (3, "otherwise the task ends its process (os._exit, or exit() in native code?)"),
 ])
 def test_the_hint_for_a_lost_task_follows_how_its_worker_ended(code: int, said: str) -> None:
     """A SIGTERM from outside is not blamed on the task's native code, nor an exit status

@@ -22,14 +22,15 @@ FAILING = ("python", "-c", "raise SystemExit(3)")
 class FirstWorksBackend(LocalBackend):
     """The first ``good`` workers start for real; every later one exits before connecting."""
 
-    def __init__(self, good: int) -> None:
+    def __init__(self, good: int, failing: tuple[str, ...] = FAILING) -> None:
         super().__init__()
         self._count = itertools.count()
         self.good = good
+        self.failing = failing
 
     def start_worker(self, spec: WorkerSpec) -> WorkerHandle:
         if next(self._count) >= self.good:
-            spec = WorkerSpec(spec.worker_id, spec.executor_id, FAILING, spec.env,
+            spec = WorkerSpec(spec.worker_id, spec.executor_id, self.failing, spec.env,
                               spec.secret_env)
         return super().start_worker(spec)
 
@@ -49,6 +50,41 @@ def test_failing_starts_break_an_executor_with_no_worker() -> None:
         future = ex.submit(tasks.square, 2)
         with pytest.raises(BrokenFiberExecutor, match="failed to start"):
             future.result(timeout=60)
+
+
+class NoLogsBackend(FirstWorksBackend):
+    """Every worker exits before connecting, and asking for its log fails (an engine that
+    cannot say)."""
+
+    def __init__(self) -> None:
+        super().__init__(good=0)
+
+    def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
+        raise RuntimeError("the engine cannot say")
+
+
+def test_a_backend_that_cannot_give_a_failed_workers_log_still_breaks_the_executor() -> None:
+    with NoLogsBackend() as backend, FiberExecutor(2, backend=backend) as ex:
+        future = ex.submit(tasks.square, 2)
+        with pytest.raises(BrokenFiberExecutor, match="failed to start; the last: worker w"):
+            future.result(timeout=60)
+
+
+@pytest.mark.parametrize("output", ["inherit", "off"])
+def test_a_start_failure_says_where_the_workers_output_went(
+        output: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """What a worker wrote before it connected is the backend's (here: this program's
+    stderr, whatever ``output`` says of tasks' prints), and the error says where."""
+    failing = ("python", "-c", "import sys; sys.exit('no module named nothing')")
+    with FirstWorksBackend(good=0, failing=failing) as backend, \
+            FiberExecutor(2, backend=backend, output=output) as ex:
+        future = ex.submit(tasks.square, 2)
+        with pytest.raises(BrokenFiberExecutor) as broken:
+            future.result(timeout=60)
+    assert str(broken.value).endswith(
+        "exited with code 1 before connecting to the executor; what it wrote before it "
+        "connected went to this program's stderr")
+    assert "no module named nothing" in capfd.readouterr().err
 
 
 def test_submit_never_waits_for_a_worker_to_start() -> None:
@@ -208,7 +244,7 @@ def test_a_start_that_fails_after_shutdown_leaves_no_endpoint_open() -> None:
     try:
         assert ex.submit(abs, -1).result(timeout=60) == 1
         assert backend.held.wait(30)  # the second start is under way, held
-        prefix = f"@fiberexec/{os.getpid()}/{ex._pool.executor_id}/"  # type: ignore[union-attr]
+        prefix = f"@fiberexec/{os.getpid()}/{ex.executor_id}/"  # type: ignore[union-attr]
         assert _listening(prefix)
         closing = threading.Thread(target=ex.shutdown, kwargs={"wait": True})
         closing.start()

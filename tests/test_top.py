@@ -48,7 +48,7 @@ def test_top_once_shows_the_workers_and_the_running_task(
         (worker,) = ex.workers()
         line = next(x for x in shown.stdout.splitlines() if x.startswith(worker.worker_id))
         assert "running" in line and "tests.tasks.hold_until(" in line
-        assert f"executor {ex._pool.executor_id}" in shown.stdout  # type: ignore[union-attr]
+        assert f"executor {ex.executor_id}" in shown.stdout  # type: ignore[union-attr]
         release.send(None)
         future.result(timeout=30)
     ex.shutdown()
@@ -81,7 +81,7 @@ def test_several_executors_are_listed_and_one_is_picked_by_id(
     first, second = make_executor(1, observe=True), make_executor(1, observe=True)
     for ex in (first, second):
         ex.submit(tasks.square, 2).result(timeout=60)
-    ids = [ex._pool.executor_id for ex in (first, second)]  # type: ignore[union-attr]
+    ids = [ex.executor_id for ex in (first, second)]  # type: ignore[union-attr]
     both = top("--once")
     assert both.returncode == 2 and all(i in both.stderr for i in ids), both.stderr
     picked = top("--once", "--executor", ids[1])
@@ -216,6 +216,30 @@ def test_lines_are_whole_in_a_file_and_cut_with_an_ellipsis_on_a_screen() -> Non
     screen = _cli_top.render(view, width=80)
     (cut,) = [x for x in screen.splitlines() if x.startswith("w0")]
     assert len(cut) == 80 and cut.endswith("\u2026") and "a-very-long-h\u2026" in cut
+
+
+def test_an_80_column_screen_shows_the_task_a_worker_runs() -> None:
+    """The columns are as wide as what they show (within bounds): short ids and a short
+    host leave the task its call on a terminal of 80 columns."""
+    def worker(wid: str, arguments: str) -> dict[str, object]:
+        return {"worker_id": wid, "host": "vm", "state": "running", "tasks_done": 12,
+                "tasks_failed": 0, "cpu_percent": 99.0, "rss_bytes": 21 << 20,
+                "task": {"task_id": 1, "function": "__main__.work", "arguments": arguments,
+                         "started": 96.1}}
+
+    view = {"time": 100.0, "executor_id": "e", "pid": 1, "backend": "local",
+            "max_workers": 2, "throughput": 2.0, "medians": {},
+            "stats": {"tasks_pending": 0, "tasks_running": 2, "tasks_done": 24,
+                      "tasks_failed": 0, "tasks_retried": 0},
+            "workers": [worker("w0", "20"), worker("w1", "seed=" + "7" * 60)],
+            "failures": []}
+    lines = _cli_top.render(view, width=80).splitlines()
+    heading = next(x for x in lines if x.startswith("WORKER"))
+    (short,) = [x for x in lines if x.startswith("w0")]
+    (long_,) = [x for x in lines if x.startswith("w1")]
+    assert short.endswith("__main__.work(20)") and short.split()[:3] == ["w0", "vm", "running"]
+    assert len(long_) == 80 and long_.endswith("\u2026") and "__main__.work(seed=777" in long_
+    assert short.index("__main__") == heading.index("TASK") and 80 - heading.index("TASK") >= 28
 
 
 def _entry(executor_id: str, pid: int) -> ExecutorEntry:
