@@ -51,6 +51,7 @@ from fiberexec.backend import (
     WorkerSpec,
     WorkerState,
     WorkerStatus,
+    share_resource_tracker,
     shared_launchers,
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
@@ -239,6 +240,7 @@ class LocalBackend(Backend):
         if spec.resources.memory is not None:
             env.setdefault(_ARENAS, "1")
         output = self._output(spec.worker_id)
+        tracker = share_resource_tracker(env)  # (a fork of the launcher is handed it too)
         try:
             proc = subprocess.Popen(
                 command,
@@ -251,6 +253,7 @@ class LocalBackend(Backend):
                 # launcher's `_detach`); a Process: in ours, as a stdlib child
                 process_group=0 if tuple(spec.command) == WORKER_COMMAND else None,
                 close_fds=True,
+                pass_fds=tracker,
             )
         except FileNotFoundError as exc:
             raise PermanentBackendError(

@@ -639,6 +639,7 @@ def _fiber_file(cwd: Path, problems: list[Problem] | None) -> dict[str, _fiber_k
 INTERNAL_VARIABLES = frozenset({
     *(value for name, value in vars(_contract).items() if name.startswith("ENV_")),
     "FIBEREXEC_PRELOAD",  # fiberexec._launcher
+    "FIBEREXEC_TRACKER_FD",  # fiberexec._procstate
     "FIBEREXEC_EXECUTOR_PID", "FIBEREXEC_SSH_WORKER",  # the local and ssh backends
     "FIBEREXEC_MP_PROCESS", "FIBEREXEC_MP_SECRET", "FIBEREXEC_MP_PARENT", "FIBEREXEC_MP_LOG",
     "FIBEREXEC_MP_ADDRESS", "FIBEREXEC_MP_OUTPUT",  # fiberexec.multiprocessing

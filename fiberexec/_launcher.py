@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fiberexec import _imports
+from fiberexec import _imports, _procstate
 from fiberexec._fdlimit import readable_within
 
 ENV_PREFIX = "FIBEREXEC_"  # fiberexec's own variables: a request may change these freely
@@ -75,6 +75,9 @@ GATE_HOLD = 3.0  # seconds children forked back to back wait at most for the res
 GATE_QUIET_MS = 5  # within a burst, no request for this long: the gate opens
 GATE_BATCH = 8  # a burst's children that start at once, before the gate holds the rest
 WORKER_PROGRAM = "fiberexec.worker"
+# Signals the worker program handles itself, whatever its requester has them set to (a
+# stop's SIGTERM, an interrupt's SIGINT; off the terminal: SIGTTOU, SIGTTIN)
+WORKER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGTTOU, signal.SIGTTIN)
 
 
 class LauncherError(OSError):
@@ -179,6 +182,10 @@ class Launcher:
         changed, removed = environment_delta(self._env, env)
         plain = all(name.startswith(ENV_PREFIX) for name in (*changed, *removed))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
+        state = _procstate.capture()  # this process's, now: as a stdlib child has them
+        tracker = _procstate.tracker_fd()
+        if tracker is not None:
+            fds.append(tracker)
         slot: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         with self._lock:
             if not plain and self._taught:
@@ -195,7 +202,8 @@ class Launcher:
                 burst = bool(self._waiting) or now - self._last_ask < GATE_QUIET_MS / 1000
                 self._last_ask = now
                 request = spawn_request(changed, removed, cwd, memory, log, program, group,
-                                        burst=burst, imports=imports)
+                                        burst=burst, imports=imports, state=state,
+                                        tracker=tracker is not None)
                 self._send(request, fds, slot, on_exit)
         if twin is not None:
             return twin.spawn(env=env, cwd=cwd, memory=memory, log=log, program=program,
@@ -400,11 +408,14 @@ shared_launchers = SharedLaunchers()
 
 def spawn_request(changed: Mapping[str, str], removed: Sequence[str], cwd: str,  # noqa: PLR0917
                   memory: int | None, log: str | None, program: str, group: int | None, *,
-                  burst: bool, imports: Sequence[_imports.Module] = ()) -> bytes:
+                  burst: bool, imports: Sequence[_imports.Module] = (),
+                  state: _procstate.State | None = None, tracker: bool = False) -> bytes:
     """A request to fork, as `serve` reads it (see `Launcher.spawn` for the fields;
-    ``imports``: modules to import first, `fiberexec._imports`)."""
+    ``imports``: modules to import first, `fiberexec._imports`; ``state``: the requester's,
+    for the child; ``tracker``: the last descriptor sent along is the requester's resource
+    tracker's pipe)."""
     return pickle.dumps(("spawn", dict(changed), list(removed), cwd, memory, log, program,
-                         group, burst, list(imports)))
+                         group, burst, list(imports), state, tracker))
 
 
 def serve(fd: int) -> None:
@@ -521,13 +532,15 @@ def _preload() -> None:
 
 def _serve_one(sock: socket.socket, pipe: tuple[int, int], gate: _Gate) -> bool:
     try:
-        data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
+        data, output, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 3)
     except OSError:  # reset: the executor went with a request unread, as a hang-up
         return False
     if not data:
         return False
-    _tag, changed, removed, cwd, memory, log, program, group, burst, imports = (
-        pickle.loads(data))
+    (_tag, changed, removed, cwd, memory, log, program, group, burst, imports, state,
+     tracker) = pickle.loads(data)
+    tracker_fd = output.pop() if tracker and output else None  # (sent last)
+    kept = [] if tracker_fd is None else [tracker_fd]
     _load(program)
     if imports:
         before = dict(os.environ)
@@ -538,12 +551,12 @@ def _serve_one(sock: socket.socket, pipe: tuple[int, int], gate: _Gate) -> bool:
     try:
         pid = os.fork()
     except OSError as exc:
-        _close(output)
+        _close(output + kept)
         return _answer(sock, ("failed", repr(exc)))
     if pid == 0:
         _become_worker(sock, pipe, (gate_fds, held), (changed, removed), cwd, memory, log,
-                       program, output, group)
-    _close(output)  # the child has them
+                       program, output, group, (state, tracker_fd))
+    _close(output + kept)  # the child has them
     pidfd = os.pidfd_open(pid)
     try:
         if _answer(sock, ("spawned", pid), pidfd):
@@ -600,7 +613,8 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
                    gate: tuple[tuple[int, int] | None, bool],
                    env: tuple[dict[str, str], list[str]],
                    cwd: str, memory: int | None, log: str | None, program: str,
-                   output: list[int], group: int | None) -> None:
+                   output: list[int], group: int | None,
+                   inherited: tuple[_procstate.State | None, int | None]) -> None:
     """In the forked child: shed the launcher's parts, take the worker's settings, run it."""
     code = 0
     try:
@@ -622,6 +636,11 @@ def _become_worker(sock: socket.socket, pipe: tuple[int, int],  # noqa: PLR0917
         _close(sorted(set(output)))
         os.chdir(cwd)
         _adopt_environment(*env)
+        state, tracker_fd = inherited
+        if state is not None:  # a worker keeps the signals it handles (`WORKER_SIGNALS`)
+            _procstate.apply(state, keep=WORKER_SIGNALS if program == WORKER_PROGRAM else ())
+        if tracker_fd is not None:
+            _procstate.adopt_tracker(tracker_fd)
         _imports.fresh_random_state()
         _shown_as(env[0])
         if memory is not None:

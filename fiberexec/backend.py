@@ -61,6 +61,7 @@ from fiberexec._launcher import (
     SharedLaunchers,
     shared_launchers,
 )
+from fiberexec._procstate import share_tracker as share_resource_tracker
 from fiberexec._registry import (
     available_backends,
     backend_class,
@@ -120,5 +121,6 @@ __all__ = [
     "load_backend",
     "parse_memory",
     "readable_within",
+    "share_resource_tracker",
     "shared_launchers",
 ]

@@ -43,6 +43,7 @@ from fiberexec import (
     _functions,
     _import_hooks,
     _mainspace,
+    _procstate,
     _shm,
     _syspath,
 )
@@ -1028,6 +1029,7 @@ def run() -> None:
     except ConfigurationError as exc:
         sys.exit(f"fiberexec worker: {exc}")
     _adopt_authkey()
+    _procstate.adopt_tracker()  # a new process: its parent named its tracker's pipe, if any
     _ready_for_a_full_address_space()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling
     _mainspace.install(origin)  # the caller's script's names, not this program's (see there)

@@ -497,3 +497,16 @@ def numpy_draw(pause: float = 0.0) -> tuple[int, bool, float]:
 
     time.sleep(pause)
     return os.getpid(), had, float(np.random.random())
+
+
+def new_file_mode_and_files_limit(path: str) -> tuple[int, int]:
+    """The permission bits a file made here gets (the umask), and the soft limit of open
+    files."""
+    import resource
+
+    with open(path, "w"):
+        pass
+    mode = os.stat(path).st_mode & 0o777
+    os.unlink(path)
+    return mode, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+

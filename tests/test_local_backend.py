@@ -824,3 +824,31 @@ def test_a_worker_whose_exit_hangs_goes_with_what_it_forked(
     except psutil.NoSuchProcess:
         pass
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+@pytest.mark.parametrize("kind", ["stdlib", "fiberexec"])
+def test_workers_start_with_the_umask_and_limits_the_program_has_then(
+        kind: str, make_executor: ExecutorFactory, tmp_path: Any) -> None:
+    """Set after the program's first executor (whose start began the launcher that forks
+    every later worker), as a stdlib worker has them when it is started."""
+    import multiprocessing
+    import resource
+    from concurrent.futures import ProcessPoolExecutor
+
+    def make() -> Any:
+        return (ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                if kind == "stdlib" else make_executor(1))
+
+    with make() as first:
+        assert first.submit(abs, -1).result(timeout=60) == 1
+    umask = os.umask(0o077)
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(files[0], 1000) - 1, files[1]))
+        with make() as later:
+            seen = later.submit(tasks.new_file_mode_and_files_limit,
+                                str(tmp_path / "f")).result(timeout=60)
+    finally:
+        os.umask(umask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, files)
+    assert seen == (0o600, min(files[0], 1000) - 1)

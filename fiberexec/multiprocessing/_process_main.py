@@ -59,8 +59,9 @@ def main() -> None:
     if os.environ.get(_forward.ENV_OUTPUT) == "forward":
         _forward.start(_rpc.Endpoint(address, secret))
     _set_parent(client.lost)
-    from fiberexec import _untracked_shm
+    from fiberexec import _procstate, _untracked_shm
 
+    _procstate.adopt_tracker()  # started afresh: its parent named its tracker's pipe, if any
     _untracked_shm.attach_without_tracking()
     if authkey:  # before unpickling: stdlib Manager proxies authenticate as they are rebuilt
         import multiprocessing

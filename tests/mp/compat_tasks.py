@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import signal
 from typing import Any
 
 
@@ -419,3 +420,34 @@ def simple_queue_double(inq: Any, outq: Any, n: int) -> None:
     stdlib) and put each doubled on ``outq``."""
     for _ in range(n):
         outq.put(inq.get() * 2)
+
+
+def inherited_state(q: Any, path: str) -> None:
+    """Put what this process inherited: the mode its umask gives a new file, whether SIGINT
+    is ignored, its niceness, its soft limit of open files."""
+    import resource
+
+    with open(path, "w"):
+        pass
+    mode = os.stat(path).st_mode & 0o777
+    os.unlink(path)
+    q.put((mode, signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+           os.getpriority(os.PRIO_PROCESS, 0), resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+
+
+def sigint_ignored(_: object = None) -> bool:
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def shared_memory_made(q: Any = None) -> str:
+    """Make a shared memory segment holding b"made", leave it (closed, not unlinked) for
+    the parent, and put (or return) its name."""
+    from multiprocessing import shared_memory
+
+    segment = shared_memory.SharedMemory(create=True, size=16)
+    segment.buf[:4] = b"made"
+    name = segment.name
+    segment.close()
+    if q is not None:
+        q.put(name)
+    return name

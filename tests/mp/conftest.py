@@ -8,8 +8,12 @@ import psutil
 import pytest
 
 import fiberexec.multiprocessing as mp
+from tests.conftest import BACKEND
 from tests.support.backend_local import descendants_running
 from tests.support.kit import BackendKit
+
+# What a child inherits from this process is for children on this host
+collect_ignore = [] if BACKEND == "local" else ["test_compat_inherit.py"]
 
 
 def _process_children() -> list[psutil.Process]:
