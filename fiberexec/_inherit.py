@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import io
 import os
 import stat
 import sys
 import threading
 import types
+import typing
 from collections import ChainMap
 from collections.abc import Callable, Iterator
 from multiprocessing import context, synchronize
@@ -120,6 +122,21 @@ def _globals_anew(reduced: Any) -> Any:
     return reduced
 
 
+def _reduce_cached_property(prop: functools.cached_property[Any]) -> Any:
+    """A script class's ``functools.cached_property`` (pickled with its class, by value):
+    its function and the name it caches under, without its lock (a ``threading.RLock`` up
+    to Python 3.11, which no pickler takes)."""
+    return _cached_property, (prop.func, prop.attrname, prop.__doc__)
+
+
+def _cached_property(func: Callable[[Any], Any], attrname: str | None,
+                     doc: str | None) -> functools.cached_property[Any]:
+    prop = functools.cached_property(func)
+    prop.attrname = attrname  # (set as the class was made, which rebuilding it does not do)
+    prop.__doc__ = doc
+    return prop
+
+
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with code keeping its file's name, the standard library
     multiprocessing's reducers first (the
@@ -130,6 +147,7 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     dispatch_table: ClassVar[ChainMap[type, Any]] = ChainMap(
         {types.CodeType: reduce_code},  # tracebacks name the real file (see `_codenames`)
         {io.TextIOWrapper: _refuse_file},
+        {functools.cached_property: _reduce_cached_property},
         {kind: _reduce_semlock for kind in (synchronize.Lock, synchronize.RLock,
                                             synchronize.Semaphore, synchronize.BoundedSemaphore)},
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
@@ -149,32 +167,56 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
                 return reduced
         if type(obj) is types.FunctionType:
             return _globals_anew(super().reducer_override(obj))
-        if isinstance(obj, type) and ("__slots__" in obj.__dict__
-                                      or obj.__qualname__ != obj.__name__):
+        if isinstance(obj, type):
             return _made_whole(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
 
 
 _SKELETON = getattr(cloudpickle.cloudpickle, "_make_skeleton_class", None)
+_TRACKED = getattr(cloudpickle.cloudpickle, "_DYNAMIC_CLASS_TRACKER_BY_ID", {})
+
+
+def _known_or_made(type_constructor: type, name: str, bases: tuple[Any, ...],  # noqa: PLR0917
+                   type_kwargs: dict[str, Any], class_tracker_id: str | None,
+                   extra: Any) -> type:
+    """A class pickled by value, as cloudpickle's `_make_skeleton_class` makes it, but
+    the one this process has already where it has it (the caller's own, a class an earlier
+    task brought). cloudpickle made the class anew before looking, which ran its bases'
+    ``__init_subclass__`` (and a metaclass) again at every unpickling: a registry of
+    subclasses grew by one each time, or refused the name it already held, in the worker
+    and, for results, in the caller."""
+    if class_tracker_id is not None:
+        known = _TRACKED.get(class_tracker_id)
+        if known is not None:
+            return known  # type: ignore[no-any-return]
+    assert _SKELETON is not None  # (a reduction naming it was made: see `_made_whole`)
+    return _SKELETON(type_constructor, name, bases, type_kwargs,  # type: ignore[no-any-return]
+                     class_tracker_id, extra)
 
 
 def _made_whole(cls: type, reduced: Any) -> Any:
-    """cloudpickle's reduction of a class by value, made with its ``__slots__`` and its
-    qualified name. It set the slots on the class it rebuilt only after making it, so that
-    class's instances had a ``__dict__`` and no slots, and pickled their state as a dict,
-    which the caller's own class (slotted: a ``dataclass(slots=True)``) could not take back
-    ("object has no attribute '__dict__'"); and a nested class came back named ``Inner``,
-    not ``Outer.Inner``, a name the caller's script does not have."""
+    """cloudpickle's reduction of a class by value, made by `_known_or_made`, with its
+    ``__slots__`` and its qualified name. It set the slots on the class it rebuilt only
+    after making it, so that class's instances had a ``__dict__`` and no slots, and pickled
+    their state as a dict, which the caller's own class (slotted: a
+    ``dataclass(slots=True)``) could not take back ("object has no attribute
+    '__dict__'"); and a nested class came back named ``Inner``, not ``Outer.Inner``, a name
+    the caller's script does not have."""
     if (reduced is NotImplemented or type(reduced) is not tuple or reduced[0] is not _SKELETON
             or type(reduced[1]) is not tuple or type(reduced[1][3]) is not dict):
         return reduced
+    if "__slots__" not in cls.__dict__ and cls.__qualname__ == cls.__name__:
+        return (_known_or_made, *reduced[1:])
     args = list(reduced[1])
     made = dict(args[3])
-    if "__slots__" in cls.__dict__:
+    # (a typing.NamedTuple is rebuilt through its metaclass, which makes the slots itself
+    # and refuses them in the class body)
+    if "__slots__" in cls.__dict__ and not any(
+            base is typing.NamedTuple for base in cls.__dict__.get("__orig_bases__", ())):
         made["__slots__"] = cls.__dict__["__slots__"]
     made["__qualname__"] = cls.__qualname__
     args[3] = made
-    return (reduced[0], tuple(args), *reduced[2:])
+    return (_known_or_made, tuple(args), *reduced[2:])
 
 
 class HostFd:

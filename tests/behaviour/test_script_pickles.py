@@ -199,3 +199,72 @@ def test_a_result_holds_the_callers_own_classes_and_functions(tmp_path: Path,
     assert lines[:3] == ["True True True", "True 5 True True", "True -2 True"]
     if which == "fiberexec":
         assert lines[3:] == ["Made True 4.0", "True -1"]
+
+
+CLASS_KINDS = """
+import functools
+import sys
+import typing
+from concurrent.futures import ProcessPoolExecutor
+
+
+class Point(typing.NamedTuple):
+    x: int
+    y: str = "d"
+
+
+class Model:
+    def __init__(self, k):
+        self.k = k
+
+    @functools.cached_property
+    def squared(self):
+        return self.k * self.k
+
+
+class Plugin:
+    names = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__name__ in Plugin.names:
+            raise TypeError(f"plugin {cls.__name__!r} already registered")
+        Plugin.names[cls.__name__] = cls
+
+
+class Csv(Plugin):
+    pass
+
+
+def same(value):
+    return value
+
+
+def use(point, model, plugin):
+    return point.x, model.squared, type(plugin).__name__, sorted(Plugin.names)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fiberexec":
+        from fiberexec import FiberExecutor as Executor
+    else:
+        Executor = ProcessPoolExecutor
+    with Executor(1) as ex:
+        for _ in range(2):  # (the second time, the worker has the classes already)
+            print(ex.submit(use, Point(2), Model(3), Csv()).result(timeout=120))
+        point, model = ex.submit(same, Point(4)).result(timeout=120), Model(5)
+        print(point, type(point) is Point, ex.submit(same, model).result(timeout=120).squared)
+        print(type(ex.submit(same, Csv()).result(timeout=120)) is Csv, sorted(Plugin.names))
+"""
+
+
+@pytest.mark.parametrize("which", under_test("stdlib", "fiberexec"))
+def test_script_classes_of_every_kind_travel_both_ways(tmp_path: Path, which: str) -> None:
+    """A ``typing.NamedTuple`` (whose metaclass refuses ``__slots__`` in a class body), a
+    class with a ``functools.cached_property`` (a lock inside, up to Python 3.11), and a
+    subclass whose base registers it in ``__init_subclass__`` (run again at each
+    unpickling, it refused the name it held) go to a task and come back, as with the
+    stdlib."""
+    lines = run_script(tmp_path, CLASS_KINDS, which, timeout=200).stdout.splitlines()
+    assert lines == ["(2, 9, 'Csv', ['Csv'])", "(2, 9, 'Csv', ['Csv'])",
+                     "Point(x=4, y='d') True 25", "True ['Csv']"]
