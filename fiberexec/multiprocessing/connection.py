@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from multiprocessing.connection import Client, Listener, wait
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._connection import Connection, Pipe
 
 __all__ = ["Client", "Connection", "Listener", "Pipe", "wait"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._context import (
     BaseContext,
     get_all_start_methods,
@@ -31,3 +32,5 @@ __all__ = [
     "get_start_method",
     "set_start_method",
 ]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -22,6 +22,10 @@ from multiprocessing.dummy import (
     freeze_support,
 )
 
+from fiberexec.multiprocessing import _stdnames
+
 __all__ = ["Barrier", "BoundedSemaphore", "Condition", "Event", "JoinableQueue", "Lock",
            "Manager", "Pipe", "Pool", "Process", "Queue", "RLock", "Semaphore",
            "active_children", "current_process", "freeze_support"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from multiprocessing.managers import Token
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._errors import RemoteError
 from fiberexec.multiprocessing._managers import (
     AsyncManager,
@@ -50,3 +51,5 @@ __all__ = [
     "Token",
     "ValueProxy",
 ]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -9,6 +9,8 @@ from __future__ import annotations
 import multiprocessing.pool as _stdlib
 from multiprocessing.pool import ThreadPool
 
+from fiberexec.multiprocessing import _stdnames
+from fiberexec.multiprocessing._errors import TimeoutError  # (the package's, as the stdlib's)
 from fiberexec.multiprocessing._pool import (
     CLOSE,
     RUN,
@@ -37,4 +39,7 @@ __all__ = [
     "Pool",
     "RemoteTraceback",
     "ThreadPool",
+    "TimeoutError",
 ]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

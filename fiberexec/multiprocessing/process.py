@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._process import (
     Process,
     active_children,
@@ -15,3 +16,5 @@ from fiberexec.multiprocessing._process import (
 BaseProcess = Process
 
 __all__ = ["BaseProcess", "Process", "active_children", "current_process", "parent_process"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -18,5 +18,9 @@ from multiprocessing.reduction import (
     sendfds,
 )
 
+from fiberexec.multiprocessing import _stdnames
+
 __all__ = ["DupFd", "ForkingPickler", "dump", "recv_handle", "recvfds", "register",
            "send_handle", "sendfds"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -8,4 +8,8 @@ from __future__ import annotations
 
 from multiprocessing.shared_memory import ShareableList, SharedMemory
 
+from fiberexec.multiprocessing import _stdnames
+
 __all__ = ["ShareableList", "SharedMemory"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

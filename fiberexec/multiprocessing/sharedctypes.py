@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._sharedctypes import (
     Array,
     RawArray,
@@ -20,3 +21,5 @@ SynchronizedBase = Synchronized  # (the stdlib's base of the three; ours is Sync
 
 __all__ = ["Array", "RawArray", "RawValue", "Synchronized", "SynchronizedArray",
            "SynchronizedBase", "SynchronizedString", "Value", "copy", "synchronized"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

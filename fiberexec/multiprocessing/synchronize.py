@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fiberexec.multiprocessing import _stdnames
 from fiberexec.multiprocessing._sync import (
     Barrier,
     BoundedSemaphore,
@@ -13,3 +14,5 @@ from fiberexec.multiprocessing._sync import (
 )
 
 __all__ = ["Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock", "Semaphore"]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

@@ -24,6 +24,8 @@ from multiprocessing.util import (
     sub_warning,
 )
 
+from fiberexec.multiprocessing import _stdnames
+
 __all__ = [
     "SUBDEBUG",
     "SUBWARNING",
@@ -41,3 +43,5 @@ __all__ = [
     "sub_debug",
     "sub_warning",
 ]
+
+__getattr__ = _stdnames.fallback(__name__)  # the stdlib's other names

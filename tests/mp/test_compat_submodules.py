@@ -27,11 +27,30 @@ def test_each_submodule_has_the_stdlib_names(name: str) -> None:
     theirs = importlib.import_module(f"multiprocessing.{name}")
     missing = [n for n in getattr(theirs, "__all__", ()) if not hasattr(ours, n)]
     assert missing == []
+    # and its other public names, which programs use too (``multiprocessing.queues.Empty``)
+    others = [n for n in vars(theirs) if not n.startswith("_") and not hasattr(ours, n)]
+    assert others == []
     assert getattr(fmp, name) is ours  # also an attribute of the package, as once imported
 
 
 def _sub(mpm: ModuleType, name: str) -> ModuleType:
     return importlib.import_module(f"{mpm.__name__}.{name}")
+
+
+def test_names_outside_all_are_the_stdlib_ones_where_they_are_not_ours() -> None:
+    import multiprocessing.queues
+    import queue
+
+    import fiberexec.multiprocessing.pool
+    import fiberexec.multiprocessing.queues
+
+    assert fiberexec.multiprocessing.queues.Empty is queue.Empty
+    assert fiberexec.multiprocessing.pool.TimeoutError is fmp.TimeoutError
+    assert issubclass(fmp.TimeoutError, multiprocessing.TimeoutError)
+    with pytest.raises(AttributeError, match="module 'fiberexec.multiprocessing.queues' has "
+                                             "no attribute 'Nothing'"):
+        fiberexec.multiprocessing.queues.Nothing  # noqa: B018
+    assert multiprocessing.queues.Queue is not fiberexec.multiprocessing.queues.Queue
 
 
 def test_submodule_names_work_as_the_stdlib_ones(mpm: ModuleType) -> None:
