@@ -207,6 +207,8 @@ def _output(value: object) -> str:
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
+    if type(value) is int and value in (0, 1):  # (``observe=1``, as the rule says)
+        return bool(value)
     if isinstance(value, str) and value.strip().lower() in _FLAGS:
         return _FLAGS[value.strip().lower()]
     raise _Invalid("true or false (or 1/0, yes/no, on/off)")
@@ -223,7 +225,7 @@ def _dashboard(value: object) -> str | None:
     """On (loopback, any free port), off, or ``host:port``; kept as ``host:port``."""
     rule = ("on, off, or host:port such as 127.0.0.1:8265 or [::1]:8265 (port 0: any free "
             "port)")
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
         return DASHBOARD_LOOPBACK if value else None
     if not isinstance(value, str):
         raise _Invalid(rule)
@@ -432,7 +434,8 @@ SETTINGS: tuple[Setting, ...] = (
             "line prefixed ``[w12 host] ``), ``\"inherit\"`` (the worker's own, unprefixed), "
             "``\"off\"`` (discarded) or a directory (one ``<worker>.out`` and ``.err`` file "
             "per worker). Default: ``\"inherit\"`` where workers share this host (local), "
-            "else ``\"forward\"``.", none_means="by backend"),
+            "else ``\"forward\"``.",
+            none_means="inherit where workers share this host, else forward"),
     Setting("observe", _flag, False,
             "serve snapshots of the workers to ``fiberexec top`` on a loopback endpoint, "
             "guarded by a token in a file only this user can read (default: false)."),
@@ -538,8 +541,14 @@ def file_values(path: Path, table: str) -> dict[str, Any]:
     data = copy.deepcopy(data)  # (the parse is kept: `_read_toml`)
     unknown = sorted(set(data) - set(BY_KEY))
     if unknown:
+        guesses = [f"{key!r} -> {near[0]!r}" for key in unknown
+                   if (near := difflib.get_close_matches(key, BY_KEY, n=1, cutoff=0.6))]
+        if table == "top level" and "tool" in unknown:
+            guesses.append("a [tool.fiberexec] table belongs in pyproject.toml; in "
+                           ".fiberexec.toml the keys stand at the top level")
+        hint = f"did you mean {', '.join(guesses)}? " if guesses else ""
         raise ConfigurationError(
-            f"unknown key(s) {unknown} in {path} {table}; allowed: {sorted(BY_KEY)}"
+            f"unknown key(s) {unknown} in {path} {table}; {hint}allowed: {sorted(BY_KEY)}"
         )
     return data
 
@@ -893,6 +902,8 @@ def rows(config: ExecutorConfig, cwd: str | None = None) -> list[Row]:
     for s in SETTINGS:
         value = _plain(_value(config, s.key))
         note = s.none_means if value is None else None
+        if s.key in ("arg_cache", "memory") and type(value) is int and value >= 1 << 20:
+            note = f"{value / (1 << 20):g} MiB"  # (as it was likely written: "256Mi")
         if value is None and note == CURRENT_DIRECTORY:
             value = cwd or os.getcwd()  # what each worker gets: the executor's directory
         found.append(Row(s.key, value, config.sources.get(s.key, DEFAULT), note))

@@ -1029,6 +1029,9 @@ def run() -> None:
     except ConfigurationError as exc:
         sys.exit(f"fiberexec worker: {exc}")
     _adopt_authkey()
+    # As a stdlib pool's worker is "SpawnProcess-3" (logging's processName), not the
+    # "MainProcess" every worker would be
+    multiprocessing.current_process().name = f"FiberWorker-{config.worker_id}"
     _procstate.adopt_tracker()  # a new process: its parent named its tracker's pipe, if any
     _ready_for_a_full_address_space()
     origin = _syspath.adopt(os.environ.get(_syspath.ENV_SYS_PATH))  # before any unpickling

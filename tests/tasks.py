@@ -510,3 +510,9 @@ def new_file_mode_and_files_limit(path: str) -> tuple[int, int]:
     os.unlink(path)
     return mode, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
+
+def process_name(_: object = None) -> str:
+    """The name `multiprocessing.current_process` (and logging's ``processName``) gives."""
+    import multiprocessing
+
+    return multiprocessing.current_process().name

@@ -168,7 +168,12 @@ def test_bad_file_values_and_unknown_keys(tmp_path: Path) -> None:
         _resolve(tmp_path)
     (tmp_path / ".fiberexec.toml").write_text("max_wrokers = 4\n")
     with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['max_wrokers'\] in .*"
+                       r"did you mean 'max_wrokers' -> 'max_workers'\? "
                        r"allowed: \[.*'backend', 'backend_options'"):
+        _resolve(tmp_path)
+    (tmp_path / ".fiberexec.toml").write_text("[tool.fiberexec]\nmax_workers = 4\n")
+    with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['tool'\] .* a "
+                       r"\[tool.fiberexec\] table belongs in pyproject.toml"):
         _resolve(tmp_path)
     (tmp_path / ".fiberexec.toml").write_text("max_workers = \n")
     with pytest.raises(ConfigurationError, match="cannot read config file"):
@@ -382,7 +387,7 @@ def test_the_readme_table_lists_every_setting_with_its_variable() -> None:
 
 @pytest.mark.parametrize(("given", "expected"), [
     (True, "127.0.0.1:0"), ("on", "127.0.0.1:0"), (" ON ", "127.0.0.1:0"), ("1", "127.0.0.1:0"),
-    (False, None), ("off", None), ("", None), ("none", None),
+    (False, None), ("off", None), ("", None), ("none", None), (1, "127.0.0.1:0"), (0, None),
     ("0.0.0.0:8265", "0.0.0.0:8265"), ("localhost:0", "localhost:0"),
     ("[::1]:8265", "[::1]:8265"),
 ])
@@ -390,6 +395,15 @@ def test_dashboard_is_on_off_or_an_address(tmp_path: Path, given: Any, expected:
     env = {"FIBEREXEC_DASHBOARD": given} if isinstance(given, str) else None
     config = _resolve(tmp_path, env) if env else _resolve(tmp_path, dashboard=given)
     assert config.dashboard == expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [(True, True), (1, True), (0, False)])
+def test_a_flag_argument_takes_1_and_0_as_its_rule_says(
+        tmp_path: Path, given: Any, expected: bool) -> None:
+    assert _resolve(tmp_path, observe=given).observe is expected
+    with pytest.raises(ConfigurationError,
+                       match=r"observe must be true or false \(or 1/0, yes/no, on/off\), got 2"):
+        _resolve(tmp_path, observe=2)
 
 
 def test_dashboard_defaults_to_off_and_an_argument_beats_the_environment(

@@ -499,3 +499,11 @@ def test_done_callbacks_run_off_the_waiting_thread_which_may_hold_their_lock(
     calls = [ran.get(timeout=60) for _ in range(30)]
     assert all(got for _, got in calls)
     assert threading.current_thread().name not in {name for name, _ in calls}
+
+
+def test_a_worker_has_a_process_name_of_its_own(make: Make) -> None:
+    """logging's ``processName`` tells workers apart: not the ``MainProcess`` of the
+    program."""
+    with make(1) as ex:
+        name = ex.submit(tasks.process_name).result(timeout=60)
+    assert name.startswith("SpawnProcess-") or name == "FiberWorker-w0"
