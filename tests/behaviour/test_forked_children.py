@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 SCRIPT = """
 import multiprocessing
 import os
+import sys
 import time
 
 from fiberexec import FiberExecutor
@@ -43,11 +44,15 @@ def fork_child_exits():
 
 if __name__ == "__main__":
     with FiberExecutor(2, min_workers=2) as ex:
-        assert len(ex.submit(big, 4 << 20).result(timeout=60)) == 4 << 20  # shared memory
-        ours = f"fiberexec-{ex.executor_id}-"  # type: ignore[union-attr]
+        # shared memory both ways: this process's file (its argument) and a worker's
+        assert ex.submit(len, b"x" * (4 << 20)).result(timeout=60) == 4 << 20
+        assert len(ex.submit(big, 4 << 20).result(timeout=60)) == 4 << 20
+        ours = f"fiberexec-{ex.executor_id}-"
         before = {name for name in os.listdir("/dev/shm") if name.startswith(ours)}
         print("exits at once:", fork_child_exits())
-        print("files kept:", bool(before) and before <= set(os.listdir("/dev/shm")))
+        after = set(os.listdir("/dev/shm"))
+        print("files kept:", bool(before) and before <= after)
+        print("before:", sorted(before), "gone:", sorted(before - after), file=sys.stderr)
         for _ in range(3):
             assert len(ex.submit(big, 3 << 20).result(timeout=60)) == 3 << 20
         stats = ex.stats()
