@@ -377,7 +377,10 @@ class SignalAsUnpickled:
         return (_signal_then, (self.signum, self.value))
 
 
-def return_signal_as_unpickled(signum: int, value: Any) -> SignalAsUnpickled:
+def return_signal_as_unpickled(signum: int, value: Any, delay: float = 0.0) -> SignalAsUnpickled:
+    """After ``delay`` seconds (so the caller is waiting for it by then, not still
+    submitting it), a result that signals the process reading it."""
+    time.sleep(delay)
     return SignalAsUnpickled(signum, value)
 
 

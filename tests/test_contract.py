@@ -454,8 +454,8 @@ def test_a_signal_as_a_result_is_taken_in_interrupts_the_waiter_and_loses_nothin
         system: str, handler: str) -> None:
     """A signal whose handler raises (Ctrl-C's ``KeyboardInterrupt``, or a SIGALRM handler's
     timeout), arriving while a result is taken in (here: as it is unpickled, which happens
-    on whichever thread reads the worker's answer: this one in fiberexec, which waits on
-    the worker itself), interrupts the program where it waits, and the result is kept; the
+    on whichever thread reads the worker's answer: in fiberexec mostly this one, which waits
+    on the worker itself), interrupts the program where it waits, and the result is kept; the
     worker serves on, the ``with`` block's shutdown returns, and the handler is the
     program's again. (It once landed inside the reading: the result became an
     `UnpicklingError`, or was lost with the ones read with it, and the shutdown waited for
@@ -478,7 +478,10 @@ def test_a_signal_as_a_result_is_taken_in_interrupts_the_waiter_and_loses_nothin
             with Executor(1) as ex:
                 ex.submit(tasks.identity, 0).result(timeout=60)
                 time.sleep(0.2)  # (fiberexec: the worker idle, the shard's thread asleep)
-                f = ex.submit(tasks.return_signal_as_unpickled, signum, 7)
+                # (2 ms: the answer comes once this thread waits in result(), not while a
+                # descheduled submit has yet to return, and within fiberexec's 5 ms of
+                # reading the worker itself)
+                f = ex.submit(tasks.return_signal_as_unpickled, signum, 7, 0.002)
                 try:
                     f.result(timeout=60)
                     time.sleep(3)  # where the stdlib's main thread hears of it
