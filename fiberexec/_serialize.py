@@ -126,27 +126,58 @@ def dumps(obj: Any, *, what: str = "object", functions_as_bytes: bool = False,
 
 _SCALARS = frozenset((int, float, bool, complex, type(None)))
 SHORT_TEXT = 4096  # a str or bytes argument this long or shorter counts as a scalar
+FLAT_MAX = 256  # a list or tuple of at most this many scalars is pickled at once too
+
+
+def _is_scalar(value: Any) -> bool:
+    kind = type(value)  # (exact types only: nothing of the object's own code runs here)
+    return kind in _SCALARS or ((kind is str or kind is bytes) and len(value) <= SHORT_TEXT)
+
+
+def _is_flat(value: Any) -> bool:
+    """A list or tuple (the exact types) of at most `FLAT_MAX` scalars: a chunk of a map,
+    or its results."""
+    kind = type(value)
+    if (kind is not tuple and kind is not list) or len(value) > FLAT_MAX:
+        return False
+    scalars = _SCALARS
+    for item in value:
+        kind = type(item)
+        if kind not in scalars and not ((kind is str or kind is bytes)
+                                        and len(item) <= SHORT_TEXT):
+            return False
+    return True
+
+
+def _is_module_builtin(value: Any) -> bool:
+    """A function of a C module (``abs``, ``math.sqrt``): it pickles as its module's name and
+    its own, which every worker resolves as this process does."""
+    return (type(value) is types.BuiltinFunctionType
+            and type(value.__self__) is types.ModuleType
+            and value.__module__ not in (None, "__main__", "__mp_main__"))
 
 
 def dumps_scalars(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Payload | None:
-    """``(args, kwargs)`` pickled at once when every value is a number, None, or a short
-    str or bytes (the exact types), which is what most tasks take: nothing in them can be
-    the script's, a function, a buffer or a stream long enough to travel apart, so none of
-    `dumps`' looks is needed. None for anything else (`dumps` is for those)."""
-    scalars = _SCALARS
+    """``(args, kwargs)`` pickled at once when every value is a number, None, a short str
+    or bytes (the exact types), a list or tuple of those (`FLAT_MAX` at most), or a C
+    module's function, which is what most tasks take, and a map's chunks of such items:
+    nothing in them can be the script's, a function pickled by value, a buffer or a
+    stream long enough to travel apart, so none of `dumps`' looks is needed. None for
+    anything else (`dumps` is for those, and says what cannot be pickled)."""
     for value in (*args, *kwargs.values()) if kwargs else args:
-        kind = type(value)
-        if kind not in scalars and not ((kind is str or kind is bytes)
-                                        and len(value) <= SHORT_TEXT):
+        if not (_is_scalar(value) or _is_flat(value) or _is_module_builtin(value)):
             return None
-    return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+    try:
+        return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+    except Exception:  # (a module's function its module does not name, say): `dumps` says
+        return None
 
 
 def dumps_scalar(value: Any) -> Payload | None:
-    """``value`` pickled at once when it is a number, None, or a short str or bytes (the
-    exact types), as most tasks' results are (see `dumps_scalars`); None for anything else."""
-    kind = type(value)
-    if kind in _SCALARS or ((kind is str or kind is bytes) and len(value) <= SHORT_TEXT):
+    """``value`` pickled at once when it is a number, None, a short str or bytes (the exact
+    types), or a list or tuple of those, as most tasks' results are, and a chunk's (see
+    `dumps_scalars`); None for anything else."""
+    if _is_scalar(value) or _is_flat(value):
         return Payload(pickle.dumps(value, protocol=PROTOCOL))
     return None
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import operator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fiberexec import ProtocolError
+from fiberexec import PicklingError, ProtocolError
 from fiberexec import _protocol as p
 from fiberexec._record import Record
 from fiberexec._serialize import (
+    FLAT_MAX,
     SHORT_TEXT,
     Payload,
     dumps,
@@ -122,16 +126,26 @@ scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st
                     st.binary(max_size=50))
 
 
-@given(st.lists(scalars, max_size=6).map(tuple), st.dictionaries(texts, scalars, max_size=3))
-def test_scalar_arguments_pickle_at_once_and_round_trip(args: tuple[object, ...],
-                                                         kwargs: dict[str, object]) -> None:
+flats = st.one_of(st.lists(scalars, max_size=FLAT_MAX),
+                  st.lists(scalars, max_size=FLAT_MAX).map(tuple))
+plain_values = st.one_of(scalars, flats, st.sampled_from([abs, math.sqrt, operator.add]))
+
+
+@given(st.lists(plain_values, max_size=6).map(tuple),
+       st.dictionaries(texts, plain_values, max_size=3))
+@settings(max_examples=50)
+def test_plain_arguments_pickle_at_once_and_round_trip(args: tuple[object, ...],
+                                                       kwargs: dict[str, object]) -> None:
+    """Numbers, short text, flat lists and tuples of them (a map's chunks) and C modules'
+    functions (a chunk's function)."""
     payload = dumps_scalars(args, kwargs)
     assert payload is not None and not payload.buffers
     assert loads(payload) == (args, kwargs)
 
 
-@given(scalars)
-def test_a_scalar_result_pickles_at_once_and_round_trips(value: object) -> None:
+@given(st.one_of(scalars, flats))
+@settings(max_examples=50)
+def test_a_plain_result_pickles_at_once_and_round_trips(value: object) -> None:
     payload = dumps_scalar(value)
     assert payload is not None and not payload.buffers
     assert loads(payload) == value and payload.nbytes == len(payload.data)
@@ -143,13 +157,36 @@ def _script_function() -> None: ...
 _script_function.__module__ = "__main__"
 
 
-@given(st.sampled_from([[1], (2,), {"a": 1}, "x" * (SHORT_TEXT + 1), b"y" * (SHORT_TEXT + 1),
-                        _script_function, bytearray(b"z"), True.__class__, object()]))
-def test_anything_but_numbers_and_short_text_takes_the_full_path(value: object) -> None:
+class _Listed(list):  # type: ignore[type-arg]
+    pass
+
+
+@given(st.sampled_from([[[1]], ((2,),), [object()], {"a": 1}, "x" * (SHORT_TEXT + 1),
+                        b"y" * (SHORT_TEXT + 1), [b"y" * (SHORT_TEXT + 1)],
+                        list(range(FLAT_MAX + 1)), _Listed([1]), _script_function,
+                        [].append, len.__self__, bytearray(b"z"), True.__class__,
+                        object()]))
+def test_anything_else_takes_the_full_path(value: object) -> None:
+    """Nested or long lists, subclasses, functions pickled by value, bound methods: `dumps`
+    looks at those."""
     assert dumps_scalars((1, value), {}) is None
     assert dumps_scalars((), {"k": value}) is None
     assert dumps_scalar(value) is None
     assert dumps((value,), what="arguments") is not None  # (which takes every kind)
+
+
+def test_a_module_function_its_module_no_longer_names_takes_the_full_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One that cannot be pickled by its names is `dumps`' to refuse, saying why: never an
+    error from the quick path."""
+    import _operator
+
+    fn = _operator.neg
+    assert dumps_scalars((fn, 1), {}) is not None
+    monkeypatch.delattr(_operator, "neg")
+    assert dumps_scalars((fn, 1), {}) is None
+    with pytest.raises(PicklingError, match="cannot pickle the arguments"):
+        dumps(((fn, 1), {}), what="arguments")
 
 
 def test_an_exception_that_refuses_its_traceback_still_goes_back() -> None:
