@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import select
-import selectors
 import threading
 import time
 import weakref
@@ -57,6 +56,7 @@ from fiberexec._functions import kept_functions
 from fiberexec._future import CANCEL_WAIT, Answer, TaskFuture
 from fiberexec._losslog import LossLog
 from fiberexec._observe import DURATION_BOUNDS
+from fiberexec._poller import Poller
 from fiberexec._serialize import (
     Payload,
     by_value_needed,
@@ -114,11 +114,11 @@ class Shard:
         self.ready_workers = 0  # read by other shards deciding whether to steal
         self._next_housekeeping = 0.0
         self._judge_after = 0.0  # no silence is judged before this (see _may_judge_silence)
-        self.selector = selectors.DefaultSelector()
+        self.selector: Poller[Conn | None] = Poller()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # closed with the shard object, never earlier: a late wake must not hit a reused fd
         weakref.finalize(self, os.close, self._wake_fd)
-        self.selector.register(self._wake_fd, selectors.EVENT_READ, None)
+        self.selector.register(self._wake_fd, None)
         self._sleeping = False
         # Held by the shard's thread except while it sleeps in select: a submitting thread
         # that takes it then may dispatch to an idle worker itself (see `put`).
@@ -266,7 +266,7 @@ class Shard:
                 for fd, conn in conns.items():
                     if conn.collected:  # (else it was unregistered meanwhile, for good)
                         conn.collected = False
-                        self.selector.register(fd, selectors.EVENT_READ, conn)
+                        self.selector.register(fd, conn)
             if self.queue:  # the answer freed the worker: send what waits, as the shard would
                 self._dispatch()
             if self.queue or self.events or self.incoming:
@@ -386,14 +386,14 @@ class Shard:
             if self._owned:
                 self.owner.acquire()
         self._sleeping = False
-        for key, _ in ready:
-            if key.data is None:
+        for conn, _ in ready:
+            if conn is None:
                 try:
                     os.eventfd_read(self._wake_fd)
                 except BlockingIOError:
                     pass
             else:
-                self._receive(key.data)
+                self._receive(conn)
 
     def _next_deadline(self) -> float:
         wake = self._next_housekeeping
@@ -792,7 +792,7 @@ class Shard:
         conn = Conn(worker_id, channel, self.config.max_tasks_per_child or 0, now=self.clock())
         conn.nonce = adopt.nonce
         self.conns[worker_id] = conn
-        self.selector.register(channel.fileno(), selectors.EVENT_READ, conn)
+        self.selector.register(channel.fileno(), conn)
 
     def _started(self, worker_id: str, handle: WorkerHandle) -> None:
         if (conn := self.conns.get(worker_id)) is not None:
