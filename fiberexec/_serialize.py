@@ -168,9 +168,10 @@ def dumps_scalars(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Payload | No
         if not (_is_scalar(value) or _is_flat(value) or _is_module_builtin(value)):
             return None
     try:
-        return Payload(pickle.dumps((args, kwargs), protocol=PROTOCOL))
+        data = pickle.dumps((args, kwargs), protocol=PROTOCOL)
     except Exception:  # (a module's function its module does not name, say): `dumps` says
         return None
+    return Payload(data) if len(data) < STREAM_APART else None  # (long: `dumps` sends apart)
 
 
 def dumps_scalar(value: Any) -> Payload | None:
@@ -178,7 +179,9 @@ def dumps_scalar(value: Any) -> Payload | None:
     types), or a list or tuple of those, as most tasks' results are, and a chunk's (see
     `dumps_scalars`); None for anything else."""
     if _is_scalar(value) or _is_flat(value):
-        return Payload(pickle.dumps(value, protocol=PROTOCOL))
+        data = pickle.dumps(value, protocol=PROTOCOL)
+        if len(data) < STREAM_APART:  # (long: `dumps` sends it apart)
+            return Payload(data)
     return None
 
 

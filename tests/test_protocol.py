@@ -161,14 +161,18 @@ class _Listed(list):  # type: ignore[type-arg]
     pass
 
 
+# flat, but a pickle long enough to travel apart (`STREAM_APART`)
+_LONG = [str(i).rjust(SHORT_TEXT, "y") for i in range(FLAT_MAX)]
+
+
 @given(st.sampled_from([[[1]], ((2,),), [object()], {"a": 1}, "x" * (SHORT_TEXT + 1),
                         b"y" * (SHORT_TEXT + 1), [b"y" * (SHORT_TEXT + 1)],
-                        list(range(FLAT_MAX + 1)), _Listed([1]), _script_function,
+                        list(range(FLAT_MAX + 1)), _Listed([1]), _script_function, _LONG,
                         [].append, len.__self__, bytearray(b"z"), True.__class__,
                         object()]))
 def test_anything_else_takes_the_full_path(value: object) -> None:
-    """Nested or long lists, subclasses, functions pickled by value, bound methods: `dumps`
-    looks at those."""
+    """Nested or long lists, subclasses, functions pickled by value, bound methods, pickles
+    long enough to travel apart: `dumps` looks at those."""
     assert dumps_scalars((1, value), {}) is None
     assert dumps_scalars((), {"k": value}) is None
     assert dumps_scalar(value) is None
