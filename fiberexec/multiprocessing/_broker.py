@@ -455,6 +455,7 @@ class Broker:
         self.chans: dict[int, Chan] = {}
         self.processes: dict[int, bytes] = {}
         self.pids: dict[int, int] = {}
+        self.tokens: dict[int, str] = {}  # child -> its process token (from its fetch)
         self.fetched = threading.Condition()  # notified when a child reports its pid
         # locks, events, ... (see `_sync_server`), freed with their last handle (`_sync`)
         self.objects = _sync_server.ObjectTable("process that created it", "handle")
@@ -464,7 +465,8 @@ class Broker:
         self.buffers: dict[str, Any] = {}  # shared-value buffers by name (`_sharedctypes`)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
-        self.server = RpcServer(self.secret, self.handle, host)
+        # a process that called here and is gone (killed) releases what it held
+        self.server = RpcServer(self.secret, self.handle, host, holders=self.objects)
         self.advertise = advertise
         self.address = self.server.advertised(advertise)
         self.endpoint = Endpoint(self.address, self.secret)
@@ -503,17 +505,17 @@ class Broker:
             case calls.OpenStream():
                 result = self._stream()
             case calls.Fetch(proc_id, os_pid):
-                return None, self._fetch(proc_id, os_pid)
+                return None, self._fetch(proc_id, os_pid, caller[0])
             case calls.Output(stdout):
                 _forward.write(body[:stdout], body[stdout:])
             case calls.NewObject(kind, args):
-                result = self._obj_new(body, kind, args)
+                result = self._obj_new(body, kind, args, caller[0])
             case calls.ObjectAttr(oid, name):
                 result = getattr(self.obj(oid), name)
             case calls.Incref(oid):
-                self.objects.incref(oid)
+                self.objects.incref(oid, caller[0])
             case calls.Decref(oids):
-                self.objects.decref(oids)
+                self.objects.decref(oids, caller[0])
             case calls.ReadBuffer(name, offset, size):
                 return None, bytes(self.buffer(name)[offset:offset + size])
             case calls.WriteBuffer(name, offset):
@@ -882,11 +884,11 @@ class Broker:
             if count > 0 and cid in self.chans:
                 self.unref(cid, "", count)
 
-    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...]) -> int:
+    def _obj_new(self, body: bytes, kind: str, args: tuple[Any, ...], holder: str) -> int:
         kwargs: dict[str, Any] = {}
         if body:
             kwargs["action"] = loads_bytes(body, what="barrier action")
-        return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind)
+        return self.objects.add(_sync_server.KINDS[kind](*args, **kwargs), kind, holder)
 
     def obj(self, oid: int) -> Any:
         return self.objects.get(oid)[0]
@@ -911,15 +913,28 @@ class Broker:
             self.processes[pid] = payload
         return pid
 
-    def _fetch(self, proc_id: int, os_pid: int) -> bytes:
+    def _fetch(self, proc_id: int, os_pid: int, token: str) -> bytes:
         with self.lock:
             payload = self.processes.pop(proc_id, None)
+            if payload is not None:
+                self.tokens[proc_id] = token
         with self.fetched:
             self.pids[proc_id] = os_pid
             self.fetched.notify_all()
         if payload is None:
             raise ValueError(f"process {proc_id} was already fetched or never existed")
         return payload
+
+    def child_ended(self, proc_id: int) -> None:
+        """Child ``proc_id`` is seen ended: return once what it held here is released (the
+        ends of its connections read, see `_rpc.Callers`), so that after a join() its
+        parent's locks it held are freed with the parent's last handle, as the standard
+        library's are; at most `Timing.gone` (a vanished host closes no connection)."""
+        with self.lock:
+            token = self.tokens.pop(proc_id, None)
+        if token is not None and not self.server.callers.await_gone(token, TIMING.gone):
+            log.debug("process %d ended, and its connections to this broker are still "
+                      "open after %.0f s", proc_id, TIMING.gone)
 
     def pid_of(self, proc_id: int, timeout: float, gone: Callable[[], bool]) -> int | None:
         """The pid child ``proc_id`` reported, waiting up to ``timeout`` (unless ``gone()``)."""

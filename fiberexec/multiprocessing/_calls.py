@@ -7,7 +7,8 @@ on the same connection. Each server applies what it receives under one ``match``
 (`_broker.Broker.handle`, `_managers._Server.handle`): a call a role does not serve is
 answered with an error that names it.
 
-    to the transport itself   Ping (is the server alive)
+    to the transport itself   Ping (is the server alive), Monitor (this connection lasts as
+                              long as the calling process: see `_rpc`)
     queues and pipes          NewChan (a queue: ``writers`` -1; a pipe direction: its
                               writing ends), Put (the body; waiting up to ``wait`` s
                               for room), Get, Poll (an item or end-of-file within
@@ -43,6 +44,12 @@ class Call:
 @dataclass(frozen=True)
 class Ping(Call):
     """Answered by the transport, never by a role."""
+
+
+@dataclass(frozen=True)
+class Monitor(Call):
+    """Answered by the transport: the connection it comes on is the caller's first, open
+    until its process ends, so the server learns when the process is gone."""
 
 
 # ------------------------------------------------------------------- queues and pipes

@@ -110,7 +110,7 @@ class _Server:
         self.objects = _sync_server.ObjectTable("manager", "proxy")
         self.stop = threading.Event()
 
-    def _call(self, oid: int, name: str, body: bytes) -> tuple[Any, bytes]:
+    def _call(self, oid: int, name: str, body: bytes, holder: str) -> tuple[Any, bytes]:
         obj, typeid = self.objects.get(oid)
         info = self.registry[typeid]
         if info.exposed is not None and name not in info.exposed:
@@ -122,7 +122,7 @@ class _Server:
         if new_typeid is not None:  # the result stays here; the caller gets a proxy
             make = self.registry[new_typeid].make  # as the stdlib: make(result), if any
             kept = result if make is None else make(result)
-            return (self.objects.add(kept, new_typeid), new_typeid), b""
+            return (self.objects.add(kept, new_typeid, holder), new_typeid), b""
         if isinstance(result, _DICT_VIEWS):
             result = list(result)
         return None, dumps_bytes(result, what=f"result of {name}()")
@@ -134,9 +134,9 @@ class _Server:
         result: Any = None
         match call:
             case calls.CallMethod(oid, name):
-                return self._call(oid, name, body)
+                return self._call(oid, name, body, caller[0])
             case calls.Create(typeid):
-                result = self._create(typeid, body)
+                result = self._create(typeid, body, caller[0])
             case calls.GetAttr(oid, name):
                 return None, dumps_bytes(getattr(objects.get(oid)[0], name), what="attribute")
             case calls.SetAttr(oid, name):
@@ -144,9 +144,9 @@ class _Server:
             case calls.DelAttr(oid, name):
                 delattr(objects.get(oid)[0], name)
             case calls.Incref(oid):
-                objects.incref(oid)
+                objects.incref(oid, caller[0])
             case calls.Decref(oids):
-                objects.decref(oids)
+                objects.decref(oids, caller[0])
             case calls.Count():
                 result = len(objects)
             case calls.DebugInfo():
@@ -157,7 +157,7 @@ class _Server:
                 raise ValueError(f"a manager's server does not serve {call!r}")
         return result, b""
 
-    def _create(self, typeid: str, body: bytes) -> tuple[int, tuple[str, ...]]:
+    def _create(self, typeid: str, body: bytes, holder: str) -> tuple[int, tuple[str, ...]]:
         """The new object's id, and the methods its proxies may call (as the stdlib's
         server answers, for an `AutoProxy`)."""
         cargs, ckwds = loads_bytes(body, what="constructor arguments")
@@ -166,7 +166,7 @@ class _Server:
             raise ValueError(f"type {typeid!r} has no callable; it cannot be created")
         obj = info.make(*cargs, **ckwds)
         exposed = info.exposed if info.exposed is not None else public_methods(obj)
-        return self.objects.add(obj, typeid), exposed
+        return self.objects.add(obj, typeid, holder), exposed
 
 
 def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> None:
@@ -178,7 +178,8 @@ def _serve(registry: dict[str, TypeInfo], secret: bytes, reply: SimpleQueue) -> 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = _Server(registry)
     host, advertise = _backends.broker_hosts()  # reachable from the manager's parent
-    rpc = RpcServer(secret, server.handle, host)
+    # a client that is gone (killed) releases its proxies, as at its normal exit
+    rpc = RpcServer(secret, server.handle, host, holders=server.objects)
     reply.put(rpc.advertised(advertise))
     server.stop.wait()
     rpc.close()

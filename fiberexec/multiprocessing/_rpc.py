@@ -25,6 +25,11 @@ waiting, it asks the server every ``Timing.heartbeat`` seconds whether it is ali
 `_calls.Ping`, answered by the transport itself); no answer within ``Timing.ping`` and
 the client is declared lost, which wakes every waiting call with a `ConnectionError` that
 names the server.
+
+A client's first connection says it is its process's monitor (`_calls.Monitor`, before any
+call) and stays open while the client lives, which is as long as its process: the server
+knows every process that calls it, and learns when one is gone (`Callers`), so what a
+killed process held there is released (`_sync_server.ObjectTable.drop_holder`).
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fiberexec._errors import ProtocolError
-from fiberexec.multiprocessing._calls import Call, Ping
+from fiberexec.multiprocessing._calls import Call, Monitor, Ping
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._links import (
@@ -129,12 +135,128 @@ def _pickle_error(exc: BaseException) -> bytes:
         return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=5)
 
 
-class RpcServer:
-    """Serve ``handler(call, body, caller) -> (result, body)`` to authenticated clients."""
+class Holders(Protocol):
+    """What a server keeps for the processes that call it, by token, released for one that
+    is gone (`_sync_server.ObjectTable`)."""
 
-    def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1") -> None:
+    def drop_holder(self, token: str) -> None:
+        """Release all ``token`` holds; calls of it that still come change nothing."""
+
+    def forget_holder(self, token: str) -> None:
+        """No call of ``token`` can come any more (its last connection closed)."""
+
+
+@dataclass
+class _Conn:
+    """What a server knows of one connection."""
+
+    token: str | None = None  # of the process calling on it (said with its first call)
+    monitor: bool = False  # it is that process's monitor (`_calls.Monitor`)
+
+
+@dataclass
+class _Calling:
+    """A process calling a server: its open connections, and whether it is gone."""
+
+    conns: int = 0
+    monitors: int = 0
+    gone: bool = False  # its last monitor closed: what it held is (being) released
+    dropped: bool = False  # and that is done
+
+
+class Callers:
+    """The processes that call a server, by token, and which of them are gone.
+
+    A client's monitor connection is open before its first call and closes only with the
+    client, which lives as long as its process (`client_for` replaces a lost one only once
+    its successor's monitor is open): so a process is gone once its last monitor closed,
+    and what it held is released then (``holders.drop_holder``), without waiting for its
+    other connections, on which a call may still run (a wait on a lock or a barrier, for a
+    slice or longer). A call of it answered after that changes nothing (the table ignores
+    a holder dropped); once its last connection closed, no call of it can come, and the
+    table forgets it (``forget_holder``). A process that never sent a monitor (a forked
+    child, calling through the client it inherited) is never taken as gone, nor is this
+    process (a client of its own server, which it calls directly otherwise)."""
+
+    def __init__(self, holders: Holders | None) -> None:
+        self.holders = holders
+        self._cond = threading.Condition()
+        self._calling: dict[str, _Calling] = {}
+
+    def came(self, conn: _Conn, token: str, monitor: bool) -> None:
+        """``conn``'s first call: it is a connection of ``token``'s process."""
+        conn.token, conn.monitor = token, monitor
+        with self._cond:
+            calling = self._calling.setdefault(token, _Calling())
+            calling.conns += 1
+            calling.monitors += monitor
+
+    def left(self, conn: _Conn, closing: bool) -> None:
+        """``conn`` closed: release what its process held if it is gone (not while
+        ``closing``: the server closes every connection, the processes live on)."""
+        token, holders = conn.token, self.holders
+        if token is None:
+            return
+        with self._cond:
+            calling = self._calling[token]
+            calling.conns -= 1
+            calling.monitors -= conn.monitor
+            drop = (holders is not None and conn.monitor and not calling.monitors
+                    and not calling.gone and not closing and token != _TOKEN)
+            calling.gone = calling.gone or drop
+            over = self._settle(token, calling)
+            self._cond.notify_all()
+        if holders is None:
+            return
+        if drop:
+            self._drop(holders, token, calling)
+        elif over:
+            holders.forget_holder(token)
+
+    def _drop(self, holders: Holders, token: str, calling: _Calling) -> None:
+        """Release what ``token`` held; forget it if its last connection closed meanwhile."""
+        try:
+            holders.drop_holder(token)
+        except Exception:  # a server thread's end: nothing to re-raise it to
+            log.exception("releasing what a process that is gone held failed")
+        with self._cond:
+            calling.dropped = True
+            over = self._settle(token, calling)
+            self._cond.notify_all()
+        if over:
+            holders.forget_holder(token)
+
+    def _settle(self, token: str, calling: _Calling) -> bool:
+        """(Under the lock) Forget ``token`` once none of its connections is open and, if it
+        is gone, what it held is released; whether it was dropped so (its holders are
+        forgotten then too)."""
+        if calling.conns or (calling.gone and not calling.dropped):
+            return False
+        del self._calling[token]
+        return calling.dropped
+
+    def await_gone(self, token: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` until ``token``'s process, known to have ended, is seen
+        gone and what it held released; False if its monitor is still open."""
+
+        def released() -> bool:
+            calling = self._calling.get(token)
+            return calling is None or calling.dropped or not (calling.gone or calling.monitors)
+
+        with self._cond:
+            return self._cond.wait_for(released, timeout)
+
+
+class RpcServer:
+    """Serve ``handler(call, body, caller) -> (result, body)`` to authenticated clients;
+    what ``holders`` keeps for a process that called is released once it is gone
+    (`Callers`)."""
+
+    def __init__(self, secret: bytes, handler: Handler, host: str = "127.0.0.1",
+                 holders: Holders | None = None) -> None:
         self.secret = secret
         self.handler = handler
+        self.callers = Callers(holders)
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
@@ -166,6 +288,7 @@ class RpcServer:
             self._conns.add(sock)
         wire = Wire(sock)
         serving.sock = sock
+        conn = _Conn()
         try:
             wire.send_parts([b"K", self.local_name.encode()])
             while True:
@@ -174,18 +297,22 @@ class RpcServer:
                     log.warning("a client of %s sent a %r frame; hung up on it", self.address,
                                 frame[:1])
                     return
-                wire.send_parts(self._dispatch(frame))
+                wire.send_parts(self._dispatch(frame, conn))
         except (OSError, EOFError, ProtocolError):
             pass  # the client went away (or broke the protocol): its connection ends
         finally:
             with self._lock:
                 self._conns.discard(sock)
+                closing = self._closed
             drop(sock)
+            self.callers.left(conn, closing)
 
-    def _dispatch(self, frame: bytes) -> list[bytes | memoryview]:
+    def _dispatch(self, frame: bytes, conn: _Conn) -> list[bytes | memoryview]:
         try:
             (call, caller), body = _split(frame)
-            if isinstance(call, Ping):
+            if conn.token is None:
+                self.callers.came(conn, caller[0], isinstance(call, Monitor))
+            if isinstance(call, Ping | Monitor):
                 return _frame(b"O", None, b"")
             result, out = self.handler(call, bytes(body), caller)
             return _frame(b"O", result, out)
@@ -266,7 +393,7 @@ class RpcClient:
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
         # a server that takes the connection and says nothing (stopped) is found by the same
         # bound as one that stops answering later
-        self._monitor = self._connect(min(timeout, TIMING.ping)).sock
+        self._monitor = self._open_monitor(min(timeout, TIMING.ping))
         threading.Thread(target=self._await_end, daemon=True,
                          name="fiberexec-mp-rpc-watch").start()
 
@@ -278,6 +405,22 @@ class RpcClient:
             self._monitor.recv(1)
         if not self._closed:
             self._lose(f"the process serving {self.address} is gone (its connection closed)")
+
+    def _open_monitor(self, timeout: float) -> socket.socket:
+        """The first connection: it tells the server it is this process's monitor (the
+        answer read before any call is made, so the server knows of this process by then);
+        from then on only `_await_end` reads it."""
+        wire = self._connect(timeout)
+        try:
+            wire.send_parts(_frame(b"R", (Monitor(), (_TOKEN, 0)), b""))
+            answer = wire.recv_bytes()
+        except (OSError, EOFError) as exc:
+            drop(wire.sock)
+            raise ConnectionError(f"{self.address} broke off a new connection: {exc}") from None
+        if answer[:1] != b"O":
+            drop(wire.sock)
+            raise ProtocolError(f"{self.address} answered {answer[:1]!r} to a monitor")
+        return wire.sock
 
     def _connect(self, timeout: float) -> Wire:
         """An authenticated connection (by the server's Unix socket once known), its
@@ -454,9 +597,12 @@ def client_for(address: str, secret: bytes) -> RpcClient:
         return client
     with _clients_lock:
         client = _clients.get(address)
-        if client is not None and client.lost.is_set():
+        if client is not None and not client.lost.is_set():
+            return client
+        # a lost client is closed only once its successor's monitor is open: its server
+        # would take this process for gone in between (`Callers`); if none can be made,
+        # the lost one stays, to be replaced by a later call
+        fresh = _clients[address] = RpcClient(address, secret)
+        if client is not None:
             client.close()
-            client = None
-        if client is None:
-            client = _clients[address] = RpcClient(address, secret)
-        return client
+        return fresh

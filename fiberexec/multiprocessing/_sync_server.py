@@ -14,7 +14,7 @@ import itertools
 import os
 import secrets
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -284,15 +284,20 @@ KINDS: dict[str, Callable[..., Any]] = {
 # ---------------------------------------------------------------------------- the table
 
 class ObjectTable:
-    """Objects by id, each with its kind and its count of live handles; thread-safe.
+    """Objects by id, each with its kind and its live handles, counted by the process that
+    holds them (its token, see `_rpc.Caller`); thread-safe.
 
     Both object servers keep their objects here: a process's broker (`Lock`, `Event` and
     the rest of `_sync`) and a manager's server (`_managers`). As the standard library's
     managers count proxies, creating an object gives it its first reference (the handle made
-    for it), unpickling a handle adds one (``incref``), and a handle garbage collected, or
-    held by a process that ends, releases its own (``decref``, sent in batches by
-    `_proxies`' releaser). The last release frees the object, outside the table's lock:
-    freeing it may release handles it held, whose releases come back here.
+    for it, held by the process that asked), unpickling a handle adds one (``incref``), and
+    a handle garbage collected, or held by a process that ends, releases its own
+    (``decref``, sent in batches by `_proxies`' releaser). A process killed before it could
+    release its handles is dropped as a whole once its server sees it gone
+    (``drop_holder``, see `_rpc.Callers`), as if it had ended normally; a call of it that
+    was under way and is answered after that counts nothing. The last release
+    frees the object, outside the table's lock: freeing it may release handles it held,
+    whose releases come back here.
 
     ``owner`` and ``handle`` name the server and its handles in the error for an id that is
     gone (``"manager"``, ``"proxy"``)."""
@@ -300,7 +305,10 @@ class ObjectTable:
     def __init__(self, owner: str, handle: str) -> None:
         self.owner, self.handle = owner, handle
         self._objects: dict[int, tuple[Any, str]] = {}
-        self._refs: dict[int, int] = {}
+        self._refs: dict[int, int] = {}  # id -> its handles, in every process
+        self._held: dict[str, Counter[int]] = {}  # process token -> id -> its handles there
+        # processes dropped as gone whose calls may still come (`_rpc.Callers`): not counted
+        self._gone: set[str] = set()
         self._ids = itertools.count(1)
         # re-entrant: freeing an object may free handles it held, whose releases come here
         self._lock = threading.RLock()
@@ -308,12 +316,16 @@ class ObjectTable:
     def __len__(self) -> int:
         return len(self._objects)
 
-    def add(self, obj: Any, kind: str) -> int:
-        """Keep ``obj``; the handle made for it holds its first reference."""
+    def add(self, obj: Any, kind: str, holder: str) -> int:
+        """Keep ``obj``; the handle made for it in ``holder``'s process holds its first
+        reference."""
         with self._lock:
             oid = next(self._ids)
+            if holder in self._gone:  # made for a process that is gone: it goes at once
+                return oid
             self._objects[oid] = (obj, kind)
             self._refs[oid] = 1
+            self._held.setdefault(holder, Counter())[oid] += 1
         return oid
 
     def get(self, oid: int) -> tuple[Any, str]:
@@ -326,22 +338,56 @@ class ObjectTable:
                 f"{self.handle} to it was dropped; keep a {self.handle} alive while other "
                 "processes may still receive copies of it") from None
 
-    def incref(self, oid: int) -> None:
+    def incref(self, oid: int, holder: str) -> None:
         with self._lock:
             self.get(oid)
+            if holder in self._gone:  # (a late call: what it held was released)
+                return
             self._refs[oid] += 1
+            self._held.setdefault(holder, Counter())[oid] += 1
 
-    def decref(self, oids: Iterable[int]) -> None:
-        freed = []
+    def decref(self, oids: Iterable[int], holder: str) -> None:
+        """``holder`` dropped a handle to each of ``oids``. One it was never counted for is
+        not its to release (a copy a forked child inherited from the process that holds
+        it), nor one of a holder already dropped as gone."""
+        freed: list[tuple[Any, str]] = []
         with self._lock:
+            held = self._held.get(holder)
             for oid in oids:
-                left = self._refs.get(oid, 0) - 1
-                if left > 0:
-                    self._refs[oid] = left
-                elif oid in self._refs:
-                    del self._refs[oid]
-                    freed.append(self._objects.pop(oid))
+                if held is None or held[oid] <= 0:
+                    continue
+                held[oid] -= 1
+                if not held[oid]:
+                    del held[oid]
+                self._release(oid, 1, freed)
+            if held is not None and not held:
+                del self._held[holder]
         freed.clear()  # the objects go here, outside the lock
+
+    def drop_holder(self, holder: str) -> None:
+        """``holder``'s process is gone: release every handle it held (it never will); a
+        call of it that still comes counts nothing, until `forget_holder`."""
+        freed: list[tuple[Any, str]] = []
+        with self._lock:
+            self._gone.add(holder)
+            for oid, count in self._held.pop(holder, Counter()).items():
+                self._release(oid, count, freed)
+        freed.clear()  # the objects go here, outside the lock
+
+    def forget_holder(self, holder: str) -> None:
+        """No call of ``holder``, dropped as gone, can come any more."""
+        with self._lock:
+            self._gone.discard(holder)
+
+    def _release(self, oid: int, count: int, freed: list[tuple[Any, str]]) -> None:
+        """Take ``count`` references off ``oid`` (under the lock); the last frees it, into
+        ``freed``."""
+        left = self._refs.get(oid, 0) - count
+        if left > 0:
+            self._refs[oid] = left
+        elif oid in self._refs:
+            del self._refs[oid]
+            freed.append(self._objects.pop(oid))
 
     def debug_info(self) -> str:
         with self._lock:

@@ -393,6 +393,13 @@ def say_then_acquire(lock: Any, q: Any) -> None:
     lock.acquire()
 
 
+def say_then_acquire_on(lock: Any, go: Any, q: Any) -> None:
+    """Say so, wait for ``go``, then put whether ``lock`` could be acquired."""
+    q.put(os.getpid())
+    go.wait(60)
+    q.put(lock.acquire(timeout=10))
+
+
 def timed_gets_until_none(q: Any, got: Any, timeout: float) -> None:
     """Get with ``timeout`` until None comes, doing something else for as long after each
     get that found nothing; send back each item with when its get began and ended

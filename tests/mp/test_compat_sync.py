@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -373,6 +374,69 @@ def test_a_process_killed_while_it_waits_through_the_broker_takes_nothing() -> N
         lock.release()
         assert lock.acquire(timeout=10), kind
         lock.release()
+
+
+def _semaphore_file(lock: Any) -> Path:
+    """Where a lock's kernel semaphore is (glibc names it ``sem.<name>`` in /dev/shm)."""
+    name = lock._name if hasattr(lock, "_name") else lock._semlock.name
+    assert name, "the lock has no kernel semaphore"
+    return Path("/dev/shm") / f"sem.{name.lstrip('/')}"
+
+
+def _collect_dropped() -> None:
+    """Collect what this process dropped, and send our handles' releases (a thread of
+    ours sends them: `_proxies._Releaser`)."""
+    import gc
+
+    from fiberexec.multiprocessing._proxies import _releaser
+
+    gc.collect()
+    _releaser.flush()
+
+
+def test_a_lock_a_killed_child_held_goes_with_its_creators_last_handle(mpm: ModuleType) -> None:
+    """A child killed while it holds a copy of its parent's lock never releases it; the
+    lock goes with the parent's last handle all the same, its semaphore out of /dev/shm."""
+    import signal
+
+    lock, q = mpm.Lock(), mpm.Queue()
+    path = _semaphore_file(lock)
+    assert path.exists()
+    assert lock.acquire()
+    p = _run(mpm, t.say_then_acquire, lock, q)
+    q.get(timeout=60)  # it holds its copy, and waits on the semaphore
+    p.kill()  # (by its backend: its pid may be a container's own)
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    del lock
+    _collect_dropped()
+    assert not path.exists(), f"{path.name} outlived its last live handle"
+
+
+def test_a_killed_holder_releases_its_own_copy_and_no_other() -> None:
+    """With its creator's handle dropped and one holder killed, a lock lives on for a live
+    holder (one that calls the broker for it, as a process of another host does), and goes
+    when that one ends."""
+    import fiberexec.multiprocessing as fmp
+
+    lock, q, go = fmp.Lock(), fmp.Queue(), fmp.Event()
+    path = _semaphore_file(lock)
+    assert lock.acquire()
+    killed = _run(fmp, t.say_then_acquire, lock, q)
+    live = _run(fmp, t.say_then_acquire_on, _through_broker(lock), go, q)
+    q.get(timeout=60)
+    q.get(timeout=60)
+    killed.kill()
+    killed.join(60)
+    lock.release()
+    del lock
+    _collect_dropped()
+    go.set()
+    assert q.get(timeout=60) is True  # the broker still holds it for the live one
+    live.join(60)
+    assert live.exitcode == 0
+    _collect_dropped()
+    assert not path.exists(), f"{path.name} outlived its last holder"
 
 
 CHILD_HANDS_OVER = """
