@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import gc
 import importlib
 import logging
 import multiprocessing
@@ -79,11 +80,14 @@ def kit() -> Iterator[BackendKit]:
 _XDIST = "PYTEST_XDIST_WORKER" in os.environ
 _EXECUTORS_HERE: set[str] = set()  # ids of the executors built in this process (`_XDIST`)
 _SHM_AT_START: set[str] = set()
+_SEM_PREFIX = "sem."  # glibc's prefix of a named semaphore's file
 
 
 def _owner_elsewhere(name: str, ours: set[int]) -> bool:
     """Whether a file names a live creator outside this process's tree (``fiberexec-mp<pid>-``,
-    ``fiberexec-joblib-<pid>-``) or, under xdist, an executor not built here."""
+    ``fiberexec-joblib-<pid>-``, a kernel semaphore's ``sem.fiberexec-mp<pid>-``) or, under
+    xdist, an executor not built here."""
+    name = name.removeprefix(_SEM_PREFIX)
     for prefix in ("fiberexec-mp", "fiberexec-joblib-"):
         creator = name.removeprefix(prefix).split("-", 1)[0]
         if name.startswith(prefix) and creator.isdigit():
@@ -93,14 +97,26 @@ def _owner_elsewhere(name: str, ours: set[int]) -> bool:
 
 
 def _shm_files() -> set[str]:
-    """fiberexec's files in /dev/shm, less those of live processes outside this test run.
+    """fiberexec's files in /dev/shm (shared memory, and the kernel semaphores of its locks),
+    less those of live processes outside this test run.
 
     /dev/shm is the machine's: a file whose name says its creator is alive and not of this
     run belongs to another program, not to a test's leak.
     """
+    _release_dropped()
     ours = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
-    return {path.name for path in Path("/dev/shm").glob("fiberexec-*")
-            if not _owner_elsewhere(path.name, ours)}
+    shm = Path("/dev/shm")
+    found = [*shm.glob("fiberexec-*"), *shm.glob(f"{_SEM_PREFIX}fiberexec-*")]
+    return {path.name for path in found if not _owner_elsewhere(path.name, ours)}
+
+
+def _release_dropped() -> None:
+    """Free what this process dropped: its handles in reference cycles are collected, and
+    their releases, which a thread sends, are in before /dev/shm is read."""
+    gc.collect()
+    proxies = sys.modules.get("fiberexec.multiprocessing._proxies")
+    if proxies is not None:  # (else this process made no handle)
+        proxies._releaser.flush()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
