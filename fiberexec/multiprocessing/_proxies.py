@@ -42,7 +42,7 @@ class BaseProxy:
         if incref:  # a copy (unpickled): its own reference, if the object still exists
             try:
                 endpoint.call(calls.Incref(oid))
-            except (KeyError, ConnectionError, OSError):
+            except (ReferenceError, ConnectionError, OSError):
                 return  # freed, or its manager stopped: calls say so; nothing to release
         _releaser.watch(self, address, secret, oid)
 

@@ -51,6 +51,21 @@ def test_an_object_is_freed_with_its_last_proxy(mpm: ModuleType) -> None:
         assert m._number_of_objects() == 0
 
 
+def test_a_copy_of_a_freed_object_unpickles_and_says_so_when_used() -> None:
+    """A proxy unpickled after its object was freed (its last proxy dropped) is made all
+    the same; its calls say the object is gone and why (the standard library's raises
+    `KeyError` from the unpickling itself)."""
+    with fmp.Manager() as m:
+        d = m.dict()
+        pickled = pickle.dumps(d)
+        del d
+        gc.collect()
+        assert m._number_of_objects() == 0
+        copy = pickle.loads(pickled)
+        with pytest.raises(ReferenceError, match="freed when the last proxy"):
+            copy["x"] = 1
+
+
 def test_iterators_see_changes_made_while_they_run(mpm: ModuleType) -> None:
     with mpm.Manager() as m:
         a = m.list(range(10))
