@@ -47,7 +47,7 @@ from fiberexec.multiprocessing._frames import (
 )
 from fiberexec.multiprocessing._hub import Hub, Peer
 from fiberexec.multiprocessing._links import TIMING, Signal, Wake, thread_wake
-from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
+from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer, caller_waits
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -539,8 +539,8 @@ class Broker:
     def _put(self, body: bytes, cid: int, wait: float) -> str:
         chan = self.chan(cid)
         with chan.cond:
-            if chan.maxsize and not chan.cond.wait_for(
-                    lambda: chan.size() < chan.maxsize, timeout=wait):
+            if chan.maxsize and not caller_waits(lambda left: chan.cond.wait_for(
+                    lambda: chan.size() < chan.maxsize, timeout=left), wait):
                 return FULL
             self._append(chan, body)
         return OK
@@ -577,9 +577,9 @@ class Broker:
             chan.revoke()  # before counting this thread: "nothing here" is for it
             chan.local_waiters += 1
             try:  # items sent ahead elsewhere come first (`Chan.dispatch`)
-                ready = chan.cond.wait_for(
+                ready = caller_waits(lambda left: bool(chan.cond.wait_for(
                     lambda: (chan.items and not chan.ahead_of(None)) or chan.writers == 0,
-                    timeout=wait)
+                    timeout=left)), wait)
             finally:
                 chan.local_waiters -= 1
             if not ready:
@@ -642,8 +642,8 @@ class Broker:
     def _poll(self, cid: int, wait: float) -> bool:
         chan = self.chan(cid)
         with chan.cond:
-            return bool(chan.cond.wait_for(lambda: chan.items or chan.writers == 0,
-                                           timeout=wait))
+            return caller_waits(lambda left: bool(chan.cond.wait_for(
+                lambda: chan.items or chan.writers == 0, timeout=left)), wait)
 
     def _qsize(self, cid: int) -> tuple[int, int]:
         chan = self.chan(cid)
@@ -662,7 +662,8 @@ class Broker:
     def _join(self, cid: int, wait: float) -> bool:
         chan = self.chan(cid)
         with chan.cond:
-            return chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=wait)
+            return caller_waits(
+                lambda left: chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=left), wait)
 
     def _ref(self, cid: int, ticket: str) -> bool:
         """A pipe end is being pickled: hold a count for the copy until it is unpickled.

@@ -42,6 +42,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from fiberexec.multiprocessing._links import (
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _LEN = struct.Struct("!I")
+GONE_CHECK = 0.2  # seconds a wait for a client checks, between, whether it hung up
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[Call, bytes, Caller], tuple[Any, bytes]]
 
@@ -117,6 +119,23 @@ def caller_gone() -> bool:
         return False  # nothing to read: it waits for the answer
     except OSError:
         return True  # reset
+
+
+def caller_waits(wait: Callable[[float | None], bool], timeout: float | None) -> bool:
+    """``wait(timeout)`` on behalf of the client this server thread answers, in pieces of
+    `GONE_CHECK` seconds, ending early (False) once that client has hung up: a wait the
+    kernel does (a semaphore's) cannot also watch the connection, and one left running for
+    a killed process would keep what it waits on (a lock, and its semaphore's file) for the
+    rest of the request. On any other thread, ``wait(timeout)`` as it is."""
+    if getattr(serving, "sock", None) is None:
+        return wait(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = GONE_CHECK if deadline is None else min(GONE_CHECK, deadline - time.monotonic())
+        if wait(max(0.0, left)):
+            return True
+        if caller_gone() or (deadline is not None and time.monotonic() >= deadline):
+            return False
 
 
 def _tcp_address(address: str) -> tuple[str, int]:
@@ -237,11 +256,13 @@ class Callers:
 
     def await_gone(self, token: str, timeout: float) -> bool:
         """Wait up to ``timeout`` until ``token``'s process, known to have ended, is seen
-        gone and what it held released; False if its monitor is still open."""
+        gone, what it held released, and its calls under way ended (a wait it made here
+        ends as its caller is seen gone: `caller_waits`); False if a connection of it is
+        still open."""
 
         def released() -> bool:
             calling = self._calling.get(token)
-            return calling is None or calling.dropped or not (calling.gone or calling.monitors)
+            return calling is None or not (calling.gone or calling.monitors)
 
         with self._cond:
             return self._cond.wait_for(released, timeout)

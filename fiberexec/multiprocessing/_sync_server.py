@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fiberexec.multiprocessing import _owned
-from fiberexec.multiprocessing._rpc import Caller, caller_gone
+from fiberexec.multiprocessing._rpc import Caller, caller_gone, caller_waits
 
 # the standard library's semaphores (no type stubs: it is a C module of the stdlib's own)
 _multiprocessing: Any = importlib.import_module("_multiprocessing")
@@ -50,7 +50,8 @@ class Semaphore:
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._value > 0, _wait_time(block, timeout)):
+            if not caller_waits(lambda wait: self._cond.wait_for(lambda: self._value > 0, wait),
+                                _wait_time(block, timeout)):
                 return False
             if block and caller_gone():  # killed while it waited (see `KernelSemaphore`)
                 return False
@@ -103,8 +104,9 @@ class RLock:
             if self._owner == me:
                 self._count += 1
                 return True
-            if not self._cond.wait_for(lambda: self._owner is None,
-                                       _wait_time(block, timeout)):
+            if not caller_waits(
+                    lambda wait: self._cond.wait_for(lambda: self._owner is None, wait),
+                    _wait_time(block, timeout)):
                 return False
             if block and caller_gone():  # killed while it waited (see `KernelSemaphore`)
                 return False
@@ -162,9 +164,11 @@ class KernelSemaphore:
         _owned.own(self, self.name, _multiprocessing.sem_unlink, (self.name, "semaphore"))
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        if not self.sem.acquire(block, timeout):
+        if not block:
+            return bool(self.sem.acquire(False))
+        if not caller_waits(lambda wait: bool(self.sem.acquire(True, wait)), timeout):
             return False
-        if block and caller_gone():  # killed while it waited here: it would hold it forever
+        if caller_gone():  # killed while it waited here: it would hold it forever
             self.sem.release()
             return False
         return True
@@ -227,7 +231,7 @@ class Condition:
             self._waiters.append(waiter)
         state = self.lock._release_save()
         try:
-            return waiter.wait(None if timeout is None else max(0.0, timeout))
+            return caller_waits(waiter.wait, None if timeout is None else max(0.0, timeout))
         finally:
             with self._guard:
                 if waiter in self._waiters:

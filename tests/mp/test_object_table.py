@@ -3,12 +3,21 @@ its transport says which calling processes are gone (`_rpc.Callers`)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 import weakref
 
 import pytest
 
-from fiberexec.multiprocessing._rpc import Callers, _Conn, process_token
+from fiberexec.multiprocessing._rpc import (
+    GONE_CHECK,
+    Callers,
+    _Conn,
+    caller_waits,
+    process_token,
+    serving,
+)
 from fiberexec.multiprocessing._sync_server import ObjectTable
 
 
@@ -111,9 +120,10 @@ def test_a_process_is_dropped_when_its_monitor_closes_and_forgotten_after_its_la
     monitor, waiting = _open(callers, "p", monitor=True), _open(callers, "p")
     callers.left(monitor, closing=False)
     assert told == [("drop", "p")]  # a call of it still waits: it is released all the same
-    assert callers.await_gone("p", timeout=0)
+    assert not callers.await_gone("p", timeout=0)  # (that call keeps what it waits on)
     callers.left(waiting, closing=False)
     assert told == [("drop", "p"), ("forget", "p")]
+    assert callers.await_gone("p", timeout=0)
 
 
 def test_a_process_with_a_monitor_open_is_not_gone() -> None:
@@ -152,3 +162,28 @@ def test_await_gone_returns_once_the_release_is_done() -> None:
     assert callers.await_gone("p", timeout=60)
     assert released.is_set()
     closer.join(60)
+
+
+def test_a_wait_for_a_client_ends_once_it_hangs_up() -> None:
+    """A server thread waiting on behalf of a client (`caller_waits`, in pieces) stops soon
+    after the client hangs up, without a result; a client still there waits it out."""
+    never = threading.Event()
+    ours, theirs = socket.socketpair()
+    try:
+        serving.sock = ours
+        assert not caller_waits(never.wait, timeout=2 * GONE_CHECK)  # there: waits it out
+        theirs.close()
+        started = time.monotonic()
+        assert not caller_waits(never.wait, timeout=None)  # gone: ends within a piece
+        assert time.monotonic() - started < 60
+        assert caller_waits(threading.Event().wait, timeout=0) is False
+    finally:
+        del serving.sock
+        ours.close()
+        theirs.close()
+
+
+def test_outside_a_server_thread_a_wait_is_the_wait_itself() -> None:
+    done = threading.Event()
+    done.set()
+    assert caller_waits(done.wait, timeout=None)
