@@ -18,9 +18,14 @@ guarded by a semaphore both open:
 Bits are kept per number modulo `BITS` (a worker holds at most a thousand-odd tasks, so
 numbers in flight never share a bit); the worker clears the bits of every number it passes
 (decided, or given back over the link), so a bit is clear when its number comes round
-again. The worker makes the board beside its handshake's probe (`fiberexec._protocol`), the
-executor opens it on the worker's Hello, and both unlink its names then, so a crash leaves
-nothing behind.
+again. The worker makes the board's page beside its handshake's probe (`fiberexec._protocol`);
+the executor maps it on the worker's Hello and makes the semaphore, which the worker opens on
+the Setup. The executor makes it because making a named semaphore is not atomic (glibc writes
+a temporary ``/dev/shm/sem.XXXXXX`` and links it under its name): a worker killed inside that
+call, which tests and users do, would leave the temporary file, named after nothing of ours.
+Opening one leaves nothing. The executor unlinks the page's name once mapped, the worker the
+semaphore's once open, and the executor both again when it loses the worker, so a crash
+leaves nothing behind (and the executor's own files all go at its shutdown).
 """
 
 from __future__ import annotations
@@ -50,18 +55,18 @@ class _Semaphore(Protocol):  # what is used of `_multiprocessing.SemLock`
 
 
 class ClaimBoard:
-    """One worker's board; `create` in the worker, `attach` in the executor."""
+    """One worker's board; `create` and `open_lock` in the worker, `attach` in the executor."""
 
-    def __init__(self, name: str, memory: mmap.mmap, lock: _Semaphore) -> None:
+    def __init__(self, name: str, memory: mmap.mmap, lock: _Semaphore | None) -> None:
         self.name = name
         self._memory = memory
-        self._lock = lock
+        self._lock = lock  # (the worker's: None until `open_lock`)
         self._linked = True
 
     @classmethod
     def create(cls, probe: str) -> ClaimBoard | None:
-        """(Worker) A new board named after the handshake's probe; None when there is no
-        room."""
+        """(Worker) A new board's page, named after the handshake's probe; None when there
+        is no room. Its semaphore is the executor's to make (`attach`)."""
         name = probe + SUFFIX
         path = _shm.segment_path(name)
         try:
@@ -72,39 +77,48 @@ class ClaimBoard:
             os.ftruncate(fd, mmap.PAGESIZE)
             memory = mmap.mmap(fd, mmap.PAGESIZE)
         except OSError:
+            os.unlink(path)
+            return None
+        finally:
             os.close(fd)
-            os.unlink(path)
-            return None
-        os.close(fd)
         _DECIDED.pack_into(memory, 0, -1)
+        return cls(name, memory, None)
+
+    def open_lock(self) -> bool:
+        """(Worker) Open the semaphore the executor made for this board (it said so in the
+        Setup); False if it cannot be opened."""
         try:
-            lock = cast(_Semaphore, _multiprocessing.SemLock(_SEMAPHORE, 1, 1, "/" + name,
-                                                             False))
-        except OSError:
-            memory.close()
-            os.unlink(path)
-            return None
-        return cls(name, memory, lock)
+            self._lock = cast(_Semaphore, _multiprocessing.SemLock._rebuild(
+                0, _SEMAPHORE, 1, "/" + self.name))
+        except (OSError, ValueError):
+            return False
+        return True
 
     @classmethod
     def attach(cls, probe: str) -> ClaimBoard | None:
-        """(Executor) The board the worker made beside its handshake's probe; None if it
-        cannot be opened from here (then the worker is told not to use it)."""
+        """(Executor) Map the page the worker made beside its handshake's probe and make the
+        board's semaphore; None if either fails here (then the worker is told not to use
+        the board)."""
         name = probe + SUFFIX
         try:
             with open(_shm.segment_path(name), "r+b") as f:
                 memory = mmap.mmap(f.fileno(), mmap.PAGESIZE)
-            lock = cast(_Semaphore,
-                        _multiprocessing.SemLock._rebuild(0, _SEMAPHORE, 1, "/" + name))
         except (OSError, ValueError):
+            return None
+        try:
+            lock = cast(_Semaphore, _multiprocessing.SemLock(_SEMAPHORE, 1, 1, "/" + name,
+                                                             False))
+        except OSError:  # (one of that name already: not made for this worker)
+            memory.close()
             return None
         return cls(name, memory, lock)
 
-    def unlink(self) -> None:
-        """Remove both names (both sides have them open, or the other never will)."""
+    def unlink(self, *, semaphore: bool = True) -> None:
+        """Remove the board's names: the page's, and the semaphore's unless told not to
+        (the executor keeps it until the worker has opened it)."""
         if self._linked:
-            self._linked = False
-            unlink(self.name[: -len(SUFFIX)])
+            self._linked = not semaphore
+            unlink(self.name[: -len(SUFFIX)], semaphore=semaphore)
 
     def close(self) -> None:
         self.unlink()
@@ -121,8 +135,9 @@ class ClaimBoard:
         """(Worker) About to start task ``number``: True to run it, False if the executor
         took it back, None if the semaphore stayed taken for `WAIT` seconds (look at the
         link, then ask again: an executor that died holding it has hung up)."""
-        memory = self._memory
-        if not self._lock.acquire(True, WAIT):
+        memory, lock = self._memory, self._lock
+        assert lock is not None, "claim before open_lock"
+        if not lock.acquire(True, WAIT):
             return None
         try:
             (decided,) = _DECIDED.unpack_from(memory, 0)
@@ -134,7 +149,7 @@ class ClaimBoard:
             memory[at] &= ~bit
             _DECIDED.pack_into(memory, 0, number)
         finally:
-            self._lock.release()
+            lock.release()
         return not taken
 
     # ------------------------------------------------------------ the executor
@@ -143,8 +158,9 @@ class ClaimBoard:
         """(Executor) Take back the tasks of these numbers the worker has not decided on;
         returns their numbers (the others it started), or None when the semaphore is taken
         (ask later, or over the link)."""
-        memory = self._memory
-        if not self._lock.acquire(False):
+        memory, lock = self._memory, self._lock
+        assert lock is not None
+        if not lock.acquire(False):
             return None
         try:
             (decided,) = _DECIDED.unpack_from(memory, 0)
@@ -153,14 +169,16 @@ class ClaimBoard:
                 at, bit = self._bit(number)
                 memory[at] |= bit
         finally:
-            self._lock.release()
+            lock.release()
         return taken
 
 
-def unlink(probe: str) -> None:
-    """Remove the names of the board beside ``probe``, if they are there."""
+def unlink(probe: str, *, semaphore: bool = True) -> None:
+    """Remove the names of the board beside ``probe`` that are there: its page's, and its
+    semaphore's unless told not to."""
     name = probe + SUFFIX
     with contextlib.suppress(OSError, ValueError):
         os.unlink(_shm.segment_path(name))
-    with contextlib.suppress(OSError):
-        _multiprocessing.sem_unlink("/" + name)
+    if semaphore:
+        with contextlib.suppress(OSError):
+            _multiprocessing.sem_unlink("/" + name)

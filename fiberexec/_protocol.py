@@ -121,7 +121,8 @@ class OutputMode(enum.IntEnum):
 class Setup(NamedTuple):
     proof: bytes  # the executor's, over both nonces: the worker checks it first
     shm: bool  # the executor read the probe: large buffers go through /dev/shm, both ways
-    claims: bool  # ...and opened the board: it takes tasks back there (`fiberexec._claims`)
+    claims: bool  # ...mapped the board and made its semaphore: it takes tasks back there
+                  # (`fiberexec._claims`); the worker opens the semaphore
     heartbeat: float
     silence: float  # seconds without a message after which the worker leaves
     max_tasks: int  # 0: unlimited

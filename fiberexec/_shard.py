@@ -731,7 +731,9 @@ class Shard:
         """Whether large buffers go through /dev/shm with this worker: we see its probe (so
         it sees our files), holding its proof (so it is this worker's), and it may read
         what we write there (it runs as our user, or as root); and whether its claim board
-        opens here. The probe's names go now: the worker has them open, or never will."""
+        maps here (we make its semaphore: see `fiberexec._claims`). The probe's and the
+        board page's names go now: the worker has them open, or never will; the semaphore's
+        stays for the worker to open (it unlinks it then, and so do we when we lose it)."""
         probe = hello.shm_probe
         if not (self.session.shm and probe.startswith(f"{_shm.PREFIX}{self.session.executor_id}-")):
             return  # (not ours to read, or to unlink)
@@ -740,7 +742,7 @@ class Shard:
             conn.shm = True
             conn.claims = ClaimBoard.attach(probe)
         _shm.discard(probe)
-        _claims.unlink(probe)
+        _claims.unlink(probe, semaphore=conn.claims is None)  # (the worker opens it first)
 
     def _reject(self, conn: Conn, pipe: Any, why: str) -> None:
         self.rejected += 1

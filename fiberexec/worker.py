@@ -60,6 +60,7 @@ from fiberexec._timer import OneShot
 EXIT_AUTH_FAILED = 3
 EXIT_NO_EXECUTOR = 4
 EXIT_INIT_FAILED = 5
+EXIT_NO_BOARD = 6
 FLUSH_COUNT = 512
 FLUSH_BYTES = 8 << 20
 FLUSH_AGE = 0.0002  # seconds a finished result may wait for others to share its message
@@ -178,6 +179,8 @@ class Worker:
             if not _auth.verify(_auth.proof(cfg.secret, "executor", nonce, cfg.nonce),
                                 setup.proof):
                 _die(EXIT_AUTH_FAILED, "the executor failed authentication (wrong secret?)")
+            if board is not None and setup.claims and setup.shm and not board.open_lock():
+                self._no_board(board.name)
         except BaseException:
             if board is not None:
                 board.close()
@@ -211,6 +214,22 @@ class Worker:
             _capture.install(outbox.capture)
         elif mode is p.OutputMode.DISCARD:
             _capture.install(None)
+
+    def _no_board(self, name: str) -> NoReturn:
+        """The Setup says the executor made this worker's claim board, and its semaphore is
+        not there: the executor let this worker go since (it unlinks the names then), and
+        hangs up, which ends this worker as any hang-up does. One still there after the
+        handshake's timeout made a board that cannot be opened here: without it the
+        executor would take back tasks this worker then runs anyway, so it exits."""
+        deadline = time.monotonic() + self.config.connect_timeout
+        with self._recv_lock:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    self.link.recv(left)  # (a task sent meanwhile goes back on our exit)
+                except LinkClosed:
+                    self._executor_gone("the executor hung up during the handshake")
+        _die(EXIT_NO_BOARD, f"the executor made this worker's claim board ({name}) and its "
+             "semaphore cannot be opened here")
 
     def _expect(self, kind: type[M], timeout: float) -> M:
         frame = self.link.recv(timeout)

@@ -29,7 +29,7 @@ def board() -> Iterator[ClaimBoard]:
     made = ClaimBoard.create(probe)
     assert made is not None
     seen = ClaimBoard.attach(probe)
-    assert seen is not None
+    assert seen is not None and made.open_lock()
     made.unlink()  # as the handshake's end does: both stay usable
     assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
     yield made
@@ -42,7 +42,7 @@ def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None
     worker_side = ClaimBoard.create(probe)
     assert worker_side is not None
     executor_side = ClaimBoard.attach(probe)
-    assert executor_side is not None
+    assert executor_side is not None and worker_side.open_lock()
     try:
         assert worker_side.claim(0) is True  # running task 0; 1 to 4 wait behind it
         assert executor_side.take_back([1, 2, 3, 4]) == {1, 2, 3, 4}
@@ -65,13 +65,38 @@ def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None
     assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
 
 
+def test_the_worker_makes_the_page_and_the_executor_the_semaphore() -> None:
+    """Making a named semaphore is not atomic (glibc writes a temporary file first), and
+    workers get killed: the worker only opens the one the executor made. The executor
+    keeps its name until the worker has it open; either side may then unlink it."""
+    probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
+    assert ClaimBoard.attach(probe) is None  # (no page made yet: the worker is told so)
+    made = ClaimBoard.create(probe)
+    assert made is not None
+    assert [n for n in os.listdir(_shm.SHM_DIR) if probe in n] == [f"{probe}-claims"]
+    assert not made.open_lock()  # (no semaphore until the executor's)
+    seen = ClaimBoard.attach(probe)
+    assert seen is not None
+    try:
+        seen.unlink(semaphore=False)  # the Hello seen: the page's name goes
+        assert [n for n in os.listdir(_shm.SHM_DIR) if probe in n] == [f"sem.{probe}-claims"]
+        assert made.open_lock()
+        made.unlink()  # the Setup read: the worker unlinks the semaphore's
+        assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
+        assert made.claim(0) is True and seen.take_back([1]) == {1}  # still shared
+        assert made.claim(1) is False
+        seen.unlink()  # the other side's unlink finds them gone: nothing to do
+    finally:
+        made.close()
+        seen.close()
+
+
 def test_either_side_unlinks_the_boards_names_once_both_have_it_open() -> None:
     probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
-    assert ClaimBoard.attach(probe) is None  # (none made yet: the worker is told so)
     made = ClaimBoard.create(probe)
     assert made is not None
     seen = ClaimBoard.attach(probe)
-    assert seen is not None
+    assert seen is not None and made.open_lock()
     try:
         seen.unlink()
         assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]

@@ -781,12 +781,18 @@ def test_shared_memory_needs_a_probe_of_ours_holding_the_workers_proof(
         ok = probe_of == "this worker"
         conn = b.shard.conns["w0"]
         assert (setup.shm, setup.claims, conn.shm, conn.claims is not None) == (ok,) * 4
-        left = [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
-        assert (left == []) is (probe_of != "another executor"), left
-        assert os.path.exists(f"{_shm.SHM_DIR}/sem.{probe}-claims") is (left != [])
+        left = sorted(n for n in os.listdir(_shm.SHM_DIR) if probe in n)
+        assert left == {"this worker": [f"sem.{probe}-claims"],  # ours, for it to open
+                        "a wrong proof": [],
+                        "another executor": [probe, f"{probe}-claims"]}[probe_of]
         if ok:  # the board works between the two
+            assert board.open_lock()
             assert conn.claims is not None and conn.claims.take_back([0]) == {0}
             assert board.claim(0) is False
+            conn.claims.close()  # (as when the shard loses the worker: nothing left)
+            assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
+        else:
+            assert not board.open_lock()  # (none made: the Setup said so)
     finally:
         board.close()
         _shm.discard(probe)  # (the worker's side: it unlinks them too)
@@ -921,13 +927,13 @@ def _claim_board(b: Bench, worker_id: str) -> Iterator[ClaimBoard]:
     board = ClaimBoard.create(probe)
     assert board is not None
     seen = ClaimBoard.attach(probe)
-    assert seen is not None
+    assert seen is not None and board.open_lock()
     board.unlink()
-    b.shard.conns[worker_id].claims = board
+    b.shard.conns[worker_id].claims = seen
     try:
-        yield seen
+        yield board
     finally:
-        seen.close()
+        board.close()
 
 
 def _held_at_a_maps_end(b: Bench, runtime: float) -> tuple[list[WorkItem], Callable[[int], bool]]:

@@ -18,8 +18,9 @@ import pytest
 
 from fiberexec import _auth, _contract, _shm
 from fiberexec import _protocol as p
+from fiberexec._claims import SUFFIX, ClaimBoard
 from fiberexec._link import Endpoint
-from fiberexec.worker import EXIT_AUTH_FAILED
+from fiberexec.worker import EXIT_AUTH_FAILED, EXIT_NO_BOARD
 
 
 class Executor:
@@ -66,8 +67,12 @@ def _start(env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _setup(proof: bytes) -> bytes:
-    return p.encode(p.Setup(proof, False, False, 1.0, 30.0, 0, None))
+def _setup(proof: bytes, board: bool = False) -> bytes:
+    return p.encode(p.Setup(proof, board, board, 1.0, 30.0, 0, None))
+
+
+def _ours(executor: Executor) -> list[str]:
+    return sorted(n for n in os.listdir(_shm.SHM_DIR) if executor.executor_id in n)
 
 
 @pytest.mark.parametrize("forged", ["wrong secret", "another nonce"])
@@ -130,3 +135,66 @@ def test_a_start_request_without_a_proper_nonce_is_refused_by_name(
     assert result.returncode == 1
     assert "FIBEREXEC_NONCE must be 16 bytes in hex" in result.stderr
     assert "the executor sets it" in result.stderr
+
+
+def test_the_worker_opens_the_claim_boards_semaphore_the_executor_made(
+        executor: Executor) -> None:
+    """Making a named semaphore writes a temporary file first, which a worker killed in that
+    call would leave: a worker makes only its board's page and opens the semaphore the
+    executor made, then unlinks its name."""
+    worker = _start(executor.env())
+    board = None
+    try:
+        msg = executor.receive()
+        hello = p.decode(msg.bytes)
+        assert isinstance(hello, p.Hello)
+        assert _ours(executor) == [hello.shm_probe, hello.shm_probe + SUFFIX]  # no semaphore
+        board = ClaimBoard.attach(hello.shm_probe)  # as the shard does on a Hello of ours
+        assert board is not None
+        _shm.discard(hello.shm_probe)
+        board.unlink(semaphore=False)
+        assert _ours(executor) == [f"sem.{hello.shm_probe}{SUFFIX}"]
+        executor.endpoint.bind(msg.pipe)
+        executor.endpoint.send_nowait(_setup(
+            _auth.proof(executor.secret, "executor", hello.nonce, executor.nonce), board=True))
+        assert isinstance(p.decode(executor.receive().bytes), p.Heartbeat)
+        assert _ours(executor) == []  # it opened the semaphore, and unlinked it
+        assert board.take_back([0]) == {0}  # ours and the worker's: one semaphore
+        executor.endpoint.send_nowait(p.encode(p.Bye("done")))
+        assert isinstance(p.decode(executor.receive().bytes), p.Bye)
+        executor.endpoint.close()
+        worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+        worker.wait()
+        if board is not None:
+            board.close()
+    assert worker.returncode == 0
+
+
+@pytest.mark.parametrize("executor_then", ["hangs up", "stays"])
+def test_a_worker_told_of_a_board_it_cannot_open_never_runs_a_task(
+        executor: Executor, executor_then: str) -> None:
+    """An executor unlinks a board's names when it lets a worker go: a worker that finds no
+    semaphore leaves quietly once the executor hangs up, and with an error that says why if
+    it does not (the executor would take back tasks the worker then ran anyway)."""
+    worker = _start(executor.env(**{_contract.ENV_CONNECT_TIMEOUT: "2"}))
+    try:
+        msg = executor.receive()
+        hello = p.decode(msg.bytes)
+        assert isinstance(hello, p.Hello)
+        executor.endpoint.bind(msg.pipe)
+        executor.endpoint.send_nowait(_setup(
+            _auth.proof(executor.secret, "executor", hello.nonce, executor.nonce), board=True))
+        if executor_then == "hangs up":
+            executor.endpoint.close()
+        _, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+        worker.wait()
+    if executor_then == "hangs up":
+        assert (worker.returncode, err) == (0, "")
+    else:
+        assert worker.returncode == EXIT_NO_BOARD
+        assert "claim board" in err and "cannot be opened here" in err
+    assert _ours(executor) == []
