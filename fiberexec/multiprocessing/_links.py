@@ -108,6 +108,7 @@ class Timing:
     settle: float = 1.0  # a writer rechecks a route to a pipe's reader that is settling
     pid: float = 30.0  # a started child reports its pid within this
     gone: float = 2.0  # a child seen ended: its parent's broker reads its connections' ends
+    gone_check: float = 0.2  # a broker's wait for a client checks this often that it is there
     manager_start: float = 120.0  # a manager's server process starts and says where it is
     manager_shutdown: float = 5.0  # a manager's server shuts down and exits
     output_age: float = 1.0  # a line a child printed without a flush waits this at most

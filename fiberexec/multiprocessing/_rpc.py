@@ -64,7 +64,6 @@ from fiberexec.multiprocessing._links import (
 
 log = logging.getLogger("fiberexec.multiprocessing")
 _LEN = struct.Struct("!I")
-GONE_CHECK = 0.2  # seconds a wait for a client checks, between, whether it hung up
 Caller = tuple[str, int]  # (client token, thread id): who holds a remote lock
 Handler = Callable[[Call, bytes, Caller], tuple[Any, bytes]]
 
@@ -123,7 +122,7 @@ def caller_gone() -> bool:
 
 def caller_waits(wait: Callable[[float | None], bool], timeout: float | None) -> bool:
     """``wait(timeout)`` on behalf of the client this server thread answers, in pieces of
-    `GONE_CHECK` seconds, ending early (False) once that client has hung up: a wait the
+    `Timing.gone_check` seconds, ending early (False) once that client has hung up: a wait the
     kernel does (a semaphore's) cannot also watch the connection, and one left running for
     a killed process would keep what it waits on (a lock, and its semaphore's file) for the
     rest of the request. On any other thread, ``wait(timeout)`` as it is."""
@@ -131,7 +130,8 @@ def caller_waits(wait: Callable[[float | None], bool], timeout: float | None) ->
         return wait(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        left = GONE_CHECK if deadline is None else min(GONE_CHECK, deadline - time.monotonic())
+        check = TIMING.gone_check
+        left = check if deadline is None else min(check, deadline - time.monotonic())
         if wait(max(0.0, left)):
             return True
         if caller_gone() or (deadline is not None and time.monotonic() >= deadline):

@@ -1,20 +1,24 @@
 """The multiprocessing layer's connections (`_links`): one handshake both ways before
 anything is read, over the Unix socket and over TCP, and a peer that connects and says
 nothing, or says something else, holds up no one else; and which thread reads a connection
-(`Reader`): the thread that waits, else its serving thread, one at a time, on both."""
+(`Reader`): the thread that waits, else its serving thread, one at a time, on both, and on
+an in-memory fake."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from fiberexec.multiprocessing import AuthenticationError, _links
+from tests.support.sockets import memory_pair
 
 SECRET = b"s" * 32
 SERVICE = b"T"
@@ -240,11 +244,16 @@ def test_the_outward_address_of_a_loopback_peer_is_none() -> None:
 # --------------------------------------------------------------- which thread reads: Reader
 
 
-@pytest.fixture(params=["unix", "tcp"])
+@pytest.fixture(params=["unix", "tcp", "memory"])
 def wires(request: pytest.FixtureRequest) -> Iterator[tuple[_links.Wire, _links.Wire]]:
-    """Two ends of one connection, as the layer's sockets are: Unix, or TCP on loopback."""
+    """Two ends of one connection, as the layer's sockets are: Unix, or TCP on loopback;
+    and the in-memory fake of ``tests/support/sockets.py``, which must pass the same."""
+    left: Any
+    right: Any
     if request.param == "unix":
         left, right = socket.socketpair()
+    elif request.param == "memory":
+        left, right = memory_pair()
     else:
         with socket.create_server(("127.0.0.1", 0)) as server:
             left = socket.create_connection(server.getsockname())
@@ -269,6 +278,55 @@ class Seen:
 
 
 Wires = tuple[_links.Wire, _links.Wire]
+
+
+def test_frames_arrive_whole_and_in_order_whatever_their_size(wires: Wires) -> None:
+    """Small frames sent one after another arrive as one read's worth; one larger than a
+    read arrives whole; a frame of parts is one frame; a tagged frame keeps its head."""
+    mine, theirs = wires
+    sizes = [0, 1, 100, 70_000, 5, 3 << 20, 2]
+    sent = [os.urandom(size) for size in sizes]
+    writer = threading.Thread(target=lambda: [theirs.send_bytes(b) for b in sent])
+    writer.start()  # (a large frame fills the socket's buffer before it is read)
+    assert [mine.recv_bytes() for _ in sizes] == sent
+    writer.join(30)
+    theirs.send_parts([b"ab", memoryview(b"cd"), b""])
+    theirs.send_frame(b"X", 7, b"body")
+    assert mine.recv_bytes() == b"abcd"
+    tagged = mine.recv_bytes()
+    assert tagged[:1] == b"X" and tagged[-4:] == b"body" and len(tagged) == 1 + 8 + 4
+
+
+def test_poll_says_whether_a_frame_began_and_the_end_is_eof(wires: Wires) -> None:
+    mine, theirs = wires
+    assert not mine.poll(0)
+    assert not mine.poll(0.01)
+    theirs.send_bytes(b"one")
+    theirs.send_bytes(b"two")
+    assert mine.poll(10)
+    assert mine.recv_bytes() == b"one"
+    assert mine.poll(10) and mine.recv_bytes() == b"two"
+    assert not mine.poll(0)
+    wake = _links.thread_wake()
+    wake.set(True)
+    assert not mine.poll(10, wake.r)  # a wake ends the wait, and is not the socket
+    wake.set(False)
+    theirs.shutdown()
+    assert mine.poll(10)  # the end is readable
+    with pytest.raises(EOFError):
+        mine.recv_bytes()
+
+
+def test_a_send_to_an_end_that_is_gone_fails(wires: Wires) -> None:
+    mine, theirs = wires
+    mine.shutdown()
+
+    def send_until_it_fails() -> None:
+        for _ in range(100):  # (TCP may take a first send before it knows)
+            theirs.send_bytes(b"x" * 1000)
+
+    with pytest.raises(OSError):
+        send_until_it_fails()
 
 
 def test_a_waiting_thread_reads_the_socket_itself(wires: Wires) -> None:

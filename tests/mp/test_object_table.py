@@ -10,8 +10,8 @@ import weakref
 
 import pytest
 
+from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import (
-    GONE_CHECK,
     Callers,
     _Conn,
     caller_waits,
@@ -171,7 +171,7 @@ def test_a_wait_for_a_client_ends_once_it_hangs_up() -> None:
     ours, theirs = socket.socketpair()
     try:
         serving.sock = ours
-        assert not caller_waits(never.wait, timeout=2 * GONE_CHECK)  # there: waits it out
+        assert not caller_waits(never.wait, timeout=2 * TIMING.gone_check)  # there: waits it out
         theirs.close()
         started = time.monotonic()
         assert not caller_waits(never.wait, timeout=None)  # gone: ends within a piece
