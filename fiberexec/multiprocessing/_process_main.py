@@ -14,6 +14,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+# What a child's first put, get, send or receive would otherwise import under its caller's
+# lock: the local backend's launcher imports this program once, before its first fork of
+# it, so its children start with these loaded.
+from fiberexec.multiprocessing import _route, _stream  # noqa: F401
+
 EXIT_NO_PARENT = 4
 _leaving = threading.Event()  # the process's code is done: exit handlers run
 
