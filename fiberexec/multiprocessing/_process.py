@@ -351,7 +351,10 @@ class Process:
             # has, else not, for code written for the stdlib reads the pid of a live process
             # (its pool's terminate does); waits for one or the other, up to `Timing.pid`
             _ = fx.pid
-        return not fx.done.is_set()
+        if fx.done.is_set():
+            return False
+        time.sleep(0)  # (as `exitcode`: a loop on it lets the process's other threads run)
+        return True
 
     @property
     def exitcode(self) -> int | None:
