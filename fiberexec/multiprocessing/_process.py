@@ -21,7 +21,6 @@ import re
 import signal
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -353,7 +352,7 @@ class Process:
             _ = fx.pid
         if fx.done.is_set():
             return False
-        time.sleep(0)  # (as `exitcode`: a loop on it lets the process's other threads run)
+        os.sched_yield()  # (as `exitcode`: a loop on it lets the process's other threads run)
         return True
 
     @property
@@ -372,7 +371,7 @@ class Process:
             return None
         code = fx.exitcode
         if code is None:
-            time.sleep(0)  # (lets go of the interpreter's lock, as a system call does)
+            os.sched_yield()  # (lets go of the interpreter's lock, as a system call does)
         return code
 
     def _signal(self, sig: int) -> None:
