@@ -7,6 +7,7 @@ tasks on any backend. Items are pickled by the sender and unpickled by the recei
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -106,7 +107,10 @@ class Queue:
             raise self._closed_error()
         broker = b.local_broker(self._ep())
         if broker is not None:
-            return broker.ready(self._cid, timeout)
+            ready = broker.ready(self._cid, timeout)
+            if not ready and timeout == 0.0:
+                os.sched_yield()  # (as `qsize`: a loop on it lets the other threads run)
+            return ready
         stream = st.stream_for(self._ep())
         if stream is not None and stream.holds(self._cid):
             return True
@@ -186,6 +190,13 @@ class Queue:
 
     def qsize(self) -> int:
         size, _maxsize = self._call(calls.QSize)[0]
+        if b.local_broker(self._ep()) is not None:
+            # Answered here with no system call, where the standard library's makes one
+            # (``empty`` polls its pipe): let this process's other threads run, or a loop
+            # on it (``while q.empty(): pass``) keeps the interpreter's lock from the thread
+            # taking in what it waits for until the switch interval ends, for every item
+            # (7.6 ms an item against 0.3, measured)
+            os.sched_yield()
         return int(size)
 
     def empty(self) -> bool:
