@@ -11,6 +11,7 @@ anywhere else it uses that process's `_stream` to the creator (no round trip per
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import secrets
 import threading
@@ -154,13 +155,21 @@ class Connection:
     def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether data (or end-of-file) is waiting; wait up to ``timeout`` (None: forever)."""
         cid = self._check(readable=True)
-        if self._stream is not None:
-            self._subscribe(self._stream, cid)
-            return self._stream.wait(cid, timeout)
-        if self._broker is not None:
-            return self._broker.ready(cid, timeout)
-        return b.wait_slices(timeout, lambda w: bool(
-            self._endpoint.call(calls.Poll(cid, w), timeout=w + TIMING.call)[0]))
+        stream, broker = self._stream, self._broker
+        if stream is not None:
+            self._subscribe(stream, cid)
+            ready = stream.wait(cid, timeout)
+        elif broker is not None:
+            ready = broker.ready(cid, timeout)
+        else:
+            return b.wait_slices(timeout, lambda w: bool(
+                self._endpoint.call(calls.Poll(cid, w), timeout=w + TIMING.call)[0]))
+        if not ready and timeout == 0.0:
+            # answered here with no system call, where the stdlib's polls its socket: a loop
+            # on it lets the thread that takes in what it waits for run (as a queue's
+            # ``empty``, see `_queues.Queue.qsize`)
+            os.sched_yield()
+        return ready
 
     def fileno(self) -> int:
         """A descriptor readable exactly while `recv` would not block (data or end-of-file
