@@ -65,10 +65,12 @@ def test_a_task_taken_back_is_never_run_and_one_decided_is_never_taken() -> None
     assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
 
 
-def test_the_worker_makes_the_page_and_the_executor_the_semaphore() -> None:
+@pytest.mark.parametrize("first", ["worker", "executor"])
+def test_the_worker_makes_the_page_and_the_executor_the_semaphore(first: str) -> None:
     """Making a named semaphore is not atomic (glibc writes a temporary file first), and
     workers get killed: the worker only opens the one the executor made. The executor
-    keeps its name until the worker has it open; either side may then unlink it."""
+    keeps its name until the worker has it open; then either side's unlink removes what is
+    left, and the other's finds nothing to do."""
     probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
     assert ClaimBoard.attach(probe) is None  # (no page made yet: the worker is told so)
     made = ClaimBoard.create(probe)
@@ -81,29 +83,12 @@ def test_the_worker_makes_the_page_and_the_executor_the_semaphore() -> None:
         seen.unlink(semaphore=False)  # the Hello seen: the page's name goes
         assert [n for n in os.listdir(_shm.SHM_DIR) if probe in n] == [f"sem.{probe}-claims"]
         assert made.open_lock()
-        made.unlink()  # the Setup read: the worker unlinks the semaphore's
+        sides = [made, seen] if first == "worker" else [seen, made]
+        sides[0].unlink()  # the Setup read (the worker), or the worker let go (the executor)
         assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
         assert made.claim(0) is True and seen.take_back([1]) == {1}  # still shared
         assert made.claim(1) is False
-        seen.unlink()  # the other side's unlink finds them gone: nothing to do
-    finally:
-        made.close()
-        seen.close()
-
-
-def test_either_side_unlinks_the_boards_names_once_both_have_it_open() -> None:
-    probe = f"{_shm.PREFIX}claimstest-{os.getpid()}-{time.monotonic_ns()}"
-    made = ClaimBoard.create(probe)
-    assert made is not None
-    seen = ClaimBoard.attach(probe)
-    assert seen is not None and made.open_lock()
-    try:
-        seen.unlink()
-        assert not [n for n in os.listdir(_shm.SHM_DIR) if probe in n]
-        assert not os.path.exists(f"/dev/shm/sem.{probe}-claims")
-        assert made.claim(0) is True and seen.take_back([1]) == {1}  # still shared
-        assert made.claim(1) is False
-        made.unlink()  # the other side's unlink finds them gone: nothing to do
+        sides[1].unlink()
     finally:
         made.close()
         seen.close()

@@ -71,6 +71,16 @@ def _setup(proof: bytes, board: bool = False) -> bytes:
     return p.encode(p.Setup(proof, board, board, 1.0, 30.0, 0, None))
 
 
+def _greeted(executor: Executor, *, bind: bool = True) -> tuple[p.Hello, Any]:
+    """The worker's Hello and the pipe it came on (bound, unless told not to)."""
+    msg = executor.receive()
+    hello = p.decode(msg.bytes)
+    assert isinstance(hello, p.Hello)
+    if bind:
+        executor.endpoint.bind(msg.pipe)
+    return hello, msg.pipe
+
+
 def _ours(executor: Executor) -> list[str]:
     return sorted(n for n in os.listdir(_shm.SHM_DIR) if executor.executor_id in n)
 
@@ -108,10 +118,7 @@ def test_a_worker_leaves_an_executor_that_cannot_prove_the_secret(
 def test_a_worker_takes_the_setup_of_an_executor_that_proves_it(executor: Executor) -> None:
     worker = _start(executor.env())
     try:
-        msg = executor.receive()
-        hello = p.decode(msg.bytes)
-        assert isinstance(hello, p.Hello)
-        executor.endpoint.bind(msg.pipe)
+        hello, _ = _greeted(executor)
         executor.endpoint.send_nowait(_setup(
             _auth.proof(executor.secret, "executor", hello.nonce, executor.nonce)))
         beat = p.decode(executor.receive().bytes)  # its first word once set up
@@ -145,16 +152,14 @@ def test_the_worker_opens_the_claim_boards_semaphore_the_executor_made(
     worker = _start(executor.env())
     board = None
     try:
-        msg = executor.receive()
-        hello = p.decode(msg.bytes)
-        assert isinstance(hello, p.Hello)
+        hello, pipe = _greeted(executor, bind=False)
         assert _ours(executor) == [hello.shm_probe, hello.shm_probe + SUFFIX]  # no semaphore
         board = ClaimBoard.attach(hello.shm_probe)  # as the shard does on a Hello of ours
         assert board is not None
         _shm.discard(hello.shm_probe)
         board.unlink(semaphore=False)
         assert _ours(executor) == [f"sem.{hello.shm_probe}{SUFFIX}"]
-        executor.endpoint.bind(msg.pipe)
+        executor.endpoint.bind(pipe)
         executor.endpoint.send_nowait(_setup(
             _auth.proof(executor.secret, "executor", hello.nonce, executor.nonce), board=True))
         assert isinstance(p.decode(executor.receive().bytes), p.Heartbeat)
@@ -180,10 +185,7 @@ def test_a_worker_told_of_a_board_it_cannot_open_never_runs_a_task(
     it does not (the executor would take back tasks the worker then ran anyway)."""
     worker = _start(executor.env(**{_contract.ENV_CONNECT_TIMEOUT: "2"}))
     try:
-        msg = executor.receive()
-        hello = p.decode(msg.bytes)
-        assert isinstance(hello, p.Hello)
-        executor.endpoint.bind(msg.pipe)
+        hello, _ = _greeted(executor)
         executor.endpoint.send_nowait(_setup(
             _auth.proof(executor.secret, "executor", hello.nonce, executor.nonce), board=True))
         if executor_then == "hangs up":
