@@ -14,14 +14,38 @@ contexts (``multiprocessing.context._concrete_contexts``), beside ``fork``, ``sp
 ``forkserver``; nothing else of the standard library changes. ``import fiberexec`` takes
 milliseconds and `fiberexec.multiprocessing` a tenth of a second, so until that is imported a
 stand-in holds the place and imports it on first use.
+
+A child the standard library spawns (its ``spawn`` or ``forkserver`` context, which
+libraries pick for themselves) is told its parent's start method and sets it before it
+imports anything of the parent's: the name it receives is pickled so that unpickling it
+imports fiberexec first, which registers the name there too.
 """
 
 from __future__ import annotations
 
 import multiprocessing.context
+from collections.abc import Callable
 from typing import Any
 
-NAME = "fiber"
+
+class _Name(str):
+    """The name as the standard library's contexts hand it to a spawned child (in
+    ``multiprocessing.spawn.get_preparation_data``): it unpickles through `_registered`."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Callable[[], str], tuple[()]]:
+        return _registered, ()
+
+
+def _registered() -> str:
+    """The name, in a process that now knows it (importing this module imported the
+    package, which registers it)."""
+    register()
+    return str.__str__(NAME)
+
+
+NAME: str = _Name("fiber")
 
 
 class _Deferred:

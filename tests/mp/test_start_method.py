@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.pool
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -129,6 +130,34 @@ def test_set_start_method_fiber_moves_a_stdlib_program_onto_fiberexec() -> None:
     assert "from the child: (4, 'env-0') 40" in ours
     assert "SystemExit(3): 3" in ours and "terminated: -15" in ours
     assert "children left: []" in ours
+
+
+@pytest.mark.slow
+def test_after_set_start_method_the_stdlibs_own_contexts_still_start_children() -> None:
+    """A library that picks the standard library's ``spawn`` or ``forkserver`` context for
+    itself, in a program that set its own start method: each child is told the parent's
+    method before it imports anything of the parent's (it failed with "cannot find context
+    for 'fiber'"); the output is the same as under the stdlib's ``forkserver``."""
+    def run(method: str) -> list[str]:
+        # its own session: a child that never starts leaves the stdlib's pool waiting for
+        # ever, and what it started goes with it
+        with subprocess.Popen([sys.executable, "-m", "tests.mp.other_context_program", method],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) as program:
+            try:
+                out, err = program.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(program.pid, signal.SIGKILL)
+                out, err = program.communicate()
+                pytest.fail(f"{method}: still running after 60 s; it wrote {out!r}, {err!r}")
+        assert program.returncode == 0, err
+        assert "Error" not in err, err
+        return out.splitlines()
+
+    stdlib, ours = run("forkserver"), run("fiber")
+    assert ours == stdlib
+    assert "spawn pool: [3, 2, 1] spawn" in ours
+    assert "forkserver process exit code: 0" in ours
 
 
 @pytest.mark.parametrize("method", ["spawn", "fiber"])
