@@ -20,30 +20,12 @@ puts that handler back in its place.
 
 from __future__ import annotations
 
-import importlib
-import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
-
-def _functions() -> tuple[Callable[[int], Any], Callable[[int, Any], Any]]:
-    """getsignal and signal of the C module itself, where there is one: `signal`'s wrappers
-    convert to enums, at ten times the cost."""
-    try:
-        module = importlib.import_module("_signal")
-    except ImportError:  # pragma: no cover - an interpreter without it
-        return signal.getsignal, signal.signal
-    return cast("Callable[[int], Any]", module.getsignal), cast(
-        "Callable[[int, Any], Any]", module.signal)
-
-
-_getsignal, _setsignal = _functions()
-
-# Every signal a handler can be set for (SIGKILL and SIGSTOP cannot have one).
-_SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()
-                        if s not in (signal.SIGKILL, signal.SIGSTOP)))
+from fiberexec._signals import CATCHABLE, getsignal, setsignal
 
 
 class Held:
@@ -72,7 +54,7 @@ _python_ones: list[tuple[int, Callable[[int, FrameType | None], Any]]] = []  # o
 def _handled_in_python(handlers: list[Any]) -> list[tuple[int, Any]]:
     """The signals whose handler is a Python callable, each with the program's handler."""
     found = []
-    for signum, handler in zip(_SIGNALS, handlers, strict=True):
+    for signum, handler in zip(CATCHABLE, handlers, strict=True):
         if isinstance(handler, Held):  # one a cut-short release left: the program's is in it
             handler = handler.previous.get(signum)  # noqa: PLW2901
         if callable(handler):
@@ -89,13 +71,13 @@ def hold() -> Held | None:
     global _seen, _python_ones
     held = Held()
     try:
-        handlers = list(map(_getsignal, _SIGNALS))  # (in C: a Python loop took 5 us)
+        handlers = list(map(getsignal, CATCHABLE))  # (in C: a Python loop took 5 us)
         if handlers != _seen:  # which have Python handlers, worked out when that changes
             _python_ones = _handled_in_python(handlers)
             _seen = handlers
         for signum, handler in _python_ones:
             held.previous[signum] = handler  # before the swap: it is never lost
-            _setsignal(signum, held)
+            setsignal(signum, held)
     except ValueError:  # not the main interpreter: handlers run elsewhere
         held.holding = False
         return None
@@ -112,6 +94,6 @@ def release(held: Held | None) -> None:
         return
     held.holding = False  # from here on, a signal reaching it goes to the program's handler
     for signum, handler in held.previous.items():
-        _setsignal(signum, handler)
+        setsignal(signum, handler)
     for signum, frame in held.came:
         held.previous[signum](signum, frame)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import signal
 import sys
 from collections.abc import Iterable, MutableMapping
 from typing import NamedTuple
 
+from fiberexec._signals import CATCHABLE, DEFAULT, IGNORE, getsignal, ignored, setsignal
+
 ENV_TRACKER_FD = "FIBEREXEC_TRACKER_FD"  # a fresh child's inherited tracker pipe
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
-_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
 
 class State(NamedTuple):
@@ -38,10 +38,9 @@ class State(NamedTuple):
 
 def capture() -> State:
     """This process's state, as a child started now would inherit it."""
-    ignored = tuple(int(sig) for sig in signal.valid_signals()
-                    if sig not in _UNCATCHABLE and signal.getsignal(sig) is signal.SIG_IGN)
     limits = tuple((res, *resource.getrlimit(res)) for res in _LIMITS)
-    return State(_umask(), os.getpriority(os.PRIO_PROCESS, 0), limits, ignored)
+    return State(_umask(), os.getpriority(os.PRIO_PROCESS, 0), limits,
+                 tuple(sig for sig in CATCHABLE if ignored(getsignal(sig))))
 
 
 def apply(state: State, *, keep: Iterable[int] = ()) -> None:
@@ -57,25 +56,27 @@ def apply(state: State, *, keep: Iterable[int] = ()) -> None:
         if resource.getrlimit(res) != (soft, hard):
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(res, (soft, hard))
-    ignored, kept = set(state.ignored), set(keep)
-    for sig in signal.valid_signals():
-        if sig in _UNCATCHABLE or sig in kept:
+    to_ignore, kept = set(state.ignored), {int(sig) for sig in keep}
+    for sig in CATCHABLE:
+        if sig in kept:
             continue
-        if sig in ignored:
-            signal.signal(sig, signal.SIG_IGN)
-        elif signal.getsignal(sig) is signal.SIG_IGN:
-            signal.signal(sig, signal.SIG_DFL)
+        if sig in to_ignore:
+            setsignal(sig, IGNORE)
+        elif ignored(getsignal(sig)):
+            setsignal(sig, DEFAULT)
 
 
 def _umask() -> int | None:
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 1 << 16)  # (about 1.5 KiB: one read, no text layer)
+        finally:
+            os.close(fd)
+        at = status.index(b"\nUmask:") + 7
+        return int(status[at:status.index(b"\n", at)], 8)
+    except (OSError, ValueError):
+        return None
 
 
 def tracker_fd() -> int | None:
