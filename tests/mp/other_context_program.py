@@ -1,6 +1,7 @@
 """A program that sets a start method for itself, then hands a library the standard library's
 own ``spawn`` and ``forkserver`` contexts, as libraries that pick their own do (dynesty's
-``dynesty.pool.Pool`` uses ``get_context("spawn")``): ``python -m
+``dynesty.pool.Pool`` uses ``get_context("spawn")``, and the stdlib's
+``ProcessPoolExecutor(max_tasks_per_child=...)`` does without a context): ``python -m
 tests.mp.other_context_program forkserver|fiber``. Each child the standard library spawns
 takes the parent's start method with it, as `multiprocessing.spawn` passes it down, and
 reports it."""
@@ -28,6 +29,9 @@ def main():
         process.start()
         process.join(60)
         print(name, "process exit code:", process.exitcode)
+    # without a context, the stdlib's executor picks "spawn" for max_tasks_per_child
+    with concurrent.futures.ProcessPoolExecutor(1, max_tasks_per_child=1) as executor:
+        print("max_tasks_per_child:", list(executor.map(abs, (-1, -2))))
 
 
 if __name__ == "__main__":
