@@ -108,6 +108,16 @@ class Lease:
         return bool(self.outstanding) and self.consumed < self.ahead_until
 
 
+@dataclass(eq=False)
+class Mark:
+    """A queue's flush waiting to be answered (see `Broker.flush`): ``peer`` is told with
+    ``nonce`` once the ``left`` items that were here at the flush are sent to it."""
+
+    peer: Peer
+    nonce: bytes
+    left: int
+
+
 @dataclass
 class Chan:
     """One FIFO of pickled items (a queue, or one direction of a pipe)."""
@@ -128,8 +138,7 @@ class Chan:
     leader: Wake | None = None  # of a thread here reading ``source`` for this pipe
     routed: Peer | None = None  # queue: the consumer producers elsewhere may send to directly
     got_here: bool = False  # queue: a get was served here (it has a consumer besides leases)
-    marks: list[list[Any]] = field(default_factory=list)  # queue flushes waiting to be
-    # answered: [peer, nonce, items to send it first] (see `Broker.flush`)
+    marks: list[Mark] = field(default_factory=list)  # queue flushes waiting to be answered
     feeding: bool = False  # items wait for the `Feeder` to send them (see `deferrable`)
 
     def deferrable(self) -> bool:
@@ -328,13 +337,13 @@ class Chan:
         lease.nbytes += sum(len(item) for item in batch)
         lease.sent += n
         for mark in list(self.marks) if self.marks else ():
-            if mark[0] is lease.peer:
-                mark[2] -= n
-                if mark[2] <= 0:  # what was here at the flush is sent: its producer's
+            if mark.peer is lease.peer:
+                mark.left -= n
+                if mark.left <= 0:  # what was here at the flush is sent: its producer's
                     # direct items may follow
                     self.marks.remove(mark)
                     with contextlib.suppress(OSError):
-                        lease.peer.send(Flushed(self.cid, True, mark[1]))
+                        lease.peer.send(Flushed(self.cid, True, mark.nonce))
 
     def revoke(self, waiter: Peer | None = None) -> None:
         """Someone (``waiter``: a consumer's peer, or None for a thread here) waits: ask
@@ -763,7 +772,7 @@ class Broker:
             if chan.writers < 0 and chan.routed is peer and chan.items:
                 # a queue: its consumer is told once what is here now was sent to it
                 # (as its window allows), as long as it stays the only consumer
-                chan.marks.append([peer, nonce, len(chan.items)])
+                chan.marks.append(Mark(peer, nonce, len(chan.items)))
                 chan.dispatch()
                 return
             ok = (chan.subscriber if chan.writers >= 0 else chan.routed) is peer and (
@@ -872,7 +881,7 @@ class Broker:
                 with chan.cond:
                     if chan.routed is peer:
                         chan.routed = None
-                        chan.marks = [mark for mark in chan.marks if mark[0] is not peer]
+                        chan.marks = [mark for mark in chan.marks if mark.peer is not peer]
                     chan.drop_lease(peer)
                     chan.dispatch()
                     chan.refeed()
