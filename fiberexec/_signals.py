@@ -33,4 +33,4 @@ DEFAULT = int(signal.SIG_DFL)
 
 def ignored(handler: object) -> bool:
     """Whether ``handler`` (as `getsignal` gives it) ignores its signal."""
-    return type(handler) is int and handler == IGNORE
+    return isinstance(handler, int) and handler == IGNORE
