@@ -55,6 +55,7 @@ class Conn:
         self.load = 0.0  # estimated seconds of work held, over tasks of known length
         self.unknown = 0  # tasks held whose length is not known yet
         self.window = WINDOW_TIME  # seconds of short work to hold: WINDOW_TIME + 2 round trips
+        self.rtt = float("inf")  # the shortest round trip seen (see measured_rtt)
         self.timed: tuple[int, float] | None = None  # a task sent it idle, and when: a round trip
         self.setup_sent = 0.0  # when the handshake's answer went, until it is answered
         self.created = now  # on the shard's clock
@@ -124,7 +125,9 @@ class Conn:
         never waits for work. The shortest counts: a first heartbeat sent while the machine
         was busy starting workers says little of the link,
         and a window too wide lets one worker take most of a map while another idles."""
-        window = WINDOW_TIME + 2 * min(max(seconds, 0.0), MAX_RTT)
+        seconds = max(seconds, 0.0)
+        self.rtt = min(self.rtt, seconds)
+        window = WINDOW_TIME + 2 * min(seconds, MAX_RTT)
         self.window = window if self.timed is None else min(self.window, window)
 
     def hold(self, item: WorkItem, estimate: float | None) -> None:
