@@ -2,10 +2,12 @@
 
 Libraries that start processes take a start method's name and look it up in the standard
 library (``SubprocVecEnv(env_fns, start_method="fiber")`` in Stable-Baselines3,
-``AsyncVectorEnv(env_fns, context="fiber")`` in gymnasium, ``DataLoader(...,
-multiprocessing_context="fiber")``: each calls ``multiprocessing.get_context(name)``). Once
-fiberexec is imported, that name gives `fiberexec.multiprocessing`'s context, so such a library
-starts fiberexec's processes, pipes and queues with no other change. And
+``AsyncVectorEnv(env_fns, context="fiber")`` in gymnasium: each calls
+``multiprocessing.get_context(name)``). Once fiberexec is imported, that name gives
+`fiberexec.multiprocessing`'s context, so such a library starts fiberexec's processes, pipes
+and queues with no other change. Libraries that take the context itself check that it is one
+of the standard library's (``DataLoader(multiprocessing_context=ctx)`` in torch): it is an
+instance of ``multiprocessing.context.BaseContext``, as is the stand-in below. And
 ``multiprocessing.set_start_method("fiber")`` makes it the standard library's default: its
 ``Process``, ``Pool``, queues, ``Manager`` and ``ProcessPoolExecutor()`` then run on it.
 
@@ -25,7 +27,13 @@ from __future__ import annotations
 
 import multiprocessing.context
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typeshed's signatures name the standard library's own types
+    _StdContext = object
+else:  # a context here is one of the standard library's at run time: libraries check it
+    # (``isinstance(ctx, multiprocessing.context.BaseContext)`` in torch's ``DataLoader``)
+    _StdContext = multiprocessing.context.BaseContext
 
 
 class _Name(str):
@@ -48,14 +56,18 @@ def _registered() -> str:
 NAME: str = _Name("fiber")
 
 
-class _Deferred:
+class _Deferred(_StdContext):
     """The ``"fiber"`` context until `fiberexec.multiprocessing` is imported: each attribute
-    is the real context's (``ctx.Process``, ``ctx.Pipe()``, ``ctx.get_start_method()``)."""
+    is the real context's (``ctx.Process``, ``ctx.Pipe()``, ``ctx.get_start_method()``),
+    none the standard library's class would give."""
 
     def _check_available(self) -> None:
-        """What the standard library's ``get_context`` asks of a context: it is."""
+        """What the standard library's ``get_context`` asks of a context: it is (and asking
+        imports nothing)."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_check_available":
+            return object.__getattribute__(self, name)
         from fiberexec.multiprocessing import _context
 
         return getattr(_context.get_context(NAME), name)

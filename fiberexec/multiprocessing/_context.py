@@ -39,8 +39,9 @@ METHODS = ("spawn", "fork", "forkserver", _start_method.NAME)
 DEFAULT_METHOD = "spawn"
 
 
-class BaseContext:
-    """The `multiprocessing` API as attributes, like the standard library's contexts."""
+class BaseContext(_start_method._StdContext):
+    """The `multiprocessing` API as attributes, like the standard library's contexts; at
+    run time a subclass of theirs (every attribute of it is defined here)."""
 
     ProcessError = _errors.ProcessError
     BufferTooShort = _errors.BufferTooShort

@@ -95,7 +95,8 @@ def test_importing_fiberexec_alone_makes_the_name_known() -> None:
     program = (
         "import sys, multiprocessing, fiberexec\n"
         "ctx = multiprocessing.get_context('fiber')\n"
-        "print('fiberexec.multiprocessing' in sys.modules)\n"
+        "from multiprocessing.context import BaseContext\n"
+        "print(isinstance(ctx, BaseContext), 'fiberexec.multiprocessing' in sys.modules)\n"
         "print(ctx.get_start_method())\n"
         "import fiberexec.multiprocessing as fmp\n"
         "now = multiprocessing.get_context('fiber')\n"
@@ -104,7 +105,29 @@ def test_importing_fiberexec_alone_makes_the_name_known() -> None:
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == ["False", "fiber", "True True"]
+    assert done.stdout.split("\n")[:3] == ["True False", "fiber", "True True"]
+
+
+def _square_to(queue: Any, value: int) -> None:
+    queue.put(value * value)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fiber"])
+def test_a_library_that_takes_a_context_object_accepts_this_one(method: str) -> None:
+    """Libraries that take a context object check that it is one of the standard library's
+    (torch's ``DataLoader(multiprocessing_context=ctx)`` refuses anything else), then start
+    their workers from it; the name ``"fiber"`` gives one, as ``"spawn"`` does."""
+    ctx = multiprocessing.get_context(method)
+    assert isinstance(ctx, multiprocessing.context.BaseContext)
+    queue = ctx.Queue()
+    process = ctx.Process(target=_square_to, args=(queue, 7))
+    process.start()
+    try:
+        assert queue.get(timeout=60) == 49
+    finally:
+        process.join(60)
+    assert process.exitcode == 0
+    assert isinstance(process, fmp.Process) == (method == "fiber")
 
 
 def test_without_fiberexec_the_name_is_unknown() -> None:
