@@ -13,10 +13,10 @@ Who posts what::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fiberexec._backend import WorkerHandle, WorkerStatus
+from fiberexec._record import record
 from fiberexec._task import WorkItem
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Adopt:
     """A worker is being started; its channel listens and is the shard's to serve. Its
     start request carries ``nonce``, ours for its handshake (one use)."""
@@ -65,20 +65,20 @@ class Adopt:
     nonce: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Started:
     worker_id: str
     handle: WorkerHandle
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StartFailed:
     """The backend could not start the worker (after retries): forget its channel."""
 
     worker_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PipeDown:
     """A peer of the worker's channel hung up (maybe an unauthenticated one)."""
 
@@ -86,7 +86,7 @@ class PipeDown:
     pipe_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Exited:
     """The backend saw the worker end; ``fault`` is the interpreter's own report of a fault
     that ended it (`faulthandler`), from the backend's log, where one was kept."""
@@ -96,38 +96,38 @@ class Exited:
     fault: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Shutdown:
     cancel_futures: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Exiting:
     """The interpreter is exiting: wait only briefly for workers that never connected."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Broken:
     """The executor is broken: fail what is queued and everything that still arrives."""
 
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Call:
     """Run ``fn`` on the shard's thread, where shard state may be read consistently."""
 
     fn: Callable[[], None]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Steal:
     """``thief`` has idle workers: hand it part of the queue (maybe nothing)."""
 
     thief: Shard
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stolen:
     items: list[WorkItem]
 

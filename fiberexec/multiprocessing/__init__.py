@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from multiprocessing import reducer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing._backends import meta, set_default_backend
 from fiberexec.multiprocessing._connection import Connection, Pipe
@@ -30,14 +30,7 @@ from fiberexec.multiprocessing._errors import (
     RemoteError,
     TimeoutError,
 )
-from fiberexec.multiprocessing._managers import (
-    AsyncManager,
-    BaseManager,
-    Manager,
-    SyncManager,
-)
 from fiberexec.multiprocessing._meta import cpu_count
-from fiberexec.multiprocessing._pool import ApplyResult, AsyncResult, IMapIterator, MapResult, Pool
 from fiberexec.multiprocessing._process import (
     Process,
     active_children,
@@ -68,6 +61,27 @@ set_forkserver_preload = _default_context.set_forkserver_preload
 # logging levels of multiprocessing's own (`log_to_stderr(SUBDEBUG)`), as the stdlib's has them
 SUBDEBUG, SUBWARNING = 5, 25
 
+if TYPE_CHECKING:
+    from fiberexec.multiprocessing._managers import (
+        AsyncManager,
+        BaseManager,
+        Manager,
+        SyncManager,
+    )
+    from fiberexec.multiprocessing._pool import (
+        ApplyResult,
+        AsyncResult,
+        IMapIterator,
+        MapResult,
+        Pool,
+    )
+
+# The pool and the managers (and the executor the pool runs on) are imported on first use,
+# as the standard library's are: a program of processes and queues does not wait for them.
+_LAZY = {name: "_pool" for name in ("ApplyResult", "AsyncResult", "IMapIterator", "MapResult",
+                                   "Pool")} | {
+    name: "_managers" for name in ("AsyncManager", "BaseManager", "Manager", "SyncManager")}
+
 # The stdlib's submodules, each with the same names (ours where we have our own, the
 # stdlib's where nothing is process-specific); imported on first use, as attributes too.
 _SUBMODULES = frozenset({"connection", "context", "dummy", "managers", "pool", "process",
@@ -78,6 +92,10 @@ _SUBMODULES = frozenset({"connection", "context", "dummy", "managers", "pool", "
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,11 +1,11 @@
 """The calls a process makes on a broker or a manager's server (`_rpc`), typed.
 
-Each call is a frozen dataclass; a request's head is the call and its caller, pickled, and
-bytes pickled on their own (an item, a method's arguments, a barrier's action) travel
-beside it as its body. The answer, ``(result, body)`` or the exception raised, comes back
-on the same connection. Each server applies what it receives under one ``match``
-(`_broker.Broker.handle`, `_managers._Server.handle`): a call a role does not serve is
-answered with an error that names it.
+Each call is a frozen record (`fiberexec._record`); a request's head is the call and its
+caller, pickled, and bytes pickled on their own (an item, a method's arguments, a
+barrier's action) travel beside it as its body. The answer, ``(result, body)`` or the
+exception raised, comes back on the same connection. Each server applies what it receives
+under one ``match`` (`_broker.Broker.handle`, `_managers._Server.handle`): a call a role
+does not serve is answered with an error that names it.
 
     to the transport itself   Ping (is the server alive), Monitor (this connection lasts as
                               long as the calling process: see `_rpc`)
@@ -31,22 +31,23 @@ answered with an error that names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from fiberexec._record import record_with_dict
 
-@dataclass(frozen=True)
+
+@record_with_dict
 class Call:
-    """What every call is (without slots: a slotted frozen dataclass pickles its state
-    through Python-level methods, a plain one in C)."""
+    """What every call is (without slots: a slotted record pickles through a Python-level
+    ``__reduce__``, one with an instance dict in C)."""
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Ping(Call):
     """Answered by the transport, never by a role."""
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Monitor(Call):
     """Answered by the transport: the connection it comes on is the caller's first, open
     until its process ends, so the server learns when the process is gone."""
@@ -55,74 +56,74 @@ class Monitor(Call):
 # ------------------------------------------------------------------- queues and pipes
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class NewChan(Call):
     maxsize: int
     writers: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Put(Call):
     cid: int
     wait: float
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Get(Call):
     cid: int
     wait: float
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Poll(Call):
     cid: int
     wait: float
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class QSize(Call):
     cid: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class TaskDone(Call):
     cid: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Join(Call):
     cid: int
     wait: float
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Ref(Call):
     cid: int
     ticket: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Claim(Call):
     cid: int
     ticket: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Unref(Call):
     cid: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Route(Call):
     cid: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class OpenStream(Call):
     """The address of the broker's stream listener (see `_stream`), started now."""
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Fetch(Call):
     proc_id: int
     os_pid: int
@@ -131,7 +132,7 @@ class Fetch(Call):
 # ----------------------------------------------------------------- held objects
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Output(Call):
     """Lines a child wrote: the body's first ``stdout`` bytes to stdout, the rest to
     stderr."""
@@ -139,43 +140,43 @@ class Output(Call):
     stdout: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class NewObject(Call):
     kind: str
     args: tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class CallObject(Call):
     oid: int
     name: str
     args: tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class ObjectAttr(Call):
     oid: int
     name: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Incref(Call):
     oid: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Decref(Call):
     oids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class ReadBuffer(Call):
     name: str
     offset: int
     size: int
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class WriteBuffer(Call):
     name: str
     offset: int
@@ -184,45 +185,45 @@ class WriteBuffer(Call):
 # ------------------------------------------------------------ a manager's server
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Create(Call):
     typeid: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class CallMethod(Call):
     oid: int
     name: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class GetAttr(Call):
     oid: int
     name: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class SetAttr(Call):
     oid: int
     name: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class DelAttr(Call):
     oid: int
     name: str
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Count(Call):
     """How many objects the server holds."""
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class DebugInfo(Call):
     """Each object the server holds, with its count of handles."""
 
 
-@dataclass(frozen=True)
+@record_with_dict
 class Shutdown(Call):
     """Stop the server."""

@@ -1,9 +1,10 @@
 """The frames of the streams (`_stream`, `_hub`) and direct routes (`_route`), typed.
 
-Each kind of frame is a frozen dataclass; on the wire it is its one-byte ``TAG``, an 8-byte
-channel id (a pipe or queue of the broker) and its body (`Wire.send_frame`). `decode`
-turns a frame read back into its dataclass, and each role applies what it receives under
-one ``match``: a frame a role does not expect ends its connection as a protocol error.
+Each kind of frame is a frozen record (`fiberexec._record`); on the wire it is its
+one-byte ``TAG``, an 8-byte channel id (a pipe or queue of the broker) and its body
+(`Wire.send_frame`). `decode` turns a frame read back into its record, and each role
+applies what it receives under one ``match``: a frame a role does not expect ends its
+connection as a protocol error.
 
     process -> broker (its stream)     Put Subscribe Unsubscribe Claim Release Holder
                                        Flush InletAt Want Returned Tally Counted
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
+
+from fiberexec._record import record
 
 HEAD = struct.Struct("!cQ")  # tag, channel id
 _AFTER_HEAD = HEAD.size
@@ -62,7 +64,7 @@ def _unbatch(body: bytes) -> tuple[bytes, ...]:
     return tuple(items)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Carry(_Frame):
     """A frame that carries one item's bytes as they are."""
 
@@ -77,7 +79,7 @@ class _Carry(_Frame):
         return cls(cid, body)  # type: ignore[return-value]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Batch(_Frame):
     """A frame that carries several items, each after its u32 length."""
 
@@ -95,14 +97,14 @@ class _Batch(_Frame):
 # ------------------------------------------------------------ a process to its broker
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Put(_Carry):
     """An item for pipe or queue ``cid``."""
 
     TAG: ClassVar[bytes] = b"P"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribe(_Frame):
     """This process reads pipe ``cid``: send its items here."""
 
@@ -110,13 +112,13 @@ class Subscribe(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsubscribe(_Frame):
     TAG: ClassVar[bytes] = b"U"
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Claim(_Frame):
     """This process unpickled an end of pipe ``cid`` sent with ``ticket``: it holds it."""
 
@@ -132,7 +134,7 @@ class Claim(_Frame):
         return cls(cid, body.decode())
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Release(_Frame):
     """This process closed an end of pipe ``cid``."""
 
@@ -140,7 +142,7 @@ class Release(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Holder(_Frame):
     """The stream's first frame: the process token its ends are held under."""
 
@@ -156,7 +158,7 @@ class Holder(_Frame):
         return cls(body.decode())
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Flush(_Frame):
     """A writer sends ``cid`` directly to the reader at ``inlet`` from now on (`_route`)."""
 
@@ -173,7 +175,7 @@ class Flush(_Frame):
         return cls(cid, body[:NONCE], body[NONCE:].decode())
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InletAt(_Frame):
     """Where writers elsewhere may send this process's pipes directly (`_route.Inlet`)."""
 
@@ -189,7 +191,7 @@ class InletAt(_Frame):
         return cls(body.decode())
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Want(_Frame):
     """A queue consumer's state: taken and received in all, threads waiting beyond the
     items at hand, and how many it accepts ahead; ``settle``, when not 0, asks for
@@ -213,7 +215,7 @@ class Want(_Frame):
         return cls(cid, *_WANT.unpack(body))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Returned(_Frame):
     """The answer to `Revoke`: taken in all, threads still waiting, items kept for them."""
 
@@ -231,7 +233,7 @@ class Returned(_Frame):
         return cls(cid, *_RETURNED.unpack(body))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Tally(_Frame):
     """This process counts what it takes of queue ``cid`` in ``slot`` of the page at
     ``path`` (`_tally`): to its broker, of all the queue's items; to a producer over a
@@ -252,7 +254,7 @@ class Tally(_Frame):
         return cls(cid, slot, nonce, body[_TALLY.size:].decode())
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Counted(_Frame):
     """The answer to `Count`: items producers sent here directly not yet taken."""
 
@@ -272,14 +274,14 @@ class Counted(_Frame):
 # ------------------------------------------------------------ a broker to a process
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Item(_Carry):
     """An item of pipe ``cid`` (from the broker, or from its writer over a route)."""
 
     TAG: ClassVar[bytes] = b"I"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Eof(_Frame):
     """Pipe ``cid`` has no writer left."""
 
@@ -287,14 +289,14 @@ class Eof(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Items(_Batch):
     """Items of queue ``cid`` for the consumer's waiting threads, then ahead of its gets."""
 
     TAG: ClassVar[bytes] = b"B"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Revoke(_Frame):
     """Give back the items of queue ``cid`` you have not taken (answered by `Returned`)."""
 
@@ -302,7 +304,7 @@ class Revoke(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Flushed(_Frame):
     """What a writer relayed before its `Flush` with ``nonce`` is on its way (``ok``), or
     the pipe is no longer read there."""
@@ -320,7 +322,7 @@ class Flushed(_Frame):
         return cls(cid, body[:1] == b"1", body[1:])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unroute(_Frame):
     """Stop the writers that send ``cid`` here directly."""
 
@@ -328,7 +330,7 @@ class Unroute(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Count(_Frame):
     """How many items producers sent queue ``cid`` here directly that are not taken?"""
 
@@ -344,7 +346,7 @@ class Count(_Frame):
         return cls(cid, _Q.unpack(body)[0])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Settled(_Frame):
     """The broker applied the `Want` that asked ``settle``: every item it sent for a
     waiting thread before came before this."""
@@ -361,7 +363,7 @@ class Settled(_Frame):
         return cls(cid, _Q.unpack(body)[0])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Tallied(_Frame):
     """I read your count of queue ``cid``: the broker's answer (report your takes only now
     and then), or a producer's (no `Taken` per item)."""
@@ -370,7 +372,7 @@ class Tallied(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Feed(_Frame):
     """You are (``on``) or are no longer queue ``cid``'s only consumer, fed ahead."""
 
@@ -389,7 +391,7 @@ class Feed(_Frame):
 # ------------------------------------------------------------ a direct route
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Hello(_Frame):
     """A writer asks to send ``cid`` directly; ``nonce`` names the route to the broker."""
 
@@ -405,19 +407,19 @@ class Hello(_Frame):
         return cls(cid, body)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ack(_Frame):
     TAG: ClassVar[bytes] = b"A"
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Nack(_Frame):
     TAG: ClassVar[bytes] = b"K"
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stop(_Frame):
     """The reader no longer reads ``cid`` here: send through the broker."""
 
@@ -425,7 +427,7 @@ class Stop(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stopped(_Frame):
     """The writer's last direct item of ``cid`` came before this."""
 
@@ -433,14 +435,14 @@ class Stopped(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Return(_Batch):
     """The reader sends back what it had not taken of ``cid``."""
 
     TAG: ClassVar[bytes] = b"Z"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Taken(_Frame):
     """The consumer took ``taken`` of this producer's direct items of ``cid`` in all."""
 
@@ -456,7 +458,7 @@ class Taken(_Frame):
         return cls(cid, _Q.unpack(body)[0])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Sync(_Frame):
     """Answer `Synced` after your last direct item of ``cid`` (end-of-file waits for it)."""
 
@@ -464,7 +466,7 @@ class Sync(_Frame):
     cid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Synced(_Frame):
     TAG: ClassVar[bytes] = b"J"
     cid: int

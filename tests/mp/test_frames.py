@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import socket
 import threading
 from typing import Any
@@ -34,12 +35,12 @@ EXACT = {(_frames.Flush, "nonce"): _frames.NONCE, (_frames.Tally, "nonce"): 16}
 
 def _strategy(kind: type[Any]) -> st.SearchStrategy[Any]:
     fields = {}
-    for field in dataclasses.fields(kind):
+    for field in inspect.signature(kind).parameters.values():
         size = EXACT.get((kind, field.name))
         fields[field.name] = (st.binary(min_size=size, max_size=size) if size is not None
                               else FIELDS[field.name])
-    if "cid" not in {f.name for f in dataclasses.fields(kind) if f.init and f.default is
-                     dataclasses.MISSING}:
+    if "cid" not in {f.name for f in inspect.signature(kind).parameters.values()
+                     if f.default is inspect.Parameter.empty}:
         fields["cid"] = st.just(0)  # sent on no channel
     return st.builds(kind, **fields)
 
