@@ -27,7 +27,6 @@ from fiberexec.multiprocessing._errors import (
     AuthenticationError,
     BufferTooShort,
     ProcessError,
-    RemoteError,
     TimeoutError,
 )
 from fiberexec.multiprocessing._meta import cpu_count
@@ -62,6 +61,7 @@ set_forkserver_preload = _default_context.set_forkserver_preload
 SUBDEBUG, SUBWARNING = 5, 25
 
 if TYPE_CHECKING:
+    from fiberexec.multiprocessing._errors import RemoteError
     from fiberexec.multiprocessing._managers import (
         AsyncManager,
         BaseManager,
@@ -76,11 +76,13 @@ if TYPE_CHECKING:
         Pool,
     )
 
-# The pool and the managers (and the executor the pool runs on) are imported on first use,
-# as the standard library's are: a program of processes and queues does not wait for them.
+# The pool and the managers (and the executor the pool runs on), and the managers' error,
+# are imported on first use, as the standard library's are: a program of processes and
+# queues does not wait for them.
 _LAZY = {name: "_pool" for name in ("ApplyResult", "AsyncResult", "IMapIterator", "MapResult",
                                    "Pool")} | {
-    name: "_managers" for name in ("AsyncManager", "BaseManager", "Manager", "SyncManager")}
+    name: "_managers" for name in ("AsyncManager", "BaseManager", "Manager", "SyncManager")} | {
+    "RemoteError": "_errors"}
 
 # The stdlib's submodules, each with the same names (ours where we have our own, the
 # stdlib's where nothing is process-specific); imported on first use, as attributes too.

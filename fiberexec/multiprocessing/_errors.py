@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import builtins as _builtins
 import multiprocessing as _std
-import multiprocessing.managers as _std_managers
+from typing import TYPE_CHECKING, Any
 
 from fiberexec._errors import AuthenticationError as _FiberAuthenticationError
+
+if TYPE_CHECKING:
+    from fiberexec.multiprocessing._remote_error import RemoteError
 
 ProcessError = _std.ProcessError
 BufferTooShort = _std.BufferTooShort
@@ -28,13 +31,12 @@ class AuthenticationError(_FiberAuthenticationError, _std.AuthenticationError):
     """A peer failed the HMAC handshake of a queue, pipe, process or manager connection."""
 
 
-class RemoteError(ProcessError, _std_managers.RemoteError):
-    """A manager-side error that could not be sent back as itself (its text is kept), or
-    one raised making a shared object (as the standard library's managers raise it); also
-    the standard library's ``multiprocessing.managers.RemoteError``."""
+def __getattr__(name: str) -> Any:
+    if name == "RemoteError":  # made on first use (`_remote_error`), once: the import lock
+        from fiberexec.multiprocessing._remote_error import RemoteError
 
-    def __str__(self) -> str:
-        return Exception.__str__(self)
+        return RemoteError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["AuthenticationError", "BufferTooShort", "ProcessError", "RemoteError", "TimeoutError"]

@@ -18,14 +18,16 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.managers import Token
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_as_stdlib
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
+
+if TYPE_CHECKING:  # the stdlib's managers (15 ms) load with the first token asked for
+    from multiprocessing.managers import Token
 
 
 class BaseProxy:
@@ -63,6 +65,8 @@ class BaseProxy:
     def _token(self) -> Token:
         """The stdlib's description of the referent (``typeid``, ``address``, ``id``)."""
         endpoint, oid, typeid = self._fx
+        from multiprocessing.managers import Token
+
         return Token(typeid, endpoint.address, oid)
 
     def _remote(self, kind: type[calls.GetAttr | calls.SetAttr | calls.DelAttr], name: str,
