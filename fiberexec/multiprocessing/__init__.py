@@ -101,6 +101,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """Every name, those imported on first use too (as ``dir(multiprocessing)`` lists them)."""
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
+
 __all__ = [
     "ApplyResult",
     "Array",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import importlib
 import multiprocessing
+import subprocess
+import sys
 from types import ModuleType
 
 import pytest
@@ -31,6 +33,19 @@ def test_each_submodule_has_the_stdlib_names(name: str) -> None:
     others = [n for n in vars(theirs) if not n.startswith("_") and not hasattr(ours, n)]
     assert others == []
     assert getattr(fmp, name) is ours  # also an attribute of the package, as once imported
+
+
+def test_the_package_lists_every_name_before_any_is_used() -> None:
+    """The pool, the managers and the submodules are imported on first use; ``dir()`` (and
+    so an editor's completion) lists them from the start, as the stdlib's does."""
+    program = ("import multiprocessing, fiberexec.multiprocessing as fmp\n"
+               "names = set(dir(fmp))\n"
+               "print(sorted(set(fmp.__all__) - names))\n"
+               "print(sorted(set(multiprocessing.__all__) - names))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]"]
 
 
 def _sub(mpm: ModuleType, name: str) -> ModuleType:
