@@ -26,7 +26,7 @@ its code (``_CODE``). ``tests/test_record.py`` builds the same classes both ways
 requires the same answers.
 
 Not supported, and refused when the class is made: ``dataclasses.field()``, a field
-without a default after one with a default.
+without a default after one with a default, a field named ``self``, ``other`` or ``_set``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Record:
 T = TypeVar("T")
 _MISSING = object()
 _CODE: dict[str, CodeType] = {}  # the methods' source -> its code, compiled once
+_TAKEN = frozenset({"self", "other", "_set"})  # names the methods' source uses
 
 
 @dataclass_transform(frozen_default=True)
@@ -122,6 +123,9 @@ def _is_classvar(annotation: object) -> bool:
 def _check(cls: type, fields: dict[str, tuple[object, Any]]) -> None:
     after_default = None
     for name, (_, default) in fields.items():
+        if name in _TAKEN or name.startswith("_d_"):
+            raise TypeError(f"{cls.__qualname__}.{name}: a record's methods use that name "
+                            f"themselves; rename the field, or use @dataclass for this class")
         if _is_field(default):
             raise TypeError(f"{cls.__qualname__}.{name}: a record takes a plain default, not "
                             f"dataclasses.field(); use @dataclass for this class")

@@ -123,6 +123,12 @@ def test_what_a_record_cannot_take_is_refused_with_the_fix(
     with pytest.raises(TypeError, match=r"not dataclasses.field\(\); use @dataclass"):
         build(Factory)
 
+    class Named:
+        other: int
+
+    with pytest.raises(TypeError, match="Named.other: a record's methods use that name"):
+        build(Named)
+
 
 def test_records_with_the_same_fields_share_their_code() -> None:
     fields = {"__annotations__": {"cid": "int", "data": "bytes"}}
