@@ -61,7 +61,6 @@ set_forkserver_preload = _default_context.set_forkserver_preload
 SUBDEBUG, SUBWARNING = 5, 25
 
 if TYPE_CHECKING:
-    from fiberexec.multiprocessing._errors import RemoteError
     from fiberexec.multiprocessing._managers import (
         AsyncManager,
         BaseManager,
@@ -75,6 +74,7 @@ if TYPE_CHECKING:
         MapResult,
         Pool,
     )
+    from fiberexec.multiprocessing._remote_error import RemoteError
 
 # The pool and the managers (and the executor the pool runs on), and the managers' error,
 # are imported on first use, as the standard library's are: a program of processes and
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 _LAZY = {name: "_pool" for name in ("ApplyResult", "AsyncResult", "IMapIterator", "MapResult",
                                    "Pool")} | {
     name: "_managers" for name in ("AsyncManager", "BaseManager", "Manager", "SyncManager")} | {
-    "RemoteError": "_errors"}
+    "RemoteError": "_remote_error"}
 
 # The stdlib's submodules, each with the same names (ours where we have our own, the
 # stdlib's where nothing is process-specific); imported on first use, as attributes too.

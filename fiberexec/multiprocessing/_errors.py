@@ -5,19 +5,16 @@ derives from both ``multiprocessing.TimeoutError`` and the builtin ``TimeoutErro
 ``concurrent.futures.TimeoutError``), so ``except multiprocessing.TimeoutError`` and
 ``except fiberexec.TimeoutError`` (the builtin, which ``Future.result(timeout=)`` raises) both
 catch ours. `AuthenticationError` is both the standard library's and fiberexec's (a
-`ProtocolError`), so either ``except`` works.
+`ProtocolError`), so either ``except`` works. `RemoteError` lives in `_remote_error`, loaded
+with the managers.
 """
 
 from __future__ import annotations
 
 import builtins as _builtins
 import multiprocessing as _std
-from typing import TYPE_CHECKING, Any
 
 from fiberexec._errors import AuthenticationError as _FiberAuthenticationError
-
-if TYPE_CHECKING:
-    from fiberexec.multiprocessing._remote_error import RemoteError
 
 ProcessError = _std.ProcessError
 BufferTooShort = _std.BufferTooShort
@@ -31,12 +28,4 @@ class AuthenticationError(_FiberAuthenticationError, _std.AuthenticationError):
     """A peer failed the HMAC handshake of a queue, pipe, process or manager connection."""
 
 
-def __getattr__(name: str) -> Any:
-    if name == "RemoteError":  # made on first use (`_remote_error`), once: the import lock
-        from fiberexec.multiprocessing._remote_error import RemoteError
-
-        return RemoteError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["AuthenticationError", "BufferTooShort", "ProcessError", "RemoteError", "TimeoutError"]
+__all__ = ["AuthenticationError", "BufferTooShort", "ProcessError", "TimeoutError"]

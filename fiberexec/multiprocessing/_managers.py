@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
 from fiberexec.multiprocessing import _backends, _sync_server
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing._errors import ProcessError, RemoteError
+from fiberexec.multiprocessing._errors import ProcessError
 from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
@@ -58,6 +58,7 @@ from fiberexec.multiprocessing._proxies import (
     public_methods,
 )
 from fiberexec.multiprocessing._queues import SimpleQueue
+from fiberexec.multiprocessing._remote_error import RemoteError
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer
 
 # ---------------------------------------------------------------------------- server side

@@ -1,6 +1,6 @@
 """`RemoteError`, which derives from the standard library's: its module (the stdlib's
 managers, with its pool) takes a new interpreter 15 ms to import, so this class is made on
-first use (`_errors.__getattr__`), as the managers that raise it are."""
+first use (the package's ``__getattr__``), with the managers that raise it."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def _pickle_error(exc: BaseException) -> bytes:
     try:
         return pickle.dumps(exc, protocol=5)
     except Exception:
-        from fiberexec.multiprocessing._errors import RemoteError
+        from fiberexec.multiprocessing._remote_error import RemoteError
 
         return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=5)
 

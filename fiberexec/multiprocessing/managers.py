@@ -5,7 +5,6 @@ from __future__ import annotations
 from multiprocessing.managers import Token
 
 from fiberexec.multiprocessing import _stdnames
-from fiberexec.multiprocessing._errors import RemoteError
 from fiberexec.multiprocessing._managers import (
     AsyncManager,
     BaseManager,
@@ -27,6 +26,7 @@ from fiberexec.multiprocessing._proxies import (
     PoolProxy,
     ValueProxy,
 )
+from fiberexec.multiprocessing._remote_error import RemoteError
 from fiberexec.multiprocessing._shm_manager import SharedMemoryManager
 
 __all__ = [
