@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Any
 from fiberexec import _auth
 from fiberexec._serialize import loads_bytes
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing import _forward, _sync_server, _tally
+from fiberexec.multiprocessing import _forward, _sync_server, _tally, _timing
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
     Count,
@@ -46,7 +45,7 @@ from fiberexec.multiprocessing._frames import (
     Want,
 )
 from fiberexec.multiprocessing._hub import Hub, Peer
-from fiberexec.multiprocessing._links import TIMING, Signal, Wake, thread_wake
+from fiberexec.multiprocessing._links import Signal, Wake, thread_wake
 from fiberexec.multiprocessing._rpc import Caller, Endpoint, RpcServer, caller_waits
 
 log = logging.getLogger("fiberexec.multiprocessing")
@@ -206,7 +205,7 @@ class Chan:
             self.cond.wait_for(lambda: all(
                 lease.answered >= n or lease.gone or peer.ended
                 or self.leases.get(peer) is not lease for peer, lease, n in asked),
-                TIMING.count)
+                _timing.TIMING.count)
 
     def refeed(self) -> None:
         """Tell the consumers elsewhere whether they are fed ahead (under ``cond``).
@@ -245,10 +244,10 @@ class Chan:
 
         If the last sender is another process and no thread reads its stream, this thread
         reads it itself (see `_hub`), instead of being woken by the thread that would."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _timing.Deadline(timeout)
         while not (self.items or self.writers == 0):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = deadline.left()
+            if left == 0:
                 return False
             peer = self.source
             if self.leader is None and peer is not None:
@@ -942,9 +941,9 @@ class Broker:
         library's are; at most `Timing.gone` (a vanished host closes no connection)."""
         with self.lock:
             token = self.tokens.pop(proc_id, None)
-        if token is not None and not self.server.callers.await_gone(token, TIMING.gone):
+        if token is not None and not self.server.callers.await_gone(token, _timing.TIMING.gone):
             log.debug("process %d ended, and its connections to this broker are still "
-                      "open after %.0f s", proc_id, TIMING.gone)
+                      "open after %.0f s", proc_id, _timing.TIMING.gone)
 
     def pid_of(self, proc_id: int, timeout: float, gone: Callable[[], bool]) -> int | None:
         """The pid child ``proc_id`` reported, waiting up to ``timeout`` (unless ``gone()``)."""
@@ -953,9 +952,9 @@ class Broker:
             return self.pids.get(proc_id)
 
     def close(self) -> None:
-        if not self.feeder.drain(TIMING.feed):  # what puts left to the feeder goes first
+        if not self.feeder.drain(_timing.TIMING.feed):  # what puts left to the feeder goes first
             log.warning("queue items put just before this process exits were not all sent "
-                        "within %.0f s: a consumer stopped reading them", TIMING.feed)
+                        "within %.0f s: a consumer stopped reading them", _timing.TIMING.feed)
         if self.hub is not None:
             self.hub.close()
         self.server.close()
@@ -1006,17 +1005,3 @@ def _close_at_exit(broker: Broker, pid: int) -> None:
                 _closed.append(broker)  # what it made is still its own, called directly
         broker.close()
 
-
-def wait_slices(timeout: float | None, attempt: Callable[[float], bool]) -> bool:
-    """Call ``attempt(wait)`` until it succeeds or ``timeout`` passes (None: forever).
-
-    Each attempt blocks server-side for at most `Timing.slice` seconds, so a client that vanishes
-    mid-wait costs the server one slice, not a thread forever.
-    """
-    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    while True:
-        left = TIMING.slice if deadline is None else min(TIMING.slice, deadline - time.monotonic())
-        if attempt(max(0.0, left)):
-            return True
-        if deadline is not None and time.monotonic() >= deadline:
-            return False

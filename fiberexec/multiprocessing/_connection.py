@@ -22,9 +22,9 @@ from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import BufferTooShort
 from fiberexec.multiprocessing._frames import Claim, Release
-from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint, process_token
 
 
@@ -142,11 +142,12 @@ class Connection:
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
-            status, body = self._endpoint.call(calls.Get(cid, wait), timeout=wait + TIMING.call)
+            status, body = self._endpoint.call(calls.Get(cid, wait),
+                                               timeout=wait + _timing.TIMING.call)
             found.append((status, body))
             return bool(status != b.EMPTY)
 
-        b.wait_slices(None, attempt)
+        _timing.in_slices(None, attempt)
         status, body = found[-1]
         if status == b.EOF:
             raise EOFError
@@ -162,8 +163,8 @@ class Connection:
         elif broker is not None:
             ready = broker.ready(cid, timeout)
         else:
-            return b.wait_slices(timeout, lambda w: bool(
-                self._endpoint.call(calls.Poll(cid, w), timeout=w + TIMING.call)[0]))
+            return _timing.in_slices(timeout, lambda w: bool(
+                self._endpoint.call(calls.Poll(cid, w), timeout=w + _timing.TIMING.call)[0]))
         if not ready and timeout == 0.0:
             # answered here with no system call, where the stdlib's polls its socket: a loop
             # on it lets the thread that takes in what it waits for run (as a queue's
@@ -245,7 +246,7 @@ def _start_releaser() -> None:
 
 def _stop_releaser() -> None:
     _exiting.set()
-    if _releasing.acquire(timeout=TIMING.release):
+    if _releasing.acquire(timeout=_timing.TIMING.release):
         _releasing.release()
 
 
@@ -268,7 +269,7 @@ def _release(endpoint: Endpoint, cid: int) -> None:
         if stream is not None:
             stream.send(Release(cid))
         else:
-            endpoint.call(calls.Unref(cid), timeout=TIMING.release)
+            endpoint.call(calls.Unref(cid), timeout=_timing.TIMING.release)
     except Exception:  # the broker is gone: nobody is left to tell
         pass
 

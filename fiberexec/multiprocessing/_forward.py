@@ -25,7 +25,7 @@ import threading
 from fiberexec import _capture
 from fiberexec._output import write_to
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._rpc import Endpoint
 
 ENV_OUTPUT = "FIBEREXEC_MP_OUTPUT"  # "forward": this child sends its output to its parent
@@ -58,7 +58,7 @@ class Forwarder:
         """Send lines printed without a flush (held in the streams' buffers) within
         ``Timing.output_age``."""
         while not self._closed:
-            self._due.wait(TIMING.output_age)
+            self._due.wait(_timing.TIMING.output_age)
             self._due.clear()
             self.capture.flush_streams()
             self.send()
@@ -67,7 +67,7 @@ class Forwarder:
         """The process exits: send what is left, lines not ended yet too."""
         self._closed = True
         self.capture.flush_streams()
-        self.send(everything=True, timeout=TIMING.output_final)
+        self.send(everything=True, timeout=_timing.TIMING.output_final)
 
 
 _forwarder: Forwarder | None = None

@@ -31,7 +31,6 @@ import queue
 import secrets
 import socket
 import threading
-import time
 from multiprocessing import connection as _mpc
 from multiprocessing import context
 from multiprocessing import queues as _mpq
@@ -40,8 +39,9 @@ from typing import Any
 
 from fiberexec import _inherit
 from fiberexec._serialize import NEEDS_STDLIB, dumps_as_stdlib, loads_as_stdlib
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._connection import Connection
-from fiberexec.multiprocessing._links import HAND_OVER, TIMING, share_descriptors
+from fiberexec.multiprocessing._links import HAND_OVER, share_descriptors
 
 KEY_BYTES = 16
 
@@ -147,11 +147,11 @@ class HostSimpleQueue(_mpq.SimpleQueue):  # type: ignore[type-arg]
             with self._rlock:
                 data = self._reader.recv_bytes()
             return loads_as_stdlib(data)
-        deadline = time.monotonic() + max(0.0, timeout or 0.0)
-        if not self._rlock.acquire(block, max(0.0, timeout or 0.0) if block else None):
+        deadline = _timing.Deadline(timeout or 0.0)
+        if not self._rlock.acquire(block, deadline.left() if block else None):
             raise queue.Empty
         try:
-            if not self._reader.poll(max(0.0, deadline - time.monotonic()) if block else 0):
+            if not self._reader.poll(deadline.left() if block else 0):
                 raise queue.Empty
             data = self._reader.recv_bytes()
         finally:
@@ -227,7 +227,7 @@ class _Sharer:
             self._hand_over(conn)
 
     def _hand_over(self, conn: socket.socket) -> None:
-        conn.settimeout(TIMING.fetch)
+        conn.settimeout(_timing.TIMING.fetch)
         key = b""
         with contextlib.suppress(OSError):
             while len(key) < KEY_BYTES:
@@ -270,7 +270,7 @@ def fetch(address: bytes, key: bytes) -> int:
     """
     pid = address.split(b"-")[2].decode(errors="replace")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(TIMING.fetch)
+        sock.settimeout(_timing.TIMING.fetch)
         try:
             sock.connect(address)
         except OSError as exc:
@@ -285,7 +285,7 @@ def fetch(address: bytes, key: bytes) -> int:
             answer, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
         except TimeoutError:
             raise OSError(f"cannot receive a pipe end from process {pid}: it did not hand it "
-                          f"over within {TIMING.fetch:.0f}s (it is stopped or "
+                          f"over within {_timing.TIMING.fetch:.0f}s (it is stopped or "
                           "overloaded)") from None
     if answer != b"Y" or not fds:
         for fd in fds:

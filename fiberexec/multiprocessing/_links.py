@@ -55,12 +55,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from fiberexec import _auth
 from fiberexec._framing import FrameBuffer
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._frames import Frame
 
@@ -82,40 +82,6 @@ _SIZED_HEAD = struct.Struct("!QcQ")  # a tagged frame's length, tag and channel 
 _TAGGED = _SIZED_HEAD.size - _SIZE.size
 _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Every time limit of the multiprocessing layer, in seconds, in one value (`TIMING`):
-    each module reads its limits from it, so what waits how long is said in one place."""
-
-    connect: float = 3.0  # a dial; a pipe reader's host silent by then is relayed to
-    handshake: float = 10.0  # a connection's peer proves the secret within this
-    stream: float = 30.0  # a connection to a broker or manager is made and proves the secret
-    hello: float = 10.0  # a pipe reader answers a direct writer, else the broker relays
-    fetch: float = 10.0  # a pipe end's descriptor comes over from the process sharing it
-    slice: float = 5.0  # one blocking request (a get, an acquire, a wait) waits in a broker
-    feed: float = 5.0  # an exiting process waits for its `Feeder` to send what it holds
-    leave: float = 5.0  # an exiting process waits for its direct routes to settle
-    count: float = 2.0  # ``qsize()`` waits for consumers elsewhere to say what they hold
-    gave_up: float = 2.0  # a queue get that gave up waits for what was sent to it (`Settled`)
-    hold: float = 0.002  # a socket stays with the thread that read its last answer
-    call: float = 120.0  # an answer may take this beyond the time its request asks to wait
-    heartbeat: float = 5.0  # a waiting call checks that its server is alive this often
-    ping: float = 30.0  # a live server answers that check within this
-    flush: float = 60.0  # a proxy's flush waits for the releases sent before it
-    release: float = 5.0  # a collected pipe end's release reaches its broker (and at exit)
-    settle: float = 1.0  # a writer rechecks a route to a pipe's reader that is settling
-    pid: float = 30.0  # a started child reports its pid within this
-    gone: float = 2.0  # a child seen ended: its parent's broker reads its connections' ends
-    gone_check: float = 0.2  # a broker's wait for a client checks this often that it is there
-    manager_start: float = 120.0  # a manager's server process starts and says where it is
-    manager_shutdown: float = 5.0  # a manager's server shuts down and exits
-    output_age: float = 1.0  # a line a child printed without a flush waits this at most
-    output_final: float = 10.0  # a child's last lines reach its parent as it exits
-
-
-TIMING = Timing()
 
 
 def outward_ip(endpoint_address: str) -> str | None:
@@ -240,16 +206,17 @@ def _connect_unix(name: str, timeout: float) -> socket.socket | None:
 
 
 def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, service: bytes,
-         timeout: float = TIMING.connect) -> socket.socket:
+         timeout: float | None = None) -> socket.socket:
     """An authenticated, blocking connection for ``service``: to the abstract Unix socket
     ``unix`` when this process reaches it, else to ``tcp`` (connect and handshake within
-    ``timeout`` each).
+    ``timeout`` each, `Timing.connect` if None).
 
     Raises:
         AuthenticationError: the peer does not hold the secret, or refused ours.
         OSError, EOFError: no way in (`ConnectionRefusedError` with neither address, or
             when the peer does not offer ``service``).
     """
+    timeout = _timing.TIMING.connect if timeout is None else timeout
     sock = _connect_unix(unix, timeout) if unix and sys.platform == "linux" else None
     if sock is None:
         if tcp is None:
@@ -438,8 +405,9 @@ class Reader:
     """
 
     def __init__(self, conn: Wire, apply: Callable[[bytes], None],
-                 lost: Callable[[], None]) -> None:
+                 lost: Callable[[], None], clock: _timing.Clock = time.monotonic) -> None:
         self.conn = conn
+        self.clock = clock
         self.apply = apply
         self.lost = lost
         self.role = threading.Lock()  # held by the one thread reading the socket
@@ -523,7 +491,7 @@ class Reader:
                 while True:
                     self.apply(self.conn.recv_bytes())
         while True:
-            timeout = TIMING.hold if time.monotonic() < self.holding_until else -1
+            timeout = _timing.TIMING.hold if self.clock() < self.holding_until else -1
             readable = False
             for fd, _ in self.poller.poll(timeout):
                 if self.kick is not None and fd == self.kick.r:
@@ -533,7 +501,7 @@ class Reader:
             held = self.held
             if held is None and not readable:
                 continue  # a timeout or a kick: only an expired hold needs this thread
-            if held is not None and time.monotonic() - held < TIMING.hold:
+            if held is not None and self.clock() - held < _timing.TIMING.hold:
                 continue  # a thread here reads answers from this peer (see `_keep`)
             if not self.role.acquire(blocking=False):
                 continue  # a leader reads; it arms the socket again when it lets go
@@ -570,7 +538,7 @@ class Reader:
             # call to take it out and put it back each time; the serving thread takes it
             # back once nobody has led or held it for that long
             if keep and self.poller is not None:
-                self._keep(time.monotonic())
+                self._keep(self.clock())
             self.role.release()
             if not keep:
                 self._arm(_ARMED)
@@ -594,7 +562,8 @@ class Reader:
         """Keep the (disarmed) socket from the serving thread until ``now + Timing.hold``."""
         self.held = now
         waits_forever = now >= self.holding_until
-        self.holding_until = now + 100 * TIMING.hold  # set before the kick: the thread reads it
+        # (set before the kick: the thread reads it)
+        self.holding_until = now + 100 * _timing.TIMING.hold
         if waits_forever and self.kick is not None:  # it waits without a timeout: wake it
             self.kick.set(True)
 
@@ -606,7 +575,7 @@ class Reader:
         `Timing.hold`."""
         if not self.leadable or self.role.locked():
             return
-        now = time.monotonic()
+        now = self.clock()
         if self.held is None:
             self._arm(_ONESHOT)
         self._keep(now)
@@ -713,7 +682,7 @@ class Listener:
         try:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(TIMING.handshake)
+            sock.settimeout(_timing.TIMING.handshake)
             opening = _exactly(sock, len(MAGIC))
             if (opening == HAND_OVER and self.descriptors is not None
                     and sock.family == socket.AF_UNIX):  # (descriptors pass only there)

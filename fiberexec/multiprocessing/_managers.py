@@ -23,7 +23,6 @@ import itertools
 import queue
 import signal
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,10 +31,9 @@ from multiprocessing.connection import wait as connection_wait
 from typing import Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_bytes
-from fiberexec.multiprocessing import _backends, _sync_server
+from fiberexec.multiprocessing import _backends, _sync_server, _timing
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing._errors import ProcessError
-from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._pool import Pool
 from fiberexec.multiprocessing._process import Process
 from fiberexec.multiprocessing._proxies import (
@@ -207,14 +205,14 @@ def _shutdown(servers: _Servers, secret: bytes) -> None:
         for address in servers.addresses:
             try:
                 Endpoint(address, secret).call(calls.Shutdown(),
-                                               timeout=TIMING.manager_shutdown)
+                                               timeout=_timing.TIMING.manager_shutdown)
             except (ConnectionError, OSError):
                 pass  # it closed before answering: that is the point
     for proc in servers.procs:
-        proc.join(TIMING.manager_shutdown)
+        proc.join(_timing.TIMING.manager_shutdown)
         if proc.is_alive():
             proc.kill()
-            proc.join(TIMING.manager_shutdown)
+            proc.join(_timing.TIMING.manager_shutdown)
     servers.procs.clear()
     servers.addresses.clear()
     if servers.pool is not None:
@@ -244,7 +242,7 @@ class BaseManager:
 
     def __init__(self, address: str | None = None, authkey: bytes | None = None, *,
                  backend: _backends.BackendLike | None = None, servers: int = 1,
-                 start_timeout: float = TIMING.manager_start) -> None:
+                 start_timeout: float | None = None) -> None:
         if not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if address is not None and not isinstance(address, str):
@@ -254,7 +252,9 @@ class BaseManager:
         self._address = address
         self._secret = bytes(authkey) if authkey is not None else current_process().authkey
         self._backend = backend
-        self._servers_wanted, self._start_timeout = servers, start_timeout
+        self._servers_wanted = servers
+        self._start_timeout = (_timing.TIMING.manager_start if start_timeout is None
+                               else start_timeout)
         self._servers = _Servers()
         self._next = itertools.count()
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
@@ -318,17 +318,17 @@ class BaseManager:
 
     def _await_addresses(self, reply: SimpleQueue) -> None:
         """Wait for each server's address, or for a server to die starting, or the deadline."""
-        deadline = time.monotonic() + self._start_timeout
+        deadline = _timing.Deadline(self._start_timeout)
         reader = reply._reader  # readable while an address waits (the queue is ours)
         try:
             while len(self._servers.addresses) < self._servers_wanted:
-                left = deadline - time.monotonic()
+                left = deadline.left()
                 waitables = [reader, *(p.sentinel for p in self._servers.procs)]
-                if left > 0 and reader in connection_wait(waitables, timeout=left):
+                if left and reader in connection_wait(waitables, timeout=left):
                     self._servers.addresses.append(reply.get())
                     continue
                 codes = [p.exitcode for p in self._servers.procs]
-                if any(code is not None for code in codes) or time.monotonic() >= deadline:
+                if any(code is not None for code in codes) or deadline.passed():
                     self.shutdown()
                     raise ProcessError(
                         f"the manager server did not start within {self._start_timeout}s "

@@ -36,9 +36,8 @@ from fiberexec._backend import (
 )
 from fiberexec._errors import SerializationError
 from fiberexec._serialize import dumps_bytes, pickler_error
-from fiberexec.multiprocessing import _backends, _forward, _main
+from fiberexec.multiprocessing import _backends, _forward, _main, _timing
 from fiberexec.multiprocessing._broker import get_broker
-from fiberexec.multiprocessing._links import TIMING
 
 ENV_ADDRESS = _backends.ENV_PARENT_ADDRESS
 ENV_PROCESS = "FIBEREXEC_MP_PROCESS"
@@ -89,7 +88,7 @@ class _Runtime:
     @property
     def pid(self) -> int | None:
         """The child's pid, once it reports it (waits up to `Timing.pid`)."""
-        return get_broker().pid_of(self.proc_id, TIMING.pid, self.done.is_set)
+        return get_broker().pid_of(self.proc_id, _timing.TIMING.pid, self.done.is_set)
 
     @property
     def returncode(self) -> int | None:
@@ -124,7 +123,8 @@ class _Runtime:
         try:
             self.backend.signal(self.handle, sig)
         except SignalNotSupportedError:  # the backend can only stop the job
-            self.backend.stop(self.handle, grace=0.5 if sig == signal.SIGTERM else 0.0)
+            grace = _timing.TIMING.grace if sig == signal.SIGTERM else 0.0
+            self.backend.stop(self.handle, grace=grace)
             self.finish(-sig)
 
     def terminate(self) -> None:
@@ -628,7 +628,7 @@ def _clean_up(runtime: _Runtime, handle: WorkerHandle, code: int) -> None:
             text = backend.logs(handle, tail=200)
             if text:
                 sys.stderr.write(text if text.endswith("\n") else text + "\n")
-        backend.stop(handle, grace=0.5)
+        backend.stop(handle, grace=_timing.TIMING.grace)
         if runtime.owns_backend:
             backend.close()  # and what it kept for later starts (the local launcher)
     except Exception as exc:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fiberexec._serialize import dumps_as_stdlib, dumps_bytes, loads_as_stdlib
 from fiberexec.multiprocessing import _calls as calls
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import ProcessError
-from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import Endpoint
 
 if TYPE_CHECKING:  # the stdlib's managers (15 ms) load with the first token asked for
@@ -196,7 +196,7 @@ class _Releaser:
             return
         done = threading.Event()
         self.pending.put(done)
-        done.wait(TIMING.flush)
+        done.wait(_timing.TIMING.flush)
 
     def _send(self, batch: list[tuple[str, bytes, int] | threading.Event]) -> None:
         with contextlib.suppress(queue.Empty):
@@ -382,17 +382,7 @@ class ConditionProxy(AcquirerProxy):
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
         """Wait until ``predicate()`` is true (evaluated here, with the lock held)."""
-        import time
-
-        result = predicate()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not result:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            self.wait(left)
-            result = predicate()
-        return result
+        return _timing.wait_until(predicate, self.wait, timeout)
 
 
 class BarrierProxy(BaseProxy):

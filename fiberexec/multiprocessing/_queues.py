@@ -17,7 +17,7 @@ from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
 from fiberexec.multiprocessing import _stream as st
-from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._rpc import Endpoint
 
 _CREATING = threading.Lock()  # held while a queue is made in its broker, on first use
@@ -56,7 +56,7 @@ class Queue:
             raise self._closed_error()
         try:
             endpoint = self._ep()
-            return endpoint.call(kind(self._cid, *args), body, timeout=wait + TIMING.call)
+            return endpoint.call(kind(self._cid, *args), body, timeout=wait + _timing.TIMING.call)
         except ConnectionError as exc:
             raise _gone(self, exc) from exc
 
@@ -340,7 +340,7 @@ def _gone(q: Queue, exc: ConnectionError) -> ConnectionError:
 def _blocking(block: bool, timeout: float | None, attempt: Any) -> bool:
     if not block:
         return bool(attempt(0.0))
-    return b.wait_slices(timeout, attempt)
+    return _timing.in_slices(timeout, attempt)
 
 
 def _rebuild(cls: type[Queue], address: str, secret: bytes, cid: int, maxsize: int) -> Queue:

@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fiberexec.multiprocessing import _calls as calls
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._frames import (
     NONCE,
@@ -84,7 +85,6 @@ from fiberexec.multiprocessing._frames import (
 )
 from fiberexec.multiprocessing._links import (
     PIPE,
-    TIMING,
     Reader,
     Wake,
     Wire,
@@ -99,10 +99,6 @@ from fiberexec.multiprocessing._stream import Stream
 from fiberexec.multiprocessing._tally import TallyPage, TallyView
 
 log = logging.getLogger("fiberexec.multiprocessing")
-
-REQUERY = (0.02, 1.0)  # a writer sent through the broker asks for a route again after the
-# first, then twice as long each time, up to the second (a reader that has not yet started
-# reading is found soon; a pipe read by its creator costs a call a second)
 
 
 class Link:
@@ -487,8 +483,9 @@ class Outlets:
     the broker. ``cond`` guards it, serialises every send that does not go directly, and
     changes of route, so that a thread's items never overtake one another."""
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, clock: _timing.Clock = time.monotonic) -> None:
         self.stream = stream
+        self.clock = clock
         self.cond = threading.Condition(threading.Lock())
         self.routes: dict[int, Route | float] = {}
         self.links: dict[str, Link] = {}
@@ -508,11 +505,11 @@ class Outlets:
                             return
                         continue
                     if route.state in (ACKED, STOPPING):  # settles soon: wait for it
-                        self.cond.wait(TIMING.settle)
+                        self.cond.wait(_timing.TIMING.settle)
                         continue
                     if route.state != HELLOING:  # the reader refused, or is gone
                         self._relay_for_now(cid, route)
-                elif route is None or time.monotonic() >= route:
+                elif route is None or self.clock() >= route:
                     self._establish(cid, queue)
                     continue
                 break
@@ -537,9 +534,9 @@ class Outlets:
         if route is not None:
             route.link.routes.pop(cid, None)
         if route is None or self.routes.get(cid) is route:
-            wait = self.backoff.get(cid, REQUERY[0])
-            self.backoff[cid] = min(wait * 2, REQUERY[1])
-            self.routes[cid] = time.monotonic() + wait
+            wait = self.backoff.get(cid, _timing.TIMING.requery)
+            self.backoff[cid] = min(wait * 2, _timing.TIMING.requery_most)
+            self.routes[cid] = self.clock() + wait
 
     def _establish(self, cid: int, queue: bool) -> None:
         """Ask the broker where ``cid`` is read and route it there (under ``cond``, which
@@ -555,12 +552,9 @@ class Outlets:
         except OSError:
             self._relay_for_now(cid, route)
             return
-        deadline = time.monotonic() + TIMING.hello
-        while route.state == HELLOING and not link.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.cond.wait(min(left, 1.0))
+        # (an answer, a stop and the link's loss notify ``cond``)
+        self.cond.wait_for(lambda: route.state != HELLOING or link.closed,
+                           _timing.TIMING.hello)
         if route.state == ACKED:
             # after everything relayed so far; until the broker passes it on, the reader
             # holds what comes directly
@@ -677,6 +671,7 @@ class Outlets:
     def _stop(self, link: Link, cid: int) -> None:
         with self.cond:
             self._stopping(link, cid, link.routes.get(cid))
+            self.cond.notify_all()  # (a route still saying hello waits for its answer)
 
     @staticmethod
     def _stopping(link: Link, cid: int, route: Route | None) -> bool:

@@ -42,19 +42,19 @@ import secrets
 import socket
 import struct
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any, Protocol
 
 from fiberexec._errors import ProtocolError
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._calls import Call, Monitor, Ping
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._errors import AuthenticationError
 from fiberexec.multiprocessing._links import (
     RPC,
-    TIMING,
     Wire,
     dial,
     drop,
@@ -128,14 +128,7 @@ def caller_waits(wait: Callable[[float | None], bool], timeout: float | None) ->
     rest of the request. On any other thread, ``wait(timeout)`` as it is."""
     if getattr(serving, "sock", None) is None:
         return wait(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        check = TIMING.gone_check
-        left = check if deadline is None else min(check, deadline - time.monotonic())
-        if wait(max(0.0, left)):
-            return True
-        if caller_gone() or (deadline is not None and time.monotonic() >= deadline):
-            return False
+    return _timing.in_pieces(wait, timeout, _timing.TIMING.gone_check, stop=caller_gone)
 
 
 def _tcp_address(address: str) -> tuple[str, int]:
@@ -393,11 +386,12 @@ class _Channel:
 class RpcClient:
     """Authenticated connections to a server; thread-safe (a connection per thread)."""
 
-    def __init__(self, address: str, secret: bytes, *, timeout: float = TIMING.stream) -> None:
+    def __init__(self, address: str, secret: bytes, *, timeout: float | None = None) -> None:
+        """``timeout``: to connect and prove the secret (None: `Timing.stream`)."""
         self.address = address
         self.lost = threading.Event()
         self._secret = secret
-        self._connect_timeout = timeout
+        self._connect_timeout = _timing.TIMING.stream if timeout is None else timeout
         self.listeners: list[Callable[[], None]] = []
         self._local = threading.local()
         self._channels: weakref.WeakSet[_Channel] = weakref.WeakSet()
@@ -414,7 +408,7 @@ class RpcClient:
         self._local_name = ""  # the server's abstract Unix socket, learned in the handshake
         # a server that takes the connection and says nothing (stopped) is found by the same
         # bound as one that stops answering later
-        self._monitor = self._open_monitor(min(timeout, TIMING.ping))
+        self._monitor = self._open_monitor(min(self._connect_timeout, _timing.TIMING.ping))
         threading.Thread(target=self._await_end, daemon=True,
                          name="fiberexec-mp-rpc-watch").start()
 
@@ -537,23 +531,26 @@ class RpcClient:
                 self._idle = False
                 if self._closed:
                     return
-            if self.lost.wait(TIMING.heartbeat):
+            if self.lost.wait(_timing.TIMING.heartbeat):
                 return
             with self._watch:
                 if self._busy == 0:
                     continue
             try:
-                self._roundtrip(_frame(b"R", (Ping(), (_TOKEN, 0)), b""), TIMING.ping)
+                self._roundtrip(_frame(b"R", (Ping(), (_TOKEN, 0)), b""), _timing.TIMING.ping)
             except ConnectionError:
                 if not self._closed:
                     self._lose(f"the process serving {self.address} stopped answering (no "
-                               f"reply to a liveness check within {TIMING.ping}s): it died "
+                               f"reply to a liveness check within {_timing.TIMING.ping}s): it died "
                                "or hangs")
                 return
 
     def call(self, call: Call, body: bytes = b"", *,
-             timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
-        """Make ``call`` on the server; re-raise what it raised."""
+             timeout: float | EllipsisType | None = ...) -> tuple[Any, bytes]:
+        """Make ``call`` on the server, waiting ``timeout`` for the answer (None: for ever;
+        unsaid: `Timing.call`); re-raise what it raised."""
+        if timeout is ...:
+            timeout = _timing.TIMING.call
         caller = (_TOKEN, threading.get_ident())
         with self.busy():
             answer = self._roundtrip(_frame(b"R", (call, caller), body), timeout)
@@ -604,7 +601,7 @@ class Endpoint:
         self.secret = secret
 
     def call(self, call: Call, body: bytes = b"", *,
-             timeout: float | None = TIMING.call) -> tuple[Any, bytes]:
+             timeout: float | EllipsisType | None = ...) -> tuple[Any, bytes]:
         server = _local_servers.get(self.address)
         if server is not None and server.secret == self.secret:
             return server.call_local(call, body)

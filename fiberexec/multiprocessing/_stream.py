@@ -32,13 +32,12 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing import _tally
+from fiberexec.multiprocessing import _tally, _timing
 from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
     Count,
@@ -63,7 +62,7 @@ from fiberexec.multiprocessing._frames import (
     decode,
     unexpected,
 )
-from fiberexec.multiprocessing._links import STREAM, TIMING, Reader, Signal, Wire, dial
+from fiberexec.multiprocessing._links import STREAM, Reader, Signal, Wire, dial
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -127,7 +126,7 @@ class Stream:
         self.outlets: Outlets | None = None  # pipes this process writes
         host, port, unix = address
         self.conn = Wire(dial(endpoint.secret, unix, (host, port), service=STREAM,
-                              timeout=TIMING.stream))
+                              timeout=_timing.TIMING.stream))
         # the broker's RPC connection watches its liveness for us (see `_rpc`): when it is
         # lost, so is this stream, and whoever waits on it wakes
         self.rpc = client_for(endpoint.address, endpoint.secret)
@@ -194,12 +193,12 @@ class Stream:
         no one else does and no thread of its own has started (see `_links.Reader`), or the
         direct connection pipe ``cid``'s items come over (see `_route.Inlet.lead`). Call
         with ``cond`` held."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _timing.Deadline(timeout)
         reader = self.reader
         with self.rpc.busy():
             while not (ready() or self.lost):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                left = deadline.left()
+                if left == 0:
                     return False
                 if not reader.serving and reader.try_lead(self.cond, None, left, keep=False):
                     self.cond.notify_all()  # another waiter may lead now
@@ -371,7 +370,7 @@ class Stream:
         items directly take back what it did not take (and what this process sent to
         consumers directly that they did not take comes back, to go through the broker);
         writers told to stop sending here directly take back what it did not read."""
-        deadline = time.monotonic() + timeout
+        deadline = _timing.Deadline(timeout)
         left = self.outlets is None or self.outlets.leave(timeout)
         with self.cond:
             inlet = self.inlet
@@ -380,7 +379,7 @@ class Stream:
             for cid in self.lanes:
                 inlet.stop(cid)
             return self.cond.wait_for(lambda: self.lost or not inlet.stopping(),
-                                      max(0.0, deadline - time.monotonic())) and left
+                                      deadline.left()) and left
 
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come."""
@@ -468,7 +467,7 @@ class Stream:
         settle = lane.settle
         try:
             self._tell(cid, lane, settle)
-            self._await(lambda: lane.items or lane.settled >= settle, TIMING.gave_up, cid)
+            self._await(lambda: lane.items or lane.settled >= settle, _timing.TIMING.gave_up, cid)
         finally:
             lane.settling -= 1
 
@@ -478,15 +477,13 @@ class Stream:
         The only consumer, fed ahead by the broker or directly by a producer, need not say
         it waits: the broker sends it items ahead anyway (see `_broker.Chan.dispatch`).
         If the broker stops feeding it ahead while it waits, it says so then."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _timing.Deadline(timeout)
         while True:
             silent = lane.fed
             if not silent and (self.inlet is None or not self.inlet.fed(cid)):
                 self._tell(cid, lane)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._await(functools.partial(_arrived, lane, silent), left, cid)
-            if lane.items or self.lost or not silent or lane.fed or (
-                    deadline is not None and time.monotonic() >= deadline):
+            self._await(functools.partial(_arrived, lane, silent), deadline.left(), cid)
+            if lane.items or self.lost or not silent or lane.fed or deadline.passed():
                 return
 
     def holds(self, cid: int) -> bool:
@@ -558,12 +555,12 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
 def settle_all() -> None:
     """Before this process exits: let writers that sent here directly take back what was
     not read, and consumers this process sent to directly hand back what they did not take
-    (see `Stream.settle`), within ``TIMING.leave``; a warning says when they did not."""
-    deadline = time.monotonic() + TIMING.leave
+    (see `Stream.settle`), within `Timing.leave`; a warning says when they did not."""
+    deadline = _timing.Deadline(_timing.TIMING.leave)
     with _streams_lock:
         streams = list(_streams.values())
-    settled = [stream.settle(max(0.0, deadline - time.monotonic())) for stream in streams]
+    settled = [stream.settle(deadline.left() or 0.0) for stream in streams]
     if not all(settled):
         log.warning("process %d exits before its direct pipe and queue connections "
                     "settled within %.0f s: a peer did not answer", os.getpid(),
-                    TIMING.leave)
+                    _timing.TIMING.leave)

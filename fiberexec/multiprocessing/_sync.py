@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,7 +35,7 @@ from typing import Any, TypeVar
 from fiberexec._serialize import dumps_bytes
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
-from fiberexec.multiprocessing._links import TIMING
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._proxies import _releaser
 from fiberexec.multiprocessing._rpc import Endpoint
 from fiberexec.multiprocessing._sync_server import _multiprocessing
@@ -61,7 +60,7 @@ class _Shared:
         return (_rebuild, (type(self), ep.address, ep.secret, self._oid))
 
     def _call(self, name: str, *args: Any, wait: float | None = 0.0) -> Any:
-        timeout = None if wait is None else wait + TIMING.call
+        timeout = None if wait is None else wait + _timing.TIMING.call
         return self._endpoint.call(calls.CallObject(self._oid, name, args), timeout=timeout)[0]
 
     def _get(self, name: str) -> Any:
@@ -70,7 +69,7 @@ class _Shared:
     def _blocking(self, name: str, block: bool, timeout: float | None) -> bool:
         if not block:
             return bool(self._call(name, False))
-        return b.wait_slices(timeout, lambda w: bool(self._call(name, True, w, wait=w)))
+        return _timing.in_slices(timeout, lambda w: bool(self._call(name, True, w, wait=w)))
 
 
 def _rebuild(cls: type[_Shared], address: str, secret: bytes, oid: int) -> _Shared:
@@ -362,17 +361,7 @@ class Condition:
 
     def wait_for(self, predicate: Callable[[], T], timeout: float | None = None) -> T:
         """Wait until ``predicate()`` is true (it is evaluated here, holding the lock)."""
-        result = predicate()
-        endtime = None if timeout is None else time.monotonic() + timeout
-        waittime = None
-        while not result:
-            if endtime is not None:
-                waittime = endtime - time.monotonic()
-                if waittime <= 0:
-                    break
-            self.wait(waittime)
-            result = predicate()
-        return result
+        return _timing.wait_until(predicate, self.wait, timeout)
 
     def notify(self, n: int = 1) -> None:
         if not self._lock._semlock._is_mine():

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import fiberexec.multiprocessing as mp
-from fiberexec.multiprocessing import _rpc
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._hostpipe import HostConnection
 from fiberexec.multiprocessing.managers import BaseManager
 from tests.mp import tasks
@@ -145,7 +145,8 @@ def test_waits_on_a_killed_broker_raise(handles: tuple[Any, Any, Any, Any]) -> N
 
 def test_waits_on_a_silent_broker_raise(local_child: None, handles: tuple[Any, Any, Any, Any],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_rpc, "TIMING", dataclasses.replace(_rpc.TIMING, heartbeat=0.2, ping=1.0))
+    monkeypatch.setattr(_timing, "TIMING",
+                        dataclasses.replace(_timing.TIMING, heartbeat=0.2, ping=1.0))
     q, sq, conn, p = handles
     p._signal(signal.SIGSTOP)  # its connections stay open; it answers nothing
     start = time.monotonic()

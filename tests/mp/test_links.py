@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fiberexec.multiprocessing import AuthenticationError, _links
+from fiberexec.multiprocessing import AuthenticationError, _links, _timing
 from tests.support.sockets import memory_pair
 
 SECRET = b"s" * 32
@@ -118,7 +118,7 @@ def test_a_silent_peer_does_not_hold_up_the_next(listening: Listening) -> None:
         started = time.monotonic()
         with _links.dial(SECRET, "", ("127.0.0.1", listening.port), service=SERVICE):
             listening.admitted.get(timeout=10).close()
-        assert time.monotonic() - started < _links.TIMING.handshake
+        assert time.monotonic() - started < _timing.TIMING.handshake
 
 
 def test_closing_wakes_a_peer_still_in_its_handshake(listening: Listening) -> None:
@@ -397,14 +397,24 @@ def test_the_serving_thread_reads_what_nobody_waits_for(wires: Wires) -> None:
     assert seen.ends.empty() and reader.ended
 
 
-def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+class Clock:
+    """A clock that moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires) -> None:
     """`hold` takes the socket from the serving thread before an answer can come, so the
-    answer reaches the asking thread directly; it gives it back when nobody leads."""
-    monkeypatch.setattr(_links, "TIMING", dataclasses.replace(_links.TIMING, hold=30.0))
+    answer reaches the asking thread directly (the clock stands still: the hold never runs
+    out); it gives it back when nobody leads."""
     mine, theirs = wires
     seen = Seen()
-    reader = _links.Reader(mine, seen.apply, seen.lost)
+    clock = Clock()
+    reader = _links.Reader(mine, seen.apply, seen.lost, clock=clock)
     reader.start("test-serving")
     cond = threading.Condition()
     for n in range(3):
@@ -414,9 +424,29 @@ def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires,
             assert reader.try_lead(cond, None, 10)
         assert seen.frames.get_nowait() == (b"answer %d" % n, threading.get_ident())
     reader.unhold()
+    clock.now = 1.0  # (the serving thread stops checking holds)
     theirs.send_bytes(b"unasked")
     frame, thread = seen.frames.get(timeout=10)
     assert frame == b"unasked" and thread != threading.get_ident()
+    theirs.shutdown()
+    seen.ends.get(timeout=10)
+
+
+def test_a_hold_nobody_reads_under_goes_back_once_its_time_is_up(wires: Wires) -> None:
+    """A hold keeps what comes from the serving thread for `Timing.hold` of the reader's
+    clock, then the serving thread reads it."""
+    mine, theirs = wires
+    seen = Seen()
+    clock = Clock()
+    reader = _links.Reader(mine, seen.apply, seen.lost, clock=clock)
+    reader.start("test-serving")
+    reader.hold()
+    theirs.send_bytes(b"for the asker")
+    with pytest.raises(queue.Empty):  # the clock stands still: still held
+        seen.frames.get(timeout=0.2)
+    clock.now += 2 * _timing.TIMING.hold
+    frame, thread = seen.frames.get(timeout=10)
+    assert frame == b"for the asker" and thread != threading.get_ident()
     theirs.shutdown()
     seen.ends.get(timeout=10)
 

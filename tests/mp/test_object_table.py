@@ -10,7 +10,6 @@ import weakref
 
 import pytest
 
-from fiberexec.multiprocessing._links import TIMING
 from fiberexec.multiprocessing._rpc import (
     Callers,
     _Conn,
@@ -19,6 +18,7 @@ from fiberexec.multiprocessing._rpc import (
     serving,
 )
 from fiberexec.multiprocessing._sync_server import ObjectTable
+from fiberexec.multiprocessing._timing import TIMING
 
 
 class Held:
