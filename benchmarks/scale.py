@@ -23,7 +23,9 @@ each N. Measured:
 The task is ``benchmarks.scale_tasks.sleep_pid``, from a module every worker imports, or with
 ``--task script`` the same function defined in the program that runs the executor (here, this
 module run with ``-m``: its ``__main__``), as a researcher's script defines its own: fiberexec
-and loky send it by value, the stdlib's pool by reference to ``__main__``.
+and loky send it by value, the stdlib's pool by reference to ``__main__``; with ``--task numpy``
+the same function in a module that imports numpy (``benchmarks.scale_numpy_tasks``), as a
+researcher's module of tasks usually does: each worker needs numpy to load it.
 
 Targets (read at N = 512, shown for every N): all N running, the time to all N running
 <= 2x the stdlib's (fork, its default on Linux), efficiency >= the stdlib's (fork), no
@@ -52,7 +54,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("fiberexec", "stdlib-fork", "stdlib-spawn", "loky")
-TASKS = ("module", "script")
+TASKS = ("module", "script", "numpy")
 SIZES = (64, 256, 512, 1024)
 TASK_S = 0.05
 REFERENCE = "stdlib-fork"
@@ -212,6 +214,10 @@ def task_function(kind: str) -> Callable[[float], int]:
         if __name__ != "__main__":  # then it would be sent by reference, as the module's is
             raise RuntimeError("--task script needs this module to be the program run")
         return script_sleep_pid
+    if kind == "numpy":
+        from benchmarks import scale_numpy_tasks
+
+        return scale_numpy_tasks.sleep_pid
     raise ValueError(f"task must be one of {', '.join(TASKS)}, got {kind!r}")
 
 
@@ -429,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib-per-worker", type=float, default=20.0,
                         help="skip N workers unless N x this much memory is available")
     parser.add_argument("--task", choices=TASKS, default="module",
-                        help="the task's function: from a module (default), or defined in the "
-                             "program that runs the executor (sent by value)")
+                        help="the task's function: from a module (default), defined in the "
+                             "program that runs the executor (sent by value), or from a "
+                             "module that imports numpy")
     parser.add_argument("--output", type=Path, default=HERE / "scale.json")
     parser.add_argument("--one", nargs=4, metavar=("SYSTEM", "N", "ROUNDS", "LIMIT"),
                         help=argparse.SUPPRESS)

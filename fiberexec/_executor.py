@@ -20,7 +20,7 @@ from concurrent.futures import Executor, Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from fiberexec import _future, _interrupts, _observe
+from fiberexec import _future, _imports, _interrupts, _observe
 from fiberexec._backend import Backend
 from fiberexec._chunks import map_chunk, starmap_chunk
 from fiberexec._config import ARGUMENT, BY_KEY, NOT_SETTINGS, document, resolve
@@ -142,6 +142,7 @@ class FiberExecutor(Executor):
         self._backend = instance
         self._progress = progress
         self._pool: TaskPool | None = None
+        self._taught = False  # the first task's imports were noted for the launcher (`_teach`)
         self._terminate_at_exit = False  # (set by `fiberexec.multiprocessing.Pool`)
         self._dashboard: Dashboard | None = None
         if self._config.dashboard is not None:
@@ -267,6 +268,8 @@ class FiberExecutor(Executor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` and return a `Future` for its result."""
         with self._lock:
+            if not self._taught:
+                self._teach(fn, args)
             pool = self._pool_to_submit_to()
             future: Future[T] = TaskFuture()
             pool.submit(WorkItem(next(self._ids), future, fn, args, kwargs))
@@ -296,6 +299,8 @@ class FiberExecutor(Executor):
         try:
             since = time.monotonic()
             for args in calls:  # (not under the lock: reading them may submit too)
+                if not self._taught:
+                    self._teach(fn, args)
                 if not snapshot.pinned:
                     _pin(snapshot, fn, args)
                 future: Future[T] = TaskFuture()
@@ -311,6 +316,15 @@ class FiberExecutor(Executor):
             with self._lock:
                 self._pool_to_submit_to().submit_all(items)
         return futures
+
+    def _teach(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Before the first workers start: the installed modules a worker imports to load
+        the first task's function (and a chunk's, its first argument), which the program's
+        launcher may import once before it forks them (`_imports.learn_from`)."""
+        self._taught = True
+        _imports.learn_from(fn)
+        if args and callable(args[0]):
+            _imports.learn_from(args[0])
 
     def _pool_to_submit_to(self) -> TaskPool:
         """(Holding the lock.) Checked before any pool, thread or socket exists: a submit

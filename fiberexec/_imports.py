@@ -11,6 +11,10 @@ imports them before its next fork:
     shard --learn()--> this module's table --with the next spawn request--> launcher:
         the same file found under that name? import it; every child after that has it
 
+An executor's first task teaches it too, before its workers start (`learn_from`): what a
+worker will import to load the task's function, as this process has it (`needed_by`), so
+hundreds of workers forked together do not each import numpy.
+
 Only installed modules count: top-level ones whose file lies in the standard library's or a
 site-packages folder, never the user's own code (it may change on disk between executors,
 and the launcher would keep the old one). A request whose environment differs from the
@@ -27,6 +31,7 @@ import itertools
 import os
 import sys
 import threading
+import types
 from collections.abc import Iterable, Sequence
 
 # (sysconfig, site and importlib.util are imported where needed: a worker started afresh
@@ -114,6 +119,76 @@ def learned_since(taught: set[str]) -> list[Module]:
         new = [(name, origin) for name, origin in _learned.items() if name not in taught]
     taught.update(name for name, _ in new)
     return new
+
+
+_read: set[tuple[str, str]] = set()  # functions `learn_from` has read, by module and name
+
+
+def learn_from(fn: object) -> None:
+    """`learn` what a worker imports to load ``fn`` (`needed_by`), once per function. A
+    hint only: a function it cannot read is loaded by each worker, as it would be."""
+    try:
+        key = (str(getattr(fn, "__module__", "")), str(getattr(fn, "__qualname__", "")))
+        if key[1] and key in _read:
+            return
+        _read.add(key)
+        learn(needed_by(fn))
+    except Exception:  # (an object whose attributes raise: nothing is learned from it)
+        return
+
+
+def needed_by(fn: object) -> list[Module]:
+    """The installed top-level modules a worker imports to load ``fn`` from its pickle,
+    as this process has them: a program's first task can teach its launcher before any
+    worker has run one (a pool of hundreds, forked together, would each import them).
+
+    By reference (defined in a module a worker imports by name), the package of that module
+    and those its globals come from, which importing it imports; by value (defined in the
+    script, or in a function), those its code names. A callable object counts as its class.
+    Only installed ones are returned (`installed`), never the program's own."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    if not isinstance(fn, type | types.FunctionType | types.BuiltinFunctionType):
+        fn = type(fn)
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or name == "builtins":
+        return []
+    qualname = getattr(fn, "__qualname__", "")
+    if name != "__main__" and "<" not in qualname:
+        values = [module, *vars(module).values()]
+    elif isinstance(fn, types.FunctionType):
+        values = [fn.__globals__.get(ref) for ref in _names_in(fn.__code__)]
+    else:
+        return []
+    tops = {top for value in values if (top := _top_of(value))}
+    found = []
+    for top in sorted(tops - {"__main__", "builtins", "fiberexec"}):
+        origin = getattr(sys.modules.get(top), "__file__", None)
+        if isinstance(origin, str) and installed(origin):
+            found.append((top, origin))
+    return found
+
+
+def _names_in(code: types.CodeType) -> set[str]:
+    """The global names ``code`` and the functions defined in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_in(const)
+    return names
+
+
+def _top_of(value: object) -> str:
+    """The top-level package ``value`` (a module, class or function) comes from, or ""."""
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+    elif isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
+        name = getattr(value, "__module__", None) or ""
+    else:
+        return ""
+    return name.partition(".")[0] if isinstance(name, str) else ""
 
 
 # ---------------------------------------------------------------------------- in the launcher

@@ -5,9 +5,11 @@ afresh, and never when an executor's ``env=`` could change what a module reads o
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,50 @@ def test_a_watch_looks_at_every_name_once_a_module_was_removed(tmp_path: Path) -
         sys.path.remove(str(tmp_path))
         for name in ("first_for_a_test", "second_for_a_test"):
             _fresh(name)
+
+
+TAUGHT = "colorsys"  # a standard library module nothing else here imports
+
+
+def test_a_function_is_read_for_the_installed_modules_loading_it_imports(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """By reference, the modules its module's globals come from (importing that module
+    imports them), never the program's own; by value (defined in the script), those its
+    code names; through a partial, a bound method or a callable object alike."""
+    (tmp_path / "reads_for_a_test.py").write_text(
+        "import colorsys\nfrom graphlib import TopologicalSorter\n"
+        "def f(x):\n    return x\n"
+        "class C:\n    def m(self):\n        return 1\n    def __call__(self):\n        return 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reads = importlib.import_module("reads_for_a_test")
+    import colorsys
+    import graphlib
+
+    expected = {TAUGHT: colorsys.__file__, "graphlib": graphlib.__file__}
+    for fn in (reads.f, functools.partial(reads.f, 1), reads.C().m, reads.C(), reads.C):
+        found = dict(_imports.needed_by(fn))
+        assert {name: found.get(name) for name in expected} == expected, fn
+        assert "reads_for_a_test" not in found  # the user's own code
+    script = types.FunctionType(
+        compile("def g():\n    return colorsys.hsv_to_rgb(0, 0, 0)\n", "<script>", "exec")
+        .co_consts[0], {"__name__": "__main__", "colorsys": colorsys, "graphlib": graphlib})
+    assert _imports.needed_by(script) == [(TAUGHT, colorsys.__file__)]  # not graphlib
+    assert _imports.needed_by(pow) == [] and _imports.needed_by(object()) == []
+
+
+def test_the_first_task_teaches_the_launcher_before_it_forks_the_workers(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A pool's workers start with the installed modules its first task's function needs,
+    imported once by the launcher, as a forked stdlib worker has them from its parent; an
+    executor whose ``env=`` may change an import's outcome has its workers import them."""
+    _own_launcher(monkeypatch, "keyword")
+    (tmp_path / "taught_for_a_test.py").write_text(
+        f"import sys\nHAD = {TAUGHT!r} in sys.modules  # when this module is loaded\n"
+        f"import {TAUGHT}\ndef had():\n    return HAD\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    taught = importlib.import_module("taught_for_a_test")
+    with FiberExecutor(4, backend=LocalBackend()) as ex:
+        had = {f.result(timeout=60) for f in [ex.submit(taught.had) for _ in range(40)]}
+    assert True in had, had  # (a program's first workers start afresh, the rest forked)
+    with FiberExecutor(2, backend=LocalBackend(), env={"OMP_NUM_THREADS": "1"}) as ex:
+        assert not any(f.result(timeout=60) for f in [ex.submit(taught.had) for _ in range(8)])
