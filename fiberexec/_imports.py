@@ -25,6 +25,7 @@ as it is imported (numpy's ``OPENBLAS_NUM_THREADS``) is then the worker's, as be
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -114,19 +115,34 @@ def learn(modules: Iterable[Module]) -> None:
 
 
 def learned_since(taught: set[str]) -> list[Module]:
-    """The modules learned that are not in ``taught`` (which gains them)."""
+    """The modules learned that are not in ``taught`` (which gains them); first, what the
+    functions noted by `learn_from` need."""
+    while _noted:
+        try:
+            fn = _noted.popleft()
+        except IndexError:  # (another launcher's thread took the last)
+            break
+        _read_function(fn)
     with _lock:
         new = [(name, origin) for name, origin in _learned.items() if name not in taught]
     taught.update(name for name, _ in new)
     return new
 
 
-_read: set[tuple[str, str]] = set()  # functions `learn_from` has read, by module and name
+_noted: collections.deque[object] = collections.deque(maxlen=16)  # see `learn_from`
+_read: set[tuple[str, str]] = set()  # functions read for what they need, by module and name
 
 
 def learn_from(fn: object) -> None:
-    """`learn` what a worker imports to load ``fn`` (`needed_by`), once per function. A
-    hint only: a function it cannot read is loaded by each worker, as it would be."""
+    """Note ``fn``, a task's function: the launcher's next fork request reads it for what a
+    worker imports to load it (`needed_by`), on the thread that asks the launcher, not the
+    one that submitted the task. A hint only, kept for the next request (the last few)."""
+    _noted.append(fn)
+
+
+def _read_function(fn: object) -> None:
+    """`learn` what ``fn`` needs, once per function; nothing from one it cannot read (a
+    worker then imports what it needs, as it would)."""
     try:
         key = (str(getattr(fn, "__module__", "")), str(getattr(fn, "__qualname__", "")))
         if key[1] and key in _read:
