@@ -115,40 +115,36 @@ def learn(modules: Iterable[Module]) -> None:
 
 
 def learned_since(taught: set[str]) -> list[Module]:
-    """The modules learned that are not in ``taught`` (which gains them); first, what the
-    functions noted by `learn_from` need."""
+    """The modules learned that are not in ``taught`` (which gains them); first, those of
+    the names `learn_from` noted that are installed."""
     while _noted:
         try:
-            fn = _noted.popleft()
+            tops = _noted.popleft()
         except IndexError:  # (another launcher's thread took the last)
             break
-        _read_function(fn)
+        learn(_installed_of(tops))
     with _lock:
         new = [(name, origin) for name, origin in _learned.items() if name not in taught]
     taught.update(name for name, _ in new)
     return new
 
 
-_noted: collections.deque[object] = collections.deque(maxlen=16)  # see `learn_from`
+_noted: collections.deque[set[str]] = collections.deque(maxlen=16)  # see `learn_from`
 _read: set[tuple[str, str]] = set()  # functions read for what they need, by module and name
 
 
 def learn_from(fn: object) -> None:
-    """Note ``fn``, a task's function: the launcher's next fork request reads it for what a
-    worker imports to load it (`needed_by`), on the thread that asks the launcher, not the
-    one that submitted the task. A hint only, kept for the next request (the last few)."""
-    _noted.append(fn)
-
-
-def _read_function(fn: object) -> None:
-    """`learn` what ``fn`` needs, once per function; nothing from one it cannot read (a
-    worker then imports what it needs, as it would)."""
+    """Note the top-level modules a worker imports to load ``fn``, a task's function
+    (`needed_by`); the launcher's next fork request learns those that are installed (the
+    first look at where installed modules live costs a ms or two: not on the thread that
+    submits). Names only are kept, not ``fn``: the caller lets go of what it runs, as the
+    stdlib does. Once per function; a hint only: from one it cannot read, nothing."""
     try:
         key = (str(getattr(fn, "__module__", "")), str(getattr(fn, "__qualname__", "")))
         if key[1] and key in _read:
             return
         _read.add(key)
-        learn(needed_by(fn))
+        _noted.append(_tops_needed(fn))
     except Exception:  # (an object whose attributes raise: nothing is learned from it)
         return
 
@@ -162,6 +158,11 @@ def needed_by(fn: object) -> list[Module]:
     and those its globals come from, which importing it imports; by value (defined in the
     script, or in a function), those its code names. A callable object counts as its class.
     Only installed ones are returned (`installed`), never the program's own."""
+    return _installed_of(_tops_needed(fn))
+
+
+def _tops_needed(fn: object) -> set[str]:
+    """The top-level names of the modules ``fn`` needs (see `needed_by`), any of them."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     fn = getattr(fn, "__func__", fn)  # a bound method: its function
@@ -170,15 +171,19 @@ def needed_by(fn: object) -> list[Module]:
     name = getattr(fn, "__module__", None)
     module = sys.modules.get(name) if isinstance(name, str) else None
     if module is None or name == "builtins":
-        return []
+        return set()
     qualname = getattr(fn, "__qualname__", "")
     if name != "__main__" and "<" not in qualname:
         values = [module, *vars(module).values()]
     elif isinstance(fn, types.FunctionType):
         values = [fn.__globals__.get(ref) for ref in _names_in(fn.__code__)]
     else:
-        return []
-    tops = {top for value in values if (top := _top_of(value))}
+        return set()
+    return {top for value in values if (top := _top_of(value))}
+
+
+def _installed_of(tops: set[str]) -> list[Module]:
+    """Those of the top-level modules ``tops`` that this process has and are installed."""
     found = []
     for top in sorted(tops - {"__main__", "builtins", "fiberexec"}):
         origin = getattr(sys.modules.get(top), "__file__", None)

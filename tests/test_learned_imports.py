@@ -191,3 +191,26 @@ def test_the_first_task_teaches_the_launcher_before_it_forks_the_workers(
     assert True in had, had  # (a program's first workers start afresh, the rest forked)
     with FiberExecutor(2, backend=LocalBackend(), env={"OMP_NUM_THREADS": "1"}) as ex:
         assert not any(f.result(timeout=60) for f in [ex.submit(taught.had) for _ in range(8)])
+
+
+def test_a_process_starts_with_the_installed_modules_its_target_needs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `fiberexec.multiprocessing.Process` is forked from the launcher too: what its
+    target's module imports, the launcher imports once before it forks the child, as a
+    stdlib child forked from its parent has it."""
+    import fiberexec.multiprocessing as fmp
+
+    _own_launcher(monkeypatch, "shlex")
+    (tmp_path / "target_for_a_test.py").write_text(
+        "import sys\nHAD = 'sched' in sys.modules  # when this module is loaded\n"
+        "import sched\ndef report(q):\n    q.put(HAD)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = importlib.import_module("target_for_a_test")
+    q = fmp.Queue()
+    child = fmp.Process(target=target.report, args=(q,))
+    child.start()
+    try:
+        assert q.get(timeout=60) is True
+    finally:
+        child.join(60)
+    assert child.exitcode == 0

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fiberexec import _syspath
+from fiberexec import _imports, _syspath
 from fiberexec._backend import (
     Backend,
     Resources,
@@ -252,6 +252,8 @@ class Process:
         spec = self._spec(broker.address, broker.secret, runtime.proc_id,
                           forward=not backend.workers_share_host)
         _backends.note_unenforced(backend, spec.resources)
+        # what the child imports to load what it runs, the launcher may import once first
+        _imports.learn_from(self._target if self._target is not None else type(self).run)
         runtime.handle = backend.start_worker(spec)
         self._fx = runtime
         # As the stdlib's: a process object dropped without `close` gives its descriptor
@@ -277,6 +279,7 @@ class Process:
         returned is what it keeps as ``_popen`` (its ``join``, ``exitcode``, ``terminate``,
         ``kill``, ``sentinel`` and ``close`` work through it). The stand-in stays among
         this process's children, so it is joined (or, daemonic, terminated) at exit."""
+        _imports.learn_from(getattr(process_obj, "_target", None) or type(process_obj).run)
         stand_in = Process(target=_run_stdlib_process, args=(_shipped(process_obj),),
                            name=process_obj.name, daemon=process_obj.daemon)
         stand_in.start()
