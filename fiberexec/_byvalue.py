@@ -88,7 +88,7 @@ def pickled_each_time(fn: Any) -> bool:
 def changeable_globals(fn: types.FunctionType) -> list[tuple[str, Any]]:
     """The globals ``fn``'s code names that hold data (not a module, class or function)."""
     space = fn.__globals__
-    return [(name, space[name]) for name in sorted(_code_names(fn.__code__))
+    return [(name, space[name]) for name in sorted(code_names(fn.__code__))
             if name in space and not isinstance(space[name], types.ModuleType | type)
             and not callable(space[name]) and type(space[name]) not in _ATOMS]
 
@@ -152,7 +152,7 @@ def _recipe(fn: types.FunctionType) -> tuple[list[Attr], list[Named], list[tuple
         if not stable(func.__defaults__, depth + 1):
             return False
         space = func.__globals__
-        for name in _code_names(func.__code__):
+        for name in code_names(func.__code__):
             value = space.get(name, _MISSING)
             names.append((space, name, value))
             if value is not _MISSING and not stable(value, depth + 1):
@@ -175,13 +175,13 @@ def _by_reference(obj: Any) -> bool:
         return False
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
     """The global names ``code`` and the code nested in it may read (a superset: every
     name it uses as a global or an attribute)."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= code_names(const)
     return names
 
 

@@ -35,6 +35,8 @@ import threading
 import types
 from collections.abc import Iterable, Sequence
 
+from fiberexec._byvalue import code_names
+
 # (sysconfig, site and importlib.util are imported where needed: a worker started afresh
 # imports this module, and most never report anything)
 
@@ -176,7 +178,7 @@ def _tops_needed(fn: object) -> set[str]:
     if name != "__main__" and "<" not in qualname:
         values = [module, *vars(module).values()]
     elif isinstance(fn, types.FunctionType):
-        values = [fn.__globals__.get(ref) for ref in _names_in(fn.__code__)]
+        values = [fn.__globals__.get(ref) for ref in code_names(fn.__code__)]
     else:
         return set()
     return {top for value in values if (top := _top_of(value))}
@@ -190,15 +192,6 @@ def _installed_of(tops: set[str]) -> list[Module]:
         if isinstance(origin, str) and installed(origin):
             found.append((top, origin))
     return found
-
-
-def _names_in(code: types.CodeType) -> set[str]:
-    """The global names ``code`` and the functions defined in it use."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_in(const)
-    return names
 
 
 def _top_of(value: object) -> str:
