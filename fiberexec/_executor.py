@@ -216,6 +216,8 @@ class FiberExecutor(Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot start workers after shutdown")
+            if not self._taught:
+                self._teach(None, ())
             self._get_pool().start()
 
     def _wait_for_workers(self, count: int, timeout: float | None) -> bool:
@@ -317,14 +319,15 @@ class FiberExecutor(Executor):
                 self._pool_to_submit_to().submit_all(items)
         return futures
 
-    def _teach(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def _teach(self, fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
         """Before the first workers start: the installed modules a worker imports to load
-        the first task's function (and a chunk's, its first argument), which the program's
-        launcher may import once before it forks them (`_imports.learn_from`)."""
+        the initializer and the first task's function (and a chunk's, its first argument),
+        which the program's launcher may import once before it forks them
+        (`_imports.learn_from`)."""
         self._taught = True
-        _imports.learn_from(fn)
-        if args and callable(args[0]):
-            _imports.learn_from(args[0])
+        for target in (self._config.initializer, fn, *args[:1]):
+            if target is not None and callable(target):
+                _imports.learn_from(target)
 
     def _pool_to_submit_to(self) -> TaskPool:
         """(Holding the lock.) Checked before any pool, thread or socket exists: a submit

@@ -61,7 +61,9 @@ from typing import Any
 from fiberexec import _imports, _procstate
 from fiberexec._fdlimit import readable_within
 
-ENV_PREFIX = "FIBEREXEC_"  # fiberexec's own variables: a request may change these freely
+# fiberexec's own variables, which a request may change freely (what the executor tells a
+# worker; a `fiberexec.multiprocessing.Pool` marks its workers with _FIBER_POOL_PARENT)
+OWN_PREFIXES = ("FIBEREXEC_", "_FIBER_")
 ENV_PRELOAD = "FIBEREXEC_PRELOAD"  # comma-separated modules the launcher imports up front
 # What a forked child's /proc/<pid>/environ names, as a worker started afresh names them
 # (``fiberexec cleanup`` reads them): the launcher starts with room for each, which a child
@@ -180,7 +182,7 @@ class Launcher:
         workers did: what a module reads from the environment as it is imported is then
         the child's own."""
         changed, removed = environment_delta(self._env, env)
-        plain = all(name.startswith(ENV_PREFIX) for name in (*changed, *removed))
+        plain = all(name.startswith(OWN_PREFIXES) for name in (*changed, *removed))
         fds = [] if log is not None else [1, 2] if output is None else [output, output]
         state = _procstate.capture()  # this process's, now: as a stdlib child has them
         tracker = _procstate.tracker_fd()

@@ -214,3 +214,20 @@ def test_a_process_starts_with_the_installed_modules_its_target_needs(
     finally:
         child.join(60)
     assert child.exitcode == 0
+
+
+def test_a_pool_started_with_an_initializer_is_taught_what_it_needs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `Pool` with an initializer starts its workers before any task: the initializer
+    teaches the launcher instead."""
+    import fiberexec.multiprocessing as fmp
+
+    _own_launcher(monkeypatch, "tokenize")
+    (tmp_path / "init_for_a_test.py").write_text(
+        "import sys\nHAD = 'quopri' in sys.modules  # when this module is loaded\n"
+        "import quopri\ndef init():\n    pass\ndef had(_):\n    return HAD\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    init = importlib.import_module("init_for_a_test")
+    with fmp.Pool(2, initializer=init.init) as pool:
+        pool.wait_until_workers_up(60)  # (before any task's function is known)
+        assert all(pool.map(init.had, range(8)))
