@@ -175,17 +175,24 @@ def test_a_function_is_read_for_the_installed_modules_loading_it_imports(
     assert _imports.needed_by(pow) == [] and _imports.needed_by(object()) == []
 
 
+def _recording(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, watched: str,
+               body: str) -> types.ModuleType:
+    """A module of the program's own, ``name``, that imports the installed ``watched`` and
+    records as it is loaded whether that was there already (``HAD``), then ``body``."""
+    (tmp_path / f"{name}.py").write_text(
+        f"import sys\nHAD = {watched!r} in sys.modules\nimport {watched}\n{body}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
 def test_the_first_task_teaches_the_launcher_before_it_forks_the_workers(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A pool's workers start with the installed modules its first task's function needs,
     imported once by the launcher, as a forked stdlib worker has them from its parent; an
     executor whose ``env=`` may change an import's outcome has its workers import them."""
     _own_launcher(monkeypatch, "keyword")
-    (tmp_path / "taught_for_a_test.py").write_text(
-        f"import sys\nHAD = {TAUGHT!r} in sys.modules  # when this module is loaded\n"
-        f"import {TAUGHT}\ndef had():\n    return HAD\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    taught = importlib.import_module("taught_for_a_test")
+    taught = _recording(monkeypatch, tmp_path, "taught_for_a_test", TAUGHT,
+                        "def had():\n    return HAD\n")
     with FiberExecutor(4, backend=LocalBackend()) as ex:
         had = {f.result(timeout=60) for f in [ex.submit(taught.had) for _ in range(40)]}
     assert True in had, had  # (a program's first workers start afresh, the rest forked)
@@ -201,11 +208,8 @@ def test_a_process_starts_with_the_installed_modules_its_target_needs(
     import fiberexec.multiprocessing as fmp
 
     _own_launcher(monkeypatch, "shlex")
-    (tmp_path / "target_for_a_test.py").write_text(
-        "import sys\nHAD = 'sched' in sys.modules  # when this module is loaded\n"
-        "import sched\ndef report(q):\n    q.put(HAD)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    target = importlib.import_module("target_for_a_test")
+    target = _recording(monkeypatch, tmp_path, "target_for_a_test", "sched",
+                        "def report(q):\n    q.put(HAD)\n")
     q = fmp.Queue()
     child = fmp.Process(target=target.report, args=(q,))
     child.start()
@@ -223,11 +227,8 @@ def test_a_pool_started_with_an_initializer_is_taught_what_it_needs(
     import fiberexec.multiprocessing as fmp
 
     _own_launcher(monkeypatch, "tokenize")
-    (tmp_path / "init_for_a_test.py").write_text(
-        "import sys\nHAD = 'quopri' in sys.modules  # when this module is loaded\n"
-        "import quopri\ndef init():\n    pass\ndef had(_):\n    return HAD\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    init = importlib.import_module("init_for_a_test")
+    init = _recording(monkeypatch, tmp_path, "init_for_a_test", "quopri",
+                      "def init():\n    pass\ndef had(_):\n    return HAD\n")
     with fmp.Pool(2, initializer=init.init) as pool:
         pool.wait_until_workers_up(60)  # (before any task's function is known)
         assert all(pool.map(init.had, range(8)))
