@@ -123,12 +123,11 @@ class Conn:
         """A round trip seen (from the handshake's answer to the worker's first heartbeat,
         then each task sent to it idle, less its run time): a far worker holds more, so it
         never waits for work. The shortest counts: a first heartbeat sent while the machine
-        was busy starting workers says little of the link,
-        and a window too wide lets one worker take most of a map while another idles."""
-        seconds = max(seconds, 0.0)
-        self.rtt = min(self.rtt, seconds)
-        window = WINDOW_TIME + 2 * min(seconds, MAX_RTT)
-        self.window = window if self.timed is None else min(self.window, window)
+        was busy starting workers says little of the link, and a window too wide lets one
+        worker take most of a map while another idles; in whichever order the two kinds come
+        (a task sent before the first heartbeat arrived kept the window at its start)."""
+        self.rtt = min(self.rtt, max(seconds, 0.0))
+        self.window = WINDOW_TIME + 2 * min(self.rtt, MAX_RTT)
 
     def hold(self, item: WorkItem, estimate: float | None) -> None:
         """Count ``item`` as sent here: held until its result arrives, its cost (to give

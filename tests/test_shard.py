@@ -1597,3 +1597,24 @@ def test_a_thread_reading_its_answer_lets_go_when_another_worker_answers(
         b.answer("w0", [first.task_id], runtime=SHORT)
         waiter.join(10)
         assert got == [first.task_id]
+
+
+@pytest.mark.parametrize("first_heartbeat_last", [False, True])
+def test_a_workers_window_covers_its_shortest_round_trip_in_any_order(
+        first_heartbeat_last: bool) -> None:
+    """A far worker holds enough to cover its round trip (``WINDOW_TIME`` plus two), from
+    the shortest one seen, whether a task sent idle or the first heartbeat is measured
+    first. (A task sent before the first heartbeat arrived used to keep the window at
+    ``WINDOW_TIME``: 2 ms RTT workers then idled half the time.)"""
+    from fiberexec._conn import Conn
+
+    conn = Conn("w0", cast(Any, None), 0, now=0.0)
+    if first_heartbeat_last:
+        conn.timed = (1, 0.0)  # a task went to it idle before its first word came
+    measures = [0.004, 0.0025, 0.003]
+    for seconds in measures:
+        conn.measured_rtt(seconds)
+    assert conn.rtt == 0.0025
+    assert conn.window == pytest.approx(WINDOW_TIME + 2 * 0.0025)
+    conn.measured_rtt(10.0)  # a slow one says more about the peer than the link
+    assert conn.window == pytest.approx(WINDOW_TIME + 2 * 0.0025)
