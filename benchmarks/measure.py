@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=1, help="simulated workload's shards")
     parser.add_argument("--workers", type=int, default=0,
                         help="simulated workload's workers (default: the mode's size)")
-    parser.add_argument("--link", choices=("unix", "nng"), default="unix",
-                        help="how simulated workers connect: the local link, or Pair1 over TCP")
+    parser.add_argument("--link", choices=("unix", "tcp"), default="unix",
+                        help="how simulated workers connect: the local link, or TCP")
     args = parser.parse_args(argv)
 
     from benchmarks import workloads  # after argument parsing: --help stays fast

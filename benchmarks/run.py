@@ -32,9 +32,8 @@ SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
 WORKLOADS = ("submit", "map", "barrier", "rounds_n", "small_maps", "burst", "latency", "array",
              "objects", "first_result", "remake", "shutdown", "es", "es_8mb")
 #: (row key, simulated workers, shards). Simulated workers connect over the local link, as
-#: workers on the executor's host do (``measure simulated --link nng`` for Pair1 over TCP,
-#: which needs 5 descriptors per worker in the executor: 4096 of them would pass this
-#: container's 20,000).
+#: workers on the executor's host do (``measure simulated --link tcp`` for a TCP stream, as
+#: workers on other hosts without TLS connect).
 SIM_RUNS = (("simulated_1", 1024, 1), ("simulated_4", 1024, 4), ("simulated_4096", 4096, 1))
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -2,10 +2,11 @@
 
 `SimulatedBackend.start_worker` spawns nothing. It hands the spec to a simulator process
 (``python -m benchmarks.simulated``, started on first use) that, for each spec, connects to
-the executor as a real worker on its host does (the local link's Unix socket, or a Pair1
-socket with ``link="nng"``), does the real HMAC handshake with the spec's secret, and answers
-every Tasks message at once with a Results message holding a pickled ``None`` per task (the
-arguments are never unpickled). One selector multiplexes every worker's socket.
+the executor as a real worker does (the local link's Unix socket, as on the executor's host,
+or a TCP stream with ``link="tcp"``, as on another host), does the real HMAC handshake with
+the spec's secret, and answers every Tasks message at once with a Results message holding a
+pickled ``None`` per task (the arguments are never unpickled). One selector multiplexes
+every worker's socket.
 
     SimulatedBackend (executor's process)          simulator process
       start_worker/stop --- JSON lines on stdin --->  select(stdin + N recv_fds, tick)
@@ -29,16 +30,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
-
-import pynng
 
 from fiberexec import _auth, _contract
 from fiberexec import _protocol as p
 from fiberexec._errors import LinkClosed, ProtocolError
-from fiberexec._link_unix import UnixLink
+from fiberexec._link_stream import StreamLink
 from fiberexec._serialize import dumps
 from fiberexec.backend import (
     Backend,
@@ -75,7 +73,7 @@ class SimulatedBackend(Backend):
     Args:
         max_seconds: the simulator exits after this long whatever happens.
         link: ``"unix"`` (the local link, as workers on the executor's host connect) or
-            ``"nng"`` (Pair1 over TCP, as workers on other hosts do).
+            ``"tcp"`` (a TCP stream, as workers on other hosts do without TLS).
 
     Example:
         >>> with SimulatedBackend() as backend:  # doctest: +SKIP
@@ -85,8 +83,8 @@ class SimulatedBackend(Backend):
     name = "simulated"
 
     def __init__(self, *, max_seconds: float = 900.0, link: str = "unix") -> None:
-        if link not in ("unix", "nng"):
-            raise ValueError(f"link must be 'unix' or 'nng', got {link!r}")
+        if link not in ("unix", "tcp"):
+            raise ValueError(f"link must be 'unix' or 'tcp', got {link!r}")
         self.max_seconds = max_seconds
         self.link = link
         self._exit_watch = ExitWatch()
@@ -253,38 +251,11 @@ class SimulatedBackend(Backend):
 # ============================================================================ simulator side
 
 
-class _NngWire:
-    """A simulated worker's Pair1 socket (what a worker on another host dials)."""
+class Wire:
+    """A simulated worker's end of its link (the local link, or a TCP stream): one
+    descriptor here, one in the executor."""
 
-    def __init__(self, address: str, on_closed: Callable[[], None]) -> None:
-        self.sock = pynng.Pair1(recv_max_size=MAX_MESSAGE, send_buffer_size=SEND_QUEUE,
-                                recv_buffer_size=SEND_QUEUE)
-        self.sock.send_timeout = SEND_TIMEOUT_MS
-        self.sock.add_post_pipe_remove_cb(lambda _pipe: on_closed())
-        self.fd = int(self.sock.recv_fd)
-        self.sock.dial(address, block=True)
-
-    def send(self, frame: bytes) -> None:
-        try:
-            self.sock.send(frame, block=False)
-        except pynng.TryAgain:
-            self.sock.send(frame)  # blocks up to SEND_TIMEOUT_MS, then raises Timeout
-
-    def try_recv(self) -> bytes | None:
-        try:
-            return self.sock.recv(block=False)
-        except (pynng.TryAgain, pynng.Closed):
-            return None
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class _UnixWire:
-    """A simulated worker's end of the local link (what a worker on the executor's host
-    uses): one descriptor here, one in the executor."""
-
-    def __init__(self, link: UnixLink) -> None:
+    def __init__(self, link: StreamLink) -> None:
         self.link = link
         self.fd = link.sock.fileno()
 
@@ -298,15 +269,12 @@ class _UnixWire:
         self.link.close()
 
 
-Wire = _NngWire | _UnixWire
-
-
-def _connect(link: str, local: str, address: str, on_closed: Callable[[], None]) -> Wire:
+def _connect(link: str, local: str, address: str, timeout: float) -> Wire:
     if link == "unix" and local:
-        unix = UnixLink.connect(local, MAX_MESSAGE)
+        unix = StreamLink.connect(local, MAX_MESSAGE)
         if unix is not None:
-            return _UnixWire(unix)
-    return _NngWire(address, on_closed)
+            return Wire(unix)
+    return Wire(StreamLink.dial(address, MAX_MESSAGE, timeout))
 
 
 class _SimWorker:
@@ -422,11 +390,11 @@ class _Simulator:
         worker_id = command["id"]
         try:
             wire = _connect(command["link"], command["local"], command["address"],
-                            lambda: self.removed.append(worker_id))
+                            float(command["connect_timeout"]))
             worker = _SimWorker(worker_id, _auth.secret_from_hex(command["secret"]),
                                 _auth.nonce_from_hex(command["nonce"]),
                                 float(command["connect_timeout"]), wire)
-        except (pynng.NNGException, LinkClosed, OSError) as exc:
+        except (LinkClosed, OSError) as exc:
             self._emit("exited", worker_id, code=1,
                        reason=f"cannot connect to {command['address']}: {exc}")
             return
@@ -446,7 +414,7 @@ class _Simulator:
             was_ready = worker.state == "ready"
             try:
                 reason = worker.on_frame(frame, self.none_payload)
-            except (ProtocolError, LinkClosed, pynng.NNGException) as exc:
+            except (ProtocolError, LinkClosed) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
                 self._end(worker.worker_id, 0 if "goodbye" in reason else 1, reason)
@@ -468,7 +436,7 @@ class _Simulator:
         for worker_id, worker in list(self.workers.items()):
             try:
                 reason = worker.overdue(now)
-            except (pynng.NNGException, LinkClosed) as exc:
+            except LinkClosed as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
                 self._end(worker_id, 1, reason)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 WORKER_COMMAND = ("python", "-m", "fiberexec.worker")
 
-ENV_ADDRESS = "FIBEREXEC_ADDRESS"  # nng URL the worker dials, e.g. tcp://127.0.0.1:40123
+ENV_ADDRESS = "FIBEREXEC_ADDRESS"  # where the worker dials: tcp://10.0.0.5:40123, or tls+tcp://
 #: the executor's abstract Unix socket for this worker, tried first (see `fiberexec._link`)
 ENV_LOCAL_ADDRESS = "FIBEREXEC_LOCAL_ADDRESS"
 ENV_WORKER_ID = "FIBEREXEC_WORKER_ID"

@@ -1,17 +1,20 @@
 """The link seam: how frames travel between the executor and one worker.
 
-Two implementations sit under it, and nothing above it knows which one a worker uses::
+Three implementations sit under it, and nothing above it knows which one a worker uses::
 
-    shard (executor side)                                 worker
-    Endpoint --+-- UnixListener / UnixPipe  (_link_unix)  <-- UnixLink   same host and netns
-               '-- Channel, pynng Pair1     (_link_nng)   <-- NngLink    anywhere, TLS optional
+    shard (executor side)                                    worker
+    Endpoint --+-- UnixListener / StreamPipe (_link_stream) <-- StreamLink "unix"  same host
+               |                                                                  and netns
+               +-- TcpListener / StreamPipe  (_link_stream) <-- StreamLink "tcp"   anywhere
+               '-- Channel, pynng Pair1      (_link_nng)    <-- NngLink "nng"      with TLS
 
 The executor opens an `Endpoint` per worker before starting it: a local listener (an abstract
-Unix socket) and the network channel, both behind one file descriptor the shard selects on.
-The worker decides when it connects (`connect`): the local link if it can reach it, else the
-network link at once, with no configuration. The shard `bind`s the endpoint to the peer that
-said hello (sends go there), and `seal`s it once that peer has authenticated: the other way
-in closes, so an authenticated worker holds exactly one connection.
+Unix socket) and, for a backend whose workers may run elsewhere, a network one (a TCP port
+of its own, or with TLS a pynng Pair1 socket), all behind one file descriptor the shard
+selects on. The worker decides when it connects (`connect`): the local link if it can reach
+it, else the network at once, with no configuration. The shard `bind`s the endpoint to the
+peer that said hello (sends go there), and `seal`s it once that peer has authenticated: the
+other ways in close, so an authenticated worker holds exactly one connection.
 
 Contract of both sides, checked by ``tests/test_links.py`` on every implementation and on the
 in-memory fake of ``tests/support/links.py``:
@@ -32,7 +35,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fiberexec._errors import LinkClosed, ProtocolError
-from fiberexec._link_unix import UnixLink, UnixListener, UnixPipe, cpu_seconds
+from fiberexec._link_stream import (
+    StreamLink,
+    StreamPipe,
+    TcpListener,
+    UnixListener,
+    cpu_seconds,
+)
 from fiberexec._record import Record
 
 if TYPE_CHECKING:  # pynng loads only where a worker dials across hosts (tens of ms)
@@ -78,17 +87,20 @@ class Received(Record):
 
 
 class Endpoint:
-    """The executor's end of one worker's link: a local listener and a network channel.
+    """The executor's end of one worker's link: a local listener, and a network one (a TCP
+    listener, or an nng channel) unless every worker of the backend shares this host.
 
     Used only by the shard thread that adopted it (`close` may come from the thread that
     made it, before the shard ever sees it).
     """
 
-    def __init__(self, local_name: str, channel: Channel | None, *, on_remove: PipeCallback,
-                 max_frame: int) -> None:
+    def __init__(self, local_name: str, network: Channel | TcpListener | None, *,
+                 on_remove: PipeCallback, max_frame: int) -> None:
         self.local_name = local_name
-        self.channel = channel  # None: every worker of this backend reaches the local socket
-        self.address = "" if channel is None else channel.address
+        # None: every worker of this backend reaches the local socket
+        self.channel = None if isinstance(network, TcpListener) else network
+        self.tcp = network if isinstance(network, TcpListener) else None
+        self.address = "" if network is None else network.address
         self.max_frame = max_frame
         self._on_remove = on_remove
         self._poll = select.epoll()
@@ -99,21 +111,21 @@ class Endpoint:
             self._poll.close()
             raise
         self._poll.register(self.listener.fd, _IN)
-        if channel is not None:
-            self._poll.register(channel.fileno(), _IN)
-        self.pipes: dict[int, UnixPipe] = {}  # fd -> accepted local peer
-        self.bound: UnixPipe | None = None  # sends go to this local peer, else the channel
-        self.sealed: UnixPipe | None = None  # authenticated local peer: the only one left
-        self.sealed_nng = False  # the authenticated peer came over the network channel
+        if network is not None:
+            self._poll.register(network.fileno(), _IN)
+        self.pipes: dict[int, StreamPipe] = {}  # fd -> accepted peer (Unix or TCP)
+        self.bound: StreamPipe | None = None  # sends go to this peer, else the channel
+        self.sealed: StreamPipe | None = None  # authenticated stream peer: the only one left
+        self.sealed_nng = False  # the authenticated peer came over the nng channel
         self._ready: deque[Received] = deque()
         self.closed = False
 
     @property
     def kind(self) -> str:
-        """The link sends go over: "unix" once a local peer said hello, "nng" once a network
-        peer authenticated, "" before either."""
+        """The link sends go over: "unix" or "tcp" once a peer on a stream socket said hello,
+        "nng" once a peer on the channel authenticated, "" before either."""
         if self.bound is not None:
-            return "unix"
+            return self.bound.kind
         return "nng" if self.sealed_nng else ""
 
     def fileno(self) -> int:
@@ -161,7 +173,9 @@ class Endpoint:
 
     def _on_event(self, fd: int, events: int) -> None:
         if self.listener is not None and fd == self.listener.fd:
-            self._accept()
+            self._accept(self.listener)
+        elif self.tcp is not None and fd == self.tcp.fd:
+            self._accept(self.tcp)
         elif (pipe := self.pipes.get(fd)) is not None:
             if events & _OUT:
                 self._flush(pipe)
@@ -170,14 +184,13 @@ class Endpoint:
             while (msg := self.channel.try_recv()) is not None:
                 self._ready.append(Received(msg.bytes, msg.pipe))
 
-    def _accept(self) -> None:
-        assert self.listener is not None
-        while (sock := self.listener.accept()) is not None:
-            pipe = UnixPipe(sock, self.max_frame, self._drop)
+    def _accept(self, listener: UnixListener | TcpListener) -> None:
+        while (sock := listener.accept()) is not None:
+            pipe = StreamPipe(sock, self.max_frame, self._drop)
             self.pipes[pipe.fd] = pipe
             self._poll.register(pipe.fd, _IN)
 
-    def _read(self, pipe: UnixPipe) -> None:
+    def _read(self, pipe: StreamPipe) -> None:
         try:
             frames = pipe.read()
         except ProtocolError:
@@ -187,7 +200,7 @@ class Endpoint:
             return
         self._ready.extend(Received(frame, pipe) for frame in frames)
 
-    def _drop(self, pipe: UnixPipe) -> None:
+    def _drop(self, pipe: StreamPipe) -> None:
         if pipe.closed:
             return
         self.pipes.pop(pipe.fd, None)
@@ -204,14 +217,15 @@ class Endpoint:
 
     def bind(self, pipe: Any) -> None:
         """Send to ``pipe`` from now on (the peer that said hello)."""
-        self.bound = pipe if isinstance(pipe, UnixPipe) else None
+        self.bound = pipe if isinstance(pipe, StreamPipe) else None
 
     def seal(self) -> None:
         """The bound peer authenticated: close every other way in."""
-        if self.listener is not None:
-            self._poll.unregister(self.listener.fd)
-            self.listener.close()
-            self.listener = None
+        for listener in (self.listener, self.tcp):
+            if listener is not None:
+                self._poll.unregister(listener.fd)
+                listener.close()
+        self.listener = self.tcp = None
         for pipe in [p for p in self.pipes.values() if p is not self.bound]:
             self._drop(pipe)
         if self.bound is not None and self.channel is not None:
@@ -231,7 +245,7 @@ class Endpoint:
         elif pipe.send_nowait(frame):
             self._poll.modify(pipe.fd, _IN | _OUT)
 
-    def _flush(self, pipe: UnixPipe) -> None:
+    def _flush(self, pipe: StreamPipe) -> None:
         if not pipe.flush() and not pipe.closed:
             self._poll.modify(pipe.fd, _IN)
 
@@ -248,22 +262,25 @@ class Endpoint:
         # and its pipe's read buffer is as large as the largest message it sent.
         self.bound = self.sealed = None
         self._ready.clear()
-        if self.listener is not None:
-            self.listener.close()
+        for listener in (self.listener, self.tcp):
+            if listener is not None:
+                listener.close()
         if self.channel is not None:
             self.channel.close()
         self._poll.close()
 
 
 def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCallback,
-            tls: Any = None) -> WorkerLink:
-    """The worker's side: the local link if the executor's socket is reachable, else nng.
+            tls: Any = None, timeout: float = 60.0) -> WorkerLink:
+    """The worker's side: the local link if the executor's socket is reachable, else the
+    network (`dial`).
 
     Raises:
-        LinkClosed: the local socket cannot be reached and there is no network address.
+        LinkClosed: the local socket cannot be reached and there is no network address, or
+            the network cannot be reached within ``timeout``.
     """
     if local_name:
-        link = UnixLink.connect(local_name, max_frame)
+        link = StreamLink.connect(local_name, max_frame)
         if link is not None:
             return link
     if not address:
@@ -272,11 +289,16 @@ def connect(local_name: str, address: str, *, max_frame: int, on_remove: PipeCal
                          "worker's start (if it still waits, this worker is not on its host, "
                          "in its network namespace, as its user, which a backend that offers "
                          "no network address needs)")
-    return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls)
+    return dial(address, max_frame=max_frame, on_remove=on_remove, tls=tls, timeout=timeout)
 
 
-def dial(address: str, *, max_frame: int, on_remove: PipeCallback, tls: Any = None) -> NngLink:
-    """The network link only (a worker whose local connection was refused)."""
+def dial(address: str, *, max_frame: int, on_remove: PipeCallback, tls: Any = None,
+         timeout: float = 60.0) -> StreamLink | NngLink:
+    """The network link only (a worker whose local connection was refused): a TCP stream
+    for a ``tcp://`` address, which it dials again while refused for up to ``timeout``
+    seconds; nng for ``tls+tcp://`` (it dials in the background, the handshake waits)."""
+    if address.startswith("tcp://"):
+        return StreamLink.dial(address, max_frame, timeout)
     from fiberexec._link_nng import Channel, NngLink
 
     return NngLink(Channel.dial(address, max_message=max_frame, on_remove=on_remove, tls=tls))

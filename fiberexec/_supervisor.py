@@ -38,13 +38,16 @@ from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._crash import FAULT_LINES, fault_report, faulted
 from fiberexec._errors import BrokenFiberExecutor
 from fiberexec._link import Endpoint
+from fiberexec._link_stream import TcpListener
 from fiberexec._output import OutputSink
 from fiberexec._pace import REFILL, Pace
 from fiberexec._session import Session
 from fiberexec._shard import Shard
 
-if TYPE_CHECKING:  # tenacity loads with the first retried call (`_retry`)
+if TYPE_CHECKING:  # tenacity loads with the first retried call (`_retry`), pynng with TLS
     import tenacity
+
+    from fiberexec._link_nng import Channel
 
 log = logging.getLogger("fiberexec")
 MAX_START_FAILURES = 3  # workers in a row that die before connecting break the executor
@@ -207,32 +210,34 @@ class WorkerSupervisor:
 
     def _open(self, shard: Shard, worker_id: str) -> Endpoint:
         """The worker's endpoint: its local socket and (unless every worker of this backend
-        shares our host) its network channel."""
+        shares our host) a network way in: a TCP port, or with TLS a pynng channel."""
         def on_remove(pipe: Any) -> None:
             shard.post(ev.PipeDown(worker_id, pipe.id))
 
-        channel = None
-        if not self.backend.workers_share_host:
-            from fiberexec._link_nng import Channel  # pynng only for workers elsewhere
-
-            channel = Channel.listen(
-                self.backend.bind_host,
-                max_message=self.config.max_message_size,
-                on_connect=lambda pipe: None,
-                on_remove=on_remove,
-                tls=self._tls_server,
-                ports=self.config.ports,
-                first=self._next_port,
-            )
-            self._next_port = int(channel.address.rsplit(":", 1)[1]) + 1
+        network = None if self.backend.workers_share_host else self._listen(on_remove)
         local_name = f"fiberexec/{os.getpid()}/{self.session.executor_id}/{worker_id}"
         try:
-            return Endpoint(local_name, channel, on_remove=on_remove,
+            return Endpoint(local_name, network, on_remove=on_remove,
                             max_frame=self.config.max_message_size)
         except BaseException:
-            if channel is not None:
-                channel.close()
+            if network is not None:
+                network.close()
             raise
+
+    def _listen(self, on_remove: Callable[[Any], None]) -> Channel | TcpListener:
+        """A worker's network way in, on the next port of the configured range."""
+        host, ports, first = self.backend.bind_host, self.config.ports, self._next_port
+        network: Channel | TcpListener
+        if self._tls_server is None:
+            network = TcpListener(host, ports=ports, first=first)
+        else:
+            from fiberexec._link_nng import Channel  # pynng only for workers behind TLS
+
+            network = Channel.listen(host, max_message=self.config.max_message_size,
+                                     on_connect=lambda pipe: None, on_remove=on_remove,
+                                     tls=self._tls_server, ports=ports, first=first)
+        self._next_port = int(network.address.rsplit(":", 1)[1]) + 1
+        return network
 
     def _unplace(self, worker_id: str) -> None:
         """Forget where a worker was served (the caller holds the lock)."""

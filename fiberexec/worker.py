@@ -102,7 +102,7 @@ class Worker:
             self.tls = client_config(config.tls_cert, config.tls_server_name)
         self.link: WorkerLink = connect(
             config.local_address, config.address, max_frame=p.MAX_MESSAGE,
-            on_remove=self._on_disconnect, tls=self.tls,
+            on_remove=self._on_disconnect, tls=self.tls, timeout=config.connect_timeout,
         )
         self.shm = p.ShmPolicy()
         self.allow_shm = False
@@ -150,8 +150,12 @@ class Worker:
                 _die(EXIT_NO_EXECUTOR, "the executor hung up during the handshake (it is "
                      "shutting down, or has exited)")
         self.link.close()
-        self.link = dial(self.config.address, max_frame=p.MAX_MESSAGE,
-                         on_remove=self._on_disconnect, tls=self.tls)
+        try:
+            self.link = dial(self.config.address, max_frame=p.MAX_MESSAGE,
+                             on_remove=self._on_disconnect, tls=self.tls,
+                             timeout=self.config.connect_timeout)
+        except LinkClosed as exc:
+            _die(EXIT_NO_EXECUTOR, str(exc))
         try:
             return self._handshake()
         except LinkClosed:

@@ -1,9 +1,10 @@
 """The link seam's contract (`fiberexec._link`), checked on every link implementation.
 
 Each case makes an executor end and a worker end joined by one link: the local link (an
-abstract Unix socket), the network link (pynng Pair1 over TCP on loopback), and the
-in-memory fake of ``tests/support/links.py``. The same checks run on all three, so the
-shard and the worker can rely on the contract whichever link a worker uses.
+abstract Unix socket), the network links (a TCP stream on loopback, and pynng Pair1, the
+one TLS rides on), and the in-memory fake of ``tests/support/links.py``. The same checks
+run on all four, so the shard and the worker can rely on the contract whichever link a
+worker uses.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
 from fiberexec._framing import FrameBuffer
 from fiberexec._link import Endpoint, connect, dial
-from fiberexec._link_nng import Channel
-from fiberexec._link_unix import HEADER, framed
+from fiberexec._link_nng import Channel, NngLink
+from fiberexec._link_stream import HEADER, TcpListener, framed, tcp_host_port
 from tests.support.links import MemoryEndpoint
 
 MAX = 64 << 20
@@ -80,15 +81,25 @@ def _on_remove(pair: list[Pair]) -> Callable[[Any], None]:
 
 
 def _real(kind: str) -> Pair:
+    """The executor's end with a local listener and a network one (nng's channel for "nng",
+    else a TCP port), and a worker joined to it by the ``kind`` of link."""
     holder: list[Pair] = []
-    channel = Channel.listen("127.0.0.1", max_message=MAX, on_connect=lambda pipe: None,
-                             on_remove=_on_remove(holder))
+    network: Channel | TcpListener
+    if kind == "nng":
+        network = Channel.listen("127.0.0.1", max_message=MAX, on_connect=lambda pipe: None,
+                                 on_remove=_on_remove(holder))
+    else:
+        network = TcpListener("127.0.0.1")
     name = f"fiberexec-test/{os.getpid()}/{secrets.token_hex(4)}"
-    endpoint = Endpoint(name, channel, on_remove=_on_remove(holder), max_frame=MAX)
+    endpoint = Endpoint(name, network, on_remove=_on_remove(holder), max_frame=MAX)
     worker_gone = threading.Event()
+    worker: Any
     if kind == "unix":
         worker = connect(name, endpoint.address, max_frame=MAX,
                          on_remove=lambda pipe: worker_gone.set())
+    elif kind == "nng":  # (a plain tcp:// address is dialed as a stream: see `dial`)
+        worker = NngLink(Channel.dial(endpoint.address, max_message=MAX,
+                                      on_remove=lambda pipe: worker_gone.set()))
     else:
         worker = dial(endpoint.address, max_frame=MAX, on_remove=lambda pipe: worker_gone.set())
     assert worker.kind == kind
@@ -105,7 +116,7 @@ def _memory() -> Pair:
     return pair
 
 
-@pytest.fixture(params=["unix", "nng", "memory"])
+@pytest.fixture(params=["unix", "tcp", "nng", "memory"])
 def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     made = _memory() if request.param == "memory" else _real(request.param)
     try:
@@ -246,27 +257,100 @@ def test_sealing_keeps_the_bound_peer_and_refuses_new_ones(pair: Pair) -> None:
     pair.worker.send(b"reply", 10)
     (msg,) = pair.recv_all(1)
     assert msg.bytes == b"reply" and msg.pipe.id == pipe.id
-    if isinstance(pair.endpoint, Endpoint) and pair.worker.kind == "unix":
+    if isinstance(pair.endpoint, Endpoint) and pair.worker.kind != "nng":
         with socket.socket(socket.AF_UNIX) as other, pytest.raises(ConnectionRefusedError):
             other.connect("\0" + pair.endpoint.local_name)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(tcp_host_port(pair.endpoint.address), 10).close()
 
 
 # ---------------------------------------------------------------------------- the local link
 
 
 def test_a_worker_elsewhere_falls_back_to_the_network_link() -> None:
-    holder: list[Pair] = []
-    channel = Channel.listen("127.0.0.1", max_message=MAX, on_connect=lambda pipe: None,
-                             on_remove=_on_remove(holder))
+    """Without TLS the executor's network way in is a TCP port the worker streams to (with
+    TLS it is nng's channel, dialed at a ``tls+tcp://`` address: ``behaviour/test_tls.py``)."""
+    network = TcpListener("127.0.0.1")
     try:
-        link = connect(f"fiberexec-test/nobody-listens/{secrets.token_hex(4)}", channel.address,
-                       max_frame=MAX, on_remove=lambda pipe: None)
+        link = connect(f"fiberexec-test/nobody-listens/{secrets.token_hex(4)}",
+                       network.address, max_frame=MAX, on_remove=lambda pipe: None)
         try:
-            assert link.kind == "nng"
+            assert link.kind == "tcp"
         finally:
             link.close()
     finally:
-        channel.close()
+        network.close()
+
+
+def test_a_tcp_dial_goes_on_while_refused_then_says_why() -> None:
+    """A worker whose executor's port refuses dials again (the port may open late; a
+    worker whose executor is gone stays until its connect timeout, as a stray) and then
+    says so."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listened on: connections are refused
+        address = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(LinkClosed, match="refused the connection for 0.3 s"):
+            dial(address, max_frame=MAX, on_remove=lambda pipe: None, timeout=0.3)
+        assert 0.25 <= time.monotonic() - started < 5
+
+
+def test_a_tcp_dial_reaches_a_port_that_opens_late() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as late:
+        port = late.getsockname()[1]
+        late.close()
+        opened = threading.Timer(0.2, lambda: listening.append(socket.create_server(
+            ("127.0.0.1", port))))
+        listening: list[socket.socket] = []
+        opened.start()
+        try:
+            link = dial(f"tcp://127.0.0.1:{port}", max_frame=MAX, on_remove=lambda p: None,
+                        timeout=10)
+            assert link.kind == "tcp"
+            link.close()
+        finally:
+            opened.join(10)
+            for sock in listening:
+                sock.close()
+
+
+@pytest.mark.parametrize("address", ["tcp://", "tcp://host", "tcp://:80", "tcp://h:port",
+                                     "udp://127.0.0.1:80"])
+def test_a_tcp_address_that_is_not_one_is_named(address: str) -> None:
+    with pytest.raises(LinkClosed, match="must be tcp://host:port"):
+        tcp_host_port(address)
+
+
+def test_tcp_ports_come_from_the_configured_range_and_run_out_clearly() -> None:
+    first = TcpListener("127.0.0.1")
+    low = first.port
+    first.close()
+    listeners = [TcpListener("127.0.0.1", ports=(low, low + 1), first=low)]
+    try:
+        listeners.append(TcpListener("127.0.0.1", ports=(low, low + 1), first=low))
+        assert sorted(each.port for each in listeners) == [low, low + 1]
+        assert listeners[0].address == f"tcp://127.0.0.1:{listeners[0].port}"
+        with pytest.raises(ConfigurationError, match=f"every port of ports={low}-{low + 1}"):
+            TcpListener("127.0.0.1", ports=(low, low + 1))
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def test_a_tcp_listener_speaks_ipv6_in_brackets() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this machine has no IPv6")
+    try:
+        listener = TcpListener("::1")
+    except OSError as exc:  # the kernel may have IPv6 off
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        assert listener.address == f"tcp://[::1]:{listener.port}"
+        assert tcp_host_port(listener.address) == ("::1", listener.port)
+        link = dial(listener.address, max_frame=MAX, on_remove=lambda pipe: None, timeout=10)
+        link.close()
+    finally:
+        listener.close()
 
 
 def test_a_worker_nobody_listens_for_says_why() -> None:

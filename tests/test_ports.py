@@ -40,6 +40,13 @@ def listening_ports() -> set[int]:
             if c.status == psutil.CONN_LISTEN}
 
 
+def served_ports() -> set[int]:
+    """This process's ends of established TCP connections (a worker's port stops listening
+    once the worker is in: its connection stays)."""
+    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED}
+
+
 @pytest.mark.parametrize("value", ["abc", "5-3", "0", "70000", "1-70000", (3, 2)])
 def test_bad_ports_are_refused_with_the_rule(value: object) -> None:
     with pytest.raises(ConfigurationError, match="a port like 40000 or a range"):
@@ -65,7 +72,8 @@ def test_workers_are_served_on_ports_in_the_range() -> None:
     with NetworkLocalBackend() as backend, \
             FiberExecutor(2, backend=backend, ports=f"{low}-{high}") as ex:
         assert list(ex.map(tasks.square, range(20))) == [i * i for i in range(20)]
-        used = {p for p in listening_ports() if low <= p <= high}
+        assert len(set(ex.map(tasks.sleep_pid, [0.2] * 8, timeout=60))) == 2  # both are in
+        used = {p for p in served_ports() if low <= p <= high}
         assert len(used) == 2
 
 

@@ -1,18 +1,23 @@
-"""The local link: a Unix stream socket between the executor and a worker on its host.
+"""The stream links: a Unix or TCP stream socket between the executor and one worker.
 
 Workers in the executor's network namespace (local processes, host-network containers, jobs
 on this machine) reach it through an abstract Unix socket: no file to clean up, invisible
 from other network namespaces, so a worker elsewhere fails to connect at once and falls back
-to the network link. Each frame travels as ``length:u32 | frame``.
+to the network. There, without TLS, it dials a TCP port the executor opened for it alone;
+the same code carries both, each frame as ``length:u32 | frame``.
 
-    executor (shard thread)                          worker
-    UnixListener --accept, SO_PEERCRED--> UnixPeer <==== UnixLink (main thread waits in poll)
-       sends never block: what the socket       sends block, with a timeout
+    executor (shard thread)                             worker
+    UnixListener --accept, SO_PEERCRED--> StreamPipe <== StreamLink "unix" (main thread polls)
+    TcpListener  --accept, TCP_NODELAY--> StreamPipe <== StreamLink "tcp"
+       sends never block: what the socket         sends block, with a timeout
        does not take waits in a write queue
        flushed when the socket is writable
 
 One ``recv`` takes in every frame that has arrived (a worker's prefetched tasks, a batch of
-results), so a frame usually costs one system call on each side.
+results), so a frame usually costs one system call on each side. Who may talk is settled
+above the link, by the handshake's proofs of the executor's secret (`fiberexec._auth`); on
+the Unix socket the kernel also names the peer's user, and a peer of another user is
+refused before it can send anything.
 """
 
 from __future__ import annotations
@@ -27,14 +32,21 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
-from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
 from fiberexec._framing import FrameBuffer
 
 HEADER = struct.Struct("!I")  # a frame's length, before it
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_QUEUED = 4096  # frames waiting to be written: credit keeps far fewer, so more means hung
+BACKLOG = 8  # connections a listener holds unaccepted: one worker dials it, once or twice
+# A worker whose TCP dial is refused dials again, each wait twice the one before, up to the
+# second (nng's reconnection, which the network link had: a worker whose executor is gone
+# keeps trying until its connect timeout, as it did then, and a backend can find it stray)
+REDIAL_WAIT = (0.01, 0.5)
 _peer_ids = itertools.count(1)
+T = TypeVar("T")
 
 
 def _new_id() -> int:
@@ -46,27 +58,43 @@ def framed(frame: bytes) -> list[bytes]:
     return [HEADER.pack(len(frame)), frame]
 
 
+def tcp_host_port(address: str) -> tuple[str, int]:
+    """``tcp://host:port`` (an IPv6 host in brackets) as ``(host, port)``.
+
+    Raises:
+        LinkClosed: ``address`` is not such an address.
+    """
+    rest = address.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    if rest == address or not host or not port.isdigit():
+        raise LinkClosed(f"cannot dial {address!r}: the executor's address must be "
+                         "tcp://host:port")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 # ---------------------------------------------------------------------------- executor side
 
 
-class UnixPipe:
+class StreamPipe:
     """One accepted peer, on the executor's side: non-blocking, with a write queue.
 
-    ``close()`` (the shard hanging up on a peer) goes through ``on_close``, so the endpoint
-    that watches the socket forgets it first.
+    ``kind`` is its socket's: "unix" or "tcp". ``close()`` (the shard hanging up on a peer)
+    goes through ``on_close``, so the endpoint that watches the socket forgets it first.
     """
 
     def __init__(self, sock: socket.socket, max_frame: int,
-                 on_close: Callable[[UnixPipe], None]) -> None:
+                 on_close: Callable[[StreamPipe], None]) -> None:
         self.id = _new_id()
         self.sock = sock
         self.fd = sock.fileno()
+        self.kind = "unix" if sock.family == socket.AF_UNIX else "tcp"
         self.reader = FrameBuffer(max_frame, HEADER)
         self.queue: deque[memoryview] = deque()
         self.closed = False
         self.drained = False  # the last read emptied the socket
         self._on_close = on_close
-        self.peer_pid = _peer_pid(sock)  # in this process's pid namespace (the kernel's)
+        # in this process's pid namespace (the kernel's); none across a network
+        self.peer_pid = _peer_pid(sock) if self.kind == "unix" else 0
 
     def read(self) -> list[bytes] | None:
         """The frames that arrived; None once the peer has hung up."""
@@ -167,6 +195,105 @@ class UnixListener:
         self.sock.close()
 
 
+class TcpListener:
+    """A TCP port one worker elsewhere dials (the network link without TLS): on ``host``,
+    any free port, or the first free one of the inclusive range ``ports`` from ``first`` on.
+
+    Raises:
+        ConfigurationError: every port of ``ports`` is taken.
+    """
+
+    def __init__(self, host: str, *, ports: tuple[int, int] | None = None,
+                 first: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = in_range(ports, first, lambda port: _bound(family, host, port))
+        self.fd = self.sock.fileno()
+        self.port = int(self.sock.getsockname()[1])
+        self.address = f"tcp://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def accept(self) -> socket.socket | None:
+        try:
+            sock, _ = self.sock.accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame goes at once
+        sock.setblocking(False)
+        return sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _bound(family: socket.AddressFamily, host: str, port: int) -> socket.socket | None:
+    """A non-blocking socket listening on ``host:port``; None if the port is taken."""
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(BACKLOG)  # (refused here when another socket listens there too)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            sock.close()
+            return None
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def in_range(ports: tuple[int, int] | None, first: int, attempt: Callable[[int], T | None]) -> T:
+    """``attempt(port)`` on port 0 (any free one), or on each port of the inclusive range
+    ``ports`` from ``first`` on (wrapping around) until one is not None (not taken).
+
+    Raises:
+        ConfigurationError: every port of ``ports`` is taken.
+    """
+    if ports is None:
+        found = attempt(0)
+        if found is None:
+            raise ConfigurationError("no free port to listen on")
+        return found
+    low, high = ports
+    span = high - low + 1
+    for i in range(span):
+        found = attempt(low + (max(first, low) - low + i) % span)
+        if found is not None:
+            return found
+    raise ConfigurationError(
+        f"every port of ports={low}-{high} is in use; widen the range (one port per worker)"
+    )
+
+
+def _connected(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to ``host:port``, dialed again while refused (as data: tenacity's
+    backoff, imported only then) until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+
+    def attempt() -> socket.socket:
+        return socket.create_connection((host, port), max(deadline - time.monotonic(), 0.001))
+
+    try:
+        return attempt()
+    except ConnectionRefusedError:
+        if timeout <= 0:
+            raise
+    import tenacity
+
+    first, most = REDIAL_WAIT
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(ConnectionRefusedError),
+        wait=tenacity.wait_exponential(multiplier=first, max=most),
+        stop=tenacity.stop_after_delay(timeout),
+        reraise=True,
+    )(attempt)
+
+
 def _peer_pid(sock: socket.socket) -> int:
     """The peer process's pid as the kernel names it here (0 if it cannot say)."""
     try:
@@ -203,13 +330,12 @@ def _trusted(sock: socket.socket) -> bool:
 # ---------------------------------------------------------------------------- worker side
 
 
-class UnixLink:
+class StreamLink:
     """The worker's end: blocking reads with a timeout, blocking sends with a timeout."""
-
-    kind = "unix"
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
+        self.kind = "unix" if sock.family == socket.AF_UNIX else "tcp"
         self.reader = FrameBuffer(max_frame, HEADER)
         self.ready: deque[bytes] = deque()
         self._send_timeout = -1.0
@@ -222,7 +348,7 @@ class UnixLink:
         self._input.register(sock.fileno(), select.POLLIN)
 
     @classmethod
-    def connect(cls, name: str, max_frame: int) -> UnixLink | None:
+    def connect(cls, name: str, max_frame: int) -> StreamLink | None:
         """Connect to the executor's abstract socket; None where it cannot be reached."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -232,6 +358,26 @@ class UnixLink:
             if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EACCES, errno.EPERM):
                 return None
             raise
+        return cls(sock, max_frame)
+
+    @classmethod
+    def dial(cls, address: str, max_frame: int, timeout: float) -> StreamLink:
+        """Connect to the executor's TCP port at ``address`` (``tcp://host:port``), dialing
+        again while it refuses, for up to ``timeout`` seconds.
+
+        Raises:
+            LinkClosed: no connection within ``timeout``, or the address is not one.
+        """
+        host, port = tcp_host_port(address)
+        try:
+            sock = _connected(host, port, timeout)
+        except ConnectionRefusedError as exc:
+            raise LinkClosed(f"the executor at {address} refused the connection for "
+                             f"{timeout:g} s: it has shut down or exited") from exc
+        except OSError as exc:
+            raise LinkClosed(f"cannot connect to the executor at {address}: {exc}") from exc
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame goes at once
         return cls(sock, max_frame)
 
     def recv(self, timeout: float) -> bytes | None:
