@@ -90,7 +90,8 @@ class SimulatedBackend(Backend):
         self._exit_watch = ExitWatch()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the states; never held while the pipe is written
+        self._pipe = threading.Lock()  # one command line at a time into the simulator
         self._ready = threading.Condition(self._lock)
         self._states: dict[str, WorkerStatus] = {}
         self._logs: dict[str, deque[str]] = {}
@@ -112,7 +113,7 @@ class SimulatedBackend(Backend):
         with self._lock:
             self._states[spec.worker_id] = WorkerStatus(WorkerState.PENDING)
             self._logs[spec.worker_id] = deque(maxlen=LOG_LINES)
-            self._send(command)
+        self._send(command)
         return WorkerHandle(spec.worker_id, f"simulated:{spec.worker_id}")
 
     def status(self, handle: WorkerHandle) -> WorkerStatus:
@@ -130,8 +131,8 @@ class SimulatedBackend(Backend):
             self._states[handle.worker_id] = WorkerStatus(
                 WorkerState.EXITED, exit_code=-signal.SIGTERM, reason="stopped by the backend"
             )
-            with contextlib.suppress(PermanentBackendError):
-                self._send({"op": "stop", "id": handle.worker_id})
+        with contextlib.suppress(PermanentBackendError):
+            self._send({"op": "stop", "id": handle.worker_id})
 
     def logs(self, handle: WorkerHandle, *, tail: int = 100) -> str:
         with self._lock:
@@ -167,7 +168,7 @@ class SimulatedBackend(Backend):
     def close(self) -> None:
         for handle in self._exit_watch.clear():
             self.stop(handle, grace=0.5)
-        with self._lock:
+        with self._pipe:
             proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -185,17 +186,20 @@ class SimulatedBackend(Backend):
     # ------------------------------------------------------------ the simulator process
 
     def _send(self, command: dict[str, Any]) -> None:
-        """Write one command line to the simulator (starting it first); caller holds the lock."""
-        proc = self._proc or self._spawn()
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(json.dumps(command).encode() + b"\n")
-            proc.stdin.flush()
-        except (BrokenPipeError, ValueError) as exc:
-            raise PermanentBackendError(
-                f"the simulator process is gone (exit code {proc.poll()}); "
-                "see its output on stderr"
-            ) from exc
+        """Write one command line to the simulator (starting it first). Not under the
+        states' lock: the simulator may be blocked writing events until the reader thread,
+        which takes that lock, reads them (a flood of starts deadlocked so at 4096)."""
+        with self._pipe:
+            proc = self._proc or self._spawn()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(command).encode() + b"\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError) as exc:
+                raise PermanentBackendError(
+                    f"the simulator process is gone (exit code {proc.poll()}); "
+                    "see its output on stderr"
+                ) from exc
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         raise_nofile_limit()
