@@ -359,7 +359,8 @@ class Host:
         try:
             if not prefix and len(argv) == 3 and tuple(argv[:2]) == FORKED[:2] \
                     and argv[2].startswith(FORKED[2]):
-                child = self._fork(n, env, workdir or os.getcwd(), argv[2], write)
+                child = self._fork(n, env, workdir or os.getcwd(), argv[2], write,
+                                   learn=list(request.get("learn") or ()))
             else:
                 argv = [sys.executable if a == "python" else a for a in argv]
                 child = self._popen(n, prefix + argv, env, workdir, write)
@@ -376,8 +377,17 @@ class Host:
                 self._limits[cpu, memory] = limits_prefix(cpu, memory)
             return self._limits[cpu, memory]
 
-    def _fork(self, n: int, env: dict[str, str], cwd: str, program: str, out: int) -> Child:
+    def _fork(self, n: int, env: dict[str, str], cwd: str, program: str, out: int, *,
+              learn: list[str]) -> Child:
         launcher = self._the_launcher()
+        if learn:  # what the executor's tasks need, installed here too: imported before
+            # the fork (an older fiberexec here has no learn_names: its workers import them)
+            try:
+                from fiberexec.backend import learn_names
+            except ImportError:
+                pass
+            else:
+                learn_names(learn)
         try:
             proc = launcher.spawn(env=env, cwd=cwd, memory=None, log=None, program=program,
                                   output=out)

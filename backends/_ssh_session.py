@@ -180,6 +180,7 @@ class HostSession:
         self.host = host
         self.argv = list(argv)
         self.users = 0  # workers running or starting here; the backend counts them
+        self.taught: set[str] = set()  # installed modules named to its launcher so far
         self.ssh_errors: deque[str] = deque(maxlen=50)
         self._remotes: dict[int, Remote] = {}  # those not ended, by number
         self._next = 0

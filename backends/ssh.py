@@ -85,6 +85,7 @@ from fiberexec.backend import (
     WorkerState,
     WorkerStatus,
     configured_backend_options,
+    names_to_teach,
 )
 from fiberexec.backends import _ssh_remote as remote
 from fiberexec.backends._ssh_hosts import Placement, SSHHost, parse_hosts, read_inventory
@@ -299,7 +300,8 @@ class SSHBackend(Backend):
                     f"cannot start worker {spec.worker_id}: the ssh backend was closed; "
                     "create a new SSHBackend")
             session.open(spec.worker_id, self.connect_timeout + self.start_timeout)
-            worker = session.spawn(spec.worker_id, self._message(spec), self.start_timeout)
+            worker = session.spawn(spec.worker_id, self._message(spec, session),
+                                   self.start_timeout)
         except BaseException:
             self.placement.release(spec.worker_id)
             self.placement.suspect(host)
@@ -348,10 +350,15 @@ class SSHBackend(Backend):
                 "preload": os.environ.get(ENV_PRELOAD, "")}
 
     @staticmethod
-    def _message(spec: WorkerSpec) -> dict[str, Any]:
+    def _message(spec: WorkerSpec, session: HostSession) -> dict[str, Any]:
+        # ``learn``: the installed modules this program's tasks need (its first task's
+        # function names them) that the host was not told of yet: its launcher imports
+        # those installed there before it forks, as this host's launcher does (a hint: two
+        # threads racing for the same names at worst tell the host twice)
+        learn = names_to_teach(session.taught)
         return {"argv": list(spec.command), "env": dict(spec.env),
                 "secret_env": dict(spec.secret_env), "workdir": spec.workdir,
-                "cpu": spec.resources.cpu, "memory": spec.resources.memory}
+                "cpu": spec.resources.cpu, "memory": spec.resources.memory, "learn": learn}
 
     def _ping_loop(self) -> None:
         """Tell every host wrapper we are here; one whose pings stop ends its workers."""

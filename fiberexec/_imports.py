@@ -184,10 +184,40 @@ def _tops_needed(fn: object) -> set[str]:
     return {top for value in values if (top := _top_of(value))}
 
 
+def names_to_teach(taught: set[str]) -> list[str]:
+    """The names of the installed modules learned that ``taught`` lacks (which gains them):
+    what a backend whose launchers run on other hosts sends with its requests there, where
+    `learn_names` resolves them."""
+    return [name for name, _ in learned_since(taught)]
+
+
+def learn_names(names: Iterable[str]) -> None:
+    """On a worker host: learn those of the top-level modules ``names`` that are installed
+    here (looked up, not imported), so this process's launchers import them before their
+    next fork, as the executor's host's launcher does (`names_to_teach`)."""
+    import importlib.util
+
+    found = []
+    for name in names:
+        if not (isinstance(name, str) and name.isidentifier()) or name in _NEVER:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)  # (a top-level name: nothing is imported)
+        except (ImportError, ValueError):
+            continue
+        origin = None if spec is None else spec.origin
+        if isinstance(origin, str) and installed(origin):
+            found.append((name, origin))
+    learn(found)
+
+
+_NEVER = frozenset({"__main__", "builtins", "fiberexec"})  # never taught
+
+
 def _installed_of(tops: set[str]) -> list[Module]:
     """Those of the top-level modules ``tops`` that this process has and are installed."""
     found = []
-    for top in sorted(tops - {"__main__", "builtins", "fiberexec"}):
+    for top in sorted(tops - _NEVER):
         origin = getattr(sys.modules.get(top), "__file__", None)
         if isinstance(origin, str) and installed(origin):
             found.append((top, origin))

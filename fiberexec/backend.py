@@ -52,6 +52,7 @@ from fiberexec._errors import (
     TransientBackendError,
 )
 from fiberexec._fdlimit import readable_within
+from fiberexec._imports import learn_names, names_to_teach
 from fiberexec._launcher import (
     ENV_PRELOAD,
     WORKER_PROGRAM,
@@ -117,8 +118,10 @@ __all__ = [
     "check_backend_name",
     "configured_backend_options",
     "first_line",
+    "learn_names",
     "lease_name",
     "load_backend",
+    "names_to_teach",
     "parse_memory",
     "readable_within",
     "share_resource_tracker",

@@ -71,6 +71,21 @@ def test_the_program_keeps_installed_modules_and_teaches_each_once() -> None:
     assert MODULE not in {name for name, _ in _imports.learned_since(taught)}
 
 
+def test_a_worker_host_learns_the_names_installed_there() -> None:
+    """What an executor on another host names (`names_to_teach`) is resolved where its
+    workers run (`learn_names`): installed modules found there, without importing them;
+    never the program's own, a name that is none, or one not there."""
+    from fiberexec.backend import learn_names, names_to_teach
+
+    name = "tomllib"  # installed (the standard library), imported by nothing of ours
+    _fresh(name)
+    taught = {n for n, _ in _imports.learned_since(set())}  # what earlier tests taught
+    learn_names([name, "tests", "not a name", "no_such_module_anywhere", "__main__", 3])
+    assert names_to_teach(taught) == [name]
+    assert name not in sys.modules  # looked up, not imported
+    assert names_to_teach(taught) == []  # each once
+
+
 def _own_launcher(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     """Give this test a launcher of its own, started now. pytest sets PYTEST_CURRENT_TEST for
     each test: with a launcher another test started, every request from this one differs

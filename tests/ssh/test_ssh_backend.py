@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -180,6 +181,22 @@ def _written_since(began: float, roots: list[Path]) -> list[Path]:
                     if stat.S_ISREG(info.st_mode) and info.st_mtime >= began:
                         found.append(path)
     return found
+
+
+def test_a_hosts_launcher_forks_workers_with_what_the_first_task_needs(
+        make_backend: Maker, make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """The first task's function names the installed modules it needs; each host's launcher
+    imports those installed there before it forks (as the executor's host's launcher does),
+    so its workers start with them, as forked stdlib workers have them from their parent."""
+    watched = "tabnanny"  # installed (the standard library), imported by nothing of ours
+    (tmp_path / "taught_over_ssh.py").write_text(
+        f"import sys\nHAD = {watched!r} in sys.modules\nimport {watched}\n"
+        "def had(_):\n    return HAD\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # (the worker hosts share this file system)
+    taught = importlib.import_module("taught_over_ssh")
+    ex = make_executor(4, backend=make_backend(slots=2))
+    assert all(ex.map(taught.had, range(16), timeout=120))
 
 
 def test_workers_dial_the_executor_hosts_address(make_backend: Maker, lab: Lab) -> None:
