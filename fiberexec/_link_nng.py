@@ -15,7 +15,8 @@ from typing import Any
 
 import pynng
 
-from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
+from fiberexec._errors import LinkClosed, ProtocolError
+from fiberexec._link_stream import in_range
 
 SEND_QUEUE = 1024  # messages; credit keeps far fewer in flight, so a full queue means a hung peer
 _LISTENING = threading.Lock()  # one listener made at a time in this process
@@ -163,18 +164,11 @@ class NngLink:
 
 
 def _listen(sock: pynng.Pair1, base: str, ports: tuple[int, int] | None, first: int) -> int:
-    if ports is None:
-        listener = sock.listen(f"{base}:0")
-        return int(str(listener.local_address).rsplit(":", 1)[1])
-    low, high = ports
-    span = high - low + 1
-    for i in range(span):
-        port = low + (max(first, low) - low + i) % span
+    def attempt(port: int) -> int | None:
         try:
-            sock.listen(f"{base}:{port}")
+            listener = sock.listen(f"{base}:{port}")
         except pynng.AddressInUse:
-            continue
-        return port
-    raise ConfigurationError(
-        f"every port of ports={low}-{high} is in use; widen the range (one port per worker)"
-    )
+            return None
+        return int(str(listener.local_address).rsplit(":", 1)[1]) if port == 0 else port
+
+    return in_range(ports, first, attempt)
