@@ -53,6 +53,7 @@ from fiberexec.backend import (
     WorkerStatus,
     share_resource_tracker,
     shared_launchers,
+    thread_limits,
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
 from fiberexec.backends._local_stray import ENV_EXECUTOR_PID, executor_pid, remove_stray_local
@@ -91,6 +92,10 @@ EXIT_READ_WAIT = 1.0  # seconds an exit seen is given to be read while another t
 
 
 _STARTED = [0]  # local backends of this process that started workers afresh
+
+
+def _settings(threads: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(threads.items()))
 
 
 def _key(worker_id: str, pid: int | str) -> str:
@@ -193,7 +198,9 @@ class LocalBackend(Backend):
         self.flags = ([flag for flag in ours if flag not in _PATH_FLAGS]
                       if self.python == sys.executable else [])
         self.use_launcher = launcher
-        self._launcher: Launcher | None = None
+        # the program's launchers this backend forks from, by the thread variables their
+        # imports were set up under (`fiberexec.backend.thread_limits`)
+        self._launchers: dict[tuple[tuple[str, str], ...], Launcher] = {}
         # "<worker id> <pid>" -> its process: executors that share the backend at once
         # each have a w0 (see `_key`)
         self._procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
@@ -215,11 +222,12 @@ class LocalBackend(Backend):
                 "or set workdir to one")
         # Every worker names this process: its executor's lease here (``fiberexec cleanup``).
         env = {**os.environ, **spec.env, **spec.secret_env, ENV_EXECUTOR_PID: _executor_pid()}
+        threads = thread_limits(env)  # (set now: a forked worker's launcher imports under them)
         program = self._forks(spec)
         closes = self._closes
-        if program is not None and not self._first_ones(program):
+        if program is not None and not self._first_ones(program, threads):
             try:
-                return self._fork_worker(spec, env, program, closes)
+                return self._fork_worker(spec, env, program, closes, threads)
             except LauncherError as exc:
                 if self._closes != closes:  # closed meanwhile, launcher and all: start nothing
                     raise PermanentBackendError(
@@ -291,7 +299,7 @@ class LocalBackend(Backend):
             return command[2]
         return None
 
-    def _first_ones(self, program: str) -> bool:
+    def _first_ones(self, program: str, threads: dict[str, str]) -> bool:
         """Whether this worker starts as a new process: the first `FRESH_FIRST` do, unless
         this program's launcher runs already (a small pool's first result comes as soon as
         a spawned worker's would, with no launcher to start beside it); the launcher starts
@@ -304,31 +312,31 @@ class LocalBackend(Backend):
         preload = os.environ.get(ENV_PRELOAD, "")
         if program != WORKER_PROGRAM or preload.strip(" ,"):
             return False
-        if shared_launchers.running(self.python, preload, self.flags):
+        if shared_launchers.running(self.python, preload, self.flags, threads):
             return False
         with self._lock:
-            first = self._fresh < FRESH_FIRST and self._launcher is None
+            first = self._fresh < FRESH_FIRST and _settings(threads) not in self._launchers
             self._fresh += first
             ahead = first and self._fresh == 1 and _STARTED[0] > 0
             _STARTED[0] += first and self._fresh == 1
         if ahead:
             with contextlib.suppress(LauncherError, PermanentBackendError):
-                self._the_launcher()
+                self._the_launcher(threads)
         return first
 
     def _fork_worker(self, spec: WorkerSpec, env: dict[str, str], program: str,
-                     closes: int) -> WorkerHandle:
+                     closes: int, threads: dict[str, str]) -> WorkerHandle:
         log = None
         if self.capture_output:
             log = str(self._log_path(spec.worker_id))
-        launcher = self._the_launcher()
+        launcher = self._the_launcher(threads)
         try:
             proc = launcher.spawn(env=env, cwd=spec.workdir or os.getcwd(), memory=None,
                                   log=log, program=program, group=_group_of(program),
                                   on_exit=self._fork_exited)
         except LauncherError:
-            if self._replaced(launcher):
-                return self._fork_worker(spec, env, program, closes)
+            if self._replaced(launcher, threads):
+                return self._fork_worker(spec, env, program, closes, threads)
             raise
         with self._lock:
             overtaken = self._closes != closes
@@ -344,20 +352,24 @@ class LocalBackend(Backend):
             self._exited(key)
         return WorkerHandle(spec.worker_id, str(proc.pid))
 
-    def _the_launcher(self) -> Launcher:
-        """The program's launcher (`SharedLaunchers`), started if need be."""
+    def _the_launcher(self, threads: dict[str, str]) -> Launcher:
+        """The program's launcher (`SharedLaunchers`) for workers with ``threads``, started
+        if need be."""
+        key = _settings(threads)
         with self._lock:
-            if self._launcher is None:
-                env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid()}
+            launcher = self._launchers.get(key)
+            if launcher is None:
+                env = {**os.environ, ENV_EXECUTOR_PID: _executor_pid(), **threads}
                 try:
-                    self._launcher = shared_launchers.get(self.python, env, self.flags)
+                    launcher = self._launchers[key] = shared_launchers.get(
+                        self.python, env, self.flags)
                 except FileNotFoundError as exc:
                     raise PermanentBackendError(
                         f"cannot start the worker launcher: {self.python!r} not found; "
                         "pass python= to LocalBackend") from exc
-            return self._launcher
+            return launcher
 
-    def _replaced(self, launcher: Launcher) -> bool:
+    def _replaced(self, launcher: Launcher, threads: dict[str, str]) -> bool:
         """Whether a fork that ``launcher`` failed may be asked of a new one: it forked
         workers, then its process ended (killed, say), and fewer than `LAUNCHER_RESTARTS`
         were replaced; or another start has replaced it already. Its children live on."""
@@ -367,12 +379,14 @@ class LocalBackend(Backend):
             code = launcher.proc.wait(timeout=LAUNCHER_EXIT_WAIT)
         except subprocess.TimeoutExpired:
             code = None  # its socket closed, yet it runs on: not replaced
+        key = _settings(threads)
         with self._lock:
-            if self._launcher is not launcher:
-                return self._launcher is not None
+            current = self._launchers.get(key)
+            if current is not launcher:  # replaced already (or the backend closed)
+                return current is not None
             if code is None or not launcher.forked or self._restarts >= LAUNCHER_RESTARTS:
                 return False
-            self._launcher = None
+            del self._launchers[key]
             self._restarts += 1
             restarts = self._restarts
         shared_launchers.retire(launcher)
@@ -506,7 +520,7 @@ class LocalBackend(Backend):
             self.stop(handle, grace=0.5)
         self._reaper.close()
         with self._lock:
-            self._launcher = None  # the program's: it stays for the next (`SharedLaunchers`)
+            self._launchers.clear()  # the program's: they stay for the next (`SharedLaunchers`)
         if self._logdir is not None:
             shutil.rmtree(self._logdir, ignore_errors=True)
 

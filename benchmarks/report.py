@@ -140,6 +140,11 @@ ROWS: list[Row] = [
         lambda by: _fx(by)["elapsed_s"] * 3 <= by["stdlib"]["elapsed_s"]
         and _fx(by)["vector_mib_sent_per_generation"] <= 2 * 8 * 1.05,
         higher_is_better=False, plot_target=lambda by: 3.0),
+    Row("matmul", "numpy 300 x 300 matrix products in tasks, each program's threads as it "
+        "starts (no thread variables set): s for the tasks (ms a task)",
+        lambda m: m["seconds"], lambda m: f"{m['seconds']:.2f} ({m['task_ms']:.1f})",
+        "<= stdlib's time", lambda by: _fx(by)["seconds"] <= by["stdlib"]["seconds"],
+        higher_is_better=False, plot_target=lambda by: 1.0),
     _sim_row(1),
     _sim_row(4),
     _sim_row(1, 4096, "simulated_4096"),

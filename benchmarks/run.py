@@ -25,18 +25,22 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 from benchmarks import report
 from benchmarks.measure import MARKER
+from fiberexec import _threads
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("stdlib", "mp.Pool", "fiberexec")
 WORKLOADS = ("submit", "map", "barrier", "rounds_n", "small_maps", "burst", "latency", "array",
-             "objects", "first_result", "remake", "shutdown", "es", "es_8mb")
+             "objects", "first_result", "remake", "shutdown", "es", "es_8mb", "matmul")
 #: (row key, simulated workers, shards). Simulated workers connect over the local link, as
 #: workers on the executor's host do (``measure simulated --link tcp`` for a TCP stream, as
 #: workers on other hosts without TLS connect).
 SIM_RUNS = (("simulated_1", 1024, 1), ("simulated_4", 1024, 4), ("simulated_4096", 4096, 1))
 #: One thread per numpy process, so two workers never fight over BLAS threads.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: Workloads that run as a user's program starts: none of the numerical libraries' thread
+#: variables set, each system's workers left to what it tells them.
+OWN_THREADS = {"matmul"}
 
 Metrics = dict[str, Any]
 
@@ -45,6 +49,9 @@ def measure(args: list[str], timeout: float) -> Metrics:
     """Run one measurement in a fresh process; its metrics, or ``{"error": ...}``."""
     env = {**os.environ, **SINGLE_THREADED,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if args[0] in OWN_THREADS:
+        for name in _threads.VARIABLES:
+            env.pop(name, None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.measure", *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

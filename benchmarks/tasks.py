@@ -127,3 +127,15 @@ def es_sampled_fitness(params: np.ndarray[Any, Any], seed: int) -> float:
     rng = np.random.default_rng(seed)
     picked = params[rng.integers(0, params.size, 1000)]
     return float(-np.square(picked - 0.5).sum())
+
+
+MATMUL_SIZE = 300
+
+
+def matmul(seed: int) -> float:
+    """Five products of a 300 x 300 matrix with itself: BLAS level-3 work, which OpenBLAS
+    and MKL spread over as many threads as the process was told it may start."""
+    a = np.random.default_rng(seed).standard_normal((MATMUL_SIZE, MATMUL_SIZE))
+    for _ in range(5):
+        a = np.tanh(a @ a / MATMUL_SIZE)
+    return float(a.sum())

@@ -35,6 +35,7 @@ FULL: dict[str, int] = {
     "objects_n": 8,
     "es_population": 256,
     "es_generations": 5,
+    "matmul_n": 200,
     "sim_workers": 1024,
     "sim_tasks": 200_000,
 }
@@ -53,6 +54,7 @@ QUICK: dict[str, int] = {
     "objects_n": 3,
     "es_population": 64,
     "es_generations": 2,
+    "matmul_n": 60,
     "sim_tasks": 50_000,
 }
 
@@ -337,6 +339,21 @@ def es_large_vector(name: str, sizes: dict[str, int]) -> Metrics:
     return _with_warm_system(name, body)
 
 
+def matmul_tasks(name: str, sizes: dict[str, int]) -> Metrics:
+    """Tasks of numpy matrix products, every process as a program starts it (no thread
+    variables set, see `benchmarks.run.OWN_THREADS`): how many BLAS threads each system's
+    workers start decides it."""
+    n = sizes["matmul_n"]
+
+    def body(system: System) -> Metrics:
+        system.wait_all([system.submit(tasks.matmul, i) for i in range(2 * WORKERS)], TIMEOUT)
+        elapsed = _timed(system, lambda s: s.wait_all([s.submit(tasks.matmul, i)
+                                                       for i in range(n)], TIMEOUT))
+        return {"seconds": elapsed, "n": n, "task_ms": 1000 * elapsed * WORKERS / n}
+
+    return _with_warm_system(name, body)
+
+
 WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "submit": submit_throughput,
     "map": map_throughput,
@@ -352,6 +369,7 @@ WORKLOADS: dict[str, Callable[..., Metrics]] = {
     "shutdown": shutdown_time,
     "es": es_generation,
     "es_8mb": es_large_vector,
+    "matmul": matmul_tasks,
 }
 
 

@@ -27,3 +27,5 @@ ENV_MP_AUTHKEY = "FIBEREXEC_MP_AUTHKEY"
 ENV_SYS_PATH = "FIBEREXEC_SYS_PATH"
 ENV_TLS_CERT = "FIBEREXEC_TLS_CERT"  # the executor's certificate (PEM), given to workers
 ENV_TLS_SERVER_NAME = "FIBEREXEC_TLS_SERVER_NAME"  # the name its certificate carries
+#: the threads each numerical library in the worker may start (see `fiberexec._threads`)
+ENV_THREADS = "FIBEREXEC_THREADS"

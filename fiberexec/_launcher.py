@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fiberexec import _imports, _procstate
+from fiberexec import _imports, _procstate, _threads
 from fiberexec._fdlimit import readable_within
 
 # fiberexec's own variables, which a request may change freely (what the executor tells a
@@ -322,7 +322,8 @@ class Launcher:
 
 
 class SharedLaunchers:
-    """This process's launchers, one per interpreter, options and preloaded modules, shared by
+    """This process's launchers, one per interpreter, options, preloaded modules and thread
+    variables of numerical libraries (`fiberexec._threads`), shared by
     every backend that forks from one: started by the first that needs it and kept until the
     program ends, as the standard library's forkserver is, so an executor made after another
     (a pool per generation, a test suite) forks its workers at once instead of starting
@@ -330,16 +331,18 @@ class SharedLaunchers:
     loaded; one whose process ended (killed) is replaced at the next ask."""
 
     def __init__(self) -> None:
-        self._launchers: dict[tuple[str, tuple[str, ...], str], Launcher] = {}
+        self._launchers: dict[tuple[object, ...], Launcher] = {}
         self._lock = threading.Lock()
         self._closing = False  # the program is ending: start none
         self._at_exit = False  # `close` registered to run at the program's end
         os.register_at_fork(after_in_child=self._forget)
 
     def get(self, python: str, env: Mapping[str, str], flags: Sequence[str] = ()) -> Launcher:
-        """The launcher for ``python`` with ``flags`` and the preload ``env`` names, started
-        with ``env`` if none runs. `LauncherError` once the program is ending."""
-        key = (python, tuple(flags), env.get(ENV_PRELOAD, "").strip(" ,"))
+        """The launcher for ``python`` with ``flags``, the preload ``env`` names and its
+        numerical libraries' thread variables (`fiberexec._threads`: what it imports for its
+        children is set up with them), started with ``env`` if none runs. `LauncherError`
+        once the program is ending."""
+        key = _key(python, flags, env.get(ENV_PRELOAD, ""), _threads.present(env))
         with self._lock:
             if self._closing:
                 raise LauncherError("the program is ending: no launcher starts")
@@ -353,10 +356,11 @@ class SharedLaunchers:
             stale.close()  # it exited (killed): its status read, its reader ended
         return launcher
 
-    def running(self, python: str, preload: str, flags: Sequence[str] = ()) -> bool:
+    def running(self, python: str, preload: str, flags: Sequence[str] = (),
+                threads: Mapping[str, str] | None = None) -> bool:
         """Whether a launcher for these runs (a worker forked from it starts at once)."""
         with self._lock:
-            launcher = self._launchers.get((python, tuple(flags), preload.strip(" ,")))
+            launcher = self._launchers.get(_key(python, flags, preload, threads or {}))
             return launcher is not None and not launcher.gone
 
     def pids(self) -> list[int]:
@@ -400,6 +404,11 @@ class SharedLaunchers:
         self._lock = threading.Lock()
         for launcher in launchers:
             launcher.drop_socket()
+
+
+def _key(python: str, flags: Sequence[str], preload: str,
+         threads: Mapping[str, str]) -> tuple[object, ...]:
+    return python, tuple(flags), preload.strip(" ,"), tuple(sorted(threads.items()))
 
 
 shared_launchers = SharedLaunchers()

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from fiberexec import _auth, _contract, _syspath
+from fiberexec import _auth, _contract, _syspath, _threads
 from fiberexec import _events as ev
 from fiberexec._backend import Backend, WorkerHandle, WorkerSpec, WorkerStatus
 from fiberexec._crash import FAULT_LINES, fault_report, faulted
@@ -260,6 +260,9 @@ class WorkerSupervisor:
                 _contract.ENV_TLS_CERT: cfg.tls.cert,
                 _contract.ENV_TLS_SERVER_NAME: cfg.tls.server_name or self.backend.advertise_host,
             }
+        threads = _threads.share(cfg.resources.cpu, cfg.max_workers,
+                                 self.backend.workers_share_host)
+        threads_env = {} if threads is None else {_contract.ENV_THREADS: str(threads)}
         return WorkerSpec(
             worker_id=worker_id,
             executor_id=session.executor_id,
@@ -275,6 +278,7 @@ class WorkerSupervisor:
                 _contract.ENV_CONNECT_TIMEOUT: str(cfg.start_timeout),
                 _contract.ENV_NONCE: adopt.nonce.hex(),
                 _syspath.ENV_SYS_PATH: _syspath.export(),
+                **threads_env,
                 **tls_env,
             },
             secret_env={

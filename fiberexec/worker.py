@@ -46,6 +46,7 @@ from fiberexec import (
     _procstate,
     _shm,
     _syspath,
+    _threads,
 )
 from fiberexec import _protocol as p
 from fiberexec._argcache import Store
@@ -1052,6 +1053,8 @@ def run() -> None:
     except ConfigurationError as exc:
         sys.exit(f"fiberexec worker: {exc}")
     _adopt_authkey()
+    # before anything of the user's loads a numerical library, which reads them once
+    _threads.limit(os.environ)
     # As a stdlib pool's worker is "SpawnProcess-3" (logging's processName), not the
     # "MainProcess" every worker would be
     multiprocessing.current_process().name = f"FiberWorker-{config.worker_id}"
