@@ -257,10 +257,10 @@ def test_a_contexts_simple_queue_is_shared_by_several_processes(mpm: ModuleType)
         kid.start()
     for i in range(100):
         inq.put(i)
+    for kid in kids:  # (first: a get of a SimpleQueue waits without a timeout)
+        kid.join(40)  # (within the test's time limit: a kid stuck says so in its exitcode)
+    assert [kid.exitcode for kid in kids] == [0, 0]
     assert sorted(outq.get() for _ in range(100)) == [2 * i for i in range(100)]
-    for kid in kids:
-        kid.join(60)
-        assert kid.exitcode == 0
     assert inq.empty() and outq.empty()
     inq.close()
     with pytest.raises(OSError):
