@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("system")
     parser.add_argument("mode", choices=("full", "quick"))
     parser.add_argument("--iters", type=int, default=0, help="ES fitness iterations")
+    parser.add_argument("--task-s", type=float, default=0.0,
+                        help="ES: one call's time, as calibrated (default: timed here)")
     parser.add_argument("--shards", type=int, default=1, help="simulated workload's shards")
     parser.add_argument("--workers", type=int, default=0,
                         help="simulated workload's workers (default: the mode's size)")
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             iters, seconds = tasks.calibrate_es()
             return {"iters": iters, "task_s": seconds}
         if args.workload == "es":
-            return workloads.es_generation(args.system, sizes, args.iters)
+            return workloads.es_generation(args.system, sizes, args.iters, args.task_s)
         if args.workload == "simulated":
             simulated = {**sizes, "sim_workers": args.workers} if args.workers else sizes
             return workloads.simulated_dispatch(args.system, simulated, args.shards, args.link)

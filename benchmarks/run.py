@@ -94,8 +94,8 @@ def median(samples: list[Metrics]) -> Metrics:
     return merged
 
 
-def plan(workloads: list[str], systems: list[str], mode: str, iters: int) -> list[
-        tuple[str, str, list[str]]]:
+def plan(workloads: list[str], systems: list[str], mode: str, iters: int,
+         task_s: float = 0.0) -> list[tuple[str, str, list[str]]]:
     """The measurements of one repeat, as ``(row key, system, measure args)``."""
     steps = []
     for workload in workloads:
@@ -107,7 +107,7 @@ def plan(workloads: list[str], systems: list[str], mode: str, iters: int) -> lis
                 steps.append((key, "fiberexec", ["simulated", "fiberexec", mode, "--shards",
                                                  str(shards), "--workers", str(workers)]))
             continue
-        extra = ["--iters", str(iters)] if workload == "es" else []
+        extra = ["--iters", str(iters), "--task-s", repr(task_s)] if workload == "es" else []
         steps.extend((workload, system, [workload, system, mode, *extra]) for system in systems)
     return steps
 
@@ -123,7 +123,7 @@ def run(options: argparse.Namespace) -> tuple[report.Results, dict[str, Any]]:
     calibration = measure(["calibrate", "stdlib", mode], timeout) if "es" in workloads else {}
     iters = int(calibration.get("iters", 0))
     samples: dict[tuple[str, str], list[Metrics]] = {}
-    steps = plan(workloads, systems, mode, iters)
+    steps = plan(workloads, systems, mode, iters, float(calibration.get("task_s", 0.0)))
     for r in range(repeat):
         for key, system, args in steps:
             began = time.monotonic()
