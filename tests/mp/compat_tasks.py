@@ -7,6 +7,7 @@ import ctypes
 import os
 import pickle
 import signal
+import time
 from typing import Any
 
 
@@ -458,3 +459,11 @@ def shared_memory_made(q: Any = None) -> str:
     if q is not None:
         q.put(name)
     return name
+
+
+def take_one_put_large(inq: Any, outq: Any, size: int) -> None:
+    """Take one item from ``inq`` (the rest stay there, or are sent ahead here, unread), put
+    it back with ``size`` bytes on ``outq`` a moment later, and end at once."""
+    item = inq.get()
+    time.sleep(0.2)  # (what is sent ahead arrives meanwhile)
+    outq.put((item, b"x" * size))

@@ -246,6 +246,25 @@ def test_a_get_that_began_after_another_returned_an_item_returns_a_later_one(
             f"a get that began after {max(before)} was returned gave {item}")
 
 
+def test_what_a_child_put_last_arrives_though_items_sent_it_ahead_are_unread(
+        mpm: ModuleType) -> None:
+    """A child takes one item of many queued for it, puts a large result and ends at once:
+    the result arrives, as the stdlib's queue flushes its feeder at exit, and the items it
+    did not take (some sent ahead to it) are the next consumer's."""
+    ctx = mpm.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    for i in range(200):
+        inq.put(i)
+    size = 4 << 20
+    kid = ctx.Process(target=t.take_one_put_large, args=(inq, outq, size))
+    kid.start()
+    item, data = outq.get(timeout=60)  # (before the join: the stdlib's child waits for it)
+    assert (item, len(data)) == (0, size)
+    kid.join(60)
+    assert kid.exitcode == 0
+    assert sorted(inq.get(timeout=30) for _ in range(199)) == list(range(1, 200))
+
+
 def test_a_contexts_simple_queue_is_shared_by_several_processes(mpm: ModuleType) -> None:
     """What the stdlib's `Pool` and `ProcessPoolExecutor` build their queues from: the
     context's `SimpleQueue`, handed to children as arguments, where several processes get
