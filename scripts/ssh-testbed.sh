@@ -63,6 +63,19 @@ clean_stale() {
         ip netns delete "$ns" 2>/dev/null || true
         echo "ssh-testbed: removed stale namespace $ns" >&2
     done
+    # The sshd of a bed whose session was killed outlives the namespaces above: `run` made
+    # them inside a mount namespace of its own, so out here their names are empty files and
+    # list no process. It is known by its configuration's folder and by its parent being
+    # gone (init adopted it); it goes with what it started, and so does the folder.
+    local dir
+    for pid in $(pgrep -f '^sshd: /usr/sbin/sshd .*-f /tmp/fxtb-ssh-' || true); do
+        [[ $(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ') == 1 ]] || continue
+        dir=$(ps -o args= -p "$pid" | sed -n 's|.*-f \(/tmp/fxtb-ssh-[A-Za-z0-9_]*\)/.*|\1|p')
+        pkill -KILL -P "$pid" 2>/dev/null || true
+        kill -KILL "$pid" 2>/dev/null || true
+        [[ -n $dir ]] && rm -rf "$dir"
+        echo "ssh-testbed: killed the sshd $pid a killed test run left (${dir:-?})" >&2
+    done
 }
 
 case "${1:-}" in
