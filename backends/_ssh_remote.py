@@ -104,6 +104,29 @@ def say(**event: Any) -> None:
 # ------------------------------------------------------------------ limits
 
 
+def _learn(names: Any) -> None:
+    """Learn those of the modules ``names`` installed here, which this host's launchers
+    import before their next fork (an older fiberexec here has no learn_names: its workers
+    import them)."""
+    if not names:
+        return
+    try:
+        from fiberexec.backend import learn_names
+    except ImportError:
+        return
+    learn_names(list(names))
+
+
+def _thread_limits(env: dict[str, str]) -> dict[str, str]:
+    """The numerical libraries' thread variables ``env`` sets, its worker's share applied
+    (`fiberexec.backend.thread_limits`); none with an older fiberexec here."""
+    try:
+        from fiberexec.backend import thread_limits
+    except ImportError:
+        return {}
+    return thread_limits(env)
+
+
 def limits_prefix(cpu: float | None, memory: int | None) -> tuple[list[str], str]:
     """The ``systemd-run`` prefix that enforces the limits, or ``[]`` and why it cannot."""
     if cpu is None and memory is None:
@@ -290,7 +313,9 @@ class Host:
         self._forks: dict[int, Child] = {}  # pid -> forked worker, until its exit
         self._early: dict[int, int] = {}  # pid -> code of a fork that ended before it was known
         self._limits: dict[tuple[Any, Any], tuple[list[str], str]] = {}
-        self._launcher: Any = None
+        # launchers by the numerical libraries' thread variables their imports were set up
+        # under (`fiberexec.backend.thread_limits`; a worker has a share only with cpu=)
+        self._launchers: dict[tuple[tuple[str, str], ...], Any] = {}
         self._ending = False
         self._lock = threading.Lock()
 
@@ -325,6 +350,9 @@ class Host:
     def _on(self, request: dict[str, Any]) -> None:
         op = request.get("op")
         if op == "spawn":  # in a thread: spawns pipeline, and pings keep being read
+            # what the executor's tasks need, learned here and in order: the launcher
+            # imports it before its next fork, whichever request's thread asks first
+            _learn(request.get("learn") or ())
             threading.Thread(target=self._spawn, args=(request,), daemon=True).start()
         elif op == "signal":
             child = self.children.get(int(request["n"]))
@@ -359,8 +387,7 @@ class Host:
         try:
             if not prefix and len(argv) == 3 and tuple(argv[:2]) == FORKED[:2] \
                     and argv[2].startswith(FORKED[2]):
-                child = self._fork(n, env, workdir or os.getcwd(), argv[2], write,
-                                   learn=list(request.get("learn") or ()))
+                child = self._fork(n, env, workdir or os.getcwd(), argv[2], write)
             else:
                 argv = [sys.executable if a == "python" else a for a in argv]
                 child = self._popen(n, prefix + argv, env, workdir, write)
@@ -377,17 +404,8 @@ class Host:
                 self._limits[cpu, memory] = limits_prefix(cpu, memory)
             return self._limits[cpu, memory]
 
-    def _fork(self, n: int, env: dict[str, str], cwd: str, program: str, out: int, *,
-              learn: list[str]) -> Child:
-        launcher = self._the_launcher()
-        if learn:  # what the executor's tasks need, installed here too: imported before
-            # the fork (an older fiberexec here has no learn_names: its workers import them)
-            try:
-                from fiberexec.backend import learn_names
-            except ImportError:
-                pass
-            else:
-                learn_names(learn)
+    def _fork(self, n: int, env: dict[str, str], cwd: str, program: str, out: int) -> Child:
+        launcher = self._the_launcher(_thread_limits(env))
         try:
             proc = launcher.spawn(env=env, cwd=cwd, memory=None, log=None, program=program,
                                   output=out)
@@ -418,16 +436,20 @@ class Host:
         if ending:
             child.signal(signal.SIGKILL)
 
-    def _the_launcher(self) -> Any:
+    def _the_launcher(self, threads: dict[str, str]) -> Any:
+        key = tuple(sorted(threads.items()))
         with self._lock:
-            if self._launcher is None:
+            launcher = self._launchers.get(key)
+            if launcher is None:
                 from fiberexec.backend import ENV_PRELOAD, Launcher
 
-                env = {**os.environ, ENV_MARK: "1", "FIBEREXEC_EXECUTOR_ID": self.executor_id}
+                env = {**os.environ, ENV_MARK: "1", "FIBEREXEC_EXECUTOR_ID": self.executor_id,
+                       **threads}
                 if self.preload:  # what the executor's FIBEREXEC_PRELOAD names
                     env[ENV_PRELOAD] = self.preload
-                self._launcher = Launcher(sys.executable, env, self._fork_exited)
-            return self._launcher
+                launcher = self._launchers[key] = Launcher(sys.executable, env,
+                                                           self._fork_exited)
+            return launcher
 
     def _fork_exited(self, proc: Any) -> None:
         with self._lock:
@@ -457,8 +479,10 @@ class Host:
             live = [c for c in live if not c.done.wait(max(0.0, deadline - time.monotonic()))]
             if not live:
                 break
-        if self._launcher is not None:
-            self._launcher.close(END_WAIT)
+        with self._lock:
+            launchers = list(self._launchers.values())
+        for launcher in launchers:
+            launcher.close(END_WAIT)
         flushed = threading.Event()  # exits already heard are reported before we leave
         self.pump.post("flush", flushed)
         flushed.wait(END_WAIT)

@@ -519,3 +519,16 @@ def process_name(_: object = None) -> str:
     import multiprocessing
 
     return multiprocessing.current_process().name
+
+
+def blas_threads(*_: object) -> tuple[dict[str, str], list[int]]:
+    """The numerical libraries' thread variables this worker has, and the threads its
+    OpenBLAS will use (`fiberexec._threads`)."""
+    import numpy  # noqa: F401  # (loads OpenBLAS, which reads the variables once)
+    import threadpoolctl
+
+    from fiberexec import _threads
+
+    env = {name: os.environ[name] for name in _threads.VARIABLES if name in os.environ}
+    return env, [pool["num_threads"] for pool in threadpoolctl.threadpool_info()
+                 if pool["internal_api"] == "openblas"]

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import fiberexec.multiprocessing as fmp
 from fiberexec import FiberExecutor, _threads
-
-
-def blas_threads(*_: object) -> tuple[dict[str, str], list[int]]:
-    """In a worker: the thread variables it has, and the threads its OpenBLAS will use."""
-    import numpy  # noqa: F401  # (loads OpenBLAS, which reads the variables once)
-    import threadpoolctl
-
-    env = {name: os.environ[name] for name in _threads.VARIABLES if name in os.environ}
-    return env, [pool["num_threads"] for pool in threadpoolctl.threadpool_info()
-                 if pool["internal_api"] == "openblas"]
+from tests.tasks import blas_threads
 
 
 @pytest.fixture

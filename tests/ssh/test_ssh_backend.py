@@ -199,6 +199,22 @@ def test_a_hosts_launcher_forks_workers_with_what_the_first_task_needs(
     assert all(ex.map(taught.had, range(16), timeout=120))
 
 
+def test_a_hosts_launcher_imports_under_the_thread_share_of_the_workers_it_forks(
+        make_backend: Maker, make_executor: ExecutorFactory, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """With ``cpu=``, a worker's numerical libraries start that many threads. The first
+    task's module imports numpy, so each host's launcher imports it before it forks: under
+    the workers' thread variables, so they keep to their share (OpenBLAS would start one
+    thread per CPU here)."""
+    (tmp_path / "blas_over_ssh.py").write_text(
+        "import numpy\nfrom tests.tasks import blas_threads\n"
+        "def threads(_):\n    return blas_threads()[1]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # (the worker hosts share this file system)
+    module = importlib.import_module("blas_over_ssh")
+    ex = make_executor(4, backend=make_backend(slots=2), cpu=1)
+    assert list(ex.map(module.threads, range(16), timeout=120)) == [[1]] * 16
+
+
 def test_workers_dial_the_executor_hosts_address(make_backend: Maker, lab: Lab) -> None:
     backend = make_backend()
     assert backend.advertise_host == backend.bind_host == lab.executor_address
