@@ -117,14 +117,15 @@ def _learn(names: Any) -> None:
     learn_names(list(names))
 
 
-def _thread_limits(env: dict[str, str]) -> dict[str, str]:
+def _thread_limits(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The numerical libraries' thread variables ``env`` sets, its worker's share applied
-    (`fiberexec.backend.thread_limits`); none with an older fiberexec here."""
+    (`fiberexec.backend.thread_limits`), as its launcher's key; none with an older
+    fiberexec here."""
     try:
-        from fiberexec.backend import thread_limits
+        from fiberexec.backend import thread_key, thread_limits
     except ImportError:
-        return {}
-    return thread_limits(env)
+        return ()
+    return thread_key(thread_limits(env))
 
 
 def limits_prefix(cpu: float | None, memory: int | None) -> tuple[list[str], str]:
@@ -436,15 +437,14 @@ class Host:
         if ending:
             child.signal(signal.SIGKILL)
 
-    def _the_launcher(self, threads: dict[str, str]) -> Any:
-        key = tuple(sorted(threads.items()))
+    def _the_launcher(self, key: tuple[tuple[str, str], ...]) -> Any:
         with self._lock:
             launcher = self._launchers.get(key)
             if launcher is None:
                 from fiberexec.backend import ENV_PRELOAD, Launcher
 
                 env = {**os.environ, ENV_MARK: "1", "FIBEREXEC_EXECUTOR_ID": self.executor_id,
-                       **threads}
+                       **dict(key)}
                 if self.preload:  # what the executor's FIBEREXEC_PRELOAD names
                     env[ENV_PRELOAD] = self.preload
                 launcher = self._launchers[key] = Launcher(sys.executable, env,

@@ -53,6 +53,7 @@ from fiberexec.backend import (
     WorkerStatus,
     share_resource_tracker,
     shared_launchers,
+    thread_key,
     thread_limits,
 )
 from fiberexec.backends._local_reaper import Reaper, open_pidfd
@@ -92,10 +93,6 @@ EXIT_READ_WAIT = 1.0  # seconds an exit seen is given to be read while another t
 
 
 _STARTED = [0]  # local backends of this process that started workers afresh
-
-
-def _settings(threads: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(threads.items()))
 
 
 def _key(worker_id: str, pid: int | str) -> str:
@@ -315,7 +312,7 @@ class LocalBackend(Backend):
         if shared_launchers.running(self.python, preload, self.flags, threads):
             return False
         with self._lock:
-            first = self._fresh < FRESH_FIRST and _settings(threads) not in self._launchers
+            first = self._fresh < FRESH_FIRST and thread_key(threads) not in self._launchers
             self._fresh += first
             ahead = first and self._fresh == 1 and _STARTED[0] > 0
             _STARTED[0] += first and self._fresh == 1
@@ -355,7 +352,7 @@ class LocalBackend(Backend):
     def _the_launcher(self, threads: dict[str, str]) -> Launcher:
         """The program's launcher (`SharedLaunchers`) for workers with ``threads``, started
         if need be."""
-        key = _settings(threads)
+        key = thread_key(threads)
         with self._lock:
             launcher = self._launchers.get(key)
             if launcher is None:
@@ -379,7 +376,7 @@ class LocalBackend(Backend):
             code = launcher.proc.wait(timeout=LAUNCHER_EXIT_WAIT)
         except subprocess.TimeoutExpired:
             code = None  # its socket closed, yet it runs on: not replaced
-        key = _settings(threads)
+        key = thread_key(threads)
         with self._lock:
             current = self._launchers.get(key)
             if current is not launcher:  # replaced already (or the backend closed)

@@ -408,7 +408,7 @@ class SharedLaunchers:
 
 def _key(python: str, flags: Sequence[str], preload: str,
          threads: Mapping[str, str]) -> tuple[object, ...]:
-    return python, tuple(flags), preload.strip(" ,"), tuple(sorted(threads.items()))
+    return python, tuple(flags), preload.strip(" ,"), _threads.key(threads)
 
 
 shared_launchers = SharedLaunchers()

@@ -66,6 +66,12 @@ def limit(environ: MutableMapping[str, str]) -> dict[str, str]:
     return present(environ)
 
 
+def key(threads: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What tells launchers apart by the thread variables ``threads`` (`present`): a worker
+    is forked from the launcher whose imports were set up under the same ones."""
+    return tuple(sorted(threads.items()))
+
+
 def present(environ: Mapping[str, str]) -> dict[str, str]:
     """The `VARIABLES` set in ``environ``."""
     return {name: environ[name] for name in VARIABLES if name in environ}

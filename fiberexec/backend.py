@@ -71,6 +71,7 @@ from fiberexec._registry import (
 )
 from fiberexec._retry import RetryPolicy
 from fiberexec._sweep import LEASE_LABEL, Sweep, lease_name
+from fiberexec._threads import key as thread_key
 from fiberexec._threads import limit as thread_limits
 from fiberexec._watch import ExitWatch
 
@@ -127,5 +128,6 @@ __all__ = [
     "readable_within",
     "share_resource_tracker",
     "shared_launchers",
+    "thread_key",
     "thread_limits",
 ]
