@@ -41,10 +41,12 @@ from concurrent.futures._base import (
     FINISHED,
     PENDING,
     RUNNING,
+    InvalidStateError,
 )
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+_SETTLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
 
 CANCEL_WAIT = 2.0  # seconds `cancel` waits for the worker holding a task to answer
 # Seconds a thread waiting for a task's result reads its worker's link itself (the shard's
@@ -271,6 +273,20 @@ class TaskFuture(Future[T]):
             self.cancel()
         else:
             holder.ask_back(key, self, wait=False)
+
+    def set_result(self, result: T) -> None:
+        """The stdlib's, less its two Python calls to wake nobody: the shard settles every
+        task's future here, and most have no thread waiting on their condition."""
+        with self._condition:
+            if self._state in _SETTLED:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            self._result = result
+            self._state = FINISHED
+            for waiter in self._waiters:
+                waiter.add_result(self)
+            if self._condition._waiters:  # type: ignore[attr-defined]  # (`_Condition`'s)
+                self._condition.notify_all()
+        self._invoke_callbacks()
 
     def set_running_or_notify_cancel(self) -> bool:
         with self._condition:

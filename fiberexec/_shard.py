@@ -501,15 +501,15 @@ class Shard:
                 continue
             _future.answered(item.future)
             ok = settle(item, result)
-            self._count(item, ok)
+            items = self._count(item, ok)
             runtime = result.runtime
             spans.append((item.task_id, worker_id, span_function(item), now - runtime, now, ok))
             counts[bisect_left(DURATION_BOUNDS, runtime)] += 1
             self.duration_total += runtime
             if ok:  # (map items, as stats() counts them)
-                conn.tasks_done += item.items
+                conn.tasks_done += items
             else:
-                conn.tasks_failed += item.items
+                conn.tasks_failed += items
                 self._record_failure(item, worker_id)
         conn.overstaying = False
         conn.head_since = self.clock()  # the next one it holds starts now
@@ -664,14 +664,16 @@ class Shard:
             return -math.inf
         return conn.head_since + max(LONG_TASK, 2 * expected)
 
-    def _count(self, item: WorkItem, ok: bool) -> None:
-        """A task finished: count it (and, for stats, the map items it carried)."""
+    def _count(self, item: WorkItem, ok: bool) -> int:
+        """A task finished: count it (and, for stats, the map items it carried); those."""
+        items = item.items
         if ok:
             self.done += 1
-            self.items_done += item.items
+            self.items_done += items
         else:
             self.failed += 1
-            self.items_failed += item.items
+            self.items_failed += items
+        return items
 
     def _learn(self, key: str, runtime: float) -> None:
         """A task of ``key`` ran ``runtime`` seconds: trust the estimate more (or start

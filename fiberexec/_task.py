@@ -65,6 +65,7 @@ class WorkItem:
 
 
 _CHUNK_RUNNERS = (map_chunk, starmap_chunk)
+_OK = p.Status.OK  # (an enum's member costs a lookup through its class at each use)
 
 
 def name_task(exc: BaseException, item: WorkItem) -> BaseException:
@@ -171,7 +172,7 @@ def function_key(fn: Callable[..., Any]) -> str:
 def settle(item: WorkItem, result: p.Result) -> bool:
     """Give ``item``'s future the outcome in ``result``; True if the task succeeded."""
     future = item.future
-    if result.status is p.Status.OK:
+    if result.status is _OK:
         try:
             value = loads(result.payload, what="result")
         except SerializationError as exc:

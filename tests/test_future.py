@@ -77,6 +77,30 @@ def test_cancel_and_callbacks_as_the_stdlib(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_settled_or_cancelled_future_refuses_a_result_as_the_stdlib(kind: str) -> None:
+    done, cancelled = KINDS[kind](), KINDS[kind]()
+    done.set_result(1)
+    assert cancelled.cancel()
+    for future, state in ((done, "FINISHED"), (cancelled, "CANCELLED")):
+        with pytest.raises(cf.InvalidStateError, match=f"^{state}: <Future at 0x"):
+            future.set_result(2)
+    assert done.result() == 1 and cancelled.cancelled()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_result_wakes_every_thread_waiting_for_it(kind: str) -> None:
+    future, got = KINDS[kind](), list[object]()
+    waiters = [threading.Thread(target=lambda: got.append(future.result(timeout=10)))
+               for _ in range(3)]
+    for thread in waiters:
+        thread.start()
+    later(0.05, lambda: future.set_result("x")).join()
+    for thread in waiters:
+        thread.join(timeout=10)
+    assert got == ["x"] * 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_done_callbacks_run_in_order_and_at_once_when_done(
         kind: str, caplog: pytest.LogCaptureFixture) -> None:
     future, seen = KINDS[kind](), list[str]()
