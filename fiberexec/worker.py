@@ -948,14 +948,18 @@ def _finish_what_tasks_left() -> None:
     """As the standard library's workers do when they end: run `multiprocessing`'s exit
     hooks (a stdlib queue a task put to is flushed, the task's children are joined, daemonic
     ones terminated), then wait for the threads tasks started that are not daemons (a
-    write in the background completes). Bounded by `THREADS_WAIT` (the stdlib's wait has
-    no bound). Meanwhile SIGTERM, the executor's stop at shutdown, is ignored: the stop's
-    SIGKILL after its grace still ends this process."""
+    write in the background completes), and let the brokers of the
+    `fiberexec.multiprocessing` queues and pipes the tasks sent to read all of it
+    (`_stream.settle_all`). Bounded by `THREADS_WAIT` (the stdlib's wait has no bound).
+    Meanwhile SIGTERM, the executor's stop at shutdown, is ignored: the stop's SIGKILL after
+    its grace still ends this process."""
     threads = _task_threads()
     std = sys.modules.get("multiprocessing.util")
     ours = sys.modules.get("fiberexec.multiprocessing._process")
+    streams = sys.modules.get("fiberexec.multiprocessing._stream")
     finalizers = std is not None and bool(getattr(std, "_finalizer_registry", None))
-    if not (threads or finalizers or ours is not None or multiprocessing.active_children()):
+    if not (threads or finalizers or ours is not None or streams is not None
+            or multiprocessing.active_children()):
         return
     if threading.current_thread() is threading.main_thread():
         with contextlib.suppress(ValueError, OSError):
@@ -970,6 +974,9 @@ def _finish_what_tasks_left() -> None:
                 ours.join_children()
         for thread in threads:
             thread.join()
+        with contextlib.suppress(Exception):
+            if streams is not None:
+                streams.settle_all()
 
     runner = threading.Thread(target=finish, name="fiberexec-finish", daemon=True)
     runner.start()

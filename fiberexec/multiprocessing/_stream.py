@@ -30,6 +30,7 @@ import contextlib
 import functools
 import logging
 import os
+import socket
 import sys
 import threading
 from collections import defaultdict, deque
@@ -381,6 +382,20 @@ class Stream:
             return self.cond.wait_for(lambda: self.lost or not inlet.stopping(),
                                       deadline.left()) and left
 
+    def finish(self, timeout: float) -> bool:
+        """Before this process exits, over TCP: end what it sends (a half close), then read
+        on until the broker, having read all of it, closes its side, up to ``timeout``.
+        Closed with frames of the broker's unread, a TCP connection is reset instead, and
+        the kernel drops what it had not yet sent of ours: a busy broker would lose the
+        last items put (a Unix socket hands them over as they are written). True if the
+        broker closed in time."""
+        if self.conn.sock.family == socket.AF_UNIX:
+            return True
+        with contextlib.suppress(OSError):
+            self.conn.sock.shutdown(socket.SHUT_WR)
+        with self.cond:
+            return self._await(lambda: self.lost, timeout)
+
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come."""
         self.reader.start("fiberexec-mp-stream-reader")
@@ -555,12 +570,14 @@ def stream_for(endpoint: Endpoint) -> Stream | None:
 def settle_all() -> None:
     """Before this process exits: let writers that sent here directly take back what was
     not read, and consumers this process sent to directly hand back what they did not take
-    (see `Stream.settle`), within `Timing.leave`; a warning says when they did not."""
+    (see `Stream.settle`), then let each broker read what this process sent it (see
+    `Stream.finish`), within `Timing.leave`; a warning says when they did not."""
     deadline = _timing.Deadline(_timing.TIMING.leave)
     with _streams_lock:
         streams = list(_streams.values())
     settled = [stream.settle(deadline.left() or 0.0) for stream in streams]
+    settled += [stream.finish(deadline.left() or 0.0) for stream in streams]
     if not all(settled):
-        log.warning("process %d exits before its direct pipe and queue connections "
-                    "settled within %.0f s: a peer did not answer", os.getpid(),
+        log.warning("process %d exits before its pipe and queue connections settled "
+                    "within %.0f s: a peer did not answer", os.getpid(),
                     _timing.TIMING.leave)

@@ -32,7 +32,8 @@ class Timing:
     fetch: float = 10.0  # a pipe end's descriptor comes over from the process sharing it
     slice: float = 5.0  # one blocking request (a get, an acquire, a wait) waits in a broker
     feed: float = 5.0  # an exiting process waits for its `Feeder` to send what it holds
-    leave: float = 5.0  # an exiting process waits for its direct routes to settle
+    leave: float = 5.0  # an exiting process waits for its direct routes to settle, and for
+    # its brokers to read what it sent them
     count: float = 2.0  # ``qsize()`` waits for consumers elsewhere to say what they hold
     gave_up: float = 2.0  # a queue get that gave up waits for what was sent to it (`Settled`)
     hold: float = 0.002  # a socket stays with the thread that read its last answer
