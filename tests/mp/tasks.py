@@ -76,6 +76,14 @@ def queue_roundtrip(inq: Any, outq: Any) -> int:
     return len(item) if hasattr(item, "__len__") else 0
 
 
+def read_once_then_put(conn: Any, q: Any, n: int, size: int) -> None:
+    """Read one message from ``conn`` (what follows it stays unread), put ``n`` items of
+    ``size`` bytes on ``q``, and end at once."""
+    conn.recv()
+    for i in range(n):
+        q.put(bytes([i]) * size)
+
+
 def big_through_pipe(conn: Any, size: int) -> None:
     data = conn.recv()
     conn.send(len(data) == size and data[-1:] == b"\x07")

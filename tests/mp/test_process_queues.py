@@ -13,6 +13,7 @@ import pytest
 
 import fiberexec.multiprocessing as mp
 from tests.mp import tasks
+from tests.support.kit import BackendKit
 
 BIG = 100 << 20
 
@@ -158,6 +159,33 @@ def test_100_mib_through_a_queue_and_a_pipe() -> None:
     here.send(data)
     assert here.recv() is True
     p.join(60)
+
+
+def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit) -> None:
+    """A child puts items and ends while part of a message of its parent's sits unread in
+    its connection. Over TCP (on the ssh test bed) a process that exits so has its connection
+    reset, and the kernel drops what it had not yet sent: there, links shaped to 20 Mbit/s
+    keep most of its megabyte unsent when it ends, so the test fails unless the child waits
+    for its parent to have read it all."""
+    lab = getattr(kit, "lab", None)
+    if lab is not None:
+        for short in lab.bed.hosts:
+            lab.bed.rate(short, "20mbit")
+    try:
+        writer, reader = mp.Pipe()  # (duplex: a socket pair on one host holds the message)
+        outq = mp.Queue()
+        p = mp.Process(target=tasks.read_once_then_put, args=(reader, outq, 16, 1 << 16))
+        p.start()
+        writer.send("first")
+        writer.send_bytes(b"y" * (96 << 10))  # (longer than a read of the child's, which
+        # stops at the first message: the rest stays unread in its connection)
+        p.join(60)
+        assert p.exitcode == 0
+        assert [outq.get(timeout=30) for _ in range(16)] == [bytes([i]) * (1 << 16)
+                                                           for i in range(16)]
+    finally:
+        if lab is not None:
+            lab.bed.reset()
 
 
 def test_wrong_secret_is_refused() -> None:
