@@ -8,11 +8,13 @@ import select
 import signal
 import socket
 import struct
+from types import ModuleType
 
 import pytest
 
 import fiberexec.multiprocessing as mp
 from tests.mp import tasks
+from tests.mp.compat import mpm  # noqa: F401  # (a fixture)
 from tests.support.kit import BackendKit
 
 BIG = 100 << 20
@@ -161,7 +163,8 @@ def test_100_mib_through_a_queue_and_a_pipe() -> None:
     p.join(60)
 
 
-def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit) -> None:
+def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit,
+                                                              mpm: ModuleType) -> None:  # noqa: F811
     """A child puts items and ends while part of a message of its parent's sits unread in
     its connection. Over TCP (on the ssh test bed) a process that exits so has its connection
     reset, and the kernel drops what it had not yet sent: there, links shaped to 20 Mbit/s
@@ -172,17 +175,19 @@ def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit) ->
         for short in lab.bed.hosts:
             lab.bed.rate(short, "20mbit")
     try:
-        writer, reader = mp.Pipe()  # (duplex: a socket pair on one host holds the message)
-        outq = mp.Queue()
-        p = mp.Process(target=tasks.read_once_then_put, args=(reader, outq, 16, 1 << 16))
+        ctx = mpm.get_context("spawn")
+        writer, reader = ctx.Pipe()  # (duplex: a socket pair on one host holds the message)
+        outq = ctx.Queue()
+        p = ctx.Process(target=tasks.read_once_then_put, args=(reader, outq, 16, 1 << 16))
         p.start()
         writer.send("first")
         writer.send_bytes(b"y" * (96 << 10))  # (longer than a read of the child's, which
         # stops at the first message: the rest stays unread in its connection)
-        p.join(60)
-        assert p.exitcode == 0
+        # (read before joining, as the stdlib asks: its child waits to have fed them all)
         assert [outq.get(timeout=30) for _ in range(16)] == [bytes([i]) * (1 << 16)
                                                            for i in range(16)]
+        p.join(60)
+        assert p.exitcode == 0
     finally:
         if lab is not None:
             lab.bed.reset()
