@@ -595,6 +595,19 @@ class Reader:
                     part.close()
 
 
+def half_close(sock: socket.socket) -> bool:
+    """End what this process sends on ``sock`` (a FIN after its last byte) if it is TCP,
+    and say whether it was: the caller then reads on until its peer closes. A TCP socket
+    closed with bytes of its peer's unread is reset instead, and the kernel drops what it
+    had not yet sent (as it does for a closed one that still gets data): the last frames,
+    on a slow link. A Unix socket hands over what was written as it is written."""
+    if sock.family == socket.AF_UNIX:
+        return False
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    return True
+
+
 def drop(sock: socket.socket) -> None:
     """Close ``sock``, waking any thread blocked reading it."""
     with contextlib.suppress(OSError):

@@ -25,7 +25,10 @@ End-of-file comes from B (it counts the writers). R files it only once every wri
 routed to it has answered a `Sync` sent after it (so every item that writer sent
 directly is in), or its connection has closed. A connection that closes (its process
 ended) ends the routes over it: A sends through B again; R sends what it had not accepted
-from a stopping writer to B itself.
+from a stopping writer to B itself. A process that ends closes its TCP connections here
+by halves (`finish`): it ends what it sends, then reads on until the peer has read it all
+and closed, so a `Sync` that comes late finds it still there (a closed TCP socket answers
+it with a reset, and the kernels drop what was still in flight).
 
 An unbounded queue of B goes the same way from a producer A to its consumer R while R is
 its only consumer (B routes it only then). The differences:
@@ -57,7 +60,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fiberexec.multiprocessing import _calls as calls
@@ -89,6 +92,7 @@ from fiberexec.multiprocessing._links import (
     Wake,
     Wire,
     dial,
+    half_close,
     outward_ip,
     shared,
     split_address,
@@ -117,6 +121,28 @@ class Link:
     def send(self, frame: Frame) -> None:
         with self.lock:
             self.wire.send(frame)
+
+
+def finish(links: Iterable[Link], cond: threading.Condition, timeout: float) -> bool:
+    """Before this process exits: end what it sends on each of ``links`` that is TCP (after
+    any send in progress) and wait, up to ``timeout``, until the peer, having read it all,
+    closes its side (the link's reader then marks it closed under ``cond``, and notifies
+    it). See `_links.half_close`."""
+    deadline = _timing.Deadline(timeout)
+    ending, done = [], True
+    for link in links:
+        # (a send blocked on a peer that reads no more keeps the lock: not waited for)
+        if not link.lock.acquire(timeout=deadline.left() or 0.0):
+            done = False
+            continue
+        try:
+            if not link.closed and half_close(link.wire.sock):
+                ending.append(link)
+        finally:
+            link.lock.release()
+    with cond:
+        return cond.wait_for(lambda: all(link.closed for link in ending),
+                             deadline.left()) and done
 
 
 # ------------------------------------------------------------------------- reading side
@@ -188,6 +214,7 @@ class Inlet:
         self.flows: dict[int, dict[Link, Inflow]] = {}
         self.eof_wait: set[int] = set()  # pipes whose end-of-file waits for `settled`
         self.leaders: dict[int, Wake] = {}  # pipes a thread here reads directly (`lead`)
+        self.links: set[Link] = set()  # writers' connections, open
         # this process's listener (see `_links`), on TCP too when writers on other hosts
         # may reach it
         self.offer = shared(stream.secret, PIPE, self._admit)
@@ -206,12 +233,21 @@ class Inlet:
         # read by this thread, or by a thread here waiting for its items (`lead`)
         reader = link.reader = Reader(link.wire, functools.partial(self._on, link),
                                       functools.partial(self._lost_link, link))
+        with self.stream.cond:
+            self.links.add(link)
         reader.run()
 
     def _lost_link(self, link: Link) -> None:
         with self.stream.cond:
+            self.links.discard(link)
             self._lost(link)
             self.stream.cond.notify_all()
+
+    def finish(self, timeout: float) -> bool:
+        """This process ends: see `finish` (after `Stream.settle`: nothing more is sent)."""
+        with self.stream.cond:
+            links = list(self.links)
+        return finish(links, self.stream.cond, timeout)
 
     def _on(self, link: Link, raw: bytes) -> None:
         frame = decode(raw)
@@ -723,3 +759,10 @@ class Outlets:
                     leaving.append(route)
             return self.cond.wait_for(lambda: all(
                 route.state != STOPPING or route.link.closed for route in leaving), timeout)
+
+    def finish(self, timeout: float) -> bool:
+        """This process ends: see `finish` (after `leave`; what its readers' connections
+        close on still goes through the broker, before the stream to it ends)."""
+        with self.cond:
+            links = list(self.links.values())
+        return finish(links, self.cond, timeout)

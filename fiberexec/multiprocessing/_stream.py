@@ -30,7 +30,6 @@ import contextlib
 import functools
 import logging
 import os
-import socket
 import sys
 import threading
 from collections import defaultdict, deque
@@ -63,7 +62,7 @@ from fiberexec.multiprocessing._frames import (
     decode,
     unexpected,
 )
-from fiberexec.multiprocessing._links import STREAM, Reader, Signal, Wire, dial
+from fiberexec.multiprocessing._links import STREAM, Reader, Signal, Wire, dial, half_close
 from fiberexec.multiprocessing._rpc import Endpoint, _local_servers, client_for, process_token
 from fiberexec.multiprocessing._tally import TallyPage
 
@@ -383,18 +382,20 @@ class Stream:
                                       deadline.left()) and left
 
     def finish(self, timeout: float) -> bool:
-        """Before this process exits, over TCP: end what it sends (a half close), then read
-        on until the broker, having read all of it, closes its side, up to ``timeout``.
-        Closed with frames of the broker's unread, a TCP connection is reset instead, and
-        the kernel drops what it had not yet sent of ours: a busy broker would lose the
-        last items put (a Unix socket hands them over as they are written). True if the
-        broker closed in time."""
-        if self.conn.sock.family == socket.AF_UNIX:
-            return True
-        with contextlib.suppress(OSError):
-            self.conn.sock.shutdown(socket.SHUT_WR)
+        """Before this process exits, over TCP: end what it sends on its direct connections
+        to pipes' readers and from their writers (`_route`), then to the broker, and read on
+        until each peer, having read all of it, closes its side, up to ``timeout`` (see
+        `_links.half_close`: a busy peer would otherwise lose the last items sent). True if
+        every peer closed in time."""
+        deadline = _timing.Deadline(timeout)
+        done = True
+        for ends in (self.outlets, self.inlet):
+            if ends is not None:
+                done = ends.finish(deadline.left() or 0.0) and done
+        if not half_close(self.conn.sock):
+            return done
         with self.cond:
-            return self._await(lambda: self.lost, timeout)
+            return self._await(lambda: self.lost, deadline.left()) and done
 
     def start_reader(self) -> None:
         """From now on a thread reads the broker's frames as they come."""

@@ -57,6 +57,12 @@ def ask_and_check(conn: Any, n: int, out: Any) -> None:
 def send_until_direct(conn: Any, n: int, out: Any) -> None:
     """Send 0..n-1 slowly until this process sends the pipe directly to its reader (or 10 s
     passed), then the rest at once; put whether it got there (fiberexec only)."""
+    direct = _send_until_direct(conn, n)
+    conn.close()
+    out.put(direct)
+
+
+def _send_until_direct(conn: Any, n: int) -> bool:
     from fiberexec.multiprocessing import _route, _stream
 
     (stream,) = _stream._streams.values()
@@ -68,8 +74,7 @@ def send_until_direct(conn: Any, n: int, out: Any) -> None:
             route = stream.outlets.routes.get(conn._send_id)
             direct = isinstance(route, _route.Route) and route.direct
             time.sleep(0 if direct else 0.01)
-    conn.close()
-    out.put(direct)
+    return direct
 
 
 def where() -> str:
@@ -205,3 +210,36 @@ def queue_of_its_own(out: Any, stop: Any) -> None:
     out.put(own)
     own.put("from the child")
     stop.wait(60)
+
+
+def send_until_direct_then_burst(conn: Any, n: int, burst: int, size: int,
+                                 out: Any) -> None:
+    """Send 0..n-1 until this process sends the pipe directly to its reader (fiberexec's
+    pipe between hosts; elsewhere all at once), then ``burst`` messages of ``size`` bytes
+    as fast as it can, close, put whether it went directly, and end at once."""
+    direct = False
+    if hasattr(conn, "_send_id"):  # a pipe through a broker: it goes directly at some point
+        direct = _send_until_direct(conn, n)
+    else:
+        for i in range(n):
+            conn.send(i)
+    for i in range(burst):
+        conn.send(bytes([i % 256]) * size)
+    conn.close()
+    out.put(direct)
+
+
+def read_to_eof_in_short(conn: Any, out: Any, after: int, work: int) -> None:
+    """Put what came until end-of-file, each message of bytes as (its first byte, its
+    length); after ``after`` messages, compute for a while holding the interpreter's lock
+    (``sum(range(work))`` is one C loop: this process's other threads wait it out)."""
+    got: list[Any] = []
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            break
+        got.append((item[0], len(item)) if isinstance(item, bytes) else item)
+        if len(got) == after:
+            sum(range(work))
+    out.put(got)

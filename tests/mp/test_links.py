@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fiberexec.multiprocessing import AuthenticationError, _links, _timing
+from fiberexec.multiprocessing import AuthenticationError, _links, _route, _timing
 from tests.support.sockets import memory_pair
 
 SECRET = b"s" * 32
@@ -482,6 +482,48 @@ def test_a_frame_the_reader_cannot_apply_ends_the_connection(wires: Wires) -> No
     assert seen.ends.get_nowait() == threading.get_ident()
     with pytest.raises(EOFError):
         theirs.recv_bytes()
+
+
+@pytest.mark.parametrize("way", ["unix", "tcp"])
+def test_a_process_leaving_waits_until_its_peers_have_read_what_it_sent(way: str) -> None:
+    """Before a process exits (`_route.finish`, and `Stream.finish` alike): over TCP it
+    ends what it sends and waits until its peer, having read it all, closes (closed with
+    bytes of its peer's unread, or sent to once closed, a TCP socket is reset, and what
+    it had not yet sent is dropped); over a Unix socket there is nothing to wait for."""
+    if way == "unix":
+        left, right = socket.socketpair()
+    else:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            left = socket.create_connection(server.getsockname())
+            right = server.accept()[0]
+    link = _route.Link(_links.Wire(left))
+    cond = threading.Condition()
+
+    def lost() -> None:
+        with cond:
+            link.closed = True
+            cond.notify_all()
+
+    # the writer's side reads its peer's answers with a thread of its own, as `Outlets`
+    link.reader = _links.Reader(link.wire, lambda frame: None, lost)
+    link.reader.start("test-writer-answers")
+    sent = [os.urandom(2000) for _ in range(32)]  # (less than a socket buffer holds)
+    for frame in sent:
+        with link.lock:
+            link.wire.send_bytes(frame)
+    if way == "unix":
+        assert _route.finish([link], cond, 0.0)
+        right.close()
+        left.close()
+        return
+    assert not _route.finish([link], cond, 0.2)  # its peer has read nothing yet
+    seen = Seen()
+    peer = _links.Reader(_links.Wire(right), seen.apply, seen.lost)
+    peer.start("test-reader")  # reads to the end (the half close), then closes
+    assert _route.finish([link], cond, 10)
+    assert [seen.frames.get(timeout=10)[0] for _ in sent] == sent
+    assert seen.ends.get(timeout=10)
+    assert link.closed
 
 
 def test_a_process_with_a_broker_an_inlet_and_shared_ends_listens_once() -> None:
