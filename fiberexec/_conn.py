@@ -33,6 +33,7 @@ class State(enum.Enum):
 class Conn:
     def __init__(self, worker_id: str, channel: Link, max_tasks: int, *, now: float) -> None:
         self.worker_id = worker_id
+        self.order = (len(worker_id), worker_id)  # how `workers()` lists it: w2 before w10
         self.channel = channel
         self.max_tasks = max_tasks  # 0: unlimited
         self.state = State.AWAIT_HELLO

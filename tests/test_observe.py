@@ -424,3 +424,25 @@ def test_records_of_workers_that_left_keep_no_read_buffer(make_executor: Executo
     old = {id(b) for b in before}
     alive = [b for b in gc.get_objects() if type(b) is FrameBuffer and id(b) not in old]
     assert len(alive) <= 8  # the links of the workers alive (and starting), not of 24 gone
+
+
+@pytest.mark.parametrize("cls", [WorkerInfo, TaskInfo, TaskSpan])
+def test_a_snapshots_records_are_built_as_their_class_builds_them(cls: type) -> None:
+    """Snapshots build their records without the frozen ``__init__`` (thousands a call):
+    each such record equals, field by field, the one the class makes, stays frozen, and a
+    wrong number of values is refused."""
+    from dataclasses import FrozenInstanceError, fields
+
+    from fiberexec import _observe
+
+    build = {WorkerInfo: _observe._worker, TaskInfo: _observe._task,
+             TaskSpan: _observe._span}[cls]
+    values = [f"value {i}" for i in range(len(fields(cls)))]
+    built = build(*values)
+    assert type(built) is cls
+    assert built == cls(*values)
+    assert [getattr(built, f.name) for f in fields(cls)] == values
+    with pytest.raises(FrozenInstanceError):
+        setattr(built, fields(cls)[0].name, "another")
+    with pytest.raises(TypeError):
+        build(*values[:-1])
