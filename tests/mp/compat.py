@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import BACKEND
+from tests.support.kit import BackendKit
 
 MODULES = ["multiprocessing", "fiberexec.multiprocessing"]
 # The stdlib's runs are the reference, and use no backend: they run once, in the local env.
@@ -30,3 +32,19 @@ def mpm(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
         for child in set(multiprocessing.active_children()) - before:
             child.kill()
             child.join(10)
+
+
+@contextlib.contextmanager
+def links_shaped(kit: BackendKit, rate: str) -> Iterator[bool]:
+    """On the ssh test bed, every host's link shaped to ``rate`` (``"20mbit"``) while
+    inside, and True; on other backends nothing to shape, and False."""
+    lab = getattr(kit, "lab", None)
+    if lab is None:
+        yield False
+        return
+    for short in lab.bed.hosts:
+        lab.bed.rate(short, rate)
+    try:
+        yield True
+    finally:
+        lab.bed.reset()

@@ -14,7 +14,7 @@ import pytest
 
 import fiberexec.multiprocessing as mp
 from tests.mp import tasks
-from tests.mp.compat import mpm  # noqa: F401  # (a fixture)
+from tests.mp.compat import links_shaped, mpm  # noqa: F401  # (mpm: a fixture)
 from tests.support.kit import BackendKit
 
 BIG = 100 << 20
@@ -170,11 +170,7 @@ def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit,
     reset, and the kernel drops what it had not yet sent: there, links shaped to 20 Mbit/s
     keep most of its megabyte unsent when it ends, so the test fails unless the child waits
     for its parent to have read it all."""
-    lab = getattr(kit, "lab", None)
-    if lab is not None:
-        for short in lab.bed.hosts:
-            lab.bed.rate(short, "20mbit")
-    try:
+    with links_shaped(kit, "20mbit"):
         ctx = mpm.get_context("spawn")
         writer, reader = ctx.Pipe()  # (duplex: a socket pair on one host holds the message)
         outq = ctx.Queue()
@@ -188,9 +184,6 @@ def test_a_child_that_ends_at_once_loses_none_of_what_it_put(kit: BackendKit,
                                                            for i in range(16)]
         p.join(60)
         assert p.exitcode == 0
-    finally:
-        if lab is not None:
-            lab.bed.reset()
 
 
 def test_wrong_secret_is_refused() -> None:
