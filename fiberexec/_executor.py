@@ -475,7 +475,7 @@ class FiberExecutor(Executor):
     def workers(self) -> list[WorkerInfo]:
         """Each worker's state and the task it runs, then workers recently gone.
 
-        Cheap enough to call every second (about 3-7 ms for a thousand workers) and never
+        Cheap enough to call every second (about 2-7 ms for a thousand workers) and never
         holds up dispatch: it reads what the scheduler last recorded, a moment old at most.
         Workers that left or were lost stay listed (the last 256) as ``"retired"`` or
         ``"lost"``.

@@ -37,6 +37,7 @@ class WorkItem:
     key: str = ""  # function_key(fn), once it was sent
     number: int = -1  # its place among the tasks sent to its worker (`fiberexec._claims`)
     snapshot: Snapshot | None = None  # its ``map`` call's functions, as first pickled
+    shown: tuple[str, str] | None = None  # `describe_call`'s answer, once asked
 
     @property
     def items(self) -> int:
@@ -85,7 +86,14 @@ def describe(item: WorkItem) -> str:
 def describe_call(item: WorkItem) -> tuple[str, str]:
     """A task's function (``module.qualname``, the user's for a map chunk or a batch) and a
     short repr of its arguments (at most 80 characters). Costly next to a tiny task: call
-    it only when someone asks (a failure, a snapshot), never on the way to a worker."""
+    it only when someone asks (a failure, a snapshot), never on the way to a worker. Kept
+    on the item: snapshots taken while a long task runs describe it once."""
+    if item.shown is None:
+        item.shown = _described(item)
+    return item.shown
+
+
+def _described(item: WorkItem) -> tuple[str, str]:
     if item.fn in _CHUNK_RUNNERS and len(item.args) == 2:  # shown by its first item's call
         fn, chunk = item.args
         first = chunk[0] if chunk else ()
@@ -99,8 +107,10 @@ def describe_call(item: WorkItem) -> tuple[str, str]:
 
 
 def _shown(args: tuple[Any, ...], kwargs: dict[str, Any], note: str) -> str:
-    shown = ", ".join([*map(_short_repr.repr, args),
-                       *(f"{k}={_short_repr.repr(v)}" for k, v in kwargs.items())])
+    parts = list(map(_short_repr.repr, args))
+    if kwargs:
+        parts.extend(f"{k}={_short_repr.repr(v)}" for k, v in kwargs.items())
+    shown = ", ".join(parts)
     if len(shown) + len(note) > 80:
         shown = shown[:77 - len(note)] + "..."
     return shown + note

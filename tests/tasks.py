@@ -268,6 +268,21 @@ def hold_until(started: Any, release: Any) -> Any:
     return release.recv()
 
 
+class CountedRepr:
+    """An argument that counts, in the process that made it, how often it is described."""
+
+    shown = 0
+
+    def __repr__(self) -> str:
+        type(self).shown += 1
+        return "<counted>"
+
+
+def hold_with(started: Any, release: Any, _argument: Any) -> Any:
+    """`hold_until`, with one more argument it does not use."""
+    return hold_until(started, release)
+
+
 def hold_init(started: Any, release: Any) -> None:
     """An initializer that waits (as `hold_until`) until the test lets it finish."""
     hold_until(started, release)

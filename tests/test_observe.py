@@ -123,6 +123,22 @@ def test_a_worker_goes_from_starting_to_idle_running_and_retired(
         ex.dump_stack(worker.worker_id)
 
 
+def test_a_running_tasks_arguments_are_described_once_for_every_snapshot(
+        make_executor: ExecutorFactory) -> None:
+    # (a dashboard snapshots a long task every second: its arguments' repr may be costly)
+    ex = make_executor(1)
+    argument = tasks.CountedRepr()
+    with held() as (args, started, release):
+        future = ex.submit(tasks.hold_with, *args, argument)
+        assert started.poll(30), "the task did not start"
+        before = tasks.CountedRepr.shown
+        arguments = {only(ex).task.arguments for _ in range(5)}  # type: ignore[union-attr]
+        assert arguments == {"<connection.Connection>, <connection.Connection>, <counted>"}
+        assert tasks.CountedRepr.shown - before == 1
+        release.send("done")
+        assert future.result(timeout=30) == "done"
+
+
 def test_a_running_chunk_of_a_map_is_shown_by_the_users_function(
         make_executor: ExecutorFactory) -> None:
     ex = make_executor(1)
