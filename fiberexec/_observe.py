@@ -223,7 +223,7 @@ def worker_infos(
     """Every worker the shards serve (by id: w2 before w10), those being started, then
     those recently gone."""
     # Each shard's workers sorted by a key read in C, then merged (one shard: as they are).
-    ordered = [sorted(list(shard.conns.values()), key=_ORDER) for shard in shards]
+    ordered = [sorted(shard.conns.values(), key=_ORDER) for shard in shards]
     offsets = [shard.wall_offset for shard in shards]
     if len(ordered) == 1:
         infos = [_worker_info(conn, backend, offsets[0], executor_id) for conn in ordered[0]]
