@@ -1,5 +1,6 @@
-"""Frames on a byte stream, each ``length | frame``: how the local link and the
-multiprocessing layer's connections cut what they read.
+"""Frames on a byte stream, each ``length | frame`` (the length a 4-byte unsigned integer,
+`HEADER`): the one framing of the local link, the TCP link and the multiprocessing layer's
+connections, and how each cuts what it reads.
 
 One ``recv`` takes in every frame that has arrived. With nothing held, what it brings is
 most often one whole frame, handed out as it came (sliced once), or a few, each copied out
@@ -18,20 +19,26 @@ from fiberexec._errors import ProtocolError
 
 CHUNK = 64 << 10  # bytes one recv asks for, at least
 KEPT = 512 << 10  # a read buffer grown past this (by a long frame) is let go once emptied
+HEADER = struct.Struct("!I")  # a frame's length, before it
+MAX_FRAME = (1 << 32) - 1  # the longest frame its header can say
+
+
+def framed(frame: bytes) -> list[bytes]:
+    """``frame`` with its header, as the two parts to send."""
+    return [HEADER.pack(len(frame)), frame]
 
 
 class FrameBuffer:
-    """Bytes read from a stream, cut into frames of ``length | frame`` (``header``: the
-    length's struct).
+    """Bytes read from a stream, cut into frames of ``length | frame``; a frame over
+    ``max_frame`` bytes (at most `MAX_FRAME`) is a `ProtocolError`.
 
     A frame longer than the buffer grows it to the frame's size for as long as it takes to
     arrive; a buffer grown past `KEPT` is let go once emptied, so a peer that sent one
     large result keeps no more.
     """
 
-    def __init__(self, max_frame: int, header: struct.Struct) -> None:
-        self.max_frame = max_frame
-        self._head = header
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = min(max_frame, MAX_FRAME)
         self._start = 0  # the first byte not yet cut into a frame
         self._end = 0  # the end of what has been read
         self.drained = False  # the last read emptied the socket
@@ -47,7 +54,7 @@ class FrameBuffer:
         once the stream has ended. `drained` tells whether that read emptied the socket (it
         took less than it asked for)."""
         pos, end = self._start, self._end
-        head, unpack = self._head.size, self._head.unpack_from
+        head, unpack = HEADER.size, HEADER.unpack_from
         if pos == end:  # nothing held: most often, what comes is one whole frame
             data = sock.recv(CHUNK, flags)
             n = len(data)
@@ -89,7 +96,7 @@ class FrameBuffer:
              out: list[bytes]) -> int:
         """Append each whole frame of ``buf[pos:end]`` to ``out``; where the first
         incomplete one starts (``end``: none)."""
-        head, unpack = self._head.size, self._head.unpack_from
+        head, unpack = HEADER.size, HEADER.unpack_from
         while end - pos >= head:
             (size,) = unpack(buf, pos)
             if size > self.max_frame:

@@ -35,9 +35,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
-from fiberexec._framing import FrameBuffer
+from fiberexec._framing import FrameBuffer, framed
 
-HEADER = struct.Struct("!I")  # a frame's length, before it
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_QUEUED = 4096  # frames waiting to be written: credit keeps far fewer, so more means hung
 BACKLOG = 8  # connections a listener holds unaccepted: one worker dials it, once or twice
@@ -52,10 +51,6 @@ T = TypeVar("T")
 def _new_id() -> int:
     """Pipe ids of local peers are negative, so they never equal a network pipe's id."""
     return -next(_peer_ids)
-
-
-def framed(frame: bytes) -> list[bytes]:
-    return [HEADER.pack(len(frame)), frame]
 
 
 def tcp_host_port(address: str) -> tuple[str, int]:
@@ -88,7 +83,7 @@ class StreamPipe:
         self.sock = sock
         self.fd = sock.fileno()
         self.kind = "unix" if sock.family == socket.AF_UNIX else "tcp"
-        self.reader = FrameBuffer(max_frame, HEADER)
+        self.reader = FrameBuffer(max_frame)
         self.queue: deque[memoryview] = deque()
         self.closed = False
         self.drained = False  # the last read emptied the socket
@@ -330,13 +325,30 @@ def _trusted(sock: socket.socket) -> bool:
 # ---------------------------------------------------------------------------- worker side
 
 
+def connect_abstract(name: str, timeout: float | None = None) -> socket.socket | None:
+    """A blocking connection to the abstract Unix socket ``name`` (its leading NUL
+    included), or None where this host and network namespace have none by that name (or
+    refuse it). What an executor's worker and the multiprocessing layer dial first."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(name)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EACCES, errno.EPERM,
+                         errno.EAGAIN) or isinstance(exc, TimeoutError):
+            return None
+        raise
+    return sock
+
+
 class StreamLink:
     """The worker's end: blocking reads with a timeout, blocking sends with a timeout."""
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
         self.kind = "unix" if sock.family == socket.AF_UNIX else "tcp"
-        self.reader = FrameBuffer(max_frame, HEADER)
+        self.reader = FrameBuffer(max_frame)
         self.ready: deque[bytes] = deque()
         self._send_timeout = -1.0
         self.closed = False
@@ -350,15 +362,8 @@ class StreamLink:
     @classmethod
     def connect(cls, name: str, max_frame: int) -> StreamLink | None:
         """Connect to the executor's abstract socket; None where it cannot be reached."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.connect("\0" + name)
-        except OSError as exc:
-            sock.close()
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EACCES, errno.EPERM):
-                return None
-            raise
-        return cls(sock, max_frame)
+        sock = connect_abstract("\0" + name)
+        return None if sock is None else cls(sock, max_frame)
 
     @classmethod
     def dial(cls, address: str, max_frame: int, timeout: float) -> StreamLink:

@@ -26,10 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fiberexec._errors import ConfigurationError, LinkClosed, ProtocolError
-from fiberexec._framing import FrameBuffer
+from fiberexec._framing import FrameBuffer, framed
 from fiberexec._link import Endpoint, connect, dial
 from fiberexec._link_nng import Channel, NngLink
-from fiberexec._link_stream import HEADER, TcpListener, framed, tcp_host_port
+from fiberexec._link_stream import TcpListener, tcp_host_port
 from tests.support.links import MemoryEndpoint
 
 MAX = 64 << 20
@@ -321,10 +321,23 @@ def test_a_tcp_address_that_is_not_one_is_named(address: str) -> None:
         tcp_host_port(address)
 
 
+def _two_free_ports() -> int:
+    """A port whose next one is free too (a port the kernel hands out may have a neighbour
+    in use: another test's connection)."""
+    for _ in range(50):
+        first = TcpListener("127.0.0.1")
+        try:
+            TcpListener("127.0.0.1", ports=(first.port + 1, first.port + 1)).close()
+        except ConfigurationError:
+            continue
+        finally:
+            first.close()
+        return first.port
+    raise AssertionError("no two free ports side by side on loopback in 50 tries")
+
+
 def test_tcp_ports_come_from_the_configured_range_and_run_out_clearly() -> None:
-    first = TcpListener("127.0.0.1")
-    low = first.port
-    first.close()
+    low = _two_free_ports()
     listeners = [TcpListener("127.0.0.1", ports=(low, low + 1), first=low)]
     try:
         listeners.append(TcpListener("127.0.0.1", ports=(low, low + 1), first=low))
@@ -475,7 +488,7 @@ def test_the_local_links_reader_cuts_any_stream_into_its_frames(
     # pieces cut there, and no longer than a socket's buffer takes without a reader
     pieces = [stream[at : min(end, at + PIECE)] for start, end in itertools.pairwise(points)
               for at in range(start, end, PIECE)]
-    reader = FrameBuffer(1 << 20, HEADER)
+    reader = FrameBuffer(1 << 20)
     got: list[bytes] = []
     a, b = socket.socketpair()
     with a, b:
@@ -493,21 +506,21 @@ def test_the_local_links_reader_cuts_any_stream_into_its_frames(
 
 
 def test_the_local_links_reader_refuses_a_frame_over_the_limit() -> None:
-    reader = FrameBuffer(1000, HEADER)
+    reader = FrameBuffer(1000)
     a, b = socket.socketpair()
     with a, b:
         a.sendall(b"".join(framed(b"x" * 1001)))
         with pytest.raises(ProtocolError, match="1001-byte frame exceeds max_message_size=1000"):
             reader.read(b)
         a.close()
-        assert FrameBuffer(1000, HEADER).read(b) is None  # the stream ended
+        assert FrameBuffer(1000).read(b) is None  # the stream ended
 
 
 def test_the_local_links_reader_holds_a_buffer_only_once_a_frame_comes_in_pieces() -> None:
     """An executor with a thousand workers keeps no read buffer for a worker whose
     messages each arrive whole, one or several at once (a result, and a report sent right
     after it); the first one that comes in pieces makes it."""
-    reader = FrameBuffer(1 << 20, HEADER)
+    reader = FrameBuffer(1 << 20)
     a, b = socket.socketpair()
     with a, b:
         for frame in (b"one", b"two" * 100):

@@ -2,7 +2,7 @@
 
 Each kind of frame is a frozen record (`fiberexec._record`); on the wire it is its
 one-byte ``TAG``, an 8-byte channel id (a pipe or queue of the broker) and its body
-(`Wire.send_frame`). `decode` turns a frame read back into its record, and each role
+(`Wire.send`). `decode` turns a frame read back into its record, and each role
 applies what it receives under one ``match``: a frame a role does not expect ends its
 connection as a protocol error.
 

@@ -59,10 +59,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fiberexec import _auth
-from fiberexec._framing import FrameBuffer
+from fiberexec._framing import HEADER, FrameBuffer
+from fiberexec._link_stream import connect_abstract
 from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import AuthenticationError
-from fiberexec.multiprocessing._frames import Frame
+from fiberexec.multiprocessing._frames import HEAD, Frame
 
 log = logging.getLogger("fiberexec.multiprocessing")
 
@@ -77,9 +78,9 @@ _REALM = 8
 _GONE = bytes(_NONCE + _PROOF)  # in place of the server's proof: that secret is served no more
 TcpAddress = tuple[str, int]
 MAX_FRAME = 1 << 31
-_SIZE = struct.Struct("!Q")
-_SIZED_HEAD = struct.Struct("!QcQ")  # a tagged frame's length, tag and channel id
-_TAGGED = _SIZED_HEAD.size - _SIZE.size
+# A tagged frame's length (`HEADER`), then its tag and channel id (`_frames.HEAD`)
+_SIZED_HEAD = struct.Struct(HEADER.format + HEAD.format.lstrip("!"))
+_TAGGED = _SIZED_HEAD.size - HEADER.size
 _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _CHUNK = 1 << 16
 
@@ -192,19 +193,6 @@ def prove_client(sock: socket.socket, secret: bytes, peer: str, service: bytes) 
         raise AuthenticationError(f"{peer} refused our proof of the secret")
 
 
-def _connect_unix(name: str, timeout: float) -> socket.socket | None:
-    """A connection to the abstract Unix socket ``name``, or None if this host and network
-    namespace have none by that name."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(name)
-    except OSError:
-        sock.close()
-        return None
-    return sock
-
-
 def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, service: bytes,
          timeout: float | None = None) -> socket.socket:
     """An authenticated, blocking connection for ``service``: to the abstract Unix socket
@@ -217,7 +205,7 @@ def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, servic
             when the peer does not offer ``service``).
     """
     timeout = _timing.TIMING.connect if timeout is None else timeout
-    sock = _connect_unix(unix, timeout) if unix and sys.platform == "linux" else None
+    sock = connect_abstract(unix, timeout) if unix and sys.platform == "linux" else None
     if sock is None:
         if tcp is None:
             raise ConnectionRefusedError(f"cannot reach {unix!r} from here, and it has no "
@@ -236,17 +224,23 @@ def dial(secret: bytes, unix: str = "", tcp: TcpAddress | None = None, *, servic
     return sock
 
 
+def _too_large(size: int) -> None:
+    raise ValueError(f"a message of {size} bytes is over the {MAX_FRAME}-byte limit of one "
+                     "frame; send large data in pieces, or through shared memory")
+
+
 class Wire:
-    """An authenticated connection's frames: an 8-byte length, then the frame's bytes; a
-    tagged frame (`send`, the streams' and routes' `_frames`) begins with a 1-byte tag and
-    an 8-byte channel id. Read in large chunks (one system call brings every frame that has
-    arrived), written in one call each (two for a large one). One thread reads at a time;
-    sends may come from any thread while another reads (callers serialise their sends)."""
+    """An authenticated connection's frames, framed as the executor's links frame theirs
+    (`fiberexec._framing`: a 4-byte length, then the frame's bytes); a tagged frame
+    (`send`, the streams' and routes' `_frames`) begins with a 1-byte tag and an 8-byte
+    channel id. Read in large chunks (one system call brings every frame that has arrived),
+    written in one call each (two for a large one). One thread reads at a time; sends may
+    come from any thread while another reads (callers serialise their sends)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         sock.settimeout(None)
-        self._reader = FrameBuffer(MAX_FRAME, _SIZE)
+        self._reader = FrameBuffer(MAX_FRAME)
         self._ready: deque[bytes] = deque()  # frames read, not yet taken
         self._poller = select.poll()  # the socket, and the ``wake`` of the last `poll`
         self._poller.register(self.sock, _READABLE)
@@ -255,37 +249,30 @@ class Wire:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send_frame(self, tag: bytes, cid: int, body: bytes = b"") -> None:
-        """Send one tagged frame with a single copy and system call."""
-        if len(body) < _CHUNK:
-            self.sock.sendall(_SIZED_HEAD.pack(_TAGGED + len(body), tag, cid) + body)
-        else:
-            self.sock.sendall(_SIZED_HEAD.pack(_TAGGED + len(body), tag, cid))
-            self.sock.sendall(body)
-
     def send(self, frame: Frame) -> None:
-        """Send a typed frame (`_frames`)."""
-        self.send_frame(frame.TAG, frame.cid, frame.body())
+        """Send a typed frame (`_frames`) with a single copy and system call (two for a
+        large one)."""
+        body = frame.body()
+        size = _TAGGED + len(body)
+        if size > MAX_FRAME:
+            _too_large(size)
+        if size < _CHUNK:
+            self.sock.sendall(_SIZED_HEAD.pack(size, frame.TAG, frame.cid) + body)
+        else:
+            self.sock.sendall(_SIZED_HEAD.pack(size, frame.TAG, frame.cid))
+            self.sock.sendall(body)
 
     def send_parts(self, parts: list[bytes | memoryview]) -> None:
         """Send one frame made of ``parts``; small frames in one write."""
         size = sum(map(len, parts))
         if size > MAX_FRAME:
-            raise ValueError(f"a message of {size} bytes is over the {MAX_FRAME}-byte limit; "
-                             "send large data in pieces, or through shared memory")
+            _too_large(size)
         if size <= _CHUNK:
-            self.sock.sendall(b"".join([_SIZE.pack(size), *parts]))
+            self.sock.sendall(b"".join([HEADER.pack(size), *parts]))
             return
-        self.sock.sendall(_SIZE.pack(size))
+        self.sock.sendall(HEADER.pack(size))
         for part in parts:
             self.sock.sendall(part)
-
-    def send_bytes(self, data: bytes) -> None:
-        if len(data) < _CHUNK:
-            self.sock.sendall(_SIZE.pack(len(data)) + data)
-        else:
-            self.sock.sendall(_SIZE.pack(len(data)))
-            self.sock.sendall(data)
 
     def frame_ready(self) -> bool:
         """Whether a whole frame has been read (`recv_bytes` returns it at once)."""

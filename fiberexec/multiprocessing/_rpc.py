@@ -6,7 +6,7 @@
       | -- b"R" len head body ---------------> |   head: pickled (call, caller)
       | <-- b"O" len head body / b"E" error -- |
 
-A frame is an 8-byte length and its bytes (`_links.Wire`). Each client thread has its own
+A frame is a 4-byte length and its bytes (`_links.Wire`). Each client thread has its own
 connection and each connection its own server thread, so one blocking request (a ``get``
 waiting for an item) never holds up the others, and a call waits in a plain socket read:
 Ctrl-C interrupts it, as it interrupts the standard library's manager calls. Servers that

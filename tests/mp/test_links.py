@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fiberexec.multiprocessing import AuthenticationError, _links, _route, _timing
+from fiberexec.multiprocessing import AuthenticationError, _frames, _links, _route, _timing
 from tests.support.sockets import memory_pair
 
 SECRET = b"s" * 32
@@ -286,23 +286,37 @@ def test_frames_arrive_whole_and_in_order_whatever_their_size(wires: Wires) -> N
     mine, theirs = wires
     sizes = [0, 1, 100, 70_000, 5, 3 << 20, 2]
     sent = [os.urandom(size) for size in sizes]
-    writer = threading.Thread(target=lambda: [theirs.send_bytes(b) for b in sent])
+    writer = threading.Thread(target=lambda: [theirs.send_parts([b]) for b in sent])
     writer.start()  # (a large frame fills the socket's buffer before it is read)
     assert [mine.recv_bytes() for _ in sizes] == sent
     writer.join(30)
     theirs.send_parts([b"ab", memoryview(b"cd"), b""])
-    theirs.send_frame(b"X", 7, b"body")
+    theirs.send(_frames.Put(7, b"body"))
     assert mine.recv_bytes() == b"abcd"
     tagged = mine.recv_bytes()
-    assert tagged[:1] == b"X" and tagged[-4:] == b"body" and len(tagged) == 1 + 8 + 4
+    assert tagged[:1] == _frames.Put.TAG and tagged[-4:] == b"body" and len(tagged) == 1 + 8 + 4
+
+
+def test_a_frame_over_the_limit_is_refused_before_any_byte_is_sent(
+        wires: Wires, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error names the rule, the size and what to do; the connection stays usable."""
+    mine, theirs = wires
+    monkeypatch.setattr(_links, "MAX_FRAME", 100)
+    with pytest.raises(ValueError, match=r"a message of 109 bytes is over the 100-byte limit "
+                                         r"of one frame; send large data in pieces"):
+        theirs.send(_frames.Put(7, b"x" * 100))
+    with pytest.raises(ValueError, match="a message of 101 bytes is over the 100-byte limit"):
+        theirs.send_parts([b"x" * 50, b"y" * 51])
+    theirs.send_parts([b"z" * 100])
+    assert mine.recv_bytes() == b"z" * 100
 
 
 def test_poll_says_whether_a_frame_began_and_the_end_is_eof(wires: Wires) -> None:
     mine, theirs = wires
     assert not mine.poll(0)
     assert not mine.poll(0.01)
-    theirs.send_bytes(b"one")
-    theirs.send_bytes(b"two")
+    theirs.send_parts([b"one"])
+    theirs.send_parts([b"two"])
     assert mine.poll(10)
     assert mine.recv_bytes() == b"one"
     assert mine.poll(10) and mine.recv_bytes() == b"two"
@@ -323,7 +337,7 @@ def test_a_send_to_an_end_that_is_gone_fails(wires: Wires) -> None:
 
     def send_until_it_fails() -> None:
         for _ in range(100):  # (TCP may take a first send before it knows)
-            theirs.send_bytes(b"x" * 1000)
+            theirs.send_parts([b"x" * 1000])
 
     with pytest.raises(OSError):
         send_until_it_fails()
@@ -334,7 +348,7 @@ def test_a_waiting_thread_reads_the_socket_itself(wires: Wires) -> None:
     seen = Seen()
     reader = _links.Reader(mine, seen.apply, seen.lost)
     cond = threading.Condition()
-    theirs.send_bytes(b"one")
+    theirs.send_parts([b"one"])
     with cond:
         assert reader.try_lead(cond, None, 10)
     assert seen.frames.get_nowait() == (b"one", threading.get_ident())
@@ -345,7 +359,7 @@ def test_only_one_thread_reads_at_a_time(wires: Wires) -> None:
     mine, theirs = wires
     seen = Seen()
     reader = _links.Reader(mine, seen.apply, seen.lost)
-    theirs.send_bytes(b"for the leader")
+    theirs.send_parts([b"for the leader"])
     outcome: queue.Queue[bool] = queue.Queue()
 
     def lead() -> None:
@@ -386,7 +400,7 @@ def test_the_serving_thread_reads_what_nobody_waits_for(wires: Wires) -> None:
     reader = _links.Reader(mine, seen.apply, seen.lost)
     reader.start("test-serving")
     reader.start("test-serving-again")  # once only
-    theirs.send_bytes(b"unasked")
+    theirs.send_parts([b"unasked"])
     frame, thread = seen.frames.get(timeout=10)
     assert frame == b"unasked" and thread != threading.get_ident()
     served = [t for t in threading.enumerate() if t.name.startswith("test-serving")]
@@ -419,13 +433,13 @@ def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires) -> None:
     cond = threading.Condition()
     for n in range(3):
         reader.hold()
-        theirs.send_bytes(b"answer %d" % n)
+        theirs.send_parts([b"answer %d" % n])
         with cond:
             assert reader.try_lead(cond, None, 10)
         assert seen.frames.get_nowait() == (b"answer %d" % n, threading.get_ident())
     reader.unhold()
     clock.now = 1.0  # (the serving thread stops checking holds)
-    theirs.send_bytes(b"unasked")
+    theirs.send_parts([b"unasked"])
     frame, thread = seen.frames.get(timeout=10)
     assert frame == b"unasked" and thread != threading.get_ident()
     theirs.shutdown()
@@ -441,7 +455,7 @@ def test_a_hold_nobody_reads_under_goes_back_once_its_time_is_up(wires: Wires) -
     reader = _links.Reader(mine, seen.apply, seen.lost, clock=clock)
     reader.start("test-serving")
     reader.hold()
-    theirs.send_bytes(b"for the asker")
+    theirs.send_parts([b"for the asker"])
     with pytest.raises(queue.Empty):  # the clock stands still: still held
         seen.frames.get(timeout=0.2)
     clock.now += 2 * _timing.TIMING.hold
@@ -475,7 +489,7 @@ def test_a_frame_the_reader_cannot_apply_ends_the_connection(wires: Wires) -> No
         raise ValueError(f"unknown frame {frame!r}")
 
     reader = _links.Reader(mine, refuse, seen.lost)
-    theirs.send_bytes(b"?")
+    theirs.send_parts([b"?"])
     cond = threading.Condition()
     with cond:
         reader.try_lead(cond, None, 10)
@@ -510,7 +524,7 @@ def test_a_process_leaving_waits_until_its_peers_have_read_what_it_sent(way: str
     sent = [os.urandom(2000) for _ in range(32)]  # (less than a socket buffer holds)
     for frame in sent:
         with link.lock:
-            link.wire.send_bytes(frame)
+            link.wire.send_parts([frame])
     if way == "unix":
         assert _route.finish([link], cond, 0.0)
         right.close()
