@@ -172,6 +172,15 @@ class Heartbeat(NamedTuple):
     stderr: bytes = b""
 
 
+def keepalive(heartbeat: float, silence: float) -> float:
+    """Seconds between the heartbeats to and from a worker that has no task: ``heartbeat``,
+    or a quarter of ``silence`` (`silence_timeout`) if that is longer. Each side judges the
+    other's silence only after ``silence``, so four still fall within it, and a thousand
+    idle workers and their executor do not wake a thousand times a second to say they are
+    there. A worker at work beats every ``heartbeat`` (its CPU and memory use are fresh)."""
+    return max(heartbeat, silence / 4)
+
+
 class Bye(NamedTuple):
     reason: str = ""
 

@@ -1110,13 +1110,14 @@ class Shard:
         if self.exit_deadline is not None:
             self._check_exit(now)
         silence = self.config.silence_timeout
+        keepalive = p.keepalive(beat, silence)  # (what a worker checks is silence)
         for conn in list(self.conns.values()):
             if conn.state is State.READY:
                 if judge and now - conn.last_recv > silence and not self._busy(conn, now):
                     self._lose(conn, f"worker {conn.worker_id} stopped responding "
                                      f"(nothing heard for {now - conn.last_recv:.1f}s)")
                     continue
-                if now - conn.last_sent >= beat:
+                if now - conn.last_sent >= keepalive:
                     self._send(conn, p.Heartbeat())
                 self._maybe_retire(conn, now)
             elif conn.state is State.AWAIT_HELLO:

@@ -125,7 +125,8 @@ class Worker:
         self._last_check = 0.0
         self._threads_seen = 0  # threading.active_count() when last looked at (`_mind_threads`)
         self.imports = ImportWatch()  # what the tasks (and the initializer) import from here on
-        self.outbox = Outbox(self._send_frame, watch=self.check_executor)
+        self.outbox = Outbox(self._send_frame, watch=self.check_executor,
+                             working=self.working)
         self.watcher: Watcher | None = None  # with the outbox's thread, `start_threads`
 
     def start_threads(self) -> None:
@@ -297,6 +298,11 @@ class Worker:
             while (frame := self.link.buffered()) is not None:
                 self.last_heard = time.monotonic()
                 self._on_message(p.decode(frame, allow_shm=self.allow_shm, store=self.store))
+
+    def working(self) -> bool:
+        """Whether a task runs or waits here (read by the outbox thread: a worker with none
+        sends its heartbeats at the idle pace, `keepalive`)."""
+        return self.doing is not None or bool(self.tasks)
 
     def take_in(self) -> None:
         """From the watcher thread, while the main thread runs a task: take in what
@@ -561,10 +567,12 @@ class Outbox:
         send_frame: Callable[[bytes], None],
         shm: p.ShmPolicy | None = None,
         watch: Callable[[], None] = lambda: None,
+        working: Callable[[], bool] = lambda: True,
     ) -> None:
         self._send_frame = send_frame
         self.shm = shm
         self._watch = watch  # called on every wake of the timer thread
+        self._working = working  # whether a task runs or waits (else: the idle pace)
         # Reentrant: the timer thread, holding it, may take in a Revoke and answer it.
         self._lock = threading.RLock()
         self._results: list[p.Result] = []
@@ -577,7 +585,7 @@ class Outbox:
         self._timer = OneShot()  # fires when what is held is due: the timer thread wakes
         self._timer_armed = False  # for results held (a flush disarms it)
         self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # wakes it now
-        self._heartbeat = 1.0
+        self._heartbeat = self._idle_beat = 1.0
         self._opened = threading.Event()  # the handshake is done: the timer thread may send
 
     def add(self, result: p.Result, *, alone: bool, slow: bool) -> None:
@@ -690,9 +698,12 @@ class Outbox:
             out, err = self.capture.take() if self.capture is not None else (b"", b"")
             self._send_locked(p.encode(p.Heartbeat(*self._usage.read(), out, err)))
 
-    def open(self, heartbeat: float) -> None:
-        """The handshake is done: the timer thread starts its work."""
+    def open(self, heartbeat: float, silence: float) -> None:
+        """The handshake is done: the timer thread starts its work, with a heartbeat every
+        ``heartbeat`` seconds while the worker works, and at the idle pace (`_protocol.keepalive`)
+        while it waits for tasks."""
         self._heartbeat = heartbeat
+        self._idle_beat = p.keepalive(heartbeat, silence)
         self._opened.set()
 
     def run_timer(self) -> None:
@@ -701,14 +712,14 @@ class Outbox:
         sees a busy worker's use too)."""
         # No timeout: the handshake either ends (`open`) or its process exits (`_die`).
         self._opened.wait()
-        heartbeat = self._heartbeat
+        busy, idle = self._heartbeat, self._idle_beat
         poller = select.poll()
         poller.register(self._timer.fileno(), select.POLLIN)
         poller.register(self._kick, select.POLLIN)
         while True:
             self.push_output()  # so a line printed in a long task is seen within OUTPUT_AGE
             with self._lock:
-                delay = self._timer_step(heartbeat)
+                delay = self._timer_step(busy if self._working() else idle)
                 if delay is not None and delay < 0.001:  # finer than poll's milliseconds
                     self._timer.arm(delay)
                     self._timer_armed = True
@@ -719,7 +730,8 @@ class Outbox:
                     os.eventfd_read(self._kick)
 
     def _timer_step(self, heartbeat: float) -> float | None:
-        """Send what is due (None), or say how long until something may be."""
+        """Send what is due (None), or say how long until something may be (a heartbeat
+        ``heartbeat`` seconds after the last one)."""
         self._watch()
         now = time.monotonic()
         delay = self._last_beat + heartbeat - now
@@ -1085,7 +1097,7 @@ def run() -> None:
     # workers do: on the worker's own stderr (the terminal, or the backend's log).
     faulthandler.enable(sys.__stderr__ or sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, worker.on_sigint)  # (an initializer may set its own)
-    worker.outbox.open(worker.heartbeat)
+    worker.outbox.open(worker.heartbeat, worker.silence)
     worker.run_initializer(setup)
     worker.serve()
     worker.leave(0, "done")

@@ -683,6 +683,25 @@ def test_a_worker_that_answers_heartbeats_is_kept(bench: Any) -> None:
     assert b.shard.lost == 0 and b.shard.conns["w0"].state is State.READY
 
 
+def test_keep_alives_go_to_a_worker_a_quarter_silence_apart_however_short_the_heartbeat(
+        bench: Any) -> None:
+    """A worker judges the executor's silence only after ``silence_timeout``: four
+    keep-alives within it are enough, and a thousand idle workers are not each woken every
+    ``heartbeat``. Where the heartbeat is the longer, it sets the pace."""
+    b = bench(heartbeat=0.5, silence_timeout=20.0)
+    link = b.connect("w0")
+    link.take()
+    sent_at = []
+    for tick in range(1, 121):  # 30 s, in housekeeping's steps
+        b.clock.advance(0.25)
+        b.links["w0"].deliver(p.Heartbeat(), b.pipes["w0"])  # the worker is there
+        b.step()
+        if any(isinstance(m, p.Heartbeat) for m in link.take()):
+            sent_at.append(tick * 0.25)
+    assert sent_at == [5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
+    assert p.keepalive(0.5, 20.0) == 5.0 and p.keepalive(2.0, 4.0) == 2.0
+
+
 def test_a_worker_that_never_connects_fails_to_start_at_start_timeout(bench: Any) -> None:
     b = bench(start_timeout=30.0)
     b.shard.post(ev.Adopt("w0", FakeLink(), _auth.new_nonce()))

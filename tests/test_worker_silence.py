@@ -145,3 +145,24 @@ def test_a_task_whose_worker_left_a_stalled_executor_mid_run_is_not_run_again() 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(executor.pid, signal.SIGKILL)
         executor.communicate(timeout=30)
+
+
+def test_an_idle_worker_beats_a_quarter_silence_apart_and_a_busy_one_every_heartbeat() -> None:
+    """A worker waiting for tasks says it is there at the keep-alive pace (a quarter of
+    ``silence_timeout``, four within the silence the executor judges), so a thousand idle
+    workers do not wake it a thousand times a second; one at work sends its CPU and memory
+    use every ``heartbeat``."""
+    from fiberexec import FiberExecutor
+    from fiberexec import _protocol as p
+
+    beat = len(p.encode(p.Heartbeat(12.5, 1 << 20)))  # every reading packs to one size
+    with FiberExecutor(1, heartbeat=0.05, silence_timeout=2.0) as ex:
+        ex.submit(int).result(timeout=60)
+        before = ex.stats().bytes_received
+        time.sleep(2.0)  # idle: at the keep-alive pace of 0.5 s, about four
+        idle = (ex.stats().bytes_received - before) / beat
+        before = ex.stats().bytes_received
+        ex.submit(time.sleep, 1.0).result(timeout=60)  # at work: about twenty
+        busy = (ex.stats().bytes_received - before) / beat
+    assert idle <= 6, f"{idle:.1f} heartbeats' worth from an idle worker in 2 s"
+    assert busy >= 10, f"{busy:.1f} heartbeats' worth from a worker at work for 1 s"

@@ -77,3 +77,32 @@ def _scroll_to_the_last_worker(browser: Any) -> None:
             if row.is_displayed()]
     assert [row.get_attribute("data-worker") for row in rows[-2:]] == [f"w{WORKERS - 1}", "w1"]
     assert "state-lost" in rows[-1].get_attribute("class")
+
+
+def test_only_a_worker_at_work_is_marked_quiet_when_silent_for_long(browser: Any) -> None:
+    """A worker running a task says something every heartbeat; an idle one only at the
+    keep-alive pace (a quarter of ``silence_timeout``). So 20 s of silence marks a running
+    worker, and not an idle one, nor a running one heard from just now."""
+    import dataclasses
+    import time
+
+    from tests.dashboard.fakes import FakeSource, worker
+
+    now = time.time()
+    source = FakeSource()
+    silent_at_work = dataclasses.replace(worker(0, "running", function="model.fit", now=now),
+                                         last_heard=now - 20)
+    silent_idle = dataclasses.replace(worker(1, "idle", now=now), last_heard=now - 20)
+    heard_at_work = worker(2, "running", function="model.fit", now=now)
+    source.worker_list = [silent_at_work, silent_idle, heard_at_work]
+    dashboard = start("127.0.0.1:0", source, None)
+    try:
+        browser.get(dashboard.url)
+        until(browser, "return !!document.querySelector('tr[data-worker=\"w2\"]')")
+        classes = browser.execute_script(
+            "return [...document.querySelectorAll('#workers tr[data-worker]')]"
+            ".map(r => [r.dataset.worker, r.className]);")
+        assert dict(classes) == {"w0": "state-running quiet", "w1": "state-idle",
+                                 "w2": "state-running"}
+    finally:
+        dashboard.stop()

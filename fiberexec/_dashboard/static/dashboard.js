@@ -12,7 +12,8 @@
   const HISTORY = 120;      // refreshes kept for the rate plots
   const STRAGGLER = 3;      // running longer than this many times its function's median...
   const STRAGGLER_MIN = 1;  // ...and this many seconds
-  const QUIET = 10;         // seconds without a word from a worker before it is marked
+  const QUIET = 10;         // seconds without a word from a worker at work before it is
+                            // marked (an idle one says less often: a quarter silence apart)
 
   const $ = (id) => document.getElementById(id);
   let spans = [];
@@ -306,7 +307,7 @@
   function fillRow(row, wk, now, late) {
     const task = wk.task;
     const heard = wk.heard == null ? null : Math.max(0, now - wk.heard);
-    const quiet = heard != null && heard > QUIET && wk.state !== "retired";
+    const quiet = heard != null && heard > QUIET && wk.state === "running";
     const cls = `state-${wk.state}${late ? " straggler" : ""}${quiet ? " quiet" : ""}`;
     if (row.tr.className !== cls) row.tr.className = cls;
     if (row.worker !== wk.id) { row.worker = wk.id; row.tr.dataset.worker = wk.id; }
