@@ -19,6 +19,11 @@ each N. Measured:
 (d) **memory**: the USS of the executor's process, and the mean USS of its workers
     (psutil ``memory_full_info().uss``; at most 128 workers, evenly picked, are read).
 (e) for fiberexec, ``stats().workers_lost`` and ``stats().tasks_retried`` at the end.
+(f) **idle CPU**: with every task done, the machine's CPU use (``/proc/stat``: user, nice
+    and system time of every process and the kernel's own threads, 100 = one core busy)
+    over `IDLE_WINDOW` seconds after `IDLE_SETTLE`: what N idle workers and their executor
+    cost a machine that has other work to do. The kernel's share (its memory monitor
+    scans every process's pages) is there for every system alike.
 
 The task is ``benchmarks.scale_tasks.sleep_pid``, from a module every worker imports, or with
 ``--task script`` the same function defined in the program that runs the executor (here, this
@@ -29,7 +34,8 @@ researcher's module of tasks usually does: each worker needs numpy to load it.
 
 Targets (read at N = 512, shown for every N): all N running, the time to all N running
 <= 2x the stdlib's (fork, its default on Linux), efficiency >= the stdlib's (fork), no
-worker lost and no task retried, and the first ``submit`` back within 10 ms.
+worker lost and no task retried, the first ``submit`` back within 10 ms, and idle CPU at
+most the stdlib's (fork) plus `IDLE_MARGIN` points.
 Prints a markdown table and writes ``benchmarks/scale.json``.
 
 Memory: every worker is a Python process; 1024 of them take several GiB (see the USS
@@ -60,6 +66,9 @@ TASK_S = 0.05
 REFERENCE = "stdlib-fork"
 FIRST_SUBMIT_MS = 10.0  # the first submit returns within this whatever N is
 MEMORY_SAMPLE = 128
+IDLE_SETTLE = 1.0  # seconds after the last task before idle CPU is measured
+IDLE_WINDOW = 5.0  # seconds it is measured over
+IDLE_MARGIN = 5.0  # points of one core fiberexec's idle workers may cost over the stdlib's
 
 Metrics = dict[str, Any]
 
@@ -237,6 +246,7 @@ def measure_one(system: str, n: int, rounds: int, limit: float, task: str = "mod
         metrics.update(_until_all_running(ex, sleep_pid, tracker, start, deadline))
         if metrics["all_running"]:  # (b) only on a pool whose workers all run
             metrics.update(_efficiency(ex, sleep_pid, tracker, rounds, limit / 2))
+            metrics["idle_cpu_pct"] = _idle_cpu()
         sampler.stop.set()
         metrics.update(_at_end(ex, tracker, sampler.peak))
     finally:
@@ -283,6 +293,22 @@ def _efficiency(ex: Any, sleep_pid: Callable[[float], int], tracker: Tracker, ro
             "new_pids_in_run": len(set(tracker.seen()) - before)}
 
 
+def _machine_cpu() -> float:
+    """Seconds of CPU the machine has used since boot (user, nice, system: every process
+    and the kernel's threads), from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        user, nice, system = (int(v) for v in f.readline().split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu() -> float:
+    """(f): the machine's CPU use, in percent of one core, while the pool idles."""
+    time.sleep(IDLE_SETTLE)
+    cpu, began = _machine_cpu(), time.monotonic()
+    time.sleep(IDLE_WINDOW)
+    return 100 * (_machine_cpu() - cpu) / (time.monotonic() - began)
+
+
 def _at_end(ex: Any, tracker: Tracker, peak: int) -> Metrics:
     """(c), (d) and (e): workers alive, memory, and fiberexec's own count of losses."""
     import psutil
@@ -319,7 +345,9 @@ def verdict(by: dict[str, Metrics]) -> str:
     efficient = ours.get("efficiency", 0.0) >= ref.get("efficiency", float("inf"))
     clean = not ours.get("workers_lost") and not ours.get("tasks_retried")
     prompt = ours.get("first_submit_ms", 0.0) < FIRST_SUBMIT_MS
-    return "holds" if quick_enough and efficient and clean and prompt else "falls short"
+    quiet = ours.get("idle_cpu_pct", 0.0) <= ref.get("idle_cpu_pct", 0.0) + IDLE_MARGIN
+    return ("holds" if quick_enough and efficient and clean and prompt and quiet
+            else "falls short")
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -329,9 +357,9 @@ def _fmt(value: Any, spec: str) -> str:
 def table(results: dict[int, dict[str, Metrics]]) -> str:
     lines = [
         "| N | system | first submit, ms | all N ran a task, s | efficiency | peak alive "
-        "| executor USS, MiB | worker USS, MiB | lost / retried | shutdown, s "
-        "| verdict (fiberexec) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| executor USS, MiB | worker USS, MiB | lost / retried | idle CPU, % of a core "
+        "| shutdown, s | verdict (fiberexec) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, by in results.items():
         judged = verdict(by)
@@ -339,7 +367,7 @@ def table(results: dict[int, dict[str, Metrics]]) -> str:
             mark = judged if system == "fiberexec" else ""
             if "skipped" in m or "error" in m:
                 why = m.get("skipped") or f"error: {m['error']}"
-                lines.append(f"| {n} | {system} | {why[:90]} | | | | | | | | {mark} |")
+                lines.append(f"| {n} | {system} | {why[:90]} | | | | | | | | | {mark} |")
                 continue
             running = (f"{m['all_running_s']:.2f}" if m["all_running"]
                        else f"not all: {m['distinct_at_start']} of {n}")
@@ -350,6 +378,7 @@ def table(results: dict[int, dict[str, Metrics]]) -> str:
                 f"| {_fmt(m.get('efficiency'), '.2f')} "
                 f"| {m['peak_alive']} | {_fmt(m.get('executor_uss_mib'), '.1f')} "
                 f"| {_fmt(m.get('worker_uss_mib'), '.1f')} | {lost} "
+                f"| {_fmt(m.get('idle_cpu_pct'), '.1f')} "
                 f"| {_fmt(m.get('shutdown_s'), '.2f')} | {mark} |")
     return "\n".join(lines)
 
