@@ -37,9 +37,9 @@ Guarantees:
 - A worker dies with its host's session: when the executor closes the session or dies, the
   host wrapper reads end of input and terminates every worker of the host (SIGKILL after a
   grace period). The backend pings every wrapper each second over its session; when the
-  network between them fails, a wrapper that hears nothing for three heartbeats (at least
-  three pings) plus two seconds terminates its workers, even ones busy in long tasks (an
-  idle worker already exits by itself after three silent heartbeats).
+  network between them fails, a wrapper that hears nothing for ``silence_timeout`` (at
+  least three pings) plus two seconds terminates its workers, even ones busy in long tasks
+  (an idle worker already leaves by itself after ``silence_timeout`` of silence).
 - A worker that ends on the host is reported with its exit code (a negative one for a
   signal) and its siblings run on; when the session ends, every worker of the host is
   reported gone, with ssh's last message as the reason.
