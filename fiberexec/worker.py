@@ -301,7 +301,7 @@ class Worker:
 
     def working(self) -> bool:
         """Whether a task runs or waits here (read by the outbox thread: a worker with none
-        sends its heartbeats at the idle pace, `keepalive`)."""
+        sends its heartbeats at the idle pace, `_protocol.keepalive`)."""
         return self.doing is not None or bool(self.tasks)
 
     def take_in(self) -> None:
