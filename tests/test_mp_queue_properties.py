@@ -1,10 +1,11 @@
 """A queue's items, whatever the interleaving: each taken once, in the order put.
 
-Hypothesis drives the broker's own entry points (`Broker.append`, `_get`, `lease`,
-`lease_returned`, `peer_lost`) with consumer processes modelled as `_stream.Stream` keeps its
-side of the protocol: threads that wait and say so (`Want`), items sent ahead and taken
-later, revokes answered with what the waiting threads keep (`Returned`), gets that give up
-and wait for the broker's word (`Settled`), and processes that end with items at hand.
+Hypothesis drives the broker's channels (`_channels.Channels`: `append`, `put`, `get`, and
+`step` with what consumers send, `lost`) with consumer processes modelled as
+`_stream.Stream` keeps its side of the protocol: threads that wait and say so (`Want`),
+items sent ahead and taken later, revokes answered with what the waiting threads keep
+(`Returned`), gets that give up and wait for the broker's word (`Settled`), and processes
+that end with items at hand.
 Frames travel each way in order but late: a revoke may cross a `Want`, a batch may arrive
 after its consumer's thread gave up. A consumer counts its takes either in a real tally page
 the broker maps (as on one host: it reports now and then, and the sole consumer of a queue
@@ -43,7 +44,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fiberexec.multiprocessing._broker import EMPTY, OK, Broker, Chan, Feeder
+from fiberexec.multiprocessing._channels import EMPTY, FULL, OK, Chan, Channels, Feeder, Wait
 from fiberexec.multiprocessing._frames import (
     Feed,
     Frame,
@@ -238,20 +239,57 @@ class ConsumerProcess:
                 raise AssertionError(f"a consumer was sent {frame!r}")
 
 
+class Observed(Channels):
+    """The broker's channels, which tell the test after each `settle` (where calls that
+    wait are answered) and before each item is added (whose hand-outs may follow a get's
+    answer in the same settle), so that it sees each answer in its place."""
+
+    def __init__(self, settled: Callable[[], None], clock: Callable[[], float]) -> None:
+        super().__init__(clock=clock, feeder=StepFeeder())
+        self.settled = settled
+
+    def settle(self, chan: Chan) -> None:
+        super().settle(chan)
+        self.settled()
+
+    def _append(self, chan: Chan, body: bytes) -> None:
+        self.settled()
+        super()._append(chan, body)
+
+
 class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.broker = Broker("127.0.0.1", "127.0.0.1")
-        self.broker.feeder = StepFeeder()
-        self.cid = self.broker._new(0, -1)
+        self.now = 0.0  # the broker's clock
+        self.channels = Observed(self._answered, lambda: self.now)
+        self.cid = self.channels.new(0, -1)
         self.consumers: list[ConsumerProcess] = []
-        self.put = 0
+        self.put = 0  # items numbered (each put, or begun, with the next number)
+        self.refused: set[int] = set()  # those whose put found the queue full
+        self.gets_waiting: list[tuple[int, Wait]] = []  # gets here: when each began
+        self.puts_waiting: list[tuple[int, Wait]] = []  # puts for room: the item of each
         self.clock = itertools.count()
         self.taken_here: list[Take] = []
         self.handed: dict[int, int] = {}  # item -> when the hand-out that stands was made
         self.requeued: set[int] = set()  # items a consumer held when its process ended
         self.creator_gets = True
         self.maxsize = 0
+
+    def _answered(self) -> None:
+        """Record the calls waiting here that the broker just answered."""
+        for began, get in [(b, g) for b, g in self.gets_waiting if g.status]:
+            self.gets_waiting.remove((began, get))
+            if get.status == OK:
+                item = pickle.loads(get.body)
+                self.handed[item] = next(self.clock)
+                self.taken_here.append(Take(item, began, next(self.clock)))
+            else:
+                assert get.status == EMPTY
+        for item, put in [(i, p) for i, p in self.puts_waiting if p.status]:
+            self.puts_waiting.remove((item, put))
+            if put.status != OK:
+                assert put.status == FULL
+                self.refused.add(item)
 
     def _hand(self, item: bytes) -> None:
         self.handed[pickle.loads(item)] = next(self.clock)
@@ -272,7 +310,7 @@ class QueueMachine(RuleBasedStateMachine):
         creator takes items too (if not, a sole consumer on this host is fed ahead)."""
         self.creator_gets = creator_gets
         self.maxsize = maxsize
-        self.cid = self.broker._new(maxsize, -1)
+        self.cid = self.channels.new(maxsize, -1)
         self.start_consumer(window, tallied)
 
     @precondition(lambda self: len(self._live()) < CONSUMERS)
@@ -287,19 +325,44 @@ class QueueMachine(RuleBasedStateMachine):
         for _ in range(n):
             item = pickle.dumps(self.put)
             if not self.maxsize:
-                self.broker.append(self.cid, item)
-            elif self.broker._put(item, self.cid, 0.0) != OK:
+                self.channels.append(self.cid, item)
+            elif self.channels.put(item, self.cid, 0.0) != OK:
                 break
             self.put += 1
 
-    @precondition(lambda self: self.broker.feeder.chans)
+    @precondition(lambda self: self.maxsize)
+    @rule(seconds=st.integers(1, 3))
+    def put_waits_for_room(self, seconds: int) -> None:
+        """A put into the bounded queue that waits up to ``seconds`` for room."""
+        item = self.put
+        self.put += 1
+        self.puts_waiting.append(
+            (item, self.channels.begin_put(pickle.dumps(item), self.cid, seconds)))
+        self._answered()  # (if it was answered at once)
+
+    @precondition(lambda self: self.creator_gets)
+    @rule(seconds=st.integers(1, 3))
+    def get_waits_here(self, seconds: int) -> None:
+        """A thread here calls ``get(timeout=seconds)``."""
+        self.gets_waiting.append((next(self.clock), self.channels.begin_get(self.cid, seconds)))
+        self._answered()
+
+    @precondition(lambda self: self.gets_waiting or self.puts_waiting)
+    @rule(seconds=st.integers(1, 2))
+    def time_passes(self, seconds: int) -> None:
+        """The clock moves on; a waiting thread wakes and settles the queue."""
+        self.now += seconds
+        with self.channels.turn(self.cid):
+            pass
+
+    @precondition(lambda self: self.channels.feeder.chans)
     @rule()
     def feeder_sends(self) -> None:
-        self.broker.feeder.flush()
+        self.channels.feeder.flush()
 
     def _get_here(self) -> bool:
         began = next(self.clock)
-        status, body = self.broker._get(self.cid, 0.0)
+        status, body = self.channels.get(self.cid, 0.0)
         if status == OK:
             item = pickle.loads(body)
             self.handed[item] = next(self.clock)
@@ -333,13 +396,7 @@ class QueueMachine(RuleBasedStateMachine):
             del self.handed[pickle.loads(item)]  # handed back: it does not stand
 
     def _deliver(self, consumer: ConsumerProcess) -> None:
-        match consumer.outbox.popleft():
-            case Want() as want:
-                self.broker.lease(consumer, want)  # type: ignore[arg-type]
-            case Returned() as returned:
-                self.broker.lease_returned(consumer, returned)  # type: ignore[arg-type]
-            case Tally() as tally:
-                self.broker.tally(consumer, tally)  # type: ignore[arg-type]
+        self.channels.step(consumer, consumer.outbox.popleft())  # type: ignore[arg-type]
 
     @precondition(lambda self: self._live(lambda c: c.outbox))
     @rule(index=st.integers(0, CONSUMERS - 1))
@@ -365,7 +422,7 @@ class QueueMachine(RuleBasedStateMachine):
         consumer.items.clear()
         consumer.inbox.clear()
         consumer.ended = True
-        self.broker.peer_lost(consumer, None)  # type: ignore[arg-type]
+        self.channels.lost(consumer)  # type: ignore[arg-type]
         consumer.close()
 
     def _takes(self) -> list[Take]:
@@ -374,7 +431,8 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def a_bounded_queue_holds_no_more_than_its_size(self) -> None:
         if self.maxsize:  # (the broker counts what it has not heard was taken as there)
-            assert self.put - len(self._takes()) <= self.maxsize
+            entered = self.put - len(self.refused) - len(self.puts_waiting)
+            assert entered - len(self._takes()) <= self.maxsize
 
     @invariant()
     def a_get_that_began_later_takes_a_later_item(self) -> None:
@@ -386,10 +444,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            # let every frame land and every waiting thread go, then end the consumers
-            # (what they hold goes back) and take the rest here
+            # let every call here end, every frame land and every waiting thread go, then
+            # end the consumers (what they hold goes back) and take the rest here
+            self.now += 10
+            with self.channels.turn(self.cid):
+                pass
+            assert not (self.gets_waiting or self.puts_waiting), "a call past its deadline waits"
             for consumer in self.consumers:
-                self.broker.feeder.flush()
+                self.channels.feeder.flush()
                 for _ in range(10_000):
                     if not (consumer.alive and (consumer.inbox or consumer.outbox
                                                 or consumer.threads)):
@@ -404,11 +466,12 @@ class QueueMachine(RuleBasedStateMachine):
                     raise AssertionError(f"threads still wait, all frames read: {consumer}")
                 if consumer.alive:
                     self._end(consumer)
-            self.broker.feeder.flush()
+            self.channels.feeder.flush()
             while self._get_here():
                 pass
             took = sorted(take.item for take in self._takes())
-            assert took == list(range(self.put)), "an item lost or taken twice"
+            assert took == sorted(set(range(self.put)) - self.refused), (
+                "an item lost or taken twice")
             self.a_get_that_began_later_takes_a_later_item()
             order = [item for item in sorted(self.handed, key=self.handed.__getitem__)
                      if item not in self.requeued]
@@ -416,7 +479,6 @@ class QueueMachine(RuleBasedStateMachine):
         finally:
             for consumer in self.consumers:
                 consumer.close()
-            self.broker.close()
 
 
 def test_a_get_that_gives_up_takes_what_was_sent_for_it() -> None:

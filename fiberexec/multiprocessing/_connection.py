@@ -21,6 +21,7 @@ from typing import Any
 from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
+from fiberexec.multiprocessing import _channels as ch
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._errors import BufferTooShort
@@ -94,8 +95,8 @@ class Connection:
             self._stream.put(cid, data)
         elif self._broker is not None:
             if self._recv_id is not None:
-                self._broker.expect(self._recv_id)
-            self._broker.append(cid, data)
+                self._broker.channels.expect(self._recv_id)
+            self._broker.channels.append(cid, data)
         else:
             self._endpoint.call(calls.Put(cid, 0.0), data)
 
@@ -138,18 +139,18 @@ class Connection:
                 self._subscribe(self._stream, cid)
             return self._stream.take(cid)
         if self._broker is not None:
-            return self._broker.take_item(cid)
+            return self._broker.channels.take_item(cid)
         found: list[tuple[str, bytes]] = []
 
         def attempt(wait: float) -> bool:
             status, body = self._endpoint.call(calls.Get(cid, wait),
                                                timeout=wait + _timing.TIMING.call)
             found.append((status, body))
-            return bool(status != b.EMPTY)
+            return bool(status != ch.EMPTY)
 
         _timing.in_slices(None, attempt)
         status, body = found[-1]
-        if status == b.EOF:
+        if status == ch.EOF:
             raise EOFError
         return body
 
@@ -161,7 +162,7 @@ class Connection:
             self._subscribe(stream, cid)
             ready = stream.wait(cid, timeout)
         elif broker is not None:
-            ready = broker.ready(cid, timeout)
+            ready = broker.channels.ready(cid, timeout)
         else:
             return _timing.in_slices(timeout, lambda w: bool(
                 self._endpoint.call(calls.Poll(cid, w), timeout=w + _timing.TIMING.call)[0]))
@@ -180,7 +181,7 @@ class Connection:
             self._subscribe(self._stream, cid)
             return self._stream.signal(cid)
         if self._broker is not None:
-            return self._broker.signal(cid)
+            return self._broker.channels.signal(cid)
         raise OSError("fileno() is not available for this pipe end")
 
     def close(self) -> None:
@@ -192,7 +193,7 @@ class Connection:
             self._stream.drop_signal(self._recv_id)
             self._subscribed = False
         if self._broker is not None and self._recv_id is not None:
-            self._broker.drop_signal(self._recv_id)
+            self._broker.channels.drop_signal(self._recv_id)
         self._recv_id = self._send_id = None
 
     def __enter__(self) -> Connection:
@@ -262,7 +263,7 @@ def _release_collected() -> None:
 def _release(endpoint: Endpoint, cid: int) -> None:
     broker = b.local_broker(endpoint)
     if broker is not None:  # never through the network to ourselves (nor once closed)
-        broker.unref(cid, process_token())
+        broker.channels.unref(cid, process_token())
         return
     try:
         stream = st.stream_for(endpoint)

@@ -556,7 +556,7 @@ class Reader:
 
     def hold(self) -> None:
         """A thread here is about to send the peer something it answers, then read the
-        answer (a duplex pipe end, see `_broker.Broker.expect`): take the socket from the
+        answer (a duplex pipe end, see `_channels.Channels.expect`): take the socket from the
         serving thread now, so that the answer is not read there first and handed over.
         The serving thread takes it back if no thread has come to read within
         `Timing.hold`."""

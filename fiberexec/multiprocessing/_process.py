@@ -147,7 +147,7 @@ class _Runtime:
         if self.done.is_set():
             return
         broker = get_broker()
-        broker.drop_tickets(self.tickets)  # ends it never took: their readers see EOF
+        broker.channels.drop_tickets(self.tickets)  # ends it never took: their readers see EOF
         broker.child_ended(self.proc_id)  # what it held here is released before join()
         if self.keys:
             from fiberexec.multiprocessing import _hostpipe

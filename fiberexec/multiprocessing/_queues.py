@@ -16,6 +16,7 @@ from typing import Any
 from fiberexec._serialize import dumps_as_stdlib, loads_as_stdlib
 from fiberexec.multiprocessing import _broker as b
 from fiberexec.multiprocessing import _calls as calls
+from fiberexec.multiprocessing import _channels as ch
 from fiberexec.multiprocessing import _stream as st
 from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._rpc import Endpoint
@@ -107,7 +108,7 @@ class Queue:
             raise self._closed_error()
         broker = b.local_broker(self._ep())
         if broker is not None:
-            ready = broker.ready(self._cid, timeout)
+            ready = broker.channels.ready(self._cid, timeout)
             if not ready and timeout == 0.0:
                 os.sched_yield()  # (as `qsize`: a loop on it lets the other threads run)
             return ready
@@ -134,7 +135,7 @@ class Queue:
                 raise self._closed_error()
             broker = b.local_broker(self._ep())
             if broker is not None:  # created here: a direct call, no RPC layer
-                broker.append(self._cid, data)
+                broker.channels.append(self._cid, data)
                 return
             if self._streamed:
                 try:
@@ -147,7 +148,7 @@ class Queue:
 
         def attempt(wait: float) -> bool:
             status, _ = self._call(calls.Put, wait, body=data, wait=wait)
-            return bool(status == b.OK)
+            return bool(status == ch.OK)
 
         if not _blocking(block, timeout, attempt):
             raise queue.Full
@@ -174,9 +175,9 @@ class Queue:
 
         def attempt(wait: float) -> bool:
             status, body = self._call(calls.Get, wait, wait=wait)
-            if status == b.OK:
+            if status == ch.OK:
                 found.append(body)
-            return bool(status == b.OK)
+            return bool(status == ch.OK)
 
         if not _blocking(block, timeout, attempt):
             raise queue.Empty
@@ -304,13 +305,13 @@ class QueueReader(_End):
                 f"fileno() of {q!r}'s reader is available in the process that created the "
                 "queue only; elsewhere use poll(timeout) or get(timeout=...)")
         self._signalled = True
-        return broker.signal(q._cid)
+        return broker.channels.signal(q._cid)
 
     def close(self) -> None:
         if not self.closed and self._signalled:
             broker = b.local_broker(self._queue._ep())
             if broker is not None:
-                broker.drop_signal(self._queue._cid)
+                broker.channels.drop_signal(self._queue._cid)
         super().close()
 
 

@@ -117,4 +117,4 @@ def test_a_broker_hangs_up_on_a_stream_that_sends_what_a_process_never_sends(
     with pytest.raises(EOFError):
         wire.recv_bytes()
     wire.sock.close()
-    del broker.chans[cid]
+    del broker.channels.chans[cid]
