@@ -566,33 +566,30 @@ class Channels:
                 get.status = EOF
             chan.getters.clear()
             answered = True
-        now = self.clock()
-        expired = False
-        for waits, status in ((chan.getters, EMPTY), (chan.putters, FULL)):
-            for wait in [w for w in waits if now >= w.deadline]:
-                waits.remove(wait)
-                wait.status = status
-                expired = answered = True
-        if expired:
-            chan.dispatch()  # what a get left may go to consumers elsewhere
+        if chan.getters or chan.putters:
+            now = self.clock()
+            for waits, status in ((chan.getters, EMPTY), (chan.putters, FULL)):
+                for wait in [w for w in waits if now >= w.deadline] if waits else ():
+                    waits.remove(wait)
+                    wait.status = status
+                    answered = True
+                    if status == EMPTY:
+                        chan.dispatch()  # what it left may go to consumers elsewhere
         if answered:
             chan.changed()
 
-    def wait(self, cid: int, wait: Wait) -> Wait:
-        """Block until ``wait`` (a call on channel ``cid``) is answered: by a step, or by
-        `settle` once its deadline passes on the clock; the call of a client that hung up
-        meanwhile is answered now, as if its deadline had passed."""
-        chan = self.chan(cid)
-        with chan.cond:
-            while not wait.status:
-                left = max(0.0, wait.deadline - self.clock())
-                if left:
-                    caller_waits(lambda piece: chan.cond.wait_for(
-                        lambda: bool(wait.status), piece), left)
-                    if not wait.status and caller_gone():
-                        wait.deadline = self.clock()
-                self.settle(chan)
-        return wait
+    def _block(self, chan: Chan, wait: Wait) -> None:
+        """Block (under ``cond``) until ``wait`` is answered: by a step, or by `settle` once
+        its deadline passes on the clock; the call of a client that hung up meanwhile is
+        answered now, as if its deadline had passed."""
+        while not wait.status:
+            left = max(0.0, wait.deadline - self.clock())
+            if left:
+                caller_waits(lambda piece: chan.cond.wait_for(
+                    lambda: bool(wait.status), piece), left)
+                if not wait.status and caller_gone():
+                    wait.deadline = self.clock()
+            self.settle(chan)
 
     def _deadline(self, wait: float) -> float:
         return self.clock() + max(0.0, wait)
@@ -605,14 +602,21 @@ class Channels:
 
     def put(self, body: bytes, cid: int, wait: float) -> str:
         """Put an item, waiting up to ``wait`` seconds for room in a bounded queue."""
-        return self.wait(cid, self.begin_put(body, cid, wait)).status
+        with self.turn(cid) as chan:
+            put = self._enter_put(chan, body, wait)
+            self._block(chan, put)
+            return put.status
 
     def begin_put(self, body: bytes, cid: int, wait: float) -> Wait:
-        """`put`, answered now if it can be, else waiting (see `wait`)."""
+        """`put`, answered now if it can be, else left waiting (for a step, or the clock)."""
         with self.turn(cid) as chan:
-            put = Wait(self._deadline(wait), body)
-            chan.putters.append(put)
-            return put
+            return self._enter_put(chan, body, wait)
+
+    def _enter_put(self, chan: Chan, body: bytes, wait: float) -> Wait:
+        put = Wait(self._deadline(wait), body)
+        chan.putters.append(put)
+        self.settle(chan)
+        return put
 
     def append(self, cid: int, body: bytes, source: Peer | None = None) -> None:
         """Add an item to a pipe direction or an unbounded queue (no RPC layer in between);
@@ -640,20 +644,27 @@ class Channels:
 
     def get(self, cid: int, wait: float) -> tuple[str, bytes]:
         """Take an item, waiting up to ``wait`` seconds; `EOF` once no writer is left."""
-        get = self.wait(cid, self.begin_get(cid, wait))
+        chan = self.chans.get(cid) or self.chan(cid)
+        with chan.cond:  # (`turn`, without its cost: the creator's every get comes here)
+            get = self._enter_get(chan, wait)
+            self._block(chan, get)
         return get.status, get.body
 
     def begin_get(self, cid: int, wait: float) -> Wait:
-        """`get`, answered now if it can be, else waiting (see `wait`)."""
+        """`get`, answered now if it can be, else left waiting (for a step, or the clock)."""
         with self.turn(cid) as chan:
-            if not chan.got_here:
-                chan.got_here = True
-                chan.share()
-                chan.refeed()
-            get = Wait(self._deadline(wait))
-            chan.revoke()  # before counting this get: "nothing here" is for it
-            chan.getters.append(get)
-            return get
+            return self._enter_get(chan, wait)
+
+    def _enter_get(self, chan: Chan, wait: float) -> Wait:
+        if not chan.got_here:
+            chan.got_here = True
+            chan.share()
+            chan.refeed()
+        get = Wait(self._deadline(wait))
+        chan.revoke()  # before counting this get: "nothing here" is for it
+        chan.getters.append(get)
+        self.settle(chan)
+        return get
 
     def expect(self, cid: int) -> None:
         """A thread here is about to send on a duplex pipe end that reads ``cid``: if the
