@@ -3,11 +3,13 @@
 `Channels.step` applies one frame from another process's stream (`_hub`); calls of `_rpc`
 and of threads here come in through the methods beside it. Each change is made under its
 channel's condition, and ends with `Channels.settle`: the calls waiting on that channel
-(`Wait`: a get for an item, a put for room) that can now be answered are, in the order they
-came, and those whose deadline passed on the channels' clock are answered empty (or full).
-A thread whose call waits blocks on the condition until its `Wait` is answered, and settles
-the channel again when it wakes: the clock decides when a wait ends. So every decision here
-can be driven without a thread or a socket: fake peers, a fake clock, one step at a time
+(`Wait`: a get for an item, a put for room, a poll, a join, a ``qsize()`` waiting for the
+counts it asked for) that can now be answered are (gets and puts in the order they came),
+and those whose deadline passed on the channels' clock are answered empty (or full). A
+thread whose call waits blocks on the condition until its `Wait` is answered, and settles
+the channel again when it wakes: the clock decides when a wait ends. (A pipe end read here
+waits in `Chan.await_item` instead, reading its writer's stream itself.) So every decision
+here can be driven without a socket: fake peers, a fake clock, one step at a time
 (`tests/mp/test_channels.py`).
 """
 
@@ -19,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fiberexec.multiprocessing import _tally, _timing
@@ -90,7 +92,7 @@ class Lease:
     revoking: bool = False  # asked to hand back what it has not taken; nothing is sent
     gone: bool = False  # sending to it failed: nothing more is sent; its stream is ending
     direct: int = 0  # items producers sent it directly (`_route`) that it had not taken
-    asked: int = 0  # the last count of those asked for (see `Chan.count_held`)
+    asked: int = 0  # the last count of those asked for (see `Chan.ask_held`)
     answered: int = 0  # the last count answered
     ahead_until: int = 0  # ``consumed`` once the items sent ahead last are taken
     idle: bool = False  # was revoked and has not waited since: nothing is sent ahead to it
@@ -130,15 +132,19 @@ class Mark:
 
 @dataclass(eq=False)
 class Wait:
-    """A call waiting in a channel: a get for an item, or a put into a full queue for room.
+    """A call waiting in a channel: a get for an item, a put into a full queue for room, or
+    a watch (``until``: a poll for an item, a join for every task done, a ``qsize()`` for
+    the counts it asked consumers elsewhere for).
 
-    It is answered by the step that can answer it, in the order the calls came (``status``
-    `OK`, and a get's ``body`` its item; `EOF` for a get once no writer is left), or, once
-    ``deadline`` passes on the channels' clock, with `EMPTY` (a get) or `FULL` (a put)."""
+    It is answered by the step that can answer it (gets and puts in the order they came):
+    ``status`` `OK`, and a get's ``body`` its item; `EOF` for a get once no writer is left.
+    Once ``deadline`` passes on the channels' clock, it is answered `FULL` if a put, else
+    `EMPTY`."""
 
     deadline: float  # on the channels' clock
     body: bytes = b""  # a put's item; a get's, once answered
     status: str = ""  # "" while it waits
+    until: Callable[[], bool] | None = None  # a watch: answered once this is true
 
 
 @dataclass
@@ -159,6 +165,7 @@ class Chan:
     getters: deque[Wait] = field(default_factory=deque)  # gets waiting here (threads here,
     # or calls of processes without a stream), in the order they came
     putters: deque[Wait] = field(default_factory=deque)  # puts waiting for room, in order
+    watches: list[Wait] = field(default_factory=list)  # polls, joins and counts waiting
     source: Peer | None = None  # the process that last sent an item here
     leader: Wake | None = None  # of a thread here reading ``source`` for this pipe
     routed: Peer | None = None  # queue: the consumer producers elsewhere may send to directly
@@ -208,10 +215,10 @@ class Chan:
         with contextlib.suppress(OSError):
             peer.send(Unroute(self.cid))
 
-    def count_held(self) -> None:
+    def ask_held(self) -> Callable[[], bool]:
         """Before ``qsize()``: ask every consumer elsewhere that holds items of this queue
-        (sent ahead, or sent directly to the routed one) what it holds, and wait up to
-        `Timing.count` for the answers (under ``cond``).
+        (sent ahead, or sent directly to the routed one) what it holds (under ``cond``); what
+        says whether all have answered.
 
         An answer comes on the consumer's stream after every report it sent before, so an
         item it took before telling anyone (setting an `Event`, say) is counted as taken
@@ -227,11 +234,9 @@ class Chan:
             except OSError:
                 continue
             asked.append((peer, lease, lease.asked))
-        if asked:
-            self.cond.wait_for(lambda: all(
-                lease.answered >= n or lease.gone or peer.ended
-                or self.leases.get(peer) is not lease for peer, lease, n in asked),
-                _timing.TIMING.count)
+        return lambda: all(
+            lease.answered >= n or lease.gone or peer.ended or self.leases.get(peer) is not lease
+            for peer, lease, n in asked)
 
     def refeed(self) -> None:
         """Tell the consumers elsewhere whether they are fed ahead (under ``cond``).
@@ -312,9 +317,10 @@ class Chan:
         in queue order: no one is handed an item while an earlier one, sent ahead to
         another consumer, is neither taken nor handed back (`ahead_of`).
 
-        Threads waiting here keep the first items; then each consumer thread waiting
-        elsewhere gets one; only when nobody waits are items sent ahead, to one consumer
-        at a time (another one taking later items than those would break the order).
+        As many items as gets wait here stay for them (`Channels.settle` hands them out);
+        of the rest, each consumer thread waiting elsewhere gets one; only when nobody
+        waits are items sent ahead, to one consumer at a time (another one taking later
+        items than those would break the order).
         """
         if not self.leases:
             return
@@ -543,13 +549,20 @@ class Channels:
                 self.settle(chan)
 
     def settle(self, chan: Chan) -> None:
-        """Answer the calls waiting on ``chan`` that can be answered now (under ``cond``):
-        puts for room, then gets (a get is never handed an item while an earlier one, sent
-        ahead to a consumer elsewhere, is neither taken nor handed back), each in the order
-        they came; then those whose deadline passed, empty (or full) handed."""
-        if not (chan.getters or chan.putters):
-            return
+        """Answer the calls waiting on ``chan`` that can be answered now (under ``cond``),
+        then those whose deadline passed on the clock."""
+        if (chan.getters or chan.putters or chan.watches) and (
+                self._answer(chan) | self._expire(chan)):
+            chan.changed()
+
+    def _answer(self, chan: Chan) -> bool:
+        """Watches that came true; puts for room and gets, each in the order they came (a
+        get is never handed an item while an earlier one, sent ahead to a consumer
+        elsewhere, is neither taken nor handed back); gets at end-of-file. Whether any."""
         answered = False
+        for watch in [w for w in chan.watches if w.until is not None and w.until()]:
+            chan.watches.remove(watch)
+            watch.status, answered = OK, True
         while True:  # (an item a get takes makes room for a put, whose item a get takes)
             if chan.putters and (chan.size() < chan.maxsize or not chan.maxsize):
                 put = chan.putters.popleft()
@@ -566,17 +579,21 @@ class Channels:
                 get.status = EOF
             chan.getters.clear()
             answered = True
-        if chan.getters or chan.putters:
-            now = self.clock()
-            for waits, status in ((chan.getters, EMPTY), (chan.putters, FULL)):
-                for wait in [w for w in waits if now >= w.deadline] if waits else ():
-                    waits.remove(wait)
-                    wait.status = status
-                    answered = True
-                    if status == EMPTY:
-                        chan.dispatch()  # what it left may go to consumers elsewhere
-        if answered:
-            chan.changed()
+        return answered
+
+    def _expire(self, chan: Chan) -> bool:
+        """Answer the calls whose deadline passed: a get `EMPTY` (what it left may go to
+        consumers elsewhere), a put `FULL`, a watch `EMPTY`. Whether any."""
+        now, expired = self.clock(), False
+        for waits, status in ((chan.getters, EMPTY), (chan.putters, FULL),
+                              (chan.watches, "")):
+            for wait in [w for w in waits if now >= w.deadline] if waits else ():
+                waits.remove(wait)
+                wait.status = status or EMPTY
+                expired = True
+                if status == EMPTY:
+                    chan.dispatch()
+        return expired
 
     def _block(self, chan: Chan, wait: Wait) -> None:
         """Block (under ``cond``) until ``wait`` is answered: by a step, or by `settle` once
@@ -626,7 +643,7 @@ class Channels:
             if source is not None:
                 chan.source = source
             self._append(chan, body)
-            if chan.getters:
+            if chan.getters or chan.watches:
                 self.settle(chan)
 
     def _append(self, chan: Chan, body: bytes) -> None:
@@ -716,30 +733,39 @@ class Channels:
 
     def poll(self, cid: int, wait: float) -> bool:
         """Whether an item (or end-of-file) is here, waiting up to ``wait`` seconds."""
-        chan = self.chan(cid)
-        with chan.cond:
-            return caller_waits(lambda left: bool(chan.cond.wait_for(
-                lambda: chan.items or chan.writers == 0, timeout=left)), wait)
+        with self.turn(cid) as chan:
+            return self._watch(chan, self._deadline(wait),
+                               lambda: bool(chan.items) or chan.writers == 0)
 
     def qsize(self, cid: int) -> tuple[int, int]:
-        chan = self.chan(cid)
-        with chan.cond:
-            chan.count_held()
+        """Items put and not taken (asking consumers elsewhere first, for `Timing.count`
+        at most), and the queue's size."""
+        with self.turn(cid) as chan:
+            deadline = self._deadline(_timing.TIMING.count)  # (from the moment it asks)
+            self._watch(chan, deadline, chan.ask_held())
             return chan.size(), chan.maxsize
 
     def task_done(self, cid: int) -> None:
-        chan = self.chan(cid)
-        with chan.cond:
+        with self.turn(cid) as chan:
             if chan.unfinished <= 0:
                 raise ValueError("task_done() called too many times")
             chan.unfinished -= 1
-            chan.cond.notify_all()
 
     def join(self, cid: int, wait: float) -> bool:
-        chan = self.chan(cid)
-        with chan.cond:
-            return caller_waits(
-                lambda left: chan.cond.wait_for(lambda: chan.unfinished == 0, timeout=left), wait)
+        """Whether every item put was marked done, waiting up to ``wait`` seconds."""
+        with self.turn(cid) as chan:
+            return self._watch(chan, self._deadline(wait), lambda: chan.unfinished == 0)
+
+    def _watch(self, chan: Chan, deadline: float, until: Callable[[], bool]) -> bool:
+        """Wait (under ``cond``) until ``until()``, or ``deadline`` on the clock: whether it
+        came."""
+        if until():
+            return True
+        watch = Wait(deadline, until=until)
+        chan.watches.append(watch)
+        self.settle(chan)
+        self._block(chan, watch)
+        return watch.status == OK
 
     def ref(self, cid: int, ticket: str) -> bool:
         """A pipe end is being pickled: hold a count for the copy until it is unpickled.
@@ -917,14 +943,12 @@ class Channels:
             chan.refeed()
 
     def _counted(self, peer: Peer, counted: Counted) -> None:
-        """A consumer's answer to `Chan.count_held`."""
-        chan = self.chan(counted.cid)
-        with chan.cond:
+        """A consumer's answer to `Chan.ask_held`."""
+        with self.turn(counted.cid) as chan:
             lease = chan.leases.get(peer)
             if lease is not None and counted.asked > lease.answered:
                 lease.answered = counted.asked
                 lease.direct = counted.direct if chan.routed is peer else 0
-                chan.cond.notify_all()
 
     def lost(self, peer: Peer) -> None:
         """A process's stream closed (it exited or died): release all it held."""

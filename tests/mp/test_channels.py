@@ -10,13 +10,18 @@ that wait (a get for an item, a put for room) are begun without blocking (`begin
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._channels import EMPTY, EOF, FULL, OK, Channels, Feeder, Wait
 from fiberexec.multiprocessing._frames import (
     Claim,
+    Count,
+    Counted,
     Eof,
     Frame,
     Holder,
@@ -56,6 +61,11 @@ class Process:
     def says(self, frame: Frame) -> None:
         """The broker reads ``frame`` off this process's stream."""
         self.channels.step(self.peer, frame)
+
+    def awaits(self) -> Frame:
+        """The next frame the broker sends this process (from a thread of the test)."""
+        assert self.end.poll(10), "the broker sent nothing"
+        return decode(self.end.recv_bytes())
 
     def heard(self) -> list[Frame]:
         """What the broker sent this process since it last looked."""
@@ -258,3 +268,50 @@ def test_a_wait_is_answered_once(channels: Channels, clock: FakeClock) -> None:
     _later(channels, clock, cid, 2.0)
     assert (get.status, get.body) == (OK, _item(1))
     assert isinstance(get, Wait)
+
+
+def _in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
+    """Run a call that blocks in a thread of its own; what returns its result once it
+    returned (within 10 s)."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+
+    def outcome() -> Any:
+        thread.join(10)
+        assert not thread.is_alive(), "the call still waits"
+        return result[0]
+
+    return outcome
+
+
+def _consumer_holding(channels: Channels, consumer: Process, n: int) -> int:
+    """A queue whose consumer elsewhere was sent ``n`` items ahead (and took none)."""
+    cid = channels.new(0, -1)
+    consumer.says(Want(cid, 0, 0, 0, n))
+    for i in range(n + 2):  # two more than its window: they stay here
+        channels.append(cid, _item(i))
+    channels.feeder.flush()
+    assert sum(len(f.items) for f in consumer.heard() if isinstance(f, Items)) == n
+    return cid
+
+
+def test_qsize_asks_a_consumer_elsewhere_what_it_took_and_counts_by_its_answer(
+        channels: Channels, processes: list[Process]) -> None:
+    consumer = processes[0]
+    cid = _consumer_holding(channels, consumer, 4)
+    qsize = _in_thread(lambda: channels.qsize(cid))
+    assert consumer.awaits() == Count(cid, 1)
+    consumer.says(Want(cid, 3, 4, 0, 4))  # it took 3 of the 4 (its report comes first)
+    consumer.says(Counted(cid, 1, 0))
+    assert qsize() == (1 + 2, 0)
+
+
+def test_qsize_counts_without_an_answer_once_its_wait_passes_on_the_clock(
+        channels: Channels, clock: FakeClock, processes: list[Process]) -> None:
+    consumer = processes[0]
+    cid = _consumer_holding(channels, consumer, 4)
+    qsize = _in_thread(lambda: channels.qsize(cid))
+    assert consumer.awaits() == Count(cid, 1)  # it never answers
+    _later(channels, clock, cid, _timing.TIMING.count)
+    assert qsize() == (4 + 2, 0)  # what was sent to it counts as there
