@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fiberexec._pace import REFILL, Pace
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def test_a_burst_starts_at_once_then_each_start_waits_its_turn() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     pace = Pace(4, clock)
     assert [pace.wait() for _ in range(4)] == [0.0] * 4
     step = REFILL / 4
@@ -25,7 +18,7 @@ def test_a_burst_starts_at_once_then_each_start_waits_its_turn() -> None:
 
 
 def test_the_bucket_refills_with_time_and_never_beyond_its_size() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     pace = Pace(2, clock)
     assert pace.wait() == 0.0 and pace.wait() == 0.0
     clock.now += REFILL / 2  # one token back

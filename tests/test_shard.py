@@ -33,20 +33,10 @@ from fiberexec._serialize import dumps, dumps_exception
 from fiberexec._session import Session
 from fiberexec._shard import STATUS_WAIT, Shard
 from fiberexec._task import WorkItem
+from tests.support.clock import FakeClock
 
 T = TypeVar("T")
 SHORT = 2.0**-12  # seconds: a known short task (exact in binary, so window sums are exact)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

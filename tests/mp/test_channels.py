@@ -37,15 +37,8 @@ from fiberexec.multiprocessing._frames import (
 )
 from fiberexec.multiprocessing._hub import Peer
 from fiberexec.multiprocessing._links import Wire
+from tests.support.clock import FakeClock
 from tests.support.sockets import MemorySocket, memory_pair
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Process:
@@ -107,7 +100,7 @@ def processes(channels: Channels) -> Iterator[list[Process]]:
 
 def _later(channels: Channels, clock: FakeClock, cid: int, seconds: float) -> None:
     """Time passes; the channel is settled, as a waiting thread does when it wakes."""
-    clock.now += seconds
+    clock.advance(seconds)
     with channels.turn(cid):
         pass
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fiberexec.multiprocessing import AuthenticationError, _frames, _links, _route, _timing
+from tests.support.clock import FakeClock
 from tests.support.sockets import memory_pair
 
 SECRET = b"s" * 32
@@ -411,23 +412,13 @@ def test_the_serving_thread_reads_what_nobody_waits_for(wires: Wires) -> None:
     assert seen.ends.empty() and reader.ended
 
 
-class Clock:
-    """A clock that moves only when a test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_held_socket_is_read_by_the_thread_that_asked(wires: Wires) -> None:
     """`hold` takes the socket from the serving thread before an answer can come, so the
     answer reaches the asking thread directly (the clock stands still: the hold never runs
     out); it gives it back when nobody leads."""
     mine, theirs = wires
     seen = Seen()
-    clock = Clock()
+    clock = FakeClock(0.0)
     reader = _links.Reader(mine, seen.apply, seen.lost, clock=clock)
     reader.start("test-serving")
     cond = threading.Condition()
@@ -451,7 +442,7 @@ def test_a_hold_nobody_reads_under_goes_back_once_its_time_is_up(wires: Wires) -
     clock, then the serving thread reads it."""
     mine, theirs = wires
     seen = Seen()
-    clock = Clock()
+    clock = FakeClock(0.0)
     reader = _links.Reader(mine, seen.apply, seen.lost, clock=clock)
     reader.start("test-serving")
     reader.hold()

@@ -8,21 +8,14 @@ import pytest
 
 from fiberexec.multiprocessing import _timing
 from fiberexec.multiprocessing._timing import Deadline, in_pieces, wait_until
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 class Waits:
     """A wait on ``clock`` that takes all the time it is given (``step``: that much at
     most), and succeeds at its ``ready_after``-th call."""
 
-    def __init__(self, clock: Clock, ready_after: int | None = None,
+    def __init__(self, clock: FakeClock, ready_after: int | None = None,
                  step: float | None = None) -> None:
         self.clock = clock
         self.asked: list[float | None] = []
@@ -39,7 +32,7 @@ class Waits:
 
 
 def test_a_deadline_counts_down_never_below_zero_and_none_is_no_limit() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     deadline = Deadline(1.5, clock)
     assert deadline.left() == 1.5 and not deadline.passed()
     clock.now += 1.0
@@ -53,14 +46,14 @@ def test_a_deadline_counts_down_never_below_zero_and_none_is_no_limit() -> None:
 
 
 def test_a_wait_in_pieces_gives_up_at_its_timeout_with_a_short_last_piece() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     waits = Waits(clock)
     assert not in_pieces(waits, 2.5, 1.0, clock=clock)
     assert waits.asked == [1.0, 1.0, 0.5] and clock.now == 102.5
 
 
 def test_a_wait_in_pieces_ends_when_the_wait_succeeds_or_stop_says_so() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     ready = Waits(clock, ready_after=3)
     assert in_pieces(ready, None, 0.2, clock=clock)  # no limit: pieces until it succeeds
     assert ready.asked == [0.2, 0.2, 0.2]
@@ -71,7 +64,7 @@ def test_a_wait_in_pieces_ends_when_the_wait_succeeds_or_stop_says_so() -> None:
 
 
 def test_wait_until_returns_the_predicate_value_or_gives_up_at_the_timeout() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     values = iter([0, 0, "yes"])
     waits = Waits(clock, step=1.0)  # woken after a second each time
     assert wait_until(lambda: next(values), waits, 10.0, clock) == "yes"
