@@ -360,7 +360,7 @@ class Chan:
         try:
             lease.peer.send(Items(self.cid, batch))
         except OSError:  # the consumer's process is ending: this batch stays here, and what
-            # it was sent before goes back once its last reports are read (`peer_lost`)
+            # it was sent before goes back once its last reports are read (`Channels.lost`)
             self.items.extendleft(reversed(batch))
             lease.gone = lease.peer.gone = True
             return

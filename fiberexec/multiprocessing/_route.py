@@ -34,7 +34,7 @@ An unbounded queue of B goes the same way from a producer A to its consumer R wh
 its only consumer (B routes it only then). The differences:
 
 - `Flushed` comes once the items B held at the `Flush` have been sent to R (as R's
-  window allows; see `_broker.Chan.dispatch`), so they come before A's direct ones.
+  window allows; see `_channels.Chan.dispatch`), so they come before A's direct ones.
 - Items wait in R's queue lane among those B sends ahead, and are counted by B's
   ``qsize()`` (it asks R, `Count`). A keeps a copy of each until it learns that R took
   it, before R hands it out: R counts what it takes of A's items in a slot of its tally

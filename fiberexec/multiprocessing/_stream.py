@@ -115,7 +115,7 @@ class Stream:
     else in a report per get. When another consumer waits while items sit unread here, the
     broker revokes them (`Revoke`): the reader drops them, but those its waiting threads
     take, and answers with what was taken and kept (`Returned`); the rest go to the others,
-    before any later item (see `_broker.Chan.dispatch`).
+    before any later item (see `_channels.Chan.dispatch`).
     """
 
     def __init__(self, address: tuple[str, int, str], endpoint: Endpoint) -> None:
@@ -491,7 +491,7 @@ class Stream:
         """Wait up to ``timeout`` for an item of queue ``cid`` (under ``cond``).
 
         The only consumer, fed ahead by the broker or directly by a producer, need not say
-        it waits: the broker sends it items ahead anyway (see `_broker.Chan.dispatch`).
+        it waits: the broker sends it items ahead anyway (see `_channels.Chan.dispatch`).
         If the broker stops feeding it ahead while it waits, it says so then."""
         deadline = _timing.Deadline(timeout)
         while True:
