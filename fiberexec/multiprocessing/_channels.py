@@ -302,6 +302,8 @@ class Chan:
         """Whether a consumer other than ``taker`` (a consumer's peer, or None for a thread
         here) holds items sent ahead that it has not taken: they come before every item
         here, so ``taker`` may take none of these until they are back (`revoke`)."""
+        if not self.leases:
+            return False
         self.sync()
         return any(lease.holds_ahead() for peer, lease in self.leases.items()
                    if peer is not taker)
@@ -380,6 +382,8 @@ class Chan:
         """Someone (``waiter``: a consumer's peer, or None for a thread here) waits: ask
         every other consumer that holds items sent ahead for those it has not taken (they
         come first), and, if nothing is here for the waiter, any other for all of them."""
+        if not self.leases:
+            return
         short = len(self.items) <= len(self.getters)
         self.sync()
         for peer, lease in self.leases.items():
@@ -551,8 +555,12 @@ class Channels:
     def settle(self, chan: Chan) -> None:
         """Answer the calls waiting on ``chan`` that can be answered now (under ``cond``),
         then those whose deadline passed on the clock."""
-        if (chan.getters or chan.putters or chan.watches) and (
-                self._answer(chan) | self._expire(chan)):
+        if not (chan.getters or chan.putters or chan.watches):
+            return
+        answered = self._answer(chan)
+        if chan.getters or chan.putters or chan.watches:
+            answered = self._expire(chan) or answered
+        if answered:
             chan.changed()
 
     def _answer(self, chan: Chan) -> bool:

@@ -160,8 +160,9 @@ class Queue:
     def _get_raw(self, block: bool = True, timeout: float | None = None) -> bytes:
         if self._closed:
             raise self._closed_error()
+        broker = b.local_broker(self._ep())
         try:
-            consumer = st.stream_for(self._ep())
+            consumer = st.stream_for(self._ep()) if broker is None else None
             if consumer is not None:
                 data = (consumer.get(self._cid, None if timeout is None else max(0.0, timeout))
                         if block else consumer.get_nowait(self._cid))
@@ -174,7 +175,9 @@ class Queue:
         found: list[bytes] = []
 
         def attempt(wait: float) -> bool:
-            status, body = self._call(calls.Get, wait, wait=wait)
+            status, body = (self._call(calls.Get, wait, wait=wait) if broker is None
+                            else broker.channels.get(self._cid, wait))  # created here: no
+            # RPC layer in between (as `_put_raw`)
             if status == ch.OK:
                 found.append(body)
             return bool(status == ch.OK)
