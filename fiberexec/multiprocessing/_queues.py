@@ -130,11 +130,11 @@ class Queue:
         self._put_raw(dumps_as_stdlib(obj, what="queue item"), block, timeout)
 
     def _put_raw(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
+        if self._closed:
+            raise self._closed_error()
+        broker = b.local_broker(self._ep())  # created here: its channels directly, no RPC
         if not self._maxsize:
-            if self._closed:
-                raise self._closed_error()
-            broker = b.local_broker(self._ep())
-            if broker is not None:  # created here: a direct call, no RPC layer
+            if broker is not None:
                 broker.channels.append(self._cid, data)
                 return
             if self._streamed:
@@ -147,7 +147,8 @@ class Queue:
                     raise _gone(self, exc) from exc
 
         def attempt(wait: float) -> bool:
-            status, _ = self._call(calls.Put, wait, body=data, wait=wait)
+            status = (self._call(calls.Put, wait, body=data, wait=wait)[0] if broker is None
+                      else broker.channels.put(data, self._cid, wait))
             return bool(status == ch.OK)
 
         if not _blocking(block, timeout, attempt):
@@ -176,8 +177,7 @@ class Queue:
 
         def attempt(wait: float) -> bool:
             status, body = (self._call(calls.Get, wait, wait=wait) if broker is None
-                            else broker.channels.get(self._cid, wait))  # created here: no
-            # RPC layer in between (as `_put_raw`)
+                            else broker.channels.get(self._cid, wait))  # (as `_put_raw`)
             if status == ch.OK:
                 found.append(body)
             return bool(status == ch.OK)
