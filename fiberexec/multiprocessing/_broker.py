@@ -77,8 +77,8 @@ class Broker:
                 result = channels.new(maxsize, writers)
             case calls.QSize(cid):
                 result = channels.qsize(cid)
-            case calls.TaskDone(cid):
-                channels.task_done(cid)
+            case calls.TaskDone(cid, marked):
+                channels.task_done(cid, caller[0], marked)
             case calls.Join(cid, wait):
                 result = channels.join(cid, wait)
             case calls.Ref(cid, ticket):

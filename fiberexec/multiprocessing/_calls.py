@@ -88,6 +88,7 @@ class QSize(Call):
 @record_with_dict
 class TaskDone(Call):
     cid: int
+    marked: int = 0  # marks the caller's process sent on its stream before (`Done`)
 
 
 @record_with_dict

@@ -30,6 +30,7 @@ from fiberexec.multiprocessing._frames import (
     Claim,
     Count,
     Counted,
+    Done,
     Eof,
     Feed,
     Flush,
@@ -166,6 +167,7 @@ class Chan:
     # or calls of processes without a stream), in the order they came
     putters: deque[Wait] = field(default_factory=deque)  # puts waiting for room, in order
     watches: list[Wait] = field(default_factory=list)  # polls, joins and counts waiting
+    marked: Counter[str] = field(default_factory=Counter)  # `Done`s applied, by process
     source: Peer | None = None  # the process that last sent an item here
     leader: Wake | None = None  # of a thread here reading ``source`` for this pipe
     routed: Peer | None = None  # queue: the consumer producers elsewhere may send to directly
@@ -533,6 +535,8 @@ class Channels:
                 self._tally(peer, frame)
             case Counted():
                 self._counted(peer, frame)
+            case Done(cid):
+                self._done(cid, peer.holder or "")
             case _:
                 raise unexpected("a broker's stream", frame)
 
@@ -753,11 +757,30 @@ class Channels:
             self._watch(chan, deadline, chan.ask_held())
             return chan.size(), chan.maxsize
 
-    def task_done(self, cid: int) -> None:
+    def task_done(self, cid: int, holder: str = "", marked: int = 0) -> None:
+        """Mark an item of a `JoinableQueue` done; ValueError if none is left to mark. The
+        ``marked`` marks ``holder``'s process sent on its stream before are counted first
+        (they travel on another connection: up to `Timing.call` for them to arrive)."""
         with self.turn(cid) as chan:
+            if marked:
+                self._watch(chan, self._deadline(_timing.TIMING.call),
+                            lambda: chan.marked[holder] >= marked)
             if chan.unfinished <= 0:
                 raise ValueError("task_done() called too many times")
             chan.unfinished -= 1
+
+    def _done(self, cid: int, holder: str) -> None:
+        """A process's ``task_done()`` for an item it took, sent on its stream (no answer):
+        its count said it took more than it marked done, so only more calls than items put,
+        made by other processes meanwhile, find none to mark."""
+        with self.turn(cid) as chan:
+            chan.marked[holder] += 1
+            if chan.unfinished > 0:
+                chan.unfinished -= 1
+            else:
+                log.warning("JoinableQueue %d: task_done() was called more times than items "
+                            "were put (the last call came from another process's stream, "
+                            "which cannot be told)", cid)
 
     def join(self, cid: int, wait: float) -> bool:
         """Whether every item put was marked done, waiting up to ``wait`` seconds."""

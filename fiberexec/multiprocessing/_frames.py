@@ -7,7 +7,7 @@ applies what it receives under one ``match``: a frame a role does not expect end
 connection as a protocol error.
 
     process -> broker (its stream)     Put Subscribe Unsubscribe Claim Release Holder
-                                       Flush InletAt Want Returned Tally Counted
+                                       Flush InletAt Want Returned Tally Counted Done
     broker -> process                  Item Eof Items Revoke Flushed Unroute Count
                                        Tallied Feed
     writer -> reader (a direct route)  Hello Item Stopped Synced Tallied
@@ -139,6 +139,15 @@ class Release(_Frame):
     """This process closed an end of pipe ``cid``."""
 
     TAG: ClassVar[bytes] = b"R"
+    cid: int
+
+
+@record
+class Done(_Frame):
+    """A thread of this process called ``task_done()`` on `JoinableQueue` ``cid``, for an
+    item it took (`_stream.Stream.task_done`)."""
+
+    TAG: ClassVar[bytes] = b"d"
     cid: int
 
 
@@ -474,13 +483,13 @@ class Synced(_Frame):
 
 Frame: TypeAlias = (
     Put | Subscribe | Unsubscribe | Claim | Release | Holder | Flush | InletAt | Want
-    | Returned | Tally | Counted | Item | Eof | Items | Revoke | Flushed | Unroute | Count
+    | Returned | Tally | Counted | Done | Item | Eof | Items | Revoke | Flushed | Unroute | Count
     | Settled | Tallied | Feed | Hello | Ack | Nack | Stop | Stopped | Return | Taken | Sync
     | Synced)
 
 _KINDS: tuple[type[_Frame], ...] = (
     Put, Subscribe, Unsubscribe, Claim, Release, Holder, Flush, InletAt, Want, Returned,
-    Tally, Counted, Item, Eof, Items, Revoke, Flushed, Unroute, Count, Settled, Tallied,
+    Tally, Counted, Done, Item, Eof, Items, Revoke, Flushed, Unroute, Count, Settled, Tallied,
     Feed, Hello, Ack, Nack, Stop, Stopped, Return, Taken, Sync, Synced)
 _PARSE: dict[bytes, Callable[[int, bytes], Frame]] = {kind.TAG: kind.parse for kind in _KINDS}
 assert len(_PARSE) == len(_KINDS), "two kinds of frame share a tag"

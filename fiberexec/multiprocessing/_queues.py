@@ -246,8 +246,24 @@ class JoinableQueue(Queue):
     _streamed = False  # join() must see every put() that returned
 
     def task_done(self) -> None:
-        """Mark one item as processed; ValueError if called more times than items put."""
-        self._call(calls.TaskDone)
+        """Mark one item as processed; ValueError if called more times than items put.
+
+        In a process that took more items than it marked done, the mark goes on its stream
+        to the queue's creator with no answer to wait for (the stdlib's is a semaphore's
+        decrement, no round trip either); a `join` counts it once it arrives."""
+        if self._closed:
+            raise self._closed_error()
+        broker = b.local_broker(self._ep())
+        if broker is not None:
+            broker.channels.task_done(self._cid)
+            return
+        try:
+            stream = st.stream_for(self._ep())
+            marked = 0 if stream is None else stream.task_done(self._cid)
+        except ConnectionError as exc:
+            raise _gone(self, exc) from exc
+        if marked is not None:
+            self._call(calls.TaskDone, marked)
 
     def join(self, timeout: float | None = None) -> bool | None:
         """Block until every item put has been marked done; None, as the stdlib's. With

@@ -42,6 +42,7 @@ from fiberexec.multiprocessing._cond import Condition
 from fiberexec.multiprocessing._frames import (
     Count,
     Counted,
+    Done,
     Eof,
     Feed,
     Flushed,
@@ -93,6 +94,7 @@ class _Lane:
         self.settled = 0
         self.direct = 0  # items at hand that producers sent here directly
         self.told = 0  # ``consumed`` when the broker was last told
+        self.done = 0  # ``task_done()`` calls sent for this queue (a `JoinableQueue`)
         self.slot: int | None = None  # its count in the stream's tally page (`_tally`)
         self.tallied = False  # the broker reads that count: no report per item is needed
         self.fed = False  # its only consumer: the broker sends it every item ahead (`Feed`)
@@ -443,6 +445,22 @@ class Stream:
         if lane is not None:
             with contextlib.suppress(ConnectionError):
                 self._tell(cid, lane)
+
+    def task_done(self, cid: int) -> int | None:
+        """``task_done()`` on `JoinableQueue` ``cid``, sent with no answer to wait for, if
+        this process took more of its items than it marked done (then the queue has an
+        item to mark: only other processes' extra calls meanwhile could have taken it):
+        None. Else how many marks it sent so far: the caller asks the broker (which counts
+        those first), and may be told that none is left."""
+        with self.cond:
+            lane = self.lanes.get(cid)
+            if lane is None:
+                return 0
+            if lane.done >= lane.consumed:
+                return lane.done
+            lane.done += 1
+            self.send(Done(cid))
+            return None
 
     def get(self, cid: int, timeout: float | None) -> bytes | None:
         """The next item of queue ``cid``, waiting up to ``timeout``; None if none came.

@@ -213,3 +213,15 @@ class ExitWhenUnpickled:
 
     def __call__(self) -> None:
         raise AssertionError("never called: the server dies before")
+
+
+def done_twice(q: Any, told: Any) -> None:
+    """Take one item of a `JoinableQueue` and mark two done; say what the second did."""
+    q.get(timeout=30)
+    q.task_done()
+    try:
+        q.task_done()
+    except ValueError as exc:
+        told.put("too many" if "too many" in str(exc) else repr(exc))
+    else:
+        told.put("no error")

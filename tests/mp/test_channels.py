@@ -22,6 +22,7 @@ from fiberexec.multiprocessing._frames import (
     Claim,
     Count,
     Counted,
+    Done,
     Eof,
     Frame,
     Holder,
@@ -308,3 +309,46 @@ def test_qsize_counts_without_an_answer_once_its_wait_passes_on_the_clock(
     assert consumer.awaits() == Count(cid, 1)  # it never answers
     _later(channels, clock, cid, _timing.TIMING.count)
     assert qsize() == (4 + 2, 0)  # what was sent to it counts as there
+
+
+def test_a_join_ends_when_a_process_marks_the_last_item_done_on_its_stream(
+        channels: Channels, processes: list[Process]) -> None:
+    cid = channels.new(0, -1)
+    channels.append(cid, _item(0))
+    channels.append(cid, _item(1))
+    assert channels.begin_get(cid, 0.0).status == OK  # this process takes one
+    channels.task_done(cid)
+    join = _in_thread(lambda: channels.join(cid, 10.0))
+    processes[0].says(Done(cid))  # the other was taken elsewhere, and marked done there
+    assert join() is True
+    assert channels.chan(cid).unfinished == 0
+
+
+def test_a_mark_on_a_stream_beyond_the_items_put_changes_nothing(
+        channels: Channels, processes: list[Process], caplog: pytest.LogCaptureFixture) -> None:
+    cid = channels.new(0, -1)
+    processes[0].says(Done(cid))
+    assert channels.chan(cid).unfinished == 0
+    assert "more times than items were put" in caplog.text
+
+
+def test_a_mark_asked_of_the_broker_counts_the_marks_its_process_streamed_first(
+        channels: Channels, processes: list[Process]) -> None:
+    """A process marks on its stream what it took (`Done`), and asks the broker for a mark
+    beyond those: the call, on another connection, must not overtake them."""
+    consumer = processes[0]
+    consumer.says(Holder("consumer-token"))
+    cid = channels.new(0, -1)
+    channels.append(cid, _item(0))  # taken by the consumer, who marks it on its stream...
+
+    def extra_mark() -> str:
+        try:
+            channels.task_done(cid, "consumer-token", 1)  # ... then marks once more
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    told = _in_thread(extra_mark)
+    consumer.says(Done(cid))
+    assert told() == "task_done() called too many times"
+    assert channels.chan(cid).unfinished == 0

@@ -55,6 +55,17 @@ def test_joinable_queue_join_returns_none(mpm: ModuleType) -> None:
     queue.close()
 
 
+def test_a_child_marking_more_tasks_done_than_items_is_told(mpm: ModuleType) -> None:
+    queue, told = mpm.JoinableQueue(), mpm.Queue()
+    queue.put(1)
+    child = mpm.Process(target=tasks.done_twice, args=(queue, told))
+    child.start()
+    assert told.get(timeout=60) == "too many"
+    child.join(60)
+    assert child.exitcode == 0
+    assert queue.join() is None  # its one mark counted, the second refused
+
+
 def test_public_names_beyond_all_are_there(mpm: ModuleType) -> None:
     sharedctypes = importlib.import_module(f"{mpm.__name__}.sharedctypes")
     assert isinstance(mpm.Value("i", 1), sharedctypes.Synchronized)
