@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import http.client
 import json
-import math
 import os
 import select
 import statistics
@@ -35,6 +34,7 @@ from typing import Any
 
 from benchmarks import tasks
 from benchmarks.measure import MARKER
+from benchmarks.workloads import percentile
 
 WORKERS = 2
 TIMEOUT = 300.0
@@ -112,11 +112,6 @@ def poll(url: str) -> None:
     print(json.dumps({"requests": requests, "seconds": seconds}), flush=True)
 
 
-def _percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
-
-
 def _latency(ex: Any, n: int, warmup: int) -> list[float]:
     samples = []
     for i in range(warmup + n):
@@ -160,8 +155,9 @@ def measure(setting: str, mode: str) -> dict[str, Any]:
             samples = _latency(ex, sizes["latency_n"], sizes["warmup"])
             rate = _throughput(ex, sizes["submit_n"])
             cpu, wall = _thread_cpu(DASHBOARD_THREAD) - cpu, time.perf_counter() - begin
-    found = {"tasks_per_s": rate, "p50_us": _percentile(samples, 50),
-             "p99_us": _percentile(samples, 99)}
+    ordered = sorted(samples)
+    found = {"tasks_per_s": rate, "p50_us": percentile(ordered, 50),
+             "p99_us": percentile(ordered, 99)}
     if client is not None:
         found["requests"] = client.requests
         found["request_ms"] = 1000 * client.seconds / max(1, client.requests)

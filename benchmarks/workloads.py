@@ -187,12 +187,13 @@ def latency(name: str, sizes: dict[str, int]) -> Metrics:
             if i >= warmup:
                 samples.append((time.perf_counter_ns() - start) / 1000)
         samples.sort()
-        return {"p50_us": _percentile(samples, 50), "p99_us": _percentile(samples, 99), "n": n}
+        return {"p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99), "n": n}
 
     return _with_warm_system(name, body)
 
 
-def _percentile(sorted_values: list[float], pct: float) -> float:
+def percentile(sorted_values: list[float], pct: float) -> float:
+    """The nearest-rank ``pct`` percentile of values sorted in ascending order."""
     index = min(len(sorted_values) - 1, max(0, math.ceil(pct / 100 * len(sorted_values)) - 1))
     return sorted_values[index]
 
