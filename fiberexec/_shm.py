@@ -59,7 +59,7 @@ def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str | 
             segment = pool.claim(len(view))
             if segment is not None:
                 try:
-                    _write_all(segment.fd, view, FLAG)
+                    write_all(segment.fd, view, FLAG)
                 except OSError:
                     pool.remove(segment)  # its pages go back: a later buffer may fit
                     raise
@@ -69,7 +69,7 @@ def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str | 
         name = f"{PREFIX}{executor_id}-{os.urandom(8).hex()}"
         fd = os.open(segment_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            _write_all(fd, view, 0)
+            write_all(fd, view, 0)
         except OSError:
             os.unlink(segment_path(name))
             raise
@@ -113,7 +113,7 @@ def _no_room(size: int, free: int | None = None, total: int | None = None) -> No
         "medium: Memory mounted there", SHM_DIR, size / 2**20, room, SHM_DIR)
 
 
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
+def write_all(fd: int, view: memoryview, offset: int) -> None:
     written = 0
     while written < len(view):
         written += os.pwrite(fd, view[written:], offset + written)

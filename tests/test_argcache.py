@@ -82,6 +82,20 @@ def test_each_task_gets_its_own_writable_copy() -> None:
     assert again is not None and bytes(again) == b"abc" and not again.readonly
 
 
+def test_copies_taken_are_private_and_outlive_their_entry() -> None:
+    store = Store(8)
+    key = b"k" * 32
+    store.keep(key, memoryview(bytearray(b"abcd")))
+    first, second = store.take(key), store.take(key)
+    assert first is not None and second is not None
+    first[0] = ord("X")  # one task writes its copy (a private mapping where memory files exist)
+    assert bytes(second) == b"abcd" and bytes(store.take(key) or b"") == b"abcd"
+    store.next_task()
+    store.keep(b"o" * 32, memoryview(bytearray(b"wxyz1")))  # no room for both: "k" goes
+    assert store.take(key) is None
+    assert bytes(first) == b"Xbcd" and bytes(second) == b"abcd"  # tasks' copies live on
+
+
 def test_entries_no_recent_task_used_are_evicted_when_another_is_kept() -> None:
     mirror = Mirror(1 << 30, threshold=1)
     mirror.next_task()
