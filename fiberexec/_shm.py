@@ -34,6 +34,7 @@ POOL_TAG = "-pool-"  # in the names of files a sender writes again
 FLAG = mmap.PAGESIZE  # the flag page before a pooled file's data
 POOL_SEGMENTS = 4  # files one process keeps per executor
 POOL_BYTES = 256 << 20  # ...holding at most this much
+COPY_CHUNK = 4 << 20  # bytes copied into a pooled file while holding the interpreter's lock
 
 
 def available() -> bool:
@@ -59,7 +60,7 @@ def write(executor_id: str, buffer: memoryview, *, keep: bool = False) -> str | 
             segment = pool.claim(len(view))
             if segment is not None:
                 try:
-                    write_all(segment.fd, view, FLAG)
+                    segment.write(view)
                 except OSError:
                     pool.remove(segment)  # its pages go back: a later buffer may fit
                     raise
@@ -179,9 +180,29 @@ def drop_pool(executor_id: str | None = None) -> None:
 
 
 class Segment(NamedTuple):
+    """A pooled file, its pages allocated when it is made and mapped here for good: a
+    buffer is copied in with ``memcpy`` (10 MiB: 0.7 ms here, against 1.2-2.5 ms for
+    ``pwrite``, which finds and locks each page in the kernel), and a copy never allocates
+    a page, so a full /dev/shm cannot fault the writer (a write through a mapping has no
+    error to return, only SIGBUS)."""
+
     name: str
     fd: int
     capacity: int
+    mapping: mmap.mmap | None  # None where pages cannot be allocated ahead: ``pwrite``
+
+    def write(self, view: memoryview) -> None:
+        if self.mapping is None:
+            write_all(self.fd, view, FLAG)
+            return
+        for start in range(0, len(view), COPY_CHUNK):  # other threads run between chunks
+            chunk = view[start:start + COPY_CHUNK]
+            self.mapping[FLAG + start:FLAG + start + len(chunk)] = chunk
+
+    def close(self) -> None:
+        if self.mapping is not None:
+            self.mapping.close()
+        os.close(self.fd)
 
 
 class _Pool:
@@ -204,20 +225,24 @@ class _Pool:
             capacity = -(-size // (1 << 20)) << 20  # whole MiB: near sizes share a file
             held = sum(s.capacity for s in self.segments)
             if (len(self.segments) >= POOL_SEGMENTS or held + capacity > POOL_BYTES
-                    or not _room_for(FLAG + capacity)):  # (its pages come as it is written)
+                    or not _room_for(FLAG + capacity)):  # (its pages come as it is made)
                 return None
             name = (f"{PREFIX}{self.executor_id}{POOL_TAG}{os.getpid()}-"
                     f"{os.urandom(4).hex()}")
             fd = os.open(segment_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC,
                          0o600)
+            mapping = None
             try:
                 os.ftruncate(fd, FLAG + capacity)
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, FLAG + capacity)
+                    mapping = mmap.mmap(fd, FLAG + capacity)
                 os.pwrite(fd, b"\1", 0)
             except OSError:  # no room (`write` says so)
                 os.close(fd)
                 os.unlink(segment_path(name))
                 raise
-            segment = Segment(name, fd, capacity)
+            segment = Segment(name, fd, capacity, mapping)
             self.segments.append(segment)
             return segment
 
@@ -225,7 +250,7 @@ class _Pool:
         """Unlink a file whose write failed (it was marked busy: no one maps it)."""
         with self.lock:
             self.segments.remove(segment)
-        os.close(segment.fd)
+        segment.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(segment_path(segment.name))
 
@@ -233,7 +258,7 @@ class _Pool:
         with self.lock:
             segments, self.segments = self.segments, []
         for segment in segments:
-            os.close(segment.fd)
+            segment.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(segment_path(segment.name))
 
