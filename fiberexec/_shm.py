@@ -205,6 +205,20 @@ class Segment(NamedTuple):
         os.close(self.fd)
 
 
+def _allocated(fd: int, size: int) -> bool:
+    """Allocate the file's pages now; False where that cannot be done ahead (the file
+    system or the OS has no such call). OSError when there is no room."""
+    if not hasattr(os, "posix_fallocate"):
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    return True
+
+
 class _Pool:
     """One process's files for one executor."""
 
@@ -234,8 +248,7 @@ class _Pool:
             mapping = None
             try:
                 os.ftruncate(fd, FLAG + capacity)
-                if hasattr(os, "posix_fallocate"):
-                    os.posix_fallocate(fd, 0, FLAG + capacity)
+                if _allocated(fd, FLAG + capacity):
                     mapping = mmap.mmap(fd, FLAG + capacity)
                 os.pwrite(fd, b"\1", 0)
             except OSError:  # no room (`write` says so)
