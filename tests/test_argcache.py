@@ -3,7 +3,9 @@ through real frames, and nothing stale or shared is ever served."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import pickle
 
 import pytest
@@ -94,6 +96,19 @@ def test_copies_taken_are_private_and_outlive_their_entry() -> None:
     store.keep(b"o" * 32, memoryview(bytearray(b"wxyz1")))  # no room for both: "k" goes
     assert store.take(key) is None
     assert bytes(first) == b"Xbcd" and bytes(second) == b"abcd"  # tasks' copies live on
+
+
+def test_without_memory_files_a_kept_buffer_is_copied_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", refuse)
+    store = Store(1 << 20)
+    given = store.keep(b"k" * 32, memoryview(bytearray(b"abcd")))
+    given[0] = ord("X")  # the first task changes its copy in place
+    again = store.take(b"k" * 32)
+    assert again is not None and bytes(again) == b"abcd" and not again.readonly
 
 
 def test_entries_no_recent_task_used_are_evicted_when_another_is_kept() -> None:
